@@ -1,0 +1,243 @@
+"""The `vlprep` command line: flags -> a config -> run(cfg). No logic lives here."""
+
+from __future__ import annotations
+
+import functools
+import json
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator, List, Optional
+
+import typer
+from rich.console import Console
+from rich.progress import (
+    BarColumn, MofNCompleteColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn,
+)
+from rich.table import Table
+
+from pipeline import __version__
+from pipeline.errors import ConfigError, StoreError
+from pipeline.log import console as err_console
+from pipeline.log import setup_logging
+
+app = typer.Typer(
+    name="vlprep",
+    help=(
+        "Prepare vision-and-language pretraining data: region-feature stores "
+        "(Arrow IPC or LMDB shards with a manifest), legacy format conversion, and more.\n\n"
+        "A feature store is a directory with manifest.json, index.arrow and shards/. "
+        "See docs/store-format.md."
+    ),
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode="markdown",
+)
+out = Console()
+
+
+@app.callback()
+def _main(
+    verbose: int = typer.Option(0, "--verbose", "-v", count=True, help="More log output (debug)."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="Only warnings and errors."),
+) -> None:
+    setup_logging(verbose, quiet)
+
+
+def _errors_exit(fn):
+    """Turn the project's named errors into a one-line message and an exit code."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except ConfigError as err:
+            err_console.print(f"[red]error:[/red] {err}")
+            raise typer.Exit(2)
+        except (StoreError, ValueError) as err:
+            err_console.print(f"[red]error:[/red] {err}")
+            raise typer.Exit(1)
+
+    return wrapper
+
+
+@contextmanager
+def _progress(description: str, total: Optional[int] = None) -> Iterator:
+    columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+               TaskProgressColumn(show_speed=True), TimeElapsedColumn()]
+    if total is not None:
+        columns.append(TimeRemainingColumn())
+    with Progress(*columns, console=err_console, transient=True) as progress:
+        task = progress.add_task(description, total=total)
+        yield lambda n=1: progress.advance(task, n)
+
+
+@app.command()
+@_errors_exit
+def inspect(
+    store: Path = typer.Argument(..., help="Feature store directory."),
+    as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
+) -> None:
+    """Summarize a feature store: counts, dims, dtypes, backend, bytes on disk and per
+    image, provenance, and one sample record."""
+    from pipeline.store import describe_store
+
+    info = describe_store(store)
+    if as_json:
+        out.print_json(json.dumps(info))
+        return
+    table = Table(title=f"feature store {store}", show_header=False, title_justify="left")
+    table.add_column(style="bold")
+    table.add_column()
+    rows = [
+        ("backend", info["backend"]),
+        ("schema version", str(info["schema_version"])),
+        ("records", f"{info['records']:,} in {info['shards']} shards"),
+        ("dims", ", ".join(f"{k}={v}" for k, v in info["dims"].items() if v is not None)),
+        ("dtypes", ", ".join(f"{k}={v}" for k, v in info["dtypes"].items())),
+        ("probability storage", ", ".join(f"{k}={v}" for k, v in info["probability_storage"].items())),
+        ("bytes on disk", f"{info['bytes_on_disk']:,}"),
+        ("bytes per image", "-" if info["bytes_per_image"] is None else f"{info['bytes_per_image']:,.0f}"),
+        ("provenance", json.dumps({k: v for k, v in info["provenance"].items() if k != "config"})),
+        ("writing runs", str(info["runs"])),
+        ("updated", info["updated"]),
+    ]
+    for key, value in rows:
+        table.add_row(key, value)
+    out.print(table)
+    if info["sample"]:
+        sample = Table(title="sample record", show_header=False, title_justify="left")
+        sample.add_column(style="bold")
+        sample.add_column()
+        for key, value in info["sample"].items():
+            sample.add_row(key, value if isinstance(value, str) else json.dumps(value))
+        out.print(sample)
+
+
+@app.command()
+@_errors_exit
+def verify(
+    store: Path = typer.Argument(..., help="Feature store directory."),
+    as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+) -> None:
+    """Check a store completely: every shard's size and sha256, its schema, every
+    record's shapes, finiteness, boxes and probabilities, id uniqueness and the id
+    index. Exits 1 naming each bad shard or record."""
+    from pipeline.store import verify_store
+    from pipeline.store.manifest import Manifest
+
+    total = Manifest.read(store).num_records
+    with _progress("verifying", total) as advance:
+        report = verify_store(store, on_record=advance)
+    if as_json:
+        out.print_json(json.dumps({"ok": report.ok, "records_checked": report.records_checked,
+                                   "shards_checked": report.shards_checked,
+                                   "problems": report.problems, "warnings": report.warnings}))
+    else:
+        for warning in report.warnings:
+            out.print(f"[yellow]warning:[/yellow] {warning}")
+        for problem in report.problems:
+            out.print(f"[red]problem:[/red] {problem}")
+        status = "[green]OK[/green]" if report.ok else f"[red]FAILED ({len(report.problems)} problems)[/red]"
+        out.print(f"{status}: {report.records_checked:,} of {total:,} records and "
+                  f"{report.shards_checked} shards checked in {store}")
+    if not report.ok:
+        raise typer.Exit(1)
+
+
+@app.command("import")
+@_errors_exit
+def import_(
+    paths: List[Path] = typer.Argument(..., metavar="SRC... DEST", help="Source files/folders, then the store to write."),
+    fmt: str = typer.Option(..., "--from", help="Source format: lxmert-tsv, butd-tsv, vilbert-lmdb, mmf-npy."),
+    backend: str = typer.Option("arrow", help="Store backend: arrow (memory-mapped IPC files) or lmdb."),
+    shard_size: int = typer.Option(1000, help="Records per shard."),
+    dtype: str = typer.Option("float16", help="Stored dtype of features and probability tables: float16 or float32."),
+    feature_dim: int = typer.Option(2048, help="Region feature width the store holds."),
+    cls_prob: str = typer.Option("full", help="How to keep cls_prob: full, topk:K or none."),
+    attr_prob: str = typer.Option("full", help="How to keep attr_prob: full, topk:K or none."),
+    allow_skips: bool = typer.Option(False, help="Exit 0 even if some rows were skipped."),
+    trust_pickle: bool = typer.Option(
+        False, help="Allow pickled inputs (vilbert-lmdb, mmf-npy); loaded through a restricted unpickler."
+    ),
+) -> None:
+    """Import legacy region-feature files into a store (streaming; resumes an existing
+    store, skipping ids already in it).
+
+    Every row is checked (field count, base64, array lengths against num_boxes, finite
+    values, boxes inside the image, probabilities in [0,1]); bad rows are skipped and
+    listed in DEST/import_report.json, and the command exits 1 if any row was skipped
+    unless --allow-skips.
+
+    Example: vlprep import --from lxmert-tsv train2014_obj36.tsv val2014_obj36.tsv coco_feats
+    """
+    from pipeline.legacy.convert import ImportConfig, run_import
+
+    if len(paths) < 2:
+        raise ConfigError("give one or more sources followed by the destination store")
+    cfg = ImportConfig(
+        fmt=fmt, sources=tuple(paths[:-1]), dest=paths[-1], backend=backend, shard_size=shard_size,
+        dtype=dtype, feature_dim=feature_dim, cls_prob=cls_prob, attr_prob=attr_prob,
+        allow_skips=allow_skips, trust_pickle=trust_pickle,
+    )
+    with _progress(f"importing {fmt}") as advance:
+        report = run_import(cfg, progress=advance)
+    out.print(
+        f"read {report.rows_read:,} rows: imported {report.imported:,}, already present {report.already_present:,}, "
+        f"skipped {report.skipped:,} -> {cfg.dest}"
+    )
+    for kind, count in report.skipped_by_kind.most_common():
+        out.print(f"  [yellow]skipped[/yellow] {count:,} x {kind}")
+    for line in report.skipped_rows[:10]:
+        out.print(f"    {line}")
+    if report.skipped and not cfg.allow_skips:
+        err_console.print(f"[red]error:[/red] {report.skipped} rows skipped (see {cfg.dest}/import_report.json); "
+                          "rerun with --allow-skips to accept that")
+        raise typer.Exit(1)
+
+
+@app.command("export")
+@_errors_exit
+def export(
+    store: Path = typer.Argument(..., help="Feature store directory."),
+    dest: Path = typer.Argument(..., help="Output file (TSV formats) or folder (mmf-npy)."),
+    fmt: str = typer.Option(..., "--to", help="Target format: lxmert-tsv, butd-tsv, mmf-npy."),
+    overwrite: bool = typer.Option(False, help="Replace DEST if it exists."),
+) -> None:
+    """Export a store to a format the reference code reads (float32, same field order
+    and encoding as the original extractors).
+
+    Example: vlprep export --to lxmert-tsv coco_feats val2014_obj36.tsv
+    """
+    from pipeline.legacy.convert import ExportConfig, run_export
+    from pipeline.store.manifest import Manifest
+
+    cfg = ExportConfig(fmt=fmt, store=store, dest=dest, overwrite=overwrite)
+    with _progress(f"exporting {fmt}", Manifest.read(store).num_records) as advance:
+        count = run_export(cfg, progress=advance)
+    out.print(f"wrote {count:,} records to {dest} ({fmt})")
+
+
+@app.command()
+def formats() -> None:
+    """List the legacy feature formats import/export understand."""
+    from pipeline.legacy import FORMATS
+
+    table = Table("format", "import", "export", "description")
+    for f in FORMATS.values():
+        table.add_row(f.name, "yes" if f.read else "-", "yes" if f.write else "-", f.summary)
+    out.print(table)
+
+
+@app.command()
+def version() -> None:
+    """Print the vlprep version."""
+    out.print(f"vlprep {__version__}")
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,86 @@
+"""Filesystem helpers: atomic writes, durable renames, checksums, sizes."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+TMP_PREFIX = ".tmp-"
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_tree(path: Path) -> None:
+    """fsync a file, or every file in a directory and the directory itself."""
+    if path.is_dir():
+        for child in path.iterdir():
+            fsync_tree(child)
+        fsync_dir(path)
+    else:
+        with open(path, "rb") as f:
+            os.fsync(f.fileno())
+
+
+def tmp_path_for(final: Path) -> Path:
+    """The temporary name a file or directory is built under before its rename."""
+    return final.with_name(f"{TMP_PREFIX}{final.name}.{os.getpid()}")
+
+
+def commit_path(tmp: Path, final: Path) -> None:
+    """Durably move a finished temporary file/directory to its final name."""
+    fsync_tree(tmp)
+    if final.is_dir():
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    fsync_dir(final.parent)
+
+
+def remove_path(path: Path) -> None:
+    if path.is_dir():
+        shutil.rmtree(path, ignore_errors=True)
+    elif path.exists():
+        path.unlink()
+
+
+def remove_stale_tmp(directory: Path) -> list[Path]:
+    """Delete leftovers of killed writers (temporary names) inside `directory`."""
+    stale = sorted(directory.glob(f"{TMP_PREFIX}*")) if directory.is_dir() else []
+    for path in stale:
+        remove_path(path)
+    return stale
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    tmp = tmp_path_for(path)
+    with open(tmp, "wb") as f:
+        f.write(data)
+    commit_path(tmp, path)
+
+
+def atomic_write_json(path: Path, obj: Any) -> None:
+    atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=False) + "\n").encode())
+
+
+def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def disk_bytes(path: Path) -> int:
+    """Size in bytes of a file, or of all files under a directory."""
+    if path.is_dir():
+        return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+    return path.stat().st_size

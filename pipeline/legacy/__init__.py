@@ -1,0 +1,26 @@
+"""Adapters for the region-feature formats in use today (import and export).
+
+The registry `FORMATS` maps a format name (the CLI's ``--from`` / ``--to``) to its reader
+and writer. Field specs are in each module's docstring and in docs/store-format.md.
+"""
+
+from pipeline.legacy.base import LegacyFormat
+from pipeline.legacy.mmf_npy import read_mmf_npy, write_mmf_npy
+from pipeline.legacy.tsv import read_butd_tsv, read_lxmert_tsv, write_butd_tsv, write_lxmert_tsv
+from pipeline.legacy.vilbert_lmdb import read_vilbert_lmdb
+
+FORMATS: dict[str, LegacyFormat] = {
+    f.name: f
+    for f in (
+        LegacyFormat("lxmert-tsv", "LXMERT obj36 TSV: 10 fields, base64 int64/float32 arrays",
+                     read_lxmert_tsv, write_lxmert_tsv),
+        LegacyFormat("butd-tsv", "bottom-up-attention TSV: 6 fields, or 7 with cls_prob (ViLBERT)",
+                     read_butd_tsv, write_butd_tsv),
+        LegacyFormat("vilbert-lmdb", "ViLBERT/MMF LMDB of pickled dicts plus a 'keys' entry (import only)",
+                     read_vilbert_lmdb, None, needs_pickle=True),
+        LegacyFormat("mmf-npy", "MMF folder of <id>.npy features and <id>_info.npy dicts",
+                     read_mmf_npy, write_mmf_npy, needs_pickle=True),
+    )
+}
+
+__all__ = ["FORMATS", "LegacyFormat"]

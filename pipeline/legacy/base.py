@@ -1,0 +1,197 @@
+"""Shared pieces of the legacy-format adapters: skipped rows, array decoding, registry."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Optional, Sequence, Union
+
+import numpy as np
+
+from pipeline.records import RegionFeatures, labels_from_probs
+
+if TYPE_CHECKING:
+    from pipeline.store.layout import StoreLayout
+
+# Number of columns of a bottom-up-attention (Visual Genome) class table with background.
+VG_CLASSES_WITH_BG = 1601
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """A source row that was not imported, and why."""
+
+    location: str  # "file.tsv:12", "data.mdb key b'42'", ...
+    kind: str  # short category, counted in the report
+    detail: str
+
+    def __str__(self) -> str:
+        return f"{self.location}: {self.kind}: {self.detail}"
+
+
+class RowError(ValueError):
+    """Raised inside a row decoder; becomes a `Skipped` with this kind."""
+
+    def __init__(self, kind: str, detail: str):
+        self.kind, self.detail = kind, detail
+        super().__init__(f"{kind}: {detail}")
+
+
+ReadResult = Union[RegionFeatures, Skipped]
+
+
+@dataclass(frozen=True)
+class ReadOptions:
+    trust_pickle: bool = False
+
+
+@dataclass(frozen=True)
+class LegacyFormat:
+    name: str
+    summary: str
+    read: Optional[Callable[[Sequence[Path], ReadOptions], Iterator[ReadResult]]] = None
+    # write(records, dest, store layout) -> number of records written
+    write: Optional[Callable[[Iterable[RegionFeatures], Path, "StoreLayout"], int]] = None
+    needs_pickle: bool = False
+
+
+def decode_array(field: str, value: Union[str, bytes], dtype, num: int, width: Optional[int] = None) -> np.ndarray:
+    """base64 of raw little-endian bytes -> (num, width); width None: inferred from the length."""
+    try:
+        raw = base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError) as err:
+        raise RowError("bad base64", f"field {field}: {err}") from err
+    return array_from_bytes(field, raw, dtype, num, width)
+
+
+def array_from_bytes(field: str, raw: bytes, dtype, num: int, width: Optional[int] = None) -> np.ndarray:
+    itemsize = np.dtype(dtype).itemsize
+    if width is None:
+        per_box = num * itemsize
+        if not raw or len(raw) % per_box:
+            raise RowError("num_boxes mismatch", f"field {field}: {len(raw)} bytes is not a multiple of num_boxes={num} x {itemsize}")
+        width = len(raw) // per_box
+    expected = num * width * itemsize
+    if len(raw) != expected:
+        raise RowError("num_boxes mismatch", f"field {field}: {len(raw)} bytes, num_boxes={num} needs {expected}")
+    return np.frombuffer(raw, np.dtype(dtype).newbyteorder("<")).reshape(num, width)
+
+
+def decode_vector(field: str, value: Union[str, bytes], dtype, num: int) -> np.ndarray:
+    """base64 of raw little-endian bytes -> (num,)."""
+    return decode_array(field, value, dtype, num, 1).reshape(num)
+
+
+def encode_array(arr: np.ndarray, dtype) -> str:
+    return base64.b64encode(np.ascontiguousarray(arr, np.dtype(dtype).newbyteorder("<")).tobytes()).decode("ascii")
+
+
+def parse_int(field: str, text: Union[str, bytes, int]) -> int:
+    try:
+        return int(text)
+    except (TypeError, ValueError) as err:
+        raise RowError("bad integer", f"field {field}: {text!r}") from err
+
+
+def with_background_first(cls_prob: np.ndarray) -> np.ndarray:
+    """A 1600-column VG table has no background column: prepend a zero one (index 0)."""
+    if cls_prob.shape[1] == VG_CLASSES_WITH_BG - 1:
+        return np.concatenate([np.zeros((cls_prob.shape[0], 1), cls_prob.dtype), cls_prob], axis=1)
+    return cls_prob
+
+
+def record_with_derived_labels(rec_fields: dict) -> RegionFeatures:
+    """Fill objects_id/objects_conf from cls_prob when the source has no explicit labels."""
+    if rec_fields.get("objects_id") is None and rec_fields.get("cls_prob") is not None:
+        rec_fields["objects_id"], rec_fields["objects_conf"] = labels_from_probs(rec_fields["cls_prob"])
+    if rec_fields.get("attrs_id") is None and rec_fields.get("attr_prob") is not None:
+        rec_fields["attrs_id"], rec_fields["attrs_conf"] = labels_from_probs(rec_fields["attr_prob"])
+    return RegionFeatures(**rec_fields)
+
+
+def safe_relative_path(image_id: str) -> Path:
+    """A path for `image_id` under an export folder; refuses ids that would escape it."""
+    parts = image_id.split("/")
+    if any(p in ("", ".", "..") or "\\" in p for p in parts):
+        raise ValueError(f"image id {image_id!r} cannot be used as a file name (empty, '.', '..' or '\\' parts)")
+    return Path(*parts)
+
+
+# Key spellings used by the ViLBERT LMDB dicts and MMF's `_info.npy`/LMDB dicts.
+_ALIASES = {
+    "image_h": ("image_h", "image_height"),
+    "image_w": ("image_w", "image_width"),
+    "boxes": ("boxes", "bbox"),
+    "objects_id": ("objects_id", "objects"),
+    "attrs_id": ("attrs_id", "attrs", "attributes"),
+}
+
+
+def _as_matrix(field: str, value, num: int, width: Optional[int]) -> np.ndarray:
+    """A decoded float32 (num, width) array from a numpy array or a base64 string."""
+    if isinstance(value, (str, bytes)):
+        return decode_array(field, value, np.float32, num, width)
+    arr = np.asarray(value)
+    if arr.dtype.kind not in "fiu":
+        raise RowError("bad array", f"field {field}: dtype {arr.dtype}")
+    arr = arr.astype(np.float32, copy=False)
+    if arr.size == 0 or arr.size % num or (width is not None and arr.size != num * width):
+        raise RowError("num_boxes mismatch", f"field {field}: {arr.size} values for num_boxes={num}")
+    return arr.reshape(num, -1)
+
+
+def record_from_dict(obj: dict, default_id: str, features=None) -> RegionFeatures:
+    """Convert a legacy per-image dict (ViLBERT / MMF spellings) to a record.
+
+    `features` overrides the dict's (MMF keeps them in a separate `.npy`). A 1-d
+    `cls_prob` (MMF's frcnn script) is the objects' confidence vector; a 2-d one with
+    1600 columns has no background and gets a zero background column prepended.
+    """
+    if not isinstance(obj, dict):
+        raise RowError("not a dict", f"value is a {type(obj).__name__}")
+
+    def pick(name: str):
+        for key in _ALIASES.get(name, (name,)):
+            if obj.get(key) is not None:
+                return obj[key]
+        return None
+
+    raw_id = pick("image_id")
+    image_id = default_id if raw_id is None else raw_id.decode() if isinstance(raw_id, bytes) else str(raw_id)
+    boxes_value, feats_value = pick("boxes"), pick("features") if features is None else features
+    for name, value in (("image_h", pick("image_h")), ("image_w", pick("image_w")), ("boxes", boxes_value), ("features", feats_value)):
+        if value is None:
+            raise RowError("missing field", f"no {name}")
+    num = pick("num_boxes")
+    n = parse_int("num_boxes", num) if num is not None else int(np.asarray(boxes_value).size // 4)
+    if n < 1:
+        raise RowError("bad num_boxes", f"num_boxes={n}")
+    fields: dict = dict(
+        image_id=image_id,
+        image_h=parse_int("image_h", pick("image_h")),
+        image_w=parse_int("image_w", pick("image_w")),
+        boxes=_as_matrix("boxes", boxes_value, n, 4),
+        features=_as_matrix("features", feats_value, n, None),
+    )
+    cls_prob = pick("cls_prob")
+    if cls_prob is not None:
+        cls_prob = np.asarray(cls_prob)
+        if cls_prob.ndim == 1:
+            fields["objects_conf"] = _as_matrix("cls_prob", cls_prob, n, 1).reshape(n)
+        else:
+            fields["cls_prob"] = with_background_first(_as_matrix("cls_prob", cls_prob, n, None))
+    if pick("attr_prob") is not None:
+        fields["attr_prob"] = _as_matrix("attr_prob", pick("attr_prob"), n, None)
+    for ids, conf in (("objects_id", "objects_conf"), ("attrs_id", "attrs_conf")):
+        if pick(ids) is not None:
+            fields[ids] = np.asarray(pick(ids)).astype(np.int64).reshape(-1)
+            if pick(conf) is not None:
+                fields[conf] = _as_matrix(conf, pick(conf), n, 1).reshape(n)
+        if fields.get(ids) is not None and fields.get(conf) is None:
+            if (ids == "objects_id" and "cls_prob" in fields) or (ids == "attrs_id" and "attr_prob" in fields):
+                del fields[ids]  # derived from the probability table below
+            else:
+                raise RowError("missing field", f"{ids} without {conf}")
+    return record_with_derived_labels(fields)

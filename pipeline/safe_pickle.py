@@ -1,0 +1,94 @@
+"""A restricted unpickler for legacy inputs (ViLBERT/MMF LMDBs, `_info.npy`, detectron2 weights).
+
+It admits numpy arrays, numpy scalars/dtypes and plain Python values (dict, list, str,
+numbers, ...) and nothing else: any other global — `os.system`, `builtins.eval`,
+`subprocess.Popen`, arbitrary classes — raises `UnsafePickleError` before it is resolved,
+so a hostile payload cannot run code. We never write pickles for our own data.
+"""
+
+from __future__ import annotations
+
+import builtins
+import collections
+import io
+import pickle
+from typing import Any
+
+import numpy as np
+from numpy._core import multiarray as _multiarray
+from numpy._core import numeric as _numeric
+
+from pipeline.errors import UnsafePickleError
+
+_NUMPY_GLOBALS = {
+    "_reconstruct": _multiarray._reconstruct,
+    "scalar": _multiarray.scalar,
+    "_frombuffer": _numeric._frombuffer,
+}
+# numpy moved numpy.core to numpy._core in 2.0; pickles name either.
+_NUMPY_MODULES = {"numpy.core.multiarray", "numpy._core.multiarray", "numpy.core.numeric", "numpy._core.numeric"}
+_SAFE_BUILTINS = {
+    name: getattr(builtins, name)
+    for name in (
+        "dict", "list", "tuple", "set", "frozenset", "str", "bytes", "bytearray",
+        "int", "float", "complex", "bool", "slice", "range",
+    )
+}
+
+
+def _encode_latin1(text: str, encoding: str = "latin1") -> bytes:
+    """`_codecs.encode` as used by protocol-2 pickles of bytes; text encodings only."""
+    if encoding.lower().replace("-", "") not in {"latin1", "utf8", "ascii", "iso88591"}:
+        raise UnsafePickleError(f"refused _codecs.encode with encoding {encoding!r}")
+    return text.encode(encoding)
+
+
+class RestrictedUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        if module in _NUMPY_MODULES and name in _NUMPY_GLOBALS:
+            return _NUMPY_GLOBALS[name]
+        if module == "numpy" and name == "ndarray":
+            return np.ndarray
+        if module == "numpy" and name == "dtype":
+            return np.dtype
+        if module in ("builtins", "__builtin__") and name in _SAFE_BUILTINS:
+            return _SAFE_BUILTINS[name]
+        if module == "_codecs" and name == "encode":
+            return _encode_latin1
+        if module == "collections" and name == "OrderedDict":
+            return collections.OrderedDict
+        raise UnsafePickleError(
+            f"refused to load {module}.{name}: only numpy arrays and plain Python values are "
+            "allowed in legacy pickles (this payload may try to run code)"
+        )
+
+
+def safe_loads(data: bytes | memoryview, *, encoding: str = "ASCII") -> Any:
+    """Unpickle `data` admitting only numpy arrays and plain values.
+
+    `encoding="latin1"` reads Python-2 pickles holding numpy arrays (detectron2 weights).
+    """
+    try:
+        return RestrictedUnpickler(io.BytesIO(bytes(data)), encoding=encoding).load()
+    except UnsafePickleError:
+        raise
+    except Exception as err:  # truncated or malformed pickles raise many types
+        raise UnsafePickleError(f"not a readable pickle: {type(err).__name__}: {err}") from err
+
+
+def safe_load_npy_object(data: bytes) -> Any:
+    """Load an `.npy` file that holds a pickled object (e.g. MMF's `_info.npy` dict)."""
+    f = io.BytesIO(data)
+    version = np.lib.format.read_magic(f)
+    header = (
+        np.lib.format.read_array_header_1_0(f)
+        if version == (1, 0)
+        else np.lib.format.read_array_header_2_0(f)
+    )
+    shape, _fortran, dtype = header
+    if dtype != np.dtype(object):
+        return np.lib.format.read_array(io.BytesIO(data), allow_pickle=False)
+    obj = safe_loads(f.read(), encoding="latin1")
+    if isinstance(obj, np.ndarray) and obj.shape == () and shape == ():
+        return obj.item()
+    return obj

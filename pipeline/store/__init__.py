@@ -1,0 +1,29 @@
+"""The region-feature store: sharded Arrow IPC or LMDB files plus a manifest.
+
+    from pipeline.store import FeatureStore, FeatureStoreWriter
+
+    with FeatureStoreWriter("feats", backend="arrow", shard_size=1000) as w:
+        w.write(record)                      # a pipeline.records.RegionFeatures
+    store = FeatureStore.open("feats")
+    rec = store.get("COCO_val2014_000000000042")
+
+The on-disk format is documented in docs/store-format.md.
+"""
+
+from pipeline.store.layout import ProbStorage, StoreLayout
+from pipeline.store.manifest import Manifest, ShardInfo
+from pipeline.store.store import FeatureStore, FeatureStoreWriter, write_records
+from pipeline.store.verify import VerifyReport, describe_store, verify_store
+
+__all__ = [
+    "FeatureStore",
+    "FeatureStoreWriter",
+    "Manifest",
+    "ProbStorage",
+    "ShardInfo",
+    "StoreLayout",
+    "VerifyReport",
+    "describe_store",
+    "verify_store",
+    "write_records",
+]

@@ -1,0 +1,144 @@
+"""Arrow IPC shards: one uncompressed IPC *file* per shard, memory-mapped on read.
+
+Schema: ``image_id: string, image_h: int32, image_w: int32, num_boxes: int32`` then one
+``list<T>`` column per stored column (see `columns.py`), flattened row-major
+(num_boxes * width values per row), null where an optional field is absent. The store
+layout is embedded as schema metadata so a shard file describes itself. Any Arrow tool
+can read the files; `ArrowShardReader` returns zero-copy numpy views into the map.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+from pathlib import Path
+from typing import Optional, Sequence
+
+import numpy as np
+import pyarrow as pa
+
+from pipeline.errors import StoreError
+from pipeline.records import REGION_SCHEMA_VERSION, RegionFeatures
+from pipeline.store.columns import assemble, columns, encode
+from pipeline.store.layout import StoreLayout
+
+SUFFIX = ".arrow"
+
+
+def arrow_schema(layout: StoreLayout) -> pa.Schema:
+    fields = [
+        pa.field("image_id", pa.string(), nullable=False),
+        pa.field("image_h", pa.int32(), nullable=False),
+        pa.field("image_w", pa.int32(), nullable=False),
+        pa.field("num_boxes", pa.int32(), nullable=False),
+    ]
+    fields += [pa.field(c.name, pa.list_(pa.from_numpy_dtype(c.dtype))) for c in columns(layout)]
+    meta = {
+        "vlprep.schema_version": str(REGION_SCHEMA_VERSION),
+        "vlprep.layout": json.dumps(layout.storage_settings()),
+    }
+    return pa.schema(fields, metadata=meta)
+
+
+class ArrowShardWriter:
+    """Writes one shard file; each `add` appends one record batch."""
+
+    def __init__(self, path: Path, layout: StoreLayout):
+        self._layout = layout
+        self._schema = arrow_schema(layout)
+        self._sink = pa.OSFile(str(path), "wb")
+        self._writer = pa.ipc.new_file(self._sink, self._schema)
+
+    def add(self, records: Sequence[RegionFeatures]) -> None:
+        encoded = [encode(r, self._layout) for r in records]
+        arrays = [
+            pa.array([r.image_id for r in records], pa.string()),
+            pa.array([r.image_h for r in records], pa.int32()),
+            pa.array([r.image_w for r in records], pa.int32()),
+            pa.array([r.num_boxes for r in records], pa.int32()),
+        ]
+        for col in columns(self._layout):
+            arrays.append(_list_array([e[col.name] for e in encoded], col.dtype))
+        self._writer.write_batch(pa.RecordBatch.from_arrays(arrays, schema=self._schema))
+
+    def close(self) -> None:
+        self._writer.close()
+        self._sink.close()
+
+
+def _list_array(values: list[Optional[np.ndarray]], dtype: np.dtype) -> pa.Array:
+    sizes = np.array([0 if v is None else v.size for v in values], np.int64)
+    offsets = np.zeros(len(values) + 1, np.int32)
+    np.cumsum(sizes, out=offsets[1:])
+    present = [v.reshape(-1) for v in values if v is not None]
+    flat = np.concatenate(present) if present else np.zeros(0, dtype)
+    mask = None
+    if any(v is None for v in values):
+        mask = pa.array([v is None for v in values], pa.bool_())
+    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat), mask=mask)
+
+
+class _Batch:
+    """numpy views of one record batch's buffers."""
+
+    def __init__(self, batch: pa.RecordBatch, names: Sequence[str]):
+        ids = batch.column("image_id")
+        _, offsets, self.id_data = ids.buffers()
+        self.id_offsets = np.frombuffer(offsets, np.int32, len(ids) + 1, ids.offset * 4)
+        self.image_h = batch.column("image_h").to_numpy()
+        self.image_w = batch.column("image_w").to_numpy()
+        self.cols: dict[str, tuple[np.ndarray, np.ndarray, Optional[np.ndarray]]] = {}
+        for name in names:
+            arr = batch.column(name)
+            valid = None if arr.null_count == 0 else arr.is_valid().to_numpy(zero_copy_only=False)
+            self.cols[name] = (arr.offsets.to_numpy(), arr.values.to_numpy(zero_copy_only=True), valid)
+
+    def image_id(self, row: int) -> str:
+        return self.id_data[int(self.id_offsets[row]) : int(self.id_offsets[row + 1])].to_pybytes().decode()
+
+
+class ArrowShardReader:
+    def __init__(self, path: Path, layout: StoreLayout, out_dtype: Optional[np.dtype] = None):
+        self._layout = layout
+        self._out_dtype = out_dtype
+        try:
+            self._source = pa.memory_map(str(path), "r")
+            reader = pa.ipc.open_file(self._source)
+        except (OSError, pa.ArrowInvalid) as err:
+            raise StoreError(f"shard {path.name}: cannot open Arrow file: {err}") from err
+        expected = arrow_schema(layout)
+        if not reader.schema.equals(expected, check_metadata=False):
+            raise StoreError(f"shard {path.name}: schema differs from the store layout: {reader.schema}")
+        names = [c.name for c in columns(layout)]
+        self._batches = [_Batch(reader.get_batch(i), names) for i in range(reader.num_record_batches)]
+        self._starts = [0]
+        for i in range(reader.num_record_batches):
+            self._starts.append(self._starts[-1] + reader.get_batch(i).num_rows)
+        self.rows = self._starts[-1]
+
+    def _locate(self, row: int) -> tuple[_Batch, int]:
+        if not 0 <= row < self.rows:
+            raise IndexError(row)
+        b = bisect.bisect_right(self._starts, row) - 1
+        return self._batches[b], row - self._starts[b]
+
+    def image_id(self, row: int) -> str:
+        batch, r = self._locate(row)
+        return batch.image_id(r)
+
+    def image_ids(self) -> list[str]:
+        return [b.image_id(r) for b in self._batches for r in range(len(b.image_h))]
+
+    def record(self, row: int) -> RegionFeatures:
+        batch, r = self._locate(row)
+        arrays: dict[str, Optional[np.ndarray]] = {}
+        for name, (offsets, values, valid) in batch.cols.items():
+            if valid is not None and not valid[r]:
+                arrays[name] = None
+            else:
+                arrays[name] = values[offsets[r] : offsets[r + 1]]
+        return assemble(batch.image_id(r), batch.image_h[r], batch.image_w[r], arrays, self._layout, self._out_dtype)
+
+    def close(self) -> None:
+        self._batches = []
+        self._source.close()

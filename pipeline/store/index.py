@@ -1,0 +1,109 @@
+"""The id -> (shard, row) index: an open-addressing hash table in one Arrow file.
+
+`index.arrow` holds three columns of equal length M (a power of two >= 2 * records):
+``hash`` (uint64; 0 marks an empty slot), ``shard`` (uint32), ``row`` (uint32). An id's
+64-bit BLAKE2b hash picks its home slot ``hash & (M - 1)``; collisions probe linearly.
+A lookup touches ~1-2 slots of the memory-mapped file: O(1) without loading the store
+(or the index) into RAM, shared by every process through the page cache. Callers
+confirm the id stored at (shard, row), so hash collisions cannot return a wrong record.
+The file's metadata names the shards it covers; an index that does not cover the
+manifest's shards is stale and is rebuilt.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Iterator, Sequence
+
+import numpy as np
+import pyarrow as pa
+
+from pipeline.io import commit_path, tmp_path_for
+
+INDEX_FILE = "index.arrow"
+_COVERS_KEY = b"vlprep.index.shards"
+
+
+def id_hash(image_id: str) -> int:
+    h = int.from_bytes(hashlib.blake2b(image_id.encode("utf-8"), digest_size=8).digest(), "little")
+    return h or 1
+
+
+class IdIndex:
+    def __init__(self, hashes: np.ndarray, shards: np.ndarray, rows: np.ndarray, covers: Sequence[str], source=None):
+        self._hashes, self._shards, self._rows = hashes, shards, rows
+        self._mask = len(hashes) - 1
+        self.covers = tuple(covers)
+        self._source = source  # keeps a memory map alive
+
+    @classmethod
+    def build(cls, shard_ids: Sequence[Sequence[str]], covers: Sequence[str]) -> "IdIndex":
+        """Index the ids of each shard (in row order); `covers` names the shards."""
+        hashes = np.array([id_hash(i) for ids in shard_ids for i in ids], np.uint64)
+        shard = np.concatenate([np.full(len(ids), s, np.uint32) for s, ids in enumerate(shard_ids)] or [np.zeros(0, np.uint32)])
+        row = np.concatenate([np.arange(len(ids), dtype=np.uint32) for ids in shard_ids] or [np.zeros(0, np.uint32)])
+        size = 16
+        while size < 2 * len(hashes):
+            size *= 2
+        table_h = np.zeros(size, np.uint64)
+        table_s = np.zeros(size, np.uint32)
+        table_r = np.zeros(size, np.uint32)
+        pos = (hashes & np.uint64(size - 1)).astype(np.int64)
+        pending = np.arange(len(hashes))
+        while pending.size:
+            slots = pos[pending]
+            free = table_h[slots] == 0
+            # First claimant of each free slot takes it; everyone else probes onward.
+            won_slots, first = np.unique(slots[free], return_index=True)
+            winners = pending[free][first]
+            table_h[won_slots], table_s[won_slots], table_r[won_slots] = hashes[winners], shard[winners], row[winners]
+            placed = np.zeros(len(hashes), bool)
+            placed[winners] = True
+            pending = pending[~placed[pending]]
+            pos[pending] = (pos[pending] + 1) & (size - 1)
+        return cls(table_h, table_s, table_r, covers)
+
+    def candidates(self, image_id: str) -> Iterator[tuple[int, int]]:
+        """(shard, row) of every entry whose hash matches `image_id`'s."""
+        h = id_hash(image_id)
+        slot = h & self._mask
+        hashes = self._hashes
+        while True:
+            stored = int(hashes[slot])
+            if stored == 0:
+                return
+            if stored == h:
+                yield int(self._shards[slot]), int(self._rows[slot])
+            slot = (slot + 1) & self._mask
+
+    def __len__(self) -> int:
+        return int(np.count_nonzero(self._hashes))
+
+    def write(self, directory: Path) -> None:
+        table = pa.table(
+            {"hash": self._hashes, "shard": self._shards, "row": self._rows},
+            metadata={_COVERS_KEY: json.dumps(list(self.covers))},
+        )
+        path = directory / INDEX_FILE
+        tmp = tmp_path_for(path)
+        with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+            writer.write_table(table)
+        commit_path(tmp, path)
+
+    @classmethod
+    def read(cls, directory: Path) -> "IdIndex | None":
+        path = directory / INDEX_FILE
+        if not path.exists():
+            return None
+        try:
+            source = pa.memory_map(str(path), "r")
+            table = pa.ipc.open_file(source).read_all()
+            covers = json.loads(table.schema.metadata[_COVERS_KEY])
+            cols = [table.column(n).chunk(0).to_numpy() for n in ("hash", "shard", "row")]
+        except (OSError, pa.ArrowInvalid, KeyError, ValueError):
+            return None  # unreadable index: treated as stale and rebuilt
+        if len(cols[0]) & (len(cols[0]) - 1):
+            return None
+        return cls(*cols, covers=covers, source=source)

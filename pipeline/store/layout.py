@@ -1,0 +1,112 @@
+"""What a feature store holds and how: backend, dims, dtypes, probability storage.
+
+A `StoreLayout` is fixed when a store is created and recorded in its manifest; every
+shard of the store follows it, and a writer resuming the store must ask for the same.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
+from typing import Literal, Optional
+
+import numpy as np
+
+from pipeline.errors import ConfigError
+
+Backend = Literal["arrow", "lmdb"]
+BACKENDS: tuple[str, ...] = ("arrow", "lmdb")
+FLOAT_DTYPES: tuple[str, ...] = ("float16", "float32")
+
+
+@dataclass(frozen=True)
+class ProbStorage:
+    """How a per-region probability table (cls_prob / attr_prob) is stored.
+
+    ``full``: every column; ``topk``: the k largest per region (ids + values; other
+    columns read back as 0); ``none``: dropped.
+    """
+
+    mode: Literal["full", "topk", "none"] = "full"
+    k: int = 0
+
+    @classmethod
+    def parse(cls, text: str) -> "ProbStorage":
+        text = text.strip().lower()
+        if text in ("full", "none"):
+            return cls(text)  # type: ignore[arg-type]
+        if text.startswith("topk:") and text[5:].isdigit() and int(text[5:]) > 0:
+            return cls("topk", int(text[5:]))
+        raise ConfigError(f"probability storage must be 'full', 'none' or 'topk:K' (K > 0), got {text!r}")
+
+    def __str__(self) -> str:
+        return f"topk:{self.k}" if self.mode == "topk" else self.mode
+
+    def encode_topk(self, prob: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(N, k) uint16 column ids and (N, k) values, largest first."""
+        ids = np.argsort(-prob, axis=1, kind="stable")[:, : self.k].astype(np.uint16)
+        return ids, np.take_along_axis(prob, ids.astype(np.int64), axis=1)
+
+    @staticmethod
+    def decode_topk(ids: np.ndarray, values: np.ndarray, dim: int) -> np.ndarray:
+        dense = np.zeros((ids.shape[0], dim), values.dtype)
+        np.put_along_axis(dense, ids.astype(np.int64), values, axis=1)
+        return dense
+
+
+@dataclass(frozen=True)
+class StoreLayout:
+    backend: Backend = "arrow"
+    feature_dim: int = 2048
+    dtype: str = "float16"  # features and probability tables; boxes/confidences are float32
+    cls_prob: ProbStorage = ProbStorage("full")
+    attr_prob: ProbStorage = ProbStorage("full")
+    # Widths of the probability tables; fixed by the first record that has one.
+    cls_dim: Optional[int] = None
+    attr_dim: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        if self.backend not in BACKENDS:
+            raise ConfigError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
+        if self.dtype not in FLOAT_DTYPES:
+            raise ConfigError(f"dtype must be one of {FLOAT_DTYPES}, got {self.dtype!r}")
+        if self.feature_dim < 1:
+            raise ConfigError(f"feature_dim must be positive, got {self.feature_dim}")
+        for name in ("cls_prob", "attr_prob"):
+            storage, dim = self.prob(name), self.prob_dim(name)
+            if storage.mode == "topk" and dim is not None and not storage.k < dim <= 65535:
+                raise ConfigError(f"{name} top-k of {storage.k} needs a table wider than k (and <= 65535), got {dim}")
+
+    @property
+    def np_dtype(self) -> np.dtype:
+        return np.dtype(self.dtype)
+
+    def prob(self, name: str) -> ProbStorage:
+        return getattr(self, name)
+
+    def prob_dim(self, name: str) -> Optional[int]:
+        return self.cls_dim if name == "cls_prob" else self.attr_dim
+
+    def with_prob_dim(self, name: str, dim: int) -> "StoreLayout":
+        return replace(self, **{"cls_dim" if name == "cls_prob" else "attr_dim": dim})
+
+    def storage_settings(self) -> dict:
+        """The settings a resuming writer must agree with (dims learnt later excluded)."""
+        return {
+            "backend": self.backend,
+            "feature_dim": self.feature_dim,
+            "dtype": self.dtype,
+            "cls_prob": str(self.cls_prob),
+            "attr_prob": str(self.attr_prob),
+        }
+
+    def to_json(self) -> dict:
+        out = asdict(self)
+        out["cls_prob"], out["attr_prob"] = str(self.cls_prob), str(self.attr_prob)
+        return out
+
+    @classmethod
+    def from_json(cls, obj: dict) -> "StoreLayout":
+        obj = dict(obj)
+        obj["cls_prob"] = ProbStorage.parse(obj["cls_prob"])
+        obj["attr_prob"] = ProbStorage.parse(obj["attr_prob"])
+        return cls(**obj)

@@ -1,0 +1,201 @@
+"""LMDB shards: one environment (a directory holding `data.mdb`) per shard.
+
+Keys are the row number as 8 bytes big-endian (so writes use `append=True`); values
+use the fixed little-endian binary layout below — no pickle, no base64:
+
+    offset  size  field
+    0       4     magic b"VLRF"
+    4       2     layout version (1)
+    6       2     flags: bit0 objects, bit1 attrs, bit2 cls_prob, bit3 attr_prob present
+    8       4     num_boxes N
+    12      4     image_h
+    16      4     image_w
+    20      4     feature_dim D
+    24      4     cls width (C for full storage, k for top-k, 0 when not stored)
+    28      4     attr width (likewise)
+    32      4     image id length L (bytes of UTF-8)
+    36      4     reserved (0)
+    40      L     image id, then zero padding to a multiple of 8
+    ...           each present column of `columns.py`, in that order, as N*width
+                  little-endian values, each padded to a multiple of 8 bytes
+
+Writers batch many puts per transaction and grow the map on demand (starting small,
+doubling on MapFullError). Readers open the environment read-only with
+``lock=False, readahead=False`` in the process that reads (see `FeatureStore`).
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from pathlib import Path
+from typing import Optional, Sequence
+
+import lmdb
+import numpy as np
+
+from pipeline.errors import StoreError
+from pipeline.records import RegionFeatures
+from pipeline.store.columns import OPTIONAL_FIELDS, assemble, columns, encode
+from pipeline.store.layout import StoreLayout
+
+SUFFIX = ".lmdb"
+MAGIC = b"VLRF"
+VALUE_VERSION = 1
+HEADER = struct.Struct("<4sHHIIIIIIII")
+INITIAL_MAP_SIZE = 64 << 20
+_FLAG_BITS = {field: 1 << i for i, field in enumerate(OPTIONAL_FIELDS)}
+
+
+def row_key(row: int) -> bytes:
+    return row.to_bytes(8, "big")
+
+
+def _pad8(n: int) -> int:
+    return (n + 7) & ~7
+
+
+def encode_value(rec: RegionFeatures, layout: StoreLayout) -> bytes:
+    arrays = encode(rec, layout)
+    flags = 0
+    widths = {"cls_prob": 0, "attr_prob": 0}
+    for col in columns(layout):
+        if col.field in _FLAG_BITS and arrays[col.name] is not None:
+            flags |= _FLAG_BITS[col.field]
+            widths[col.field] = arrays[col.name].shape[1]
+    iid = rec.image_id.encode("utf-8")
+    parts = [
+        HEADER.pack(
+            MAGIC, VALUE_VERSION, flags, rec.num_boxes, rec.image_h, rec.image_w, rec.features.shape[1],
+            widths["cls_prob"], widths["attr_prob"], len(iid), 0,
+        ),
+        iid,
+        bytes(_pad8(len(iid)) - len(iid)),
+    ]
+    for col in columns(layout):
+        a = arrays[col.name]
+        if a is None:
+            continue
+        raw = a.astype(a.dtype.newbyteorder("<"), copy=False).tobytes()
+        parts += [raw, bytes(_pad8(len(raw)) - len(raw))]
+    return b"".join(parts)
+
+
+class LmdbShardWriter:
+    def __init__(self, path: Path, layout: StoreLayout):
+        self._layout = layout
+        self._path = path
+        self._rows = 0
+        self._env = lmdb.open(str(path), subdir=True, map_size=INITIAL_MAP_SIZE, sync=False, metasync=False)
+
+    def add(self, records: Sequence[RegionFeatures]) -> None:
+        items = [(row_key(self._rows + i), encode_value(r, self._layout)) for i, r in enumerate(records)]
+        while True:
+            try:
+                with self._env.begin(write=True) as txn:
+                    cursor = txn.cursor()
+                    for key, value in items:
+                        cursor.put(key, value, append=True)
+                break
+            except lmdb.MapFullError:
+                self._env.set_mapsize(self._env.info()["map_size"] * 2)
+        self._rows += len(records)
+
+    def close(self) -> None:
+        self._env.sync(True)
+        self._env.close()
+        (self._path / "lock.mdb").unlink(missing_ok=True)  # readers use lock=False
+
+
+# py-lmdb allows one Environment per path and process: readers of the same shard in
+# one process share it. Keyed by pid so a forked child never touches its parent's.
+_ENVS: dict[tuple[int, str], list] = {}
+
+
+def _acquire_env(path: Path) -> lmdb.Environment:
+    key = (os.getpid(), str(path.resolve()))
+    entry = _ENVS.get(key)
+    if entry is None:
+        try:
+            env = lmdb.open(
+                key[1], subdir=True, readonly=True, lock=False, readahead=False,
+                meminit=False, max_readers=2048,
+            )
+        except lmdb.Error as err:
+            raise StoreError(f"shard {path.name}: cannot open LMDB environment: {err}") from err
+        entry = _ENVS[key] = [env, 0]
+    entry[1] += 1
+    return entry[0]
+
+
+def _release_env(path: Path) -> None:
+    key = (os.getpid(), str(path.resolve()))
+    entry = _ENVS.get(key)
+    if entry is not None:
+        entry[1] -= 1
+        if entry[1] == 0:
+            entry[0].close()
+            del _ENVS[key]
+
+
+class LmdbShardReader:
+    def __init__(self, path: Path, layout: StoreLayout, out_dtype: Optional[np.dtype] = None):
+        self._layout = layout
+        self._out_dtype = out_dtype
+        self._name = path.name
+        self._path = path
+        self._env = _acquire_env(path)
+        # Shards are immutable once committed, so one long-lived read transaction is
+        # safe; values are returned as buffers into the map (zero-copy).
+        self._txn = self._env.begin(buffers=True)
+        self.rows = self._env.stat()["entries"]
+        self._cols = [(c, c.dtype.newbyteorder("<")) for c in columns(layout)]
+
+    def _value(self, row: int) -> memoryview:
+        if not 0 <= row < self.rows:
+            raise IndexError(row)
+        value = self._txn.get(row_key(row))
+        if value is None:
+            raise StoreError(f"shard {self._name}: row {row} is missing")
+        return value
+
+    def _parse(self, value: memoryview, row: int) -> tuple[tuple, str, int]:
+        if len(value) < HEADER.size:
+            raise StoreError(f"shard {self._name}: row {row}: value shorter than its header")
+        header = HEADER.unpack_from(value, 0)
+        if header[0] != MAGIC or header[1] != VALUE_VERSION:
+            raise StoreError(f"shard {self._name}: row {row}: bad magic/version {header[:2]}")
+        id_len = header[9]
+        start = HEADER.size
+        return header, bytes(value[start : start + id_len]).decode("utf-8"), start + _pad8(id_len)
+
+    def image_id(self, row: int) -> str:
+        return self._parse(self._value(row), row)[1]
+
+    def image_ids(self) -> list[str]:
+        return [self.image_id(r) for r in range(self.rows)]
+
+    def record(self, row: int) -> RegionFeatures:
+        value = self._value(row)
+        header, image_id, pos = self._parse(value, row)
+        _, _, flags, n, image_h, image_w, feature_dim, cls_w, attr_w, _, _ = header
+        widths = {"cls_prob": cls_w, "attr_prob": attr_w}
+        arrays: dict[str, Optional[np.ndarray]] = {}
+        for col, dtype in self._cols:
+            if col.field in _FLAG_BITS and not flags & _FLAG_BITS[col.field]:
+                arrays[col.name] = None
+                continue
+            width = widths.get(col.field, col.width)
+            if col.name == "features":
+                width = feature_dim
+            count = n * width
+            nbytes = count * col.dtype.itemsize
+            if pos + nbytes > len(value):
+                raise StoreError(f"shard {self._name}: row {row}: value truncated in column {col.name}")
+            arrays[col.name] = np.frombuffer(value, dtype, count, pos)
+            pos += _pad8(nbytes)
+        return assemble(image_id, image_h, image_w, arrays, self._layout, self._out_dtype)
+
+    def close(self) -> None:
+        self._txn.abort()
+        _release_env(self._path)

@@ -1,0 +1,113 @@
+"""`manifest.json`: the authority on what a store holds.
+
+Only shards listed here exist for readers. A writer renames a finished shard into
+`shards/` first and rewrites the manifest (atomically) last, so a killed writer leaves a
+manifest that lists exactly the shards that were complete.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from pipeline.errors import StoreError
+from pipeline.io import atomic_write_json
+from pipeline.records import REGION_SCHEMA_VERSION
+from pipeline.store.layout import StoreLayout
+
+MANIFEST_FILE = "manifest.json"
+SHARDS_DIR = "shards"
+FORMAT_NAME = "vlprep-feature-store"
+
+
+def now_iso() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+@dataclass(frozen=True)
+class ShardInfo:
+    name: str  # e.g. "00003.arrow" or "00003.lmdb", under shards/
+    rows: int
+    bytes: int
+    sha256: str  # of the Arrow file, or of the LMDB shard's data.mdb
+    created: str
+
+
+@dataclass
+class Manifest:
+    layout: StoreLayout
+    shards: list[ShardInfo] = field(default_factory=list)
+    # producer, detector, weights_sha256, box_policy, and the creating run's config
+    provenance: dict = field(default_factory=dict)
+    runs: list[dict] = field(default_factory=list)  # one entry per writing session
+    created: str = field(default_factory=now_iso)
+    updated: str = field(default_factory=now_iso)
+    schema_version: int = REGION_SCHEMA_VERSION
+
+    @property
+    def num_records(self) -> int:
+        return sum(s.rows for s in self.shards)
+
+    @property
+    def shard_names(self) -> list[str]:
+        return [s.name for s in self.shards]
+
+    def dtypes(self) -> dict[str, str]:
+        float_dtype = self.layout.dtype
+        out = {"boxes": "float32", "features": float_dtype, "objects_id": "int32", "objects_conf": "float32",
+               "attrs_id": "int32", "attrs_conf": "float32"}
+        for name in ("cls_prob", "attr_prob"):
+            if self.layout.prob(name).mode != "none":
+                out[name] = float_dtype
+        return out
+
+    def to_json(self) -> dict:
+        layout = self.layout
+        return {
+            "format": FORMAT_NAME,
+            "schema_version": self.schema_version,
+            "backend": layout.backend,
+            "num_records": self.num_records,
+            "num_shards": len(self.shards),
+            "bytes": sum(s.bytes for s in self.shards),
+            "dims": {"features": layout.feature_dim, "cls_prob": layout.cls_dim, "attr_prob": layout.attr_dim},
+            "dtypes": self.dtypes(),
+            "layout": layout.to_json(),
+            "provenance": self.provenance,
+            "runs": self.runs,
+            "created": self.created,
+            "updated": self.updated,
+            "shards": [asdict(s) for s in self.shards],
+        }
+
+    def write(self, directory: Path) -> None:
+        self.updated = now_iso()
+        atomic_write_json(directory / MANIFEST_FILE, self.to_json())
+
+    @classmethod
+    def read(cls, directory: Path) -> "Manifest":
+        path = directory / MANIFEST_FILE
+        if not path.exists():
+            raise StoreError(f"{directory} is not a feature store: no {MANIFEST_FILE}")
+        try:
+            obj = json.loads(path.read_text())
+            if obj.get("format") != FORMAT_NAME:
+                raise StoreError(f"{path}: format is {obj.get('format')!r}, expected {FORMAT_NAME!r}")
+            if obj["schema_version"] > REGION_SCHEMA_VERSION:
+                raise StoreError(
+                    f"{path}: schema version {obj['schema_version']} is newer than this vlprep "
+                    f"understands ({REGION_SCHEMA_VERSION}); upgrade vlprep"
+                )
+            return cls(
+                layout=StoreLayout.from_json(obj["layout"]),
+                shards=[ShardInfo(**s) for s in obj["shards"]],
+                provenance=obj.get("provenance", {}),
+                runs=obj.get("runs", []),
+                created=obj["created"],
+                updated=obj["updated"],
+                schema_version=obj["schema_version"],
+            )
+        except (KeyError, TypeError, ValueError) as err:
+            raise StoreError(f"{path}: unreadable manifest: {type(err).__name__}: {err}") from err
