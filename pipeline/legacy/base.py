@@ -177,7 +177,7 @@ def record_from_dict(obj: dict, default_id: str, features=None) -> RegionFeature
     )
     cls_prob = pick("cls_prob")
     if cls_prob is not None:
-        cls_prob = np.asarray(cls_prob)
+        cls_prob = _as_matrix("cls_prob", cls_prob, n, None) if isinstance(cls_prob, (str, bytes)) else np.asarray(cls_prob)
         if cls_prob.ndim == 1:
             fields["objects_conf"] = _as_matrix("cls_prob", cls_prob, n, 1).reshape(n)
         else:

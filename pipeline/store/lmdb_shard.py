@@ -108,12 +108,16 @@ class LmdbShardWriter:
 
 
 # py-lmdb allows one Environment per path and process: readers of the same shard in
-# one process share it. Keyed by pid so a forked child never touches its parent's.
+# one process share it. Keyed by pid: a forked child (DataLoader worker) never uses its
+# parent's environment; it closes its inherited copy (safe for read-only, lock-free
+# environments: nothing is shared through a lock file) and opens its own.
 _ENVS: dict[tuple[int, str], list] = {}
 
 
 def _acquire_env(path: Path) -> lmdb.Environment:
     key = (os.getpid(), str(path.resolve()))
+    for inherited in [k for k in _ENVS if k[1] == key[1] and k[0] != key[0]]:
+        _ENVS.pop(inherited)[0].close()
     entry = _ENVS.get(key)
     if entry is None:
         try:

@@ -1,0 +1,89 @@
+"""Test helpers: synthetic region-feature records in the canonical layout."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+
+from pipeline.records import RegionFeatures, labels_from_probs
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def make_record(
+    rng: np.random.Generator,
+    image_id: str,
+    num_boxes: int = 5,
+    feature_dim: int = 32,
+    cls_dim: Optional[int] = 11,
+    attr_dim: Optional[int] = 7,
+    labels: bool = True,
+    size: tuple[int, int] = (480, 640),
+) -> RegionFeatures:
+    """A valid record with random values; labels derived from the probabilities as the
+    reference extractors do."""
+    h, w = size
+    x1 = rng.uniform(0, w / 2, num_boxes)
+    y1 = rng.uniform(0, h / 2, num_boxes)
+    boxes = np.stack([x1, y1, x1 + rng.uniform(1, w / 2, num_boxes), y1 + rng.uniform(1, h / 2, num_boxes)], 1)
+
+    def probs(dim):
+        p = rng.random((num_boxes, dim)).astype(np.float32)
+        return p / p.sum(1, keepdims=True)
+
+    cls_prob = probs(cls_dim) if cls_dim else None
+    attr_prob = probs(attr_dim) if attr_dim else None
+    fields = dict(
+        image_id=image_id, image_h=h, image_w=w, boxes=boxes.astype(np.float32),
+        features=(rng.standard_normal((num_boxes, feature_dim)) * 3).astype(np.float32),
+        cls_prob=cls_prob, attr_prob=attr_prob,
+    )
+    if labels:
+        if cls_prob is not None:
+            fields["objects_id"], fields["objects_conf"] = labels_from_probs(cls_prob)
+        else:
+            fields["objects_id"] = rng.integers(0, 1600, num_boxes)
+            fields["objects_conf"] = rng.random(num_boxes).astype(np.float32)
+        if attr_prob is not None:
+            fields["attrs_id"], fields["attrs_conf"] = labels_from_probs(attr_prob)
+        else:
+            fields["attrs_id"] = rng.integers(0, 400, num_boxes)
+            fields["attrs_conf"] = rng.random(num_boxes).astype(np.float32)
+    return RegionFeatures(**fields)
+
+
+def make_records(count: int, seed: int = 0, **kwargs) -> list[RegionFeatures]:
+    rng = np.random.default_rng(seed)
+    return [make_record(rng, f"img_{seed}_{i:05d}", num_boxes=int(rng.integers(1, 12)), **kwargs) for i in range(count)]
+
+
+def assert_same_record(a: RegionFeatures, b: RegionFeatures, exact: bool = True) -> None:
+    """Field by field equality; float16-stored tables compared within float16 precision."""
+    assert a.image_id == b.image_id and a.image_h == b.image_h and a.image_w == b.image_w
+    fa, fb = a.array_fields(), b.array_fields()
+    assert fa.keys() == fb.keys(), (a.image_id, sorted(fa), sorted(fb))
+    for name in fa:
+        x, y = np.asarray(fa[name]), np.asarray(fb[name])
+        assert x.shape == y.shape, (a.image_id, name, x.shape, y.shape)
+        if exact or x.dtype.kind in "iu":
+            assert np.array_equal(x.astype(y.dtype) if x.dtype.kind in "iu" else x, y), (a.image_id, name)
+        else:
+            np.testing.assert_allclose(x.astype(np.float32), y.astype(np.float32), rtol=1e-3, atol=1e-3, err_msg=name)
+
+
+def run_cli(*args: str, cwd: Optional[Path] = None, check: bool = False) -> subprocess.CompletedProcess:
+    """Run `python -m pipeline.cli ...` in a real subprocess."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "pipeline.cli", *map(str, args)],
+        capture_output=True, text=True, cwd=cwd or REPO, timeout=300,
+        env={**__import__("os").environ, "COLUMNS": "200", "NO_COLOR": "1"},
+    )
+    if check and proc.returncode != 0:
+        raise AssertionError(f"vlprep {' '.join(map(str, args))} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+

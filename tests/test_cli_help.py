@@ -1,0 +1,46 @@
+"""Every command explains itself, through the installed console scripts."""
+
+import shutil
+import subprocess
+
+import pytest
+from helpers import make_records
+
+from pipeline.store import write_records
+
+VLPREP = ["inspect", "verify", "import", "export", "formats", "version"]
+
+
+def _run(*args):
+    exe = shutil.which(args[0])
+    assert exe, f"{args[0]} console script is not installed (pip install -e .)"
+    return subprocess.run([exe, *args[1:]], capture_output=True, text=True, timeout=120, env={"COLUMNS": "160", "PATH": __import__("os").environ["PATH"]})
+
+
+def test_vlprep_help_lists_commands():
+    proc = _run("vlprep", "--help")
+    assert proc.returncode == 0
+    for command in VLPREP:
+        assert command in proc.stdout
+
+
+@pytest.mark.parametrize("command", VLPREP)
+def test_each_vlprep_command_has_help(command):
+    proc = _run("vlprep", command, "--help")
+    assert proc.returncode == 0 and "Usage" in proc.stdout and len(proc.stdout) > 200
+
+
+def test_vlprep_formats_lists_every_format():
+    proc = _run("vlprep", "formats")
+    for name in ("lxmert-tsv", "butd-tsv", "vilbert-lmdb", "mmf-npy"):
+        assert name in proc.stdout
+
+
+def test_vltrain_preview_batch(tmp_path):
+    write_records(tmp_path / "s", make_records(5, seed=2, feature_dim=16), feature_dim=16)
+    assert _run("vltrain", "--help").returncode == 0
+    proc = _run("vltrain", "preview-batch", str(tmp_path / "s"), "--batch-size", "3", "--max-boxes", "10", "--img-token")
+    assert proc.returncode == 0, proc.stderr
+    assert "(3, 11, 16)" in proc.stdout and "(3, 11, 5)" in proc.stdout and "real slots per image" in proc.stdout
+    proc = _run("vltrain", "preview-batch", str(tmp_path))
+    assert proc.returncode == 1 and "not a feature store" in proc.stderr
