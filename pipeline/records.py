@@ -30,9 +30,10 @@ MAX_IMAGE_ID_BYTES = 1024
 _FORBIDDEN_ID_CHARS = ("\t", "\n", "\r", "\x00")
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(eq=False)
 class RegionFeatures:
-    """Region features of one image. Arrays read from a store are read-only views."""
+    """Region features of one image. Arrays read from a store are read-only views
+    (ids as stored, int32); treat records as values and do not mutate them."""
 
     image_id: str
     image_h: int

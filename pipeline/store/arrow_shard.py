@@ -19,7 +19,7 @@ import pyarrow as pa
 
 from pipeline.errors import StoreError
 from pipeline.records import REGION_SCHEMA_VERSION, RegionFeatures
-from pipeline.store.columns import assemble, columns, encode
+from pipeline.store.columns import Assembler, Column, columns, encode
 from pipeline.store.layout import StoreLayout
 
 SUFFIX = ".arrow"
@@ -79,28 +79,46 @@ def _list_array(values: list[Optional[np.ndarray]], dtype: np.dtype) -> pa.Array
 
 
 class _Batch:
-    """numpy views of one record batch's buffers."""
+    """Views of one record batch: per column, region offsets (a list) and the values
+    shaped (regions, width), so a row is one slice."""
 
-    def __init__(self, batch: pa.RecordBatch, names: Sequence[str]):
+    def __init__(self, batch: pa.RecordBatch, cols: Sequence[Column]):
         ids = batch.column("image_id")
-        _, offsets, self.id_data = ids.buffers()
-        self.id_offsets = np.frombuffer(offsets, np.int32, len(ids) + 1, ids.offset * 4)
-        self.image_h = batch.column("image_h").to_numpy()
-        self.image_w = batch.column("image_w").to_numpy()
-        self.cols: dict[str, tuple[np.ndarray, np.ndarray, Optional[np.ndarray]]] = {}
-        for name in names:
-            arr = batch.column(name)
-            valid = None if arr.null_count == 0 else arr.is_valid().to_numpy(zero_copy_only=False)
-            self.cols[name] = (arr.offsets.to_numpy(), arr.values.to_numpy(zero_copy_only=True), valid)
+        _, offsets, data = ids.buffers()
+        self.id_data = memoryview(data).cast("B")  # format "B": compares with bytes by memcmp
+        self.id_offsets = np.frombuffer(offsets, np.int32, len(ids) + 1, ids.offset * 4).tolist()
+        self.image_h = batch.column("image_h").to_numpy().tolist()
+        self.image_w = batch.column("image_w").to_numpy().tolist()
+        self.rows = batch.num_rows
+        self.cols: list[tuple[str, Optional[list[int]], Optional[np.ndarray], Optional[list[bool]]]] = []
+        for col in cols:
+            arr = batch.column(col.name)
+            values = arr.values.to_numpy(zero_copy_only=True)
+            if col.width is None:  # probability width unknown: no record of the store has this table
+                self.cols.append((col.name, None, None, None))
+                continue
+            valid = None if arr.null_count == 0 else arr.is_valid().to_pylist()
+            if col.width != 1:
+                values = values.reshape(-1, col.width)
+            offsets = (arr.offsets.to_numpy() // col.width).tolist()
+            self.cols.append((col.name, offsets, values, valid))
+
+    def id_bytes(self, row: int) -> memoryview:
+        return self.id_data[self.id_offsets[row] : self.id_offsets[row + 1]]
 
     def image_id(self, row: int) -> str:
-        return self.id_data[int(self.id_offsets[row]) : int(self.id_offsets[row + 1])].to_pybytes().decode()
+        return bytes(self.id_bytes(row)).decode("utf-8")
+
+    def arrays(self, row: int) -> list[Optional[np.ndarray]]:
+        return [
+            None if offsets is None or (valid is not None and not valid[row]) else values[offsets[row] : offsets[row + 1]]
+            for _, offsets, values, valid in self.cols
+        ]
 
 
 class ArrowShardReader:
     def __init__(self, path: Path, layout: StoreLayout, out_dtype: Optional[np.dtype] = None):
-        self._layout = layout
-        self._out_dtype = out_dtype
+        self._assemble = Assembler(layout, out_dtype)
         try:
             self._source = pa.memory_map(str(path), "r")
             reader = pa.ipc.open_file(self._source)
@@ -109,11 +127,11 @@ class ArrowShardReader:
         expected = arrow_schema(layout)
         if not reader.schema.equals(expected, check_metadata=False):
             raise StoreError(f"shard {path.name}: schema differs from the store layout: {reader.schema}")
-        names = [c.name for c in columns(layout)]
-        self._batches = [_Batch(reader.get_batch(i), names) for i in range(reader.num_record_batches)]
+        cols = columns(layout)
+        self._batches = [_Batch(reader.get_batch(i), cols) for i in range(reader.num_record_batches)]
         self._starts = [0]
-        for i in range(reader.num_record_batches):
-            self._starts.append(self._starts[-1] + reader.get_batch(i).num_rows)
+        for batch in self._batches:
+            self._starts.append(self._starts[-1] + batch.rows)
         self.rows = self._starts[-1]
 
     def _locate(self, row: int) -> tuple[_Batch, int]:
@@ -127,17 +145,18 @@ class ArrowShardReader:
         return batch.image_id(r)
 
     def image_ids(self) -> list[str]:
-        return [b.image_id(r) for b in self._batches for r in range(len(b.image_h))]
+        return [b.image_id(r) for b in self._batches for r in range(b.rows)]
 
-    def record(self, row: int) -> RegionFeatures:
+    def record(self, row: int, expect: Optional[str] = None) -> Optional[RegionFeatures]:
+        """The record at `row`; None if `expect` is given and is not its image id."""
         batch, r = self._locate(row)
-        arrays: dict[str, Optional[np.ndarray]] = {}
-        for name, (offsets, values, valid) in batch.cols.items():
-            if valid is not None and not valid[r]:
-                arrays[name] = None
-            else:
-                arrays[name] = values[offsets[r] : offsets[r + 1]]
-        return assemble(batch.image_id(r), batch.image_h[r], batch.image_w[r], arrays, self._layout, self._out_dtype)
+        if expect is None:
+            image_id = batch.image_id(r)
+        elif batch.id_bytes(r) == expect.encode("utf-8"):
+            image_id = expect
+        else:
+            return None
+        return self._assemble(image_id, batch.image_h[r], batch.image_w[r], batch.arrays(r))
 
     def close(self) -> None:
         self._batches = []

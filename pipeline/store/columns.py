@@ -20,7 +20,7 @@ Optional columns belong to a record field; a field is present or absent per reco
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Sequence
 
 import numpy as np
 
@@ -88,38 +88,37 @@ def encode(rec: RegionFeatures, layout: StoreLayout) -> dict[str, Optional[np.nd
     return out
 
 
-def assemble(
-    image_id: str,
-    image_h: int,
-    image_w: int,
-    arrays: dict[str, Optional[np.ndarray]],
-    layout: StoreLayout,
-    out_dtype: Optional[np.dtype] = None,
-) -> RegionFeatures:
-    """Build a record from stored flat column arrays (views; no copy unless converting)."""
-    n = arrays["boxes"].shape[0] // 4
-    fields: dict = {}
+class Assembler:
+    """Builds records from a shard's column views in `columns(layout)` order, each
+    shaped (N, width) (1-d for the id/confidence columns), None where absent. No copy
+    unless converting float16 to `out_dtype`."""
 
-    def floats(a: np.ndarray) -> np.ndarray:
-        return a if out_dtype is None or a.dtype == out_dtype else a.astype(out_dtype)
+    def __init__(self, layout: StoreLayout, out_dtype: Optional[np.dtype] = None):
+        names = [c.name for c in columns(layout)]
+        # When the stored columns are a prefix of the record's fields, values pass straight through.
+        self._direct = names == list(_RECORD_ARRAYS[: len(names)])
+        self._plain = [(name, names.index(name)) for name in _RECORD_ARRAYS if name in names]
+        self._topk = [
+            (name, layout.prob(name), layout.prob_dim(name), names.index(f"{name}_topk_ids"))
+            for name in ("cls_prob", "attr_prob") if layout.prob(name).mode == "topk"
+        ]
+        self._convert = out_dtype is not None and out_dtype != layout.np_dtype
+        self._out_dtype = out_dtype
 
-    fields["features"] = floats(arrays["features"].reshape(n, -1))
-    for ids, conf in (("objects_id", "objects_conf"), ("attrs_id", "attrs_conf")):
-        if arrays.get(ids) is not None:
-            fields[ids] = arrays[ids].astype(np.int64)
-            fields[conf] = arrays[conf]
-    for name in ("cls_prob", "attr_prob"):
-        storage = layout.prob(name)
-        if storage.mode == "full" and arrays.get(name) is not None:
-            fields[name] = floats(arrays[name].reshape(n, -1))
-        elif storage.mode == "topk" and arrays.get(f"{name}_topk") is not None:
-            ids = arrays[f"{name}_topk_ids"].reshape(n, -1)
-            vals = floats(arrays[f"{name}_topk"].reshape(n, -1))
-            fields[name] = storage.decode_topk(ids, vals, layout.prob_dim(name))
-    return RegionFeatures(
-        image_id=image_id,
-        image_h=int(image_h),
-        image_w=int(image_w),
-        boxes=arrays["boxes"].reshape(n, 4),
-        **fields,
-    )
+    def __call__(self, image_id: str, image_h: int, image_w: int, values: Sequence[Optional[np.ndarray]]) -> RegionFeatures:
+        if self._direct:
+            rec = RegionFeatures(image_id, image_h, image_w, *values)
+        else:
+            rec = RegionFeatures(image_id, image_h, image_w, **{name: values[i] for name, i in self._plain})
+        for name, storage, dim, i in self._topk:
+            if values[i] is not None:
+                setattr(rec, name, storage.decode_topk(values[i], values[i + 1], dim))
+        if self._convert:
+            for name in ("features", "cls_prob", "attr_prob"):
+                value = getattr(rec, name)
+                if value is not None:
+                    setattr(rec, name, value.astype(self._out_dtype))
+        return rec
+
+
+_RECORD_ARRAYS = ("boxes", "features", "objects_id", "objects_conf", "attrs_id", "attrs_conf", "cls_prob", "attr_prob")

@@ -26,14 +26,16 @@ INDEX_FILE = "index.arrow"
 _COVERS_KEY = b"vlprep.index.shards"
 
 
-def id_hash(image_id: str) -> int:
-    h = int.from_bytes(hashlib.blake2b(image_id.encode("utf-8"), digest_size=8).digest(), "little")
-    return h or 1
+def id_hash(key: bytes) -> int:
+    """64-bit BLAKE2b of an id's UTF-8 bytes; never 0 (the empty-slot mark)."""
+    return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little") or 1
 
 
 class IdIndex:
     def __init__(self, hashes: np.ndarray, shards: np.ndarray, rows: np.ndarray, covers: Sequence[str], source=None):
         self._hashes, self._shards, self._rows = hashes, shards, rows
+        # memoryviews index to Python ints without numpy scalar overhead
+        self._h, self._s, self._r = (memoryview(a).cast("B").cast(a.dtype.char) for a in (hashes, shards, rows))
         self._mask = len(hashes) - 1
         self.covers = tuple(covers)
         self._source = source  # keeps a memory map alive
@@ -41,7 +43,7 @@ class IdIndex:
     @classmethod
     def build(cls, shard_ids: Sequence[Sequence[str]], covers: Sequence[str]) -> "IdIndex":
         """Index the ids of each shard (in row order); `covers` names the shards."""
-        hashes = np.array([id_hash(i) for ids in shard_ids for i in ids], np.uint64)
+        hashes = np.array([id_hash(i.encode("utf-8")) for ids in shard_ids for i in ids], np.uint64)
         shard = np.concatenate([np.full(len(ids), s, np.uint32) for s, ids in enumerate(shard_ids)] or [np.zeros(0, np.uint32)])
         row = np.concatenate([np.arange(len(ids), dtype=np.uint32) for ids in shard_ids] or [np.zeros(0, np.uint32)])
         size = 16
@@ -65,18 +67,18 @@ class IdIndex:
             pos[pending] = (pos[pending] + 1) & (size - 1)
         return cls(table_h, table_s, table_r, covers)
 
-    def candidates(self, image_id: str) -> Iterator[tuple[int, int]]:
-        """(shard, row) of every entry whose hash matches `image_id`'s."""
-        h = id_hash(image_id)
-        slot = h & self._mask
-        hashes = self._hashes
+    def candidates(self, key: bytes) -> Iterator[tuple[int, int]]:
+        """(shard, row) of every entry whose hash matches that of the id `key` (UTF-8)."""
+        h = id_hash(key)
+        mask, hashes = self._mask, self._h
+        slot = h & mask
         while True:
-            stored = int(hashes[slot])
+            stored = hashes[slot]
             if stored == 0:
                 return
             if stored == h:
-                yield int(self._shards[slot]), int(self._rows[slot])
-            slot = (slot + 1) & self._mask
+                yield self._s[slot], self._r[slot]
+            slot = (slot + 1) & mask
 
     def __len__(self) -> int:
         return int(np.count_nonzero(self._hashes))

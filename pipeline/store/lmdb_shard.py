@@ -36,7 +36,7 @@ import numpy as np
 
 from pipeline.errors import StoreError
 from pipeline.records import RegionFeatures
-from pipeline.store.columns import OPTIONAL_FIELDS, assemble, columns, encode
+from pipeline.store.columns import OPTIONAL_FIELDS, Assembler, columns, encode
 from pipeline.store.layout import StoreLayout
 
 SUFFIX = ".lmdb"
@@ -144,8 +144,7 @@ def _release_env(path: Path) -> None:
 
 class LmdbShardReader:
     def __init__(self, path: Path, layout: StoreLayout, out_dtype: Optional[np.dtype] = None):
-        self._layout = layout
-        self._out_dtype = out_dtype
+        self._assemble = Assembler(layout, out_dtype)
         self._name = path.name
         self._path = path
         self._env = _acquire_env(path)
@@ -154,6 +153,7 @@ class LmdbShardReader:
         self._txn = self._env.begin(buffers=True)
         self.rows = self._env.stat()["entries"]
         self._cols = [(c, c.dtype.newbyteorder("<")) for c in columns(layout)]
+        self._plans: dict[tuple, tuple[list, int]] = {}
 
     def _value(self, row: int) -> memoryview:
         if not 0 <= row < self.rows:
@@ -161,44 +161,60 @@ class LmdbShardReader:
         value = self._txn.get(row_key(row))
         if value is None:
             raise StoreError(f"shard {self._name}: row {row} is missing")
-        return value
-
-    def _parse(self, value: memoryview, row: int) -> tuple[tuple, str, int]:
         if len(value) < HEADER.size:
             raise StoreError(f"shard {self._name}: row {row}: value shorter than its header")
+        return value
+
+    def _header(self, value: memoryview, row: int) -> tuple:
         header = HEADER.unpack_from(value, 0)
         if header[0] != MAGIC or header[1] != VALUE_VERSION:
             raise StoreError(f"shard {self._name}: row {row}: bad magic/version {header[:2]}")
-        id_len = header[9]
-        start = HEADER.size
-        return header, bytes(value[start : start + id_len]).decode("utf-8"), start + _pad8(id_len)
+        return header
 
     def image_id(self, row: int) -> str:
-        return self._parse(self._value(row), row)[1]
+        value = self._value(row)
+        id_len = self._header(value, row)[9]
+        return bytes(value[HEADER.size : HEADER.size + id_len]).decode("utf-8")
 
     def image_ids(self) -> list[str]:
         return [self.image_id(r) for r in range(self.rows)]
 
-    def record(self, row: int) -> RegionFeatures:
+    def _plan(self, header: tuple) -> tuple[list, int]:
+        """Where each column lies in a value with this header: (dtype, offset, shape)
+        per column in `columns` order (dtype None when absent); and the value's length."""
+        key = header[2:4] + header[6:10]
+        plan = self._plans.get(key)
+        if plan is None:
+            flags, n, feature_dim, cls_w, attr_w, id_len = key
+            widths = {"cls_prob": cls_w, "attr_prob": attr_w}
+            pos = HEADER.size + _pad8(id_len)
+            entries = []
+            for col, dtype in self._cols:
+                if col.field in _FLAG_BITS and not flags & _FLAG_BITS[col.field]:
+                    entries.append((None, 0, None))
+                    continue
+                width = feature_dim if col.name == "features" else widths.get(col.field, col.width)
+                entries.append((dtype, pos, (n,) if width == 1 else (n, width)))
+                pos += _pad8(n * width * dtype.itemsize)
+            plan = self._plans[key] = (entries, pos)
+        return plan
+
+    def record(self, row: int, expect: Optional[str] = None) -> Optional[RegionFeatures]:
+        """The record at `row`; None if `expect` is given and is not its image id."""
         value = self._value(row)
-        header, image_id, pos = self._parse(value, row)
-        _, _, flags, n, image_h, image_w, feature_dim, cls_w, attr_w, _, _ = header
-        widths = {"cls_prob": cls_w, "attr_prob": attr_w}
-        arrays: dict[str, Optional[np.ndarray]] = {}
-        for col, dtype in self._cols:
-            if col.field in _FLAG_BITS and not flags & _FLAG_BITS[col.field]:
-                arrays[col.name] = None
-                continue
-            width = widths.get(col.field, col.width)
-            if col.name == "features":
-                width = feature_dim
-            count = n * width
-            nbytes = count * col.dtype.itemsize
-            if pos + nbytes > len(value):
-                raise StoreError(f"shard {self._name}: row {row}: value truncated in column {col.name}")
-            arrays[col.name] = np.frombuffer(value, dtype, count, pos)
-            pos += _pad8(nbytes)
-        return assemble(image_id, image_h, image_w, arrays, self._layout, self._out_dtype)
+        header = self._header(value, row)
+        stored_id = value[HEADER.size : HEADER.size + header[9]]
+        if expect is None:
+            image_id = bytes(stored_id).decode("utf-8")
+        elif stored_id == expect.encode("utf-8"):
+            image_id = expect
+        else:
+            return None
+        entries, end = self._plan(header)
+        if end > len(value):
+            raise StoreError(f"shard {self._name}: row {row}: value truncated ({len(value)} of {end} bytes)")
+        arrays = [None if dtype is None else np.ndarray(shape, dtype, value, offset) for dtype, offset, shape in entries]
+        return self._assemble(image_id, header[4], header[5], arrays)
 
     def close(self) -> None:
         self._txn.abort()

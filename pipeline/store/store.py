@@ -119,7 +119,8 @@ class FeatureStore:
         return self.manifest.num_records
 
     def _locate(self, image_id: str) -> Optional[tuple[int, int]]:
-        for shard, row in self._process().index.candidates(image_id):
+        key = image_id.encode("utf-8")
+        for shard, row in self._process().index.candidates(key):
             if self._reader(shard).image_id(row) == image_id:
                 return shard, row
         return None
@@ -128,9 +129,10 @@ class FeatureStore:
         return isinstance(image_id, str) and self._locate(image_id) is not None
 
     def get(self, image_id: str) -> RegionFeatures:
-        for shard, row in self._process().index.candidates(image_id):
-            rec = self._reader(shard).record(row)
-            if rec.image_id == image_id:
+        state = self._process()
+        for shard, row in state.index.candidates(image_id.encode("utf-8")):
+            rec = (state.readers.get(shard) or self._reader(shard)).record(row, image_id)
+            if rec is not None:
                 return rec
         raise KeyError(f"image {image_id!r} is not in the feature store {self.path}")
 

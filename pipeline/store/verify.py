@@ -149,7 +149,7 @@ def _check_index(path: Path, manifest: Manifest, shard_ids: list[list[str]], rep
         return
     for shard, ids in enumerate(shard_ids):
         for row, image_id in enumerate(ids):
-            if (shard, row) not in index.candidates(image_id):
+            if (shard, row) not in index.candidates(image_id.encode("utf-8")):
                 report.problems.append(f"index.arrow: no entry for image {image_id!r} (shard {manifest.shards[shard].name} row {row})")
                 return
     if len(index) != manifest.num_records:

@@ -152,12 +152,12 @@ def test_index_handles_hash_collisions_by_checking_ids():
     assert len(index) == 80
     for shard, names in enumerate(ids):
         for row, name in enumerate(names):
-            assert (shard, row) in list(index.candidates(name))
-    assert list(index.candidates("absent")) == []
+            assert (shard, row) in list(index.candidates(name.encode()))
+    assert list(index.candidates(b"absent")) == []
     # Force every id into one probe chain: lookups must still find each one.
     crowded = IdIndex(index._hashes, index._shards, index._rows, index.covers)
     crowded._mask = len(index._hashes) - 1
-    assert all(any(True for _ in crowded.candidates(n)) for n in ids[0])
+    assert all(any(True for _ in crowded.candidates(n.encode())) for n in ids[0])
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -1,0 +1,253 @@
+"""Random-access read speed of the feature store vs. the formats in use today.
+
+One run, the same synthetic records (default 5,000 images x 36 boxes x 2048-d, with a
+1601-column cls_prob), each read once in a random order, per method:
+
+  ours-arrow / ours-lmdb     FeatureStore.get(id) -> RegionFeatures (zero-copy views);
+                             "+copy" also copies every array out of the map (what a
+                             collate does), the like-for-like comparison with memcpy
+  (a) vilbert-pickle-lmdb    vilbert-multi-task's reader: keys.index(id) + pickle.loads
+                             of the dict of float32 arrays (cls_prob kept, as MMF does)
+  (b) lxmert-tsv-decode      one LXMERT TSV row (10 fields; already located in a
+                             memory map: no file scan) split + base64 -> numpy, as
+                             load_obj_tsv does per row
+  (c) memcpy                 copying the record's stored bytes (our float16 layout) from
+                             RAM into a buffer: the physical limit of delivering them
+
+Prints records/s, ratios, and bytes per image on disk (also for stores without cls_prob).
+
+    python bench/store_read.py            # full size (~10 GB of scratch space, ~2 min)
+    python bench/store_read.py --n 500    # quick look
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import mmap
+import os
+import pickle
+import platform
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import lmdb
+import numpy as np
+import pyarrow
+
+from pipeline.records import RegionFeatures, labels_from_probs
+from pipeline.store import FeatureStore, FeatureStoreWriter
+
+BOXES, DIM, CLASSES, ATTRS = 36, 2048, 1601, 401
+
+
+def make_record(i: int) -> RegionFeatures:
+    rng = np.random.default_rng(i)
+    w, h = 640, 480
+    x1, y1 = rng.uniform(0, 320, BOXES), rng.uniform(0, 240, BOXES)
+    boxes = np.stack([x1, y1, x1 + rng.uniform(1, 320, BOXES), y1 + rng.uniform(1, 240, BOXES)], 1).astype(np.float32)
+    cls_prob = rng.random((BOXES, CLASSES), np.float32)
+    cls_prob /= cls_prob.sum(1, keepdims=True)
+    objects_id, objects_conf = labels_from_probs(cls_prob)
+    return RegionFeatures(
+        image_id=f"COCO_train2014_{i:012d}", image_h=h, image_w=w, boxes=boxes,
+        features=rng.random((BOXES, DIM), np.float32) * 4,
+        objects_id=objects_id, objects_conf=objects_conf,
+        attrs_id=rng.integers(0, ATTRS - 1, BOXES), attrs_conf=rng.random(BOXES, np.float32),
+        cls_prob=cls_prob,
+    )
+
+
+def b64(a, dtype) -> bytes:
+    return base64.b64encode(np.ascontiguousarray(a, dtype).tobytes())
+
+
+def build(root: Path, n: int) -> dict:
+    """Write every format from the same records; returns paths and stored sizes."""
+    stores = {
+        "ours-arrow": dict(backend="arrow"), "ours-lmdb": dict(backend="lmdb"),
+        "ours-arrow-no-cls": dict(backend="arrow", cls_prob="none"),
+        "ours-lmdb-no-cls": dict(backend="lmdb", cls_prob="none"),
+    }
+    writers = {name: FeatureStoreWriter(root / name, shard_size=1000, attr_prob="none", **kw) for name, kw in stores.items()}
+    for w in writers.values():
+        w.open()
+    pkl_env = lmdb.open(str(root / "vilbert.lmdb"), map_size=1 << 40)  # as the reference does
+    keys = []
+    with open(root / "lxmert.tsv", "wb") as tsv, pkl_env.begin(write=True) as txn:
+        for i in range(n):
+            rec = make_record(i)
+            for w in writers.values():
+                w.write(rec)
+            key = rec.image_id.encode()
+            txn.put(key, pickle.dumps({
+                "image_id": rec.image_id, "image_h": rec.image_h, "image_w": rec.image_w, "num_boxes": BOXES,
+                "boxes": rec.boxes, "features": rec.features, "cls_prob": rec.cls_prob,
+                "objects": rec.objects_id, "objects_conf": rec.objects_conf,
+            }))
+            keys.append(key)
+            tsv.write(b"\t".join([
+                key, b"480", b"640", b64(rec.objects_id, np.int64), b64(rec.objects_conf, np.float32),
+                b64(rec.attrs_id, np.int64), b64(rec.attrs_conf, np.float32), str(BOXES).encode(),
+                b64(rec.boxes, np.float32), b64(rec.features, np.float32),
+            ]) + b"\r\n")
+        txn.put(b"keys", pickle.dumps(keys))
+    pkl_env.close()
+    for w in writers.values():
+        w.close()
+    return {"ids": [k.decode() for k in keys]}
+
+
+class VilbertPickleReader:
+    """vilbert/datasets/_image_features_reader.py's access path."""
+
+    def __init__(self, path: Path):
+        self.env = lmdb.open(str(path), readonly=True, lock=False, readahead=False, meminit=False, max_readers=1)
+        with self.env.begin(write=False) as txn:
+            self.image_ids = pickle.loads(txn.get(b"keys"))
+
+    def get(self, image_id: str) -> dict:
+        key = image_id.encode()
+        self.image_ids.index(key)  # the reference's O(N) key lookup
+        with self.env.begin(write=False) as txn:
+            item = pickle.loads(txn.get(key))
+        item["features"] = item["features"].reshape(-1, DIM)
+        return item
+
+
+class LxmertRowReader:
+    """load_obj_tsv's per-row decode, on rows located through a memory map."""
+
+    FIELDS = ("objects_id", "objects_conf", "attrs_id", "attrs_conf", "boxes", "features")
+
+    def __init__(self, path: Path):
+        self.f = open(path, "rb")
+        self.map = mmap.mmap(self.f.fileno(), 0, access=mmap.ACCESS_READ)
+        self.offsets = {}
+        start = 0
+        while start < len(self.map):
+            end = self.map.find(b"\n", start)
+            self.offsets[self.map[start : self.map.find(b"\t", start)].decode()] = (start, end)
+            start = end + 1
+
+    def get(self, image_id: str) -> dict:
+        start, end = self.offsets[image_id]
+        f = self.map[start:end].rstrip(b"\r").split(b"\t")
+        n = int(f[7])
+        item = {"img_id": f[0].decode(), "img_h": int(f[1]), "img_w": int(f[2]), "num_boxes": n}
+        shapes = [(n,), (n,), (n,), (n,), (n, 4), (n, -1)]
+        dtypes = [np.int64, np.float32, np.int64, np.float32, np.float32, np.float32]
+        for key, raw, shape, dtype in zip(self.FIELDS, (f[3], f[4], f[5], f[6], f[8], f[9]), shapes, dtypes):
+            item[key] = np.frombuffer(base64.b64decode(raw), dtype=dtype).reshape(shape)
+        return item
+
+
+class Memcpy:
+    """Copy each record's stored bytes (float16 layout with cls_prob) out of RAM."""
+
+    def __init__(self, n: int, record_bytes: int):
+        self.size = record_bytes
+        self.src = np.random.default_rng(0).integers(0, 255, n * record_bytes, dtype=np.uint8)
+        self.dst = np.empty(record_bytes, np.uint8)
+        self.position = {}
+
+    def get(self, i: int) -> np.ndarray:
+        start = i * self.size
+        np.copyto(self.dst, self.src[start : start + self.size])
+        return self.dst
+
+
+def copy_out(rec: RegionFeatures) -> list[np.ndarray]:
+    return [np.array(a, copy=True) for a in rec.array_fields().values()]
+
+
+def timed(fn, keys, repeats: int) -> float:
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for k in keys:
+            fn(k)
+        best = min(best, time.perf_counter() - t0)
+    return len(keys) / best
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--n", type=int, default=5000, help="images (default 5000)")
+    parser.add_argument("--repeats", type=int, default=3, help="timed passes per method; the best is kept")
+    parser.add_argument("--workdir", type=Path, default=None, help="scratch folder (default: a temporary one)")
+    parser.add_argument("--json", type=Path, default=None, help="also write the results here")
+    args = parser.parse_args()
+
+    root = Path(tempfile.mkdtemp(prefix="store_read_", dir=args.workdir))
+    try:
+        t0 = time.perf_counter()
+        ids = build(root, args.n)["ids"]
+        build_s = time.perf_counter() - t0
+        order = [ids[i] for i in np.random.default_rng(1).permutation(len(ids))]
+        positions = {image_id: i for i, image_id in enumerate(ids)}
+
+        arrow, lmdb_store = FeatureStore.open(root / "ours-arrow"), FeatureStore.open(root / "ours-lmdb")
+        record_bytes = sum(a.nbytes for a in arrow.get(ids[0]).array_fields().values())
+        vil, tsv, mem = VilbertPickleReader(root / "vilbert.lmdb"), LxmertRowReader(root / "lxmert.tsv"), Memcpy(len(ids), record_bytes)
+        for reader in (arrow.get, lmdb_store.get, vil.get, tsv.get):  # warm the page cache
+            for k in order:
+                reader(k)
+        slow_keys = order[: max(200, len(order) // 5)]  # the slow baselines need fewer samples
+        rates = {
+            "ours-arrow": timed(arrow.get, order, args.repeats),
+            "ours-lmdb": timed(lmdb_store.get, order, args.repeats),
+            "ours-arrow+copy": timed(lambda k: copy_out(arrow.get(k)), order, args.repeats),
+            "ours-lmdb+copy": timed(lambda k: copy_out(lmdb_store.get(k)), order, args.repeats),
+            "(a) vilbert-pickle-lmdb": timed(vil.get, slow_keys, args.repeats),
+            "(b) lxmert-tsv-decode": timed(tsv.get, slow_keys, args.repeats),
+            "(c) memcpy": timed(lambda k: mem.get(positions[k]), order, args.repeats),
+        }
+
+        def shard_bytes(name):
+            return sum(s.bytes for s in FeatureStore.open(root / name).manifest.shards)
+
+        per_image = {
+            "ours-arrow": shard_bytes("ours-arrow") / args.n,
+            "ours-lmdb": shard_bytes("ours-lmdb") / args.n,
+            "ours-arrow-no-cls": shard_bytes("ours-arrow-no-cls") / args.n,
+            "ours-lmdb-no-cls": shard_bytes("ours-lmdb-no-cls") / args.n,
+            "(a) vilbert-pickle-lmdb": os.path.getsize(root / "vilbert.lmdb" / "data.mdb") / args.n,
+            "(b) lxmert-tsv (no cls_prob)": os.path.getsize(root / "lxmert.tsv") / args.n,
+            "(c) memcpy record": record_bytes,
+        }
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cpus; python {sys.version.split()[0]}, "
+          f"numpy {np.__version__}, pyarrow {pyarrow.__version__}, lmdb {lmdb.__version__}")
+    print(f"{args.n} images x {BOXES} boxes x {DIM}-d, cls_prob {CLASSES}; built in {build_s:.0f} s\n")
+    print(f"{'method':28s} {'records/s':>12s} {'us/record':>10s}")
+    for name, rate in rates.items():
+        print(f"{name:28s} {rate:12,.0f} {1e6 / rate:10.1f}")
+    print("\nratios")
+    ratios = {}
+    for ours in ("ours-arrow", "ours-lmdb"):
+        ratios[f"{ours} / (a)"] = rates[ours] / rates["(a) vilbert-pickle-lmdb"]
+        ratios[f"{ours} / (b)"] = rates[ours] / rates["(b) lxmert-tsv-decode"]
+        ratios[f"{ours}+copy / (c)"] = rates[f"{ours}+copy"] / rates["(c) memcpy"]
+        ratios[f"{ours}+copy / (a)"] = rates[f"{ours}+copy"] / rates["(a) vilbert-pickle-lmdb"]
+    targets = {"/ (a)": 10, "/ (b)": 100, "/ (c)": 0.30}
+    for name, value in ratios.items():
+        target = next((t for suffix, t in targets.items() if name.endswith(suffix) and "+copy / (a)" not in name), None)
+        mark = "" if target is None else f"   target >= {target:g}: {'met' if value >= target else 'MISSED'}"
+        print(f"  {name:28s} {value:8.2f}{mark}")
+    print("\nbytes per image on disk")
+    for name, size in per_image.items():
+        note = "   target <= 155 KB: " + ("met" if size <= 155_000 else "MISSED") if name.endswith("no-cls") else ""
+        print(f"  {name:30s} {size:12,.0f}{note}")
+    if args.json:
+        args.json.write_text(json.dumps({"n": args.n, "rates": rates, "ratios": ratios, "bytes_per_image": per_image}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
