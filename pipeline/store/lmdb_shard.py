@@ -179,24 +179,29 @@ class LmdbShardReader:
     def image_ids(self) -> list[str]:
         return [self.image_id(r) for r in range(self.rows)]
 
-    def _plan(self, header: tuple) -> tuple[list, int]:
-        """Where each column lies in a value with this header: (dtype, offset, shape)
-        per column in `columns` order (dtype None when absent); and the value's length."""
+    def _plan(self, header: tuple) -> tuple[np.dtype, list[Optional[str]]]:
+        """A structured dtype laying out every present column of a value with this
+        header (one view gives them all), and the field name per column (None when
+        absent)."""
         key = header[2:4] + header[6:10]
         plan = self._plans.get(key)
         if plan is None:
             flags, n, feature_dim, cls_w, attr_w, id_len = key
             widths = {"cls_prob": cls_w, "attr_prob": attr_w}
             pos = HEADER.size + _pad8(id_len)
-            entries = []
+            fields: dict[str, list] = {"names": [], "formats": [], "offsets": []}
+            names: list[Optional[str]] = []
             for col, dtype in self._cols:
                 if col.field in _FLAG_BITS and not flags & _FLAG_BITS[col.field]:
-                    entries.append((None, 0, None))
+                    names.append(None)
                     continue
                 width = feature_dim if col.name == "features" else widths.get(col.field, col.width)
-                entries.append((dtype, pos, (n,) if width == 1 else (n, width)))
+                fields["names"].append(col.name)
+                fields["formats"].append((dtype, (n,) if width == 1 else (n, width)))
+                fields["offsets"].append(pos)
+                names.append(col.name)
                 pos += _pad8(n * width * dtype.itemsize)
-            plan = self._plans[key] = (entries, pos)
+            plan = self._plans[key] = (np.dtype({**fields, "itemsize": pos}), names)
         return plan
 
     def record(self, row: int, expect: Optional[str] = None) -> Optional[RegionFeatures]:
@@ -210,10 +215,11 @@ class LmdbShardReader:
             image_id = expect
         else:
             return None
-        entries, end = self._plan(header)
-        if end > len(value):
-            raise StoreError(f"shard {self._name}: row {row}: value truncated ({len(value)} of {end} bytes)")
-        arrays = [None if dtype is None else np.ndarray(shape, dtype, value, offset) for dtype, offset, shape in entries]
+        layout, names = self._plan(header)
+        if layout.itemsize > len(value):
+            raise StoreError(f"shard {self._name}: row {row}: value truncated ({len(value)} of {layout.itemsize} bytes)")
+        block = np.ndarray((), layout, value)
+        arrays = [None if name is None else block[name] for name in names]
         return self._assemble(image_id, header[4], header[5], arrays)
 
     def close(self) -> None:
