@@ -43,6 +43,7 @@ SUFFIX = ".lmdb"
 MAGIC = b"VLRF"
 VALUE_VERSION = 1
 HEADER = struct.Struct("<4sHHIIIIIIII")
+_unpack_header = HEADER.unpack_from
 INITIAL_MAP_SIZE = 64 << 20
 _FLAG_BITS = {field: 1 << i for i, field in enumerate(OPTIONAL_FIELDS)}
 
@@ -207,7 +208,9 @@ class LmdbShardReader:
     def record(self, row: int, expect: Optional[str] = None) -> Optional[RegionFeatures]:
         """The record at `row`; None if `expect` is given and is not its image id."""
         value = self._value(row)
-        header = self._header(value, row)
+        header = _unpack_header(value)
+        if header[0] != MAGIC or header[1] != VALUE_VERSION:
+            self._header(value, row)  # raises, naming the shard and row
         stored_id = value[HEADER.size : HEADER.size + header[9]]
         if expect is None:
             image_id = bytes(stored_id).decode("utf-8")
