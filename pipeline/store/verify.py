@@ -92,7 +92,7 @@ def verify_store(path: Path, on_record: Optional[Callable[[int], None]] = None) 
     layout = manifest.layout
     shards_dir = path / SHARDS_DIR
     seen: dict[str, str] = {}
-    shard_ids: list[list[str]] = []
+    shard_ids: list[list[tuple[int, str]]] = []  # (row, id) of each readable record
     for number, info in enumerate(manifest.shards):
         where = f"shard {info.name}"
         shard_path = shards_dir / info.name
@@ -125,7 +125,7 @@ def verify_store(path: Path, on_record: Optional[Callable[[int], None]] = None) 
             except (StoreError, InvalidRecordError, ValueError) as err:
                 report.problems.append(f"{where} row {row}: {err}")
                 continue
-            shard_ids[-1].append(rec.image_id)
+            shard_ids[-1].append((row, rec.image_id))
             if rec.image_id in seen:
                 report.problems.append(f"{where} row {row}: image {rec.image_id!r} duplicates one in {seen[rec.image_id]}")
             seen[rec.image_id] = f"{info.name} row {row}"
@@ -142,13 +142,13 @@ def verify_store(path: Path, on_record: Optional[Callable[[int], None]] = None) 
     return report
 
 
-def _check_index(path: Path, manifest: Manifest, shard_ids: list[list[str]], report: VerifyReport) -> None:
+def _check_index(path: Path, manifest: Manifest, shard_ids: list[list[tuple[int, str]]], report: VerifyReport) -> None:
     index = IdIndex.read(path)
     if index is None or list(index.covers) != manifest.shard_names:
         report.warnings.append("index.arrow is missing or stale: readers rebuild it in memory; resuming a writer persists it")
         return
     for shard, ids in enumerate(shard_ids):
-        for row, image_id in enumerate(ids):
+        for row, image_id in ids:
             if (shard, row) not in index.candidates(image_id.encode("utf-8")):
                 report.problems.append(f"index.arrow: no entry for image {image_id!r} (shard {manifest.shards[shard].name} row {row})")
                 return

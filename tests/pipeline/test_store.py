@@ -230,3 +230,42 @@ def test_sigkilled_writer_leaves_a_readable_store_that_resumes_exactly(tmp_path,
         assert_same_record(rec, store.get(rec.image_id), exact=False)
     report = verify_store(path)
     assert report.ok and report.records_checked == 400 and not report.warnings
+
+
+def test_lmdb_map_grows_on_demand(tmp_path, monkeypatch):
+    from pipeline.store import lmdb_shard
+
+    monkeypatch.setattr(lmdb_shard, "INITIAL_MAP_SIZE", 1 << 16)  # 64 KiB: forces several doublings
+    recs = make_records(30, seed=12, feature_dim=256)
+    store = write_records(tmp_path / "s", recs, backend="lmdb", shard_size=30, feature_dim=256, batch_rows=30)
+    assert store.manifest.shards[0].bytes > 2 * lmdb_shard.INITIAL_MAP_SIZE  # needed two doublings
+    for rec in recs:
+        assert_same_record(rec, store.get(rec.image_id), exact=False)
+
+
+def test_verify_checks_each_record_even_when_checksums_agree(tmp_path):
+    """A store whose bytes match its manifest but hold a bad record (e.g. written by a
+    buggy producer) fails verification naming the shard and row."""
+    import lmdb
+
+    from pipeline.io import sha256_file
+    from pipeline.store.lmdb_shard import HEADER, row_key
+
+    recs = make_records(4, seed=13, feature_dim=32, cls_dim=None, attr_dim=None)
+    write_records(tmp_path / "s", recs, backend="lmdb", dtype="float32", feature_dim=32)
+    shard = tmp_path / "s" / "shards" / "00000.lmdb"
+    env = lmdb.open(str(shard), subdir=True)
+    with env.begin(write=True) as txn:
+        value = bytearray(txn.get(row_key(2)))
+        pos = HEADER.size + ((len(recs[2].image_id) + 7) & ~7) + recs[2].num_boxes * 16  # first feature value
+        value[pos : pos + 4] = np.array([np.nan], np.float32).tobytes()
+        txn.put(row_key(2), bytes(value))
+    env.close()
+    (shard / "lock.mdb").unlink()
+    manifest = json.loads((tmp_path / "s" / "manifest.json").read_text())
+    manifest["shards"][0]["sha256"] = sha256_file(shard / "data.mdb")
+    manifest["shards"][0]["bytes"] = sum(p.stat().st_size for p in shard.iterdir())
+    (tmp_path / "s" / "manifest.json").write_text(json.dumps(manifest))
+    report = verify_store(tmp_path / "s")
+    assert not report.ok
+    assert report.problems == [f"shard 00000.lmdb row 2: image {recs[2].image_id!r}: field 'features': contains NaN or infinite values"]
