@@ -11,7 +11,6 @@ from rich.table import Table
 
 from pipeline.errors import StoreError
 from pipeline.log import setup_logging
-from vl_models import __version__
 
 app = typer.Typer(
     name="vltrain",
@@ -63,12 +62,6 @@ def preview_batch(
             table.add_row(name, str(tuple(value.shape)), str(value.dtype))
     out.print(table)
     out.print(f"real slots per image: {batch.num_boxes.tolist()}")
-
-
-@app.command()
-def version() -> None:
-    """Print the vltrain version."""
-    out.print(f"vltrain {__version__}")
 
 
 def main() -> None:

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Optional, Sequen
 
 import numpy as np
 
+from pipeline.errors import ConfigError
 from pipeline.records import RegionFeatures, labels_from_probs
 
 if TYPE_CHECKING:
@@ -40,6 +41,14 @@ class RowError(ValueError):
 
 
 ReadResult = Union[RegionFeatures, Skipped]
+
+
+def pickle_refusal(fmt: str) -> ConfigError:
+    """The error for reading a pickled format without --trust-pickle."""
+    return ConfigError(
+        f"{fmt} stores Python pickles; pass --trust-pickle to load them through the restricted "
+        "unpickler, which admits numpy arrays and plain values only (nothing that can run code)"
+    )
 
 
 @dataclass(frozen=True)

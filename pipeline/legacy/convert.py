@@ -12,7 +12,7 @@ from pipeline import __version__
 from pipeline.errors import ConfigError, InvalidRecordError
 from pipeline.io import atomic_write_json, commit_path, remove_path, tmp_path_for
 from pipeline.legacy import FORMATS
-from pipeline.legacy.base import ReadOptions, Skipped
+from pipeline.legacy.base import ReadOptions, Skipped, pickle_refusal
 from pipeline.store import FeatureStore, FeatureStoreWriter
 from pipeline.store.layout import BACKENDS, FLOAT_DTYPES, ProbStorage
 
@@ -52,10 +52,7 @@ class ImportConfig:
             raise ConfigError(f"dtype must be one of {FLOAT_DTYPES}, got {self.dtype!r}")
         ProbStorage.parse(self.cls_prob), ProbStorage.parse(self.attr_prob)
         if FORMATS[self.fmt].needs_pickle and not self.trust_pickle:
-            raise ConfigError(
-                f"{self.fmt} stores Python pickles; pass --trust-pickle to load them through the restricted "
-                "unpickler, which admits numpy arrays and plain values only (nothing that can run code)"
-            )
+            raise pickle_refusal(self.fmt)
 
     def to_json(self) -> dict:
         out = asdict(self)

@@ -19,7 +19,7 @@ from typing import Iterable, Iterator, Sequence
 import numpy as np
 
 from pipeline.errors import ConfigError, UnsafePickleError
-from pipeline.legacy.base import ReadOptions, ReadResult, RowError, Skipped, record_from_dict, safe_relative_path
+from pipeline.legacy.base import ReadOptions, pickle_refusal, ReadResult, RowError, Skipped, record_from_dict, safe_relative_path
 from pipeline.records import RegionFeatures
 from pipeline.store.layout import StoreLayout
 from pipeline.safe_pickle import safe_load_npy_object
@@ -29,10 +29,7 @@ INFO_SUFFIX = "_info.npy"
 
 def read_mmf_npy(paths: Sequence[Path], opts: ReadOptions) -> Iterator[ReadResult]:
     if not opts.trust_pickle:
-        raise ConfigError(
-            "mmf-npy `_info.npy` files are Python pickles; pass --trust-pickle to load them through "
-            "the restricted unpickler (numpy arrays and plain values only, nothing that can run code)"
-        )
+        raise pickle_refusal("mmf-npy")
     for root in paths:
         if not root.is_dir():
             raise ConfigError(f"{root}: mmf-npy input must be a folder of <id>.npy and <id>_info.npy files")

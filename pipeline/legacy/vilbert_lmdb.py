@@ -17,7 +17,7 @@ from typing import Iterator, Sequence
 import lmdb
 
 from pipeline.errors import ConfigError, UnsafePickleError
-from pipeline.legacy.base import ReadOptions, ReadResult, RowError, Skipped, record_from_dict
+from pipeline.legacy.base import ReadOptions, pickle_refusal, ReadResult, RowError, Skipped, record_from_dict
 from pipeline.safe_pickle import safe_loads
 
 KEYS_ENTRY = b"keys"
@@ -32,10 +32,7 @@ def _open(path: Path) -> lmdb.Environment:
 
 def read_vilbert_lmdb(paths: Sequence[Path], opts: ReadOptions) -> Iterator[ReadResult]:
     if not opts.trust_pickle:
-        raise ConfigError(
-            "vilbert-lmdb values are Python pickles; pass --trust-pickle to load them through the "
-            "restricted unpickler (numpy arrays and plain values only, nothing that can run code)"
-        )
+        raise pickle_refusal("vilbert-lmdb")
     for path in paths:
         env = _open(path)
         with env.begin(buffers=False) as txn:

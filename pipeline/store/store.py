@@ -22,7 +22,7 @@ from typing import Iterable, Iterator, Optional, Sequence, Union
 
 import numpy as np
 
-from pipeline.errors import ConfigError, StoreError
+from pipeline.errors import ConfigError
 from pipeline.io import commit_path, disk_bytes, remove_path, remove_stale_tmp, sha256_file, tmp_path_for
 from pipeline.records import RegionFeatures, validate_record
 from pipeline.store import arrow_shard, lmdb_shard
@@ -50,6 +50,12 @@ def open_shard_reader(directory: Path, manifest: Manifest, index: int, out_dtype
     return reader_cls(directory / SHARDS_DIR / manifest.shards[index].name, manifest.layout, out_dtype)
 
 
+def fresh_index(directory: Path, manifest: Manifest) -> Optional[IdIndex]:
+    """The store's index.arrow if it covers exactly the manifest's shards, else None."""
+    index = IdIndex.read(directory)
+    return index if index is not None and list(index.covers) == manifest.shard_names else None
+
+
 def build_index(directory: Path, manifest: Manifest) -> IdIndex:
     ids = []
     for i in range(len(manifest.shards)):
@@ -57,6 +63,16 @@ def build_index(directory: Path, manifest: Manifest) -> IdIndex:
         ids.append(reader.image_ids())
         reader.close()
     return IdIndex.build(ids, manifest.shard_names)
+
+
+@dataclass
+class _OpenShard:
+    """The shard a writer is filling, under its temporary name."""
+
+    tmp: Path
+    final: Path
+    writer: object  # ArrowShardWriter | LmdbShardWriter
+    rows: int = 0
 
 
 @dataclass
@@ -94,8 +110,8 @@ class FeatureStore:
         if state is not None:
             # Inherited through fork: keep the parent's handles untouched, open our own.
             self._orphans.append(state)
-        index = IdIndex.read(self.path)
-        if index is None or list(index.covers) != self.manifest.shard_names:
+        index = fresh_index(self.path, self.manifest)
+        if index is None:
             log.warning("%s: id index missing or stale; rebuilding it in memory", self.path)
             index = build_index(self.path, self.manifest)
         self._state = _ProcessState(os.getpid(), index)
@@ -216,7 +232,7 @@ class FeatureStoreWriter:
         self._existing: Optional[FeatureStore] = None
         self._session_ids: set[str] = set()
         self._buffer: list[RegionFeatures] = []
-        self._shard = None  # (tmp path, final path, shard writer, rows)
+        self._shard: Optional[_OpenShard] = None
         self._run: dict = {}
 
     # -- lifecycle -----------------------------------------------------------
@@ -242,8 +258,7 @@ class FeatureStoreWriter:
                     log.info("removing %s: written but never committed to the manifest", orphan.name)
                     remove_path(orphan)
             self._manifest = manifest
-            index = IdIndex.read(self.path)
-            if index is None or list(index.covers) != manifest.shard_names:
+            if fresh_index(self.path, manifest) is None:
                 build_index(self.path, manifest).write(self.path)
             self._existing = FeatureStore(self.path)
             log.info("resuming %s: %d records in %d shards", self.path, len(self._existing), len(manifest.shards))
@@ -304,12 +319,12 @@ class FeatureStoreWriter:
             suffix, writer_cls, _ = _BACKENDS[self.layout.backend]
             final = self.path / SHARDS_DIR / f"{self._next_shard_number():05d}{suffix}"
             tmp = tmp_path_for(final)
-            self._shard = [tmp, final, writer_cls(tmp, self.layout), 0]
-        take = self._buffer[: self.shard_size - self._shard[3]]
-        self._shard[2].add(take)
-        self._shard[3] += len(take)
+            self._shard = _OpenShard(tmp, final, writer_cls(tmp, self.layout))
+        take = self._buffer[: self.shard_size - self._shard.rows]
+        self._shard.writer.add(take)
+        self._shard.rows += len(take)
         self._buffer = self._buffer[len(take):]
-        if self._shard[3] >= self.shard_size:
+        if self._shard.rows >= self.shard_size:
             self._commit_shard()
             self._flush_buffer()
 
@@ -318,9 +333,10 @@ class FeatureStoreWriter:
         return 1 + max((int(n.split(".")[0]) for n in names), default=-1)
 
     def _commit_shard(self) -> None:
-        tmp, final, writer, rows = self._shard
-        writer.close()
-        commit_path(tmp, final)
+        shard = self._shard
+        shard.writer.close()
+        commit_path(shard.tmp, shard.final)
+        final, rows = shard.final, shard.rows
         info = ShardInfo(
             name=final.name, rows=rows, bytes=disk_bytes(final),
             sha256=sha256_file(shard_checksum_path(final)), created=now_iso(),

@@ -11,9 +11,8 @@ import numpy as np
 from pipeline.errors import InvalidRecordError, StoreError
 from pipeline.io import TMP_PREFIX, disk_bytes, sha256_file
 from pipeline.records import RegionFeatures, validate_record
-from pipeline.store.index import IdIndex
 from pipeline.store.manifest import SHARDS_DIR, Manifest
-from pipeline.store.store import FeatureStore, open_shard_reader, shard_checksum_path
+from pipeline.store.store import FeatureStore, fresh_index, open_shard_reader, shard_checksum_path
 
 
 def record_summary(rec: RegionFeatures) -> dict:
@@ -143,8 +142,8 @@ def verify_store(path: Path, on_record: Optional[Callable[[int], None]] = None) 
 
 
 def _check_index(path: Path, manifest: Manifest, shard_ids: list[list[tuple[int, str]]], report: VerifyReport) -> None:
-    index = IdIndex.read(path)
-    if index is None or list(index.covers) != manifest.shard_names:
+    index = fresh_index(path, manifest)
+    if index is None:
         report.warnings.append("index.arrow is missing or stale: readers rebuild it in memory; resuming a writer persists it")
         return
     for shard, ids in enumerate(shard_ids):
