@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import json
+import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator, List, Optional
@@ -33,7 +34,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     rich_markup_mode="markdown",
 )
-out = Console()
+stdout = Console()
 
 
 @app.callback()
@@ -84,7 +85,7 @@ def inspect(
 
     info = describe_store(store)
     if as_json:
-        out.print_json(json.dumps(info))
+        stdout.print_json(json.dumps(info))
         return
     table = Table(title=f"feature store {store}", show_header=False, title_justify="left")
     table.add_column(style="bold")
@@ -104,14 +105,14 @@ def inspect(
     ]
     for key, value in rows:
         table.add_row(key, value)
-    out.print(table)
+    stdout.print(table)
     if info["sample"]:
         sample = Table(title="sample record", show_header=False, title_justify="left")
         sample.add_column(style="bold")
         sample.add_column()
         for key, value in info["sample"].items():
             sample.add_row(key, value if isinstance(value, str) else json.dumps(value))
-        out.print(sample)
+        stdout.print(sample)
 
 
 @app.command()
@@ -130,16 +131,16 @@ def verify(
     with _progress("verifying", total) as advance:
         report = verify_store(store, on_record=advance)
     if as_json:
-        out.print_json(json.dumps({"ok": report.ok, "records_checked": report.records_checked,
+        stdout.print_json(json.dumps({"ok": report.ok, "records_checked": report.records_checked,
                                    "shards_checked": report.shards_checked,
                                    "problems": report.problems, "warnings": report.warnings}))
     else:
         for warning in report.warnings:
-            out.print(f"[yellow]warning:[/yellow] {warning}")
+            stdout.print(f"[yellow]warning:[/yellow] {warning}")
         for problem in report.problems:
-            out.print(f"[red]problem:[/red] {problem}")
+            stdout.print(f"[red]problem:[/red] {problem}")
         status = "[green]OK[/green]" if report.ok else f"[red]FAILED ({len(report.problems)} problems)[/red]"
-        out.print(f"{status}: {report.records_checked:,} of {total:,} records and "
+        stdout.print(f"{status}: {report.records_checked:,} of {total:,} records and "
                   f"{report.shards_checked} shards checked in {store}")
     if not report.ok:
         raise typer.Exit(1)
@@ -182,14 +183,14 @@ def import_(
     )
     with _progress(f"importing {fmt}") as advance:
         report = run_import(cfg, progress=advance)
-    out.print(
+    stdout.print(
         f"read {report.rows_read:,} rows: imported {report.imported:,}, already present {report.already_present:,}, "
         f"skipped {report.skipped:,} -> {cfg.dest}"
     )
     for kind, count in report.skipped_by_kind.most_common():
-        out.print(f"  [yellow]skipped[/yellow] {count:,} x {kind}")
+        stdout.print(f"  [yellow]skipped[/yellow] {count:,} x {kind}")
     for line in report.skipped_rows[:10]:
-        out.print(f"    {line}")
+        stdout.print(f"    {line}")
     if report.skipped and not cfg.allow_skips:
         err_console.print(f"[red]error:[/red] {report.skipped} rows skipped (see {cfg.dest}/import_report.json); "
                           "rerun with --allow-skips to accept that")
@@ -215,7 +216,119 @@ def export(
     cfg = ExportConfig(fmt=fmt, store=store, dest=dest, overwrite=overwrite)
     with _progress(f"exporting {fmt}", Manifest.read(store).num_records) as advance:
         count = run_export(cfg, progress=advance)
-    out.print(f"wrote {count:,} records to {dest} ({fmt})")
+    stdout.print(f"wrote {count:,} records to {dest} ({fmt})")
+
+
+def _rate(value: float, unit: str = "") -> str:
+    for scale, prefix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if value >= scale:
+            return f"{value / scale:.1f} {prefix}{unit}"
+    return f"{value:.1f} {unit}"
+
+
+@app.command()
+@_errors_exit
+def download(
+    dataset: str = typer.Option(..., help="Reader: conceptual_captions, url_list, coco, visual_genome, nlvr2, flickr30k, folder."),
+    inputs: List[Path] = typer.Option(..., "--input", help="Input file or folder (repeatable)."),
+    out: Path = typer.Option(..., help="Output folder of image shards (NNNNN.parquet + NNNNN_stats.json)."),
+    shard_size: int = typer.Option(1000, help="Items per shard (the unit of work, retry and resume)."),
+    workers: int = typer.Option(2, help="CPUs of the local Ray cluster (ignored with --ray-address)."),
+    threads: int = typer.Option(32, help="Download threads inside each shard task."),
+    ray_address: Optional[str] = typer.Option(None, help="Join this Ray cluster instead of starting one."),
+    shard_retries: int = typer.Option(2, help="Retries of a shard whose task failed, before reporting it."),
+    retry_failed: bool = typer.Option(False, help="Re-attempt items of finished shards that failed for transient reasons."),
+    connect_timeout: float = typer.Option(10.0, help="Seconds to connect."),
+    read_timeout: float = typer.Option(10.0, help="Seconds without data before a read fails."),
+    deadline: float = typer.Option(30.0, help="Seconds for a whole request, redirects included."),
+    max_bytes: int = typer.Option(32 << 20, help="Largest download accepted (bytes); streamed and cut off beyond."),
+    max_redirects: int = typer.Option(5, help="Redirects followed per request."),
+    retries: int = typer.Option(2, help="Extra attempts for transient failures (timeouts, resets, 429, 5xx)."),
+    per_host: int = typer.Option(16, help="Concurrent requests to one host, per worker process."),
+    user_agent_token: str = typer.Option("", help="Token added to the User-Agent (and honoured in X-Robots-Tag)."),
+    opt_out_directives: str = typer.Option("noai,noimageai", help="X-Robots-Tag directives that opt an image out ('' to ignore)."),
+    allow_private_network: bool = typer.Option(False, help="Allow URLs resolving to loopback/private/link-local addresses."),
+    allow_network: List[str] = typer.Option([], help="A CIDR allowed even when private addresses are refused (repeatable)."),
+    max_side: int = typer.Option(0, help="Downscale so the longer side is at most this (0: keep size)."),
+    min_side: int = typer.Option(0, help="Drop images whose shorter side is below this."),
+    max_aspect_ratio: float = typer.Option(0.0, help="Drop images more elongated than this (long/short; 0: off)."),
+    max_pixels: int = typer.Option(89_478_485, help="Refuse images with more pixels (checked before decoding)."),
+    encode_format: str = typer.Option("jpeg", help="Format of re-encoded images: jpeg or png."),
+    quality: int = typer.Option(95, help="JPEG quality of re-encoded images."),
+    split: Optional[str] = typer.Option(None, help="Split name for the items (default: from the file names)."),
+    url_col: str = typer.Option("url", help="url_list: URL column."),
+    caption_col: Optional[str] = typer.Option("caption", help="url_list: caption column."),
+    id_col: Optional[str] = typer.Option(None, help="url_list: id column (default: <file stem>-<row>)."),
+    images_root: Optional[Path] = typer.Option(None, help="flickr30k: folder of the images."),
+) -> None:
+    """Download (or read) a dataset's images into resumable image shards, with Ray.
+
+    Each shard of --shard-size items is one Ray task with --threads download threads.
+    Every item ends up as a row: the stored image, or status "failed" with a named
+    reason. Rerunning the same command skips complete shards; a killed run loses
+    nothing; --retry-failed re-attempts transient failures. A summary is printed and
+    written to OUT/summary.json.
+
+    Example: vlprep download --dataset conceptual_captions --input Validation_GCC-1.1.0-Validation.tsv --out cc_val_images
+    """
+    from pipeline.datasets import ReaderOptions
+    from pipeline.download.fetch import FetchConfig
+    from pipeline.download.images import ImageConfig
+    from pipeline.download.run import DownloadConfig, run_download
+
+    if encode_format not in ("jpeg", "png"):
+        raise ConfigError("--encode-format must be jpeg or png")
+    cfg = DownloadConfig(
+        dataset=dataset, inputs=tuple(inputs), out=out, shard_size=shard_size, workers=workers, threads=threads,
+        ray_address=ray_address, shard_retries=shard_retries, retry_failed=retry_failed,
+        reader=ReaderOptions(split=split, url_col=url_col, caption_col=caption_col or None, id_col=id_col,
+                             images_root=images_root),
+        fetch=FetchConfig(
+            connect_timeout=connect_timeout, read_timeout=read_timeout, deadline=deadline, max_bytes=max_bytes,
+            max_redirects=max_redirects, retries=retries, per_host=per_host, user_agent_token=user_agent_token,
+            disallowed_directives=tuple(d.strip().lower() for d in opt_out_directives.split(",") if d.strip()),
+            allow_private_network=allow_private_network, allowed_networks=tuple(allow_network),
+        ),
+        image=ImageConfig(max_pixels=max_pixels, min_side=min_side, max_aspect_ratio=max_aspect_ratio,
+                          max_side=max_side, encode_format=encode_format, quality=quality),
+    )
+    columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+               TextColumn("{task.fields[rate]}"), TextColumn("{task.fields[ok]}"), TextColumn("{task.fields[bw]}"),
+               TimeElapsedColumn(), TimeRemainingColumn()]
+    with Progress(*columns, console=err_console, transient=True) as bar:
+        task = bar.add_task("downloading", total=None, rate="", ok="", bw="")
+
+        def update(p) -> None:
+            elapsed = max(time.time() - p.started, 1e-6)
+            bar.update(task, total=p.total_items, completed=p.skipped_items + p.items,
+                       rate=f"{p.items / elapsed:.1f} items/s",
+                       ok=f"{100 * p.ok / p.items:.1f}% ok" if p.items else "",
+                       bw=f"{_rate(p.bytes / elapsed, 'B/s')}")
+
+        summary = run_download(cfg, on_progress=update)
+    out_line = (f"{summary['successes']:,} of {summary['items_in_shards']:,} images stored "
+                f"({100 * (summary['success_rate'] or 0):.1f}%) in {summary['shards_complete']} shards -> {out}")
+    stdout.print(out_line)
+    for kind, count in list(summary["failures"].items())[:15]:
+        stdout.print(f"  [yellow]failed[/yellow] {count:,} x {kind}")
+    if summary["malformed_rows"]:
+        stdout.print(f"  [yellow]malformed input rows:[/yellow] {summary['malformed_rows']:,} "
+                               f"(e.g. {summary['malformed_examples'][0]})")
+    if summary["shards_failed"]:
+        for shard, reason in summary["shards_failed"].items():
+            err_console.print(f"[red]shard {shard} failed:[/red] {reason}")
+        raise typer.Exit(1)
+
+
+@app.command()
+def datasets() -> None:
+    """List the dataset readers `vlprep download --dataset` accepts."""
+    from pipeline.datasets import READERS
+
+    table = Table("dataset", "description")
+    for reader in READERS.values():
+        table.add_row(reader.name, reader.summary)
+    stdout.print(table)
 
 
 @app.command()
@@ -226,13 +339,13 @@ def formats() -> None:
     table = Table("format", "import", "export", "description")
     for f in FORMATS.values():
         table.add_row(f.name, "yes" if f.read else "-", "yes" if f.write else "-", f.summary)
-    out.print(table)
+    stdout.print(table)
 
 
 @app.command()
 def version() -> None:
     """Print the vlprep version."""
-    out.print(f"vlprep {__version__}")
+    stdout.print(f"vlprep {__version__}")
 
 
 def main() -> None:

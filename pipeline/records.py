@@ -263,3 +263,38 @@ def pad_regions(
         num_boxes=counts,
         **optional,
     )
+
+
+# ---------------------------------------------------------------------------
+# Source items (dataset readers -> downloader) and image records (downloader ->
+# image shards -> extractor).
+
+SOURCE_SCHEMA_VERSION = 1
+TEXT_KINDS = ("caption", "question", "statement", "description")
+
+
+@dataclass(frozen=True)
+class Text:
+    kind: str  # one of TEXT_KINDS
+    text: str
+
+
+@dataclass(frozen=True)
+class SourceItem:
+    """One image to fetch: a stable, collision-free id, where it lives, and its texts."""
+
+    image_id: str
+    url: Optional[str] = None  # http(s) URL ...
+    path: Optional[str] = None  # ... or a local file
+    texts: tuple[Text, ...] = ()
+    split: str = ""
+    source: str = ""  # the reader's name
+    extra: tuple[tuple[str, str], ...] = ()  # reader-specific string fields (e.g. url_sha1)
+
+    def __post_init__(self) -> None:
+        if (self.url is None) == (self.path is None):
+            raise ValueError(f"item {self.image_id!r}: give exactly one of url and path")
+
+    @property
+    def location(self) -> str:
+        return self.url if self.url is not None else str(self.path)

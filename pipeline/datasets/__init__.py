@@ -1,0 +1,41 @@
+"""Dataset readers: one module per source, a registry by name.
+
+Each reader streams its files into `pipeline.records.SourceItem`s (stable id, URL or
+local path, texts) and reports rows it cannot read as `Malformed` (file and line).
+The sources are described in data_manifests/datasets/<name>.yaml.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterator, Sequence
+
+from pipeline.datasets import coco, conceptual_captions, flickr30k, folder, nlvr2, url_list, visual_genome
+from pipeline.datasets.base import DatasetReader, Malformed, ReaderOptions, ReaderResult
+from pipeline.errors import ConfigError
+
+READERS: dict[str, DatasetReader] = {
+    r.name: r
+    for r in (
+        DatasetReader(conceptual_captions.NAME, "Conceptual Captions TSV (caption, url), no header", conceptual_captions.read),
+        DatasetReader(url_list.NAME, "generic tsv/csv/jsonl/parquet URL list with url/caption/id columns", url_list.read),
+        DatasetReader(coco.NAME, "MS COCO captions_*.json", coco.read),
+        DatasetReader(visual_genome.NAME, "Visual Genome image_data.json", visual_genome.read),
+        DatasetReader(nlvr2.NAME, "NLVR2 JSON lines with left_url/right_url", nlvr2.read),
+        DatasetReader(flickr30k.NAME, "Flickr30k results_20130124.token + local image folder", flickr30k.read),
+        DatasetReader(folder.NAME, "plain local folders of images", folder.read),
+    )
+}
+
+
+def read_items(dataset: str, inputs: Sequence[Path], opts: ReaderOptions = ReaderOptions()) -> Iterator[ReaderResult]:
+    """Stream the items of `inputs` with the reader named `dataset`."""
+    if dataset not in READERS:
+        raise ConfigError(f"unknown dataset {dataset!r}; known: {', '.join(READERS)}")
+    missing = [str(p) for p in inputs if not Path(p).exists()]
+    if missing:
+        raise ConfigError(f"input not found: {', '.join(missing)}")
+    return READERS[dataset].read([Path(p) for p in inputs], opts)
+
+
+__all__ = ["READERS", "DatasetReader", "Malformed", "ReaderOptions", "read_items"]

@@ -1,0 +1,125 @@
+"""One download shard: fetch + process its items with a thread pool, write the shard.
+
+This is the body of a Ray task; it takes plain data and returns the shard's stats.
+Sample errors are data: a failed item becomes a row with status "failed", a named
+reason and whether it is transient. Items of one shard that share a URL are fetched once.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import Counter
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Optional
+
+from pipeline.download.fetch import Fetched, FetchConfig, FetchError, HostLimiter, fetch
+from pipeline.download.images import ImageConfig, ImageError, process_image
+from pipeline.image_shards import item_row, read_shard_rows, row_item, shard_name, write_shard
+from pipeline.records import SourceItem
+
+log = logging.getLogger(__name__)
+
+# (items done, items ok, bytes downloaded) since the last call
+ProgressFn = Callable[[int, int, int], None]
+
+
+@dataclass(frozen=True)
+class ShardJob:
+    number: int
+    items: tuple[SourceItem, ...]
+    retry_failed: bool = False  # reprocess only transient failures of the existing shard
+
+
+def _read_local(path: str, max_bytes: int) -> Fetched:
+    try:
+        with open(path, "rb") as f:
+            data = f.read(max_bytes + 1)
+    except FileNotFoundError as err:
+        raise FetchError("file not found", path) from err
+    except OSError as err:
+        raise FetchError("file error", f"{path}: {err.strerror}") from err
+    if len(data) > max_bytes:
+        raise FetchError("too large", f"{path} is larger than {max_bytes:,} bytes")
+    return Fetched(data, path, 0, "", 1)
+
+
+def _failure(kind: str, detail: str, transient: bool, attempts: Optional[int] = None) -> dict:
+    return {"status": "failed", "error_kind": kind, "error": detail[:500], "transient": transient, "attempts": attempts}
+
+
+def process_item(item: SourceItem, fetched: "Future[Fetched] | Fetched", image_cfg: ImageConfig) -> dict:
+    """The row for one item, given its fetch (done or failed)."""
+    row = item_row(item)
+    try:
+        got = fetched.result() if isinstance(fetched, Future) else fetched
+    except FetchError as err:
+        return {**row, **_failure(err.kind, err.detail, err.transient)}
+    try:
+        img = process_image(got.data, image_cfg)
+    except ImageError as err:
+        return {**row, **_failure(err.kind, err.detail, False, got.attempts)}
+    return {
+        **row, "status": "ok", "transient": False, "image": img.data, "format": img.format,
+        "width": img.width, "height": img.height, "original_width": img.original_width,
+        "original_height": img.original_height, "sha256": img.sha256, "attempts": got.attempts,
+        "http_status": got.status or None, "final_url": got.final_url if item.url else None,
+        "_downloaded": len(got.data),
+    }
+
+
+def download_shard(
+    job: ShardJob, out: Path, fetch_cfg: FetchConfig, image_cfg: ImageConfig, threads: int,
+    progress: Optional[ProgressFn] = None,
+) -> dict:
+    """Download, process and write one shard; returns its stats (also in NNNNN_stats.json)."""
+    started = time.time()
+    previous = read_shard_rows(out / f"{shard_name(job.number)}.parquet") if job.retry_failed else None
+    items = [row_item(r) for r in previous] if previous is not None else list(job.items)
+    redo = [previous is None or (r["status"] == "failed" and r["transient"]) for r in (previous or items)]
+    limiter = HostLimiter(fetch_cfg.per_host)
+    lock = threading.Lock()
+
+    def fetch_one(item: SourceItem) -> Fetched:
+        return _read_local(item.path, fetch_cfg.max_bytes) if item.path is not None else fetch(item.url, fetch_cfg, limiter)
+
+    rows: list[Optional[dict]] = [None] * len(items)
+    with ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
+        fetches: dict[str, Future] = {}
+        for i, item in enumerate(items):
+            if redo[i] and item.location not in fetches:
+                fetches[item.location] = pool.submit(fetch_one, item)
+
+        def finish(i: int) -> None:
+            row = process_item(items[i], fetches[items[i].location], image_cfg)
+            with lock:
+                rows[i] = row
+            if progress:
+                progress(1, int(row["status"] == "ok"), row.get("_downloaded", 0))
+
+        work = [pool.submit(finish, i) for i in range(len(items)) if redo[i]]
+        for future in work:
+            future.result()
+    for i, row in enumerate(rows):
+        if row is None:  # kept from the previous run of this shard
+            rows[i] = previous[i]
+    downloaded = sum(r.pop("_downloaded", 0) for r in rows)
+    failures = Counter(r["error_kind"] for r in rows if r["status"] != "ok")
+    stats = {
+        "shard": shard_name(job.number),
+        "count": len(rows),
+        "successes": len(rows) - sum(failures.values()),
+        "failures": dict(failures.most_common()),
+        "transient_failures": sum(1 for r in rows if r["status"] != "ok" and r["transient"]),
+        "retried": sum(redo) if previous is not None else 0,
+        "bytes_downloaded": downloaded,
+        "bytes_stored": sum(len(r["image"]) for r in rows if r["image"]),
+        "duration_s": round(time.time() - started, 3),
+        "started": started,
+        "finished": time.time(),
+    }
+    write_shard(out, job.number, rows, stats)
+    return stats
