@@ -133,7 +133,7 @@ def iter_images(source: Path) -> Iterator[ImageItem]:
     if not source.exists():
         raise ConfigError(f"image source not found: {source}")
     files = [source] if source.is_file() else sorted(source.iterdir())
-    ours = [f for f in files if f.suffix == ".parquet" and (f.parent / f"{f.stem}{STATS_SUFFIX}").exists()]
+    ours = [f for f in files if f.suffix == ".parquet" and _is_our_shard(f)]
     if ours:
         yield from _iter_our_shards(ours)
         return
@@ -152,6 +152,12 @@ def iter_images(source: Path) -> Iterator[ImageItem]:
             yield ImageItem(path.relative_to(source).with_suffix("").as_posix(), path.read_bytes(), meta={"path": str(path)})
     else:
         raise ConfigError(f"{source}: not an image shard, img2dataset output or image folder")
+
+
+def _is_our_shard(path: Path) -> bool:
+    """A complete shard of ours: our schema marker, and its stats file (written last)."""
+    meta = pq.read_schema(path).metadata or {}
+    return b"vlprep.image_shard_version" in meta and (path.parent / f"{path.stem}{STATS_SUFFIX}").exists()
 
 
 def _iter_our_shards(paths: list[Path]) -> Iterator[ImageItem]:

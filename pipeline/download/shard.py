@@ -116,7 +116,7 @@ def download_shard(
         "transient_failures": sum(1 for r in rows if r["status"] != "ok" and r["transient"]),
         "retried": sum(redo) if previous is not None else 0,
         "bytes_downloaded": downloaded,
-        "bytes_stored": sum(len(r["image"]) for r in rows if r["image"]),
+        "bytes_stored": sum(len(r["image"]) for r in rows if r.get("image")),
         "duration_s": round(time.time() - started, 3),
         "started": started,
         "finished": time.time(),

@@ -139,10 +139,10 @@ class ImageServer:
             if hits == 1:
                 return self.send(h, 429, b"slow down", "text/plain", {"Retry-After": "1"})
             return self.send(h, 200, good, ctype)
-        if path == "/trickle":  # claims 1 MB, sends a byte every 0.2 s, for at most 20 s
+        if path == "/trickle":  # claims 100 KB, sends a byte every 0.2 s, for at most 20 s
             h.send_response(200)
             h.send_header("Content-Type", "image/jpeg")
-            h.send_header("Content-Length", str(1 << 20))
+            h.send_header("Content-Length", str(100_000))
             h.end_headers()
             end = time.monotonic() + 20
             while time.monotonic() < end:
