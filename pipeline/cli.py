@@ -255,6 +255,7 @@ def download(
     max_pixels: int = typer.Option(89_478_485, help="Refuse images with more pixels (checked before decoding)."),
     encode_format: str = typer.Option("jpeg", help="Format of re-encoded images: jpeg or png."),
     quality: int = typer.Option(95, help="JPEG quality of re-encoded images."),
+    resample: str = typer.Option("area", help="Downscale filter: area (like OpenCV INTER_AREA), bilinear, bicubic, lanczos."),
     split: Optional[str] = typer.Option(None, help="Split name for the items (default: from the file names)."),
     url_col: str = typer.Option("url", help="url_list: URL column."),
     caption_col: Optional[str] = typer.Option("caption", help="url_list: caption column."),
@@ -273,11 +274,13 @@ def download(
     """
     from pipeline.datasets import ReaderOptions
     from pipeline.download.fetch import FetchConfig
-    from pipeline.download.images import ImageConfig
+    from pipeline.download.images import RESAMPLE, ImageConfig
     from pipeline.download.run import DownloadConfig, run_download
 
     if encode_format not in ("jpeg", "png"):
         raise ConfigError("--encode-format must be jpeg or png")
+    if resample not in RESAMPLE:
+        raise ConfigError(f"--resample must be one of {', '.join(RESAMPLE)}")
     cfg = DownloadConfig(
         dataset=dataset, inputs=tuple(inputs), out=out, shard_size=shard_size, workers=workers, threads=threads,
         ray_address=ray_address, shard_retries=shard_retries, retry_failed=retry_failed,
@@ -290,7 +293,7 @@ def download(
             allow_private_network=allow_private_network, allowed_networks=tuple(allow_network),
         ),
         image=ImageConfig(max_pixels=max_pixels, min_side=min_side, max_aspect_ratio=max_aspect_ratio,
-                          max_side=max_side, encode_format=encode_format, quality=quality),
+                          max_side=max_side, encode_format=encode_format, quality=quality, resample=resample),
     )
     columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                TextColumn("{task.fields[rate]}"), TextColumn("{task.fields[ok]}"), TextColumn("{task.fields[bw]}"),

@@ -95,7 +95,9 @@ def write_shard(out: Path, number: int, rows: list[dict], stats: dict) -> None:
     final = out / f"{shard_name(number)}.parquet"
     tmp = tmp_path_for(final)
     table = pa.Table.from_pylist(rows, schema=IMAGE_SHARD_SCHEMA)
-    pq.write_table(table, tmp, compression="zstd", row_group_size=256)
+    # JPEG/PNG bytes do not compress: only the metadata columns are zstd-compressed.
+    codecs = {name: ("none" if name == "image" else "zstd") for name in IMAGE_SHARD_SCHEMA.names}
+    pq.write_table(table, tmp, compression=codecs, row_group_size=256)
     commit_path(tmp, final)
     atomic_write_json(out / f"{shard_name(number)}{STATS_SUFFIX}", stats)
 

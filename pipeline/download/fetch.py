@@ -12,6 +12,7 @@ connection is made.
 
 from __future__ import annotations
 
+import functools
 import http.client
 import ipaddress
 import random
@@ -85,13 +86,17 @@ class HostLimiter:
             yield
 
 
-def _check_address(ip: str, cfg: FetchConfig, host: str) -> None:
+@functools.lru_cache(maxsize=4096)
+def _address_allowed(ip: str, allow_private: bool, allowed_networks: tuple[str, ...]) -> bool:
     addr = ipaddress.ip_address(ip)
-    if cfg.allow_private_network or addr.is_global and not addr.is_multicast:
-        return
-    if any(addr in ipaddress.ip_network(net, strict=False) for net in cfg.allowed_networks):
-        return
-    raise FetchError("private address", f"{host} resolves to {ip}, which is not a public address")
+    if allow_private or addr.is_global and not addr.is_multicast:
+        return True
+    return any(addr in ipaddress.ip_network(net, strict=False) for net in allowed_networks)
+
+
+def _check_address(ip: str, cfg: FetchConfig, host: str) -> None:
+    if not _address_allowed(ip, cfg.allow_private_network, cfg.allowed_networks):
+        raise FetchError("private address", f"{host} resolves to {ip}, which is not a public address")
 
 
 def _resolve(host: str, port: int, cfg: FetchConfig, deadline: float) -> str:

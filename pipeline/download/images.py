@@ -28,7 +28,13 @@ _MAGIC = (
     (b"II*\x00", "tiff"),
     (b"MM\x00*", "tiff"),
 )
-KEEPABLE = {"jpeg", "png", "webp"}  # formats stored as downloaded when no change is needed
+KEEPABLE = {"jpeg", "png", "webp"}
+RESAMPLE = {
+    "area": Image.Resampling.BOX,  # area averaging when shrinking
+    "bilinear": Image.Resampling.BILINEAR,
+    "bicubic": Image.Resampling.BICUBIC,
+    "lanczos": Image.Resampling.LANCZOS,
+}  # formats stored as downloaded when no change is needed
 _ORIENTATION_TAG = 0x0112
 
 
@@ -40,6 +46,7 @@ class ImageConfig:
     max_side: int = 0  # downscale so the longer side is at most this; 0: keep size
     encode_format: str = "jpeg"  # for re-encoded images: jpeg or png
     quality: int = 95
+    resample: str = "area"  # downscale filter: area (= OpenCV INTER_AREA), bilinear, bicubic, lanczos
 
 
 class ImageError(Exception):
@@ -104,13 +111,20 @@ def process_image(data: bytes, cfg: ImageConfig) -> StoredImage:
     if width * height > cfg.max_pixels:
         raise ImageError("decompression bomb", f"{width}x{height} exceeds {cfg.max_pixels:,} pixels")
     try:
-        im.load()
         orientation = im.getexif().get(_ORIENTATION_TAG, 1)
     except Exception as err:
         raise ImageError("decode error", f"{fmt}: {err}") from err
     if orientation in (5, 6, 7, 8):
         width, height = height, width
     short, long_ = min(width, height), max(width, height)
+    if fmt == "jpeg" and cfg.max_side and long_ >= 2 * cfg.max_side:
+        # Let the JPEG decoder scale by 1/2, 1/4 or 1/8 while decoding (never below the target).
+        scale = cfg.max_side / long_
+        im.draft("RGB", (max(1, round(im.width * scale)), max(1, round(im.height * scale))))
+    try:
+        im.load()
+    except Exception as err:
+        raise ImageError("decode error", f"{fmt}: {err}") from err
     if cfg.min_side and short < cfg.min_side:
         raise ImageError("too small", f"{width}x{height}, shorter side < {cfg.min_side}")
     if cfg.max_aspect_ratio and long_ / max(short, 1) > cfg.max_aspect_ratio:
@@ -120,10 +134,12 @@ def process_image(data: bytes, cfg: ImageConfig) -> StoredImage:
     if not resize and not animated and fmt in KEEPABLE and im.mode == "RGB" and orientation in (1, None):
         return StoredImage(data, fmt, width, height, width, height, hashlib.sha256(data).hexdigest(), False)
     try:
-        out = _to_rgb(ImageOps.exif_transpose(im))
+        out = _to_rgb(ImageOps.exif_transpose(im) if orientation not in (1, None) else im)
         if resize:
             scale = cfg.max_side / long_
-            out = out.resize((max(1, round(width * scale)), max(1, round(height * scale))), Image.Resampling.LANCZOS)
+            size = (max(1, round(width * scale)), max(1, round(height * scale)))
+            if out.size != size:
+                out = out.resize(size, RESAMPLE[cfg.resample])
         buf = io.BytesIO()
         if cfg.encode_format == "png":
             out.save(buf, "PNG")

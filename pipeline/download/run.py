@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
@@ -182,15 +183,19 @@ def run_download(cfg: DownloadConfig, on_progress: Optional[Callable[[Progress],
     progress = Progress()
     failed_shards: dict[str, str] = {}
     run_started = time.time()
-    progress.total_items = sum(1 for r in read_items(cfg.dataset, cfg.inputs, cfg.reader) if not isinstance(r, Malformed))
-    progress.shards_total = -(-progress.total_items // cfg.shard_size)
-    if on_progress:
-        on_progress(progress)
+
+    def count_items() -> None:  # for the progress bar's total and ETA, beside the real work
+        total = sum(1 for r in read_items(cfg.dataset, cfg.inputs, cfg.reader) if not isinstance(r, Malformed))
+        progress.shards_total = -(-total // cfg.shard_size)
+        progress.total_items = total
+
+    threading.Thread(target=count_items, daemon=True).start()
 
     init_kwargs = {"address": cfg.ray_address} if cfg.ray_address else {"num_cpus": cfg.workers}
     started_ray = not ray.is_initialized()
     if started_ray:
         ray.init(include_dashboard=False, logging_level=logging.WARNING, log_to_driver=False, **init_kwargs)
+    log.debug("ray ready after %.2f s", time.time() - run_started)
     try:
         task = ray.remote(num_cpus=1, max_retries=3)(_shard_task)
         reporter = ray.remote(num_cpus=0)(_RayProgress).remote()
@@ -206,8 +211,10 @@ def run_download(cfg: DownloadConfig, on_progress: Optional[Callable[[Progress],
             for ref in ready:
                 job, attempt = in_flight.pop(ref)
                 try:
-                    ray.get(ref)
+                    stats = ray.get(ref)
                     progress.shards_done += 1
+                    log.debug("shard %s done at %.2f s (%.2f s in the task)", stats["shard"], time.time() - run_started,
+                              stats["duration_s"])
                 except Exception as err:  # a shard error: retried, then reported
                     if attempt < cfg.shard_retries:
                         log.warning("shard %05d failed (%s); retrying", job.number, err)
@@ -236,7 +243,9 @@ def run_download(cfg: DownloadConfig, on_progress: Optional[Callable[[Progress],
             collect(timeout=0.2)
     finally:
         if started_ray:
+            log.debug("all shards done at %.2f s", time.time() - run_started)
             ray.shutdown()
+            log.debug("ray stopped at %.2f s", time.time() - run_started)
     summary = _summarize(cfg, counts, malformed, failed_shards, time.time() - run_started)
     atomic_write_json(cfg.out / SUMMARY_FILE, summary)
     return summary

@@ -8,10 +8,9 @@ reason and whether it is transient. Items of one shard that share a URL are fetc
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections import Counter
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
@@ -81,28 +80,38 @@ def download_shard(
     items = [row_item(r) for r in previous] if previous is not None else list(job.items)
     redo = [previous is None or (r["status"] == "failed" and r["transient"]) for r in (previous or items)]
     limiter = HostLimiter(fetch_cfg.per_host)
-    lock = threading.Lock()
 
     def fetch_one(item: SourceItem) -> Fetched:
         return _read_local(item.path, fetch_cfg.max_bytes) if item.path is not None else fetch(item.url, fetch_cfg, limiter)
 
+    # Items sharing a location are fetched once.
+    by_location: dict[str, list[int]] = {}
+    for i, item in enumerate(items):
+        if redo[i]:
+            by_location.setdefault(item.location, []).append(i)
+    todo = iter(by_location.items())
     rows: list[Optional[dict]] = [None] * len(items)
+    # Threads only fetch; this thread decodes/resizes/encodes in completion order (one CPU
+    # stream per task, no GIL convoy), with at most 2 x threads fetched images waiting.
     with ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
-        fetches: dict[str, Future] = {}
-        for i, item in enumerate(items):
-            if redo[i] and item.location not in fetches:
-                fetches[item.location] = pool.submit(fetch_one, item)
+        pending: dict[Future, list[int]] = {}
 
-        def finish(i: int) -> None:
-            row = process_item(items[i], fetches[items[i].location], image_cfg)
-            with lock:
-                rows[i] = row
-            if progress:
-                progress(1, int(row["status"] == "ok"), row.get("_downloaded", 0))
+        def fill() -> None:
+            while len(pending) < 2 * max(1, threads):
+                nxt = next(todo, None)
+                if nxt is None:
+                    return
+                pending[pool.submit(fetch_one, items[nxt[1][0]])] = nxt[1]
 
-        work = [pool.submit(finish, i) for i in range(len(items)) if redo[i]]
-        for future in work:
-            future.result()
+        fill()
+        while pending:
+            done, _ = wait(pending, return_when=FIRST_COMPLETED)
+            for future in done:
+                for i in pending.pop(future):
+                    rows[i] = process_item(items[i], future, image_cfg)
+                    if progress:
+                        progress(1, int(rows[i]["status"] == "ok"), rows[i].get("_downloaded", 0))
+            fill()
     for i, row in enumerate(rows):
         if row is None:  # kept from the previous run of this shard
             rows[i] = previous[i]

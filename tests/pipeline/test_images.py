@@ -83,3 +83,12 @@ def test_sniff_ignores_claims():
     assert sniff(CORPUS["rgb.webp"][0]) == "webp"
     assert sniff(b"<html>") is None
     assert half_red_image().size == (64, 48)
+
+
+def test_large_jpeg_downscale_matches_the_target_size():
+    big = Image.new("RGB", (2000, 1500), (10, 200, 30))
+    buf = io.BytesIO()
+    big.save(buf, "JPEG")
+    img = process_image(buf.getvalue(), ImageConfig(max_side=480))
+    assert (img.width, img.height) == (480, 360) and (img.original_width, img.original_height) == (2000, 1500)
+    assert np.abs(decode(img.data).astype(int) - [10, 200, 30]).max() < 8
