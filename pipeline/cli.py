@@ -19,30 +19,16 @@ from rich.table import Table
 from pipeline import __version__
 from pipeline.errors import ConfigError, StoreError
 from pipeline.log import console as err_console
-from pipeline.log import setup_logging
+from pipeline.log import cli_app
 
-app = typer.Typer(
-    name="vlprep",
-    help=(
-        "Prepare vision-and-language pretraining data: region-feature stores "
-        "(Arrow IPC or LMDB shards with a manifest), legacy format conversion, and more.\n\n"
-        "A feature store is a directory with manifest.json, index.arrow and shards/. "
-        "See docs/store-format.md."
-    ),
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-    rich_markup_mode="markdown",
+app = cli_app(
+    "vlprep",
+    "Prepare vision-and-language pretraining data: image downloads, region-feature stores "
+    "(Arrow IPC or LMDB shards with a manifest), legacy format conversion, and more.\n\n"
+    "A feature store is a directory with manifest.json, index.arrow and shards/. "
+    "See docs/store-format.md.",
 )
 stdout = Console()
-
-
-@app.callback()
-def _main(
-    verbose: int = typer.Option(0, "--verbose", "-v", count=True, help="More log output (debug)."),
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="Only warnings and errors."),
-) -> None:
-    setup_logging(verbose, quiet)
 
 
 def _errors_exit(fn):

@@ -110,9 +110,9 @@ def done_shards(out: Path) -> dict[int, dict]:
     """Shard number -> stats, for every complete shard in `out`."""
     done = {}
     for stats_path in sorted(out.glob(f"[0-9]*{STATS_SUFFIX}")):
-        number = int(stats_path.name[: -len(STATS_SUFFIX)])
-        if (out / f"{shard_name(number)}.parquet").exists():
-            done[number] = json.loads(stats_path.read_text())
+        number = stats_path.name[: -len(STATS_SUFFIX)]
+        if number.isdigit() and stats_path.is_file() and (out / f"{shard_name(int(number))}.parquet").is_file():
+            done[int(number)] = json.loads(stats_path.read_text())
     return done
 
 

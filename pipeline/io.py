@@ -39,8 +39,10 @@ def tmp_path_for(final: Path) -> Path:
 def commit_path(tmp: Path, final: Path) -> None:
     """Durably move a finished temporary file/directory to its final name."""
     fsync_tree(tmp)
-    if final.is_dir():
-        shutil.rmtree(final)
+    if final.is_dir() and not final.is_symlink():
+        if not tmp.is_dir():
+            raise IsADirectoryError(f"{final} is a directory; refusing to replace it with a file")
+        shutil.rmtree(final)  # a directory shard (LMDB) being rewritten
     os.replace(tmp, final)
     fsync_dir(final.parent)
 

@@ -1,8 +1,11 @@
-"""Logging setup, done once by the CLIs (library code only calls logging.getLogger)."""
+"""CLI plumbing shared by `vlprep` and `vltrain`: the Typer app with its logging flags.
+Library code only calls logging.getLogger(__name__)."""
 
 from __future__ import annotations
 
 import logging
+
+import typer
 
 from rich.console import Console
 from rich.logging import RichHandler
@@ -21,3 +24,20 @@ def setup_logging(verbose: int = 0, quiet: bool = False) -> None:
     )
     for noisy in ("filelock", "urllib3"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def cli_app(name: str, help: str) -> typer.Typer:
+    """A Typer app whose callback takes -v/--verbose and -q/--quiet and sets up logging."""
+    app = typer.Typer(
+        name=name, help=help, no_args_is_help=True, add_completion=False,
+        pretty_exceptions_enable=False, rich_markup_mode="markdown",
+    )
+
+    @app.callback()
+    def _configure(
+        verbose: int = typer.Option(0, "--verbose", "-v", count=True, help="More log output (debug)."),
+        quiet: bool = typer.Option(False, "--quiet", "-q", help="Only warnings and errors."),
+    ) -> None:
+        setup_logging(verbose, quiet)
+
+    return app

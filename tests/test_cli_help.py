@@ -8,7 +8,7 @@ from helpers import make_records
 
 from pipeline.store import write_records
 
-VLPREP = ["inspect", "verify", "import", "export", "formats", "version"]
+VLPREP = ["download", "datasets", "inspect", "verify", "import", "export", "formats", "version"]
 
 
 def _run(*args):

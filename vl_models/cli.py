@@ -10,22 +10,10 @@ from rich.console import Console
 from rich.table import Table
 
 from pipeline.errors import StoreError
-from pipeline.log import setup_logging
+from pipeline.log import cli_app
 
-app = typer.Typer(
-    name="vltrain",
-    help="Train ViLBERT- and LXMERT-style models on vlprep feature stores.",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-    rich_markup_mode="markdown",
-)
+app = cli_app("vltrain", "Train ViLBERT- and LXMERT-style models on vlprep feature stores.")
 out = Console()
-
-
-@app.callback()
-def _main(verbose: int = typer.Option(0, "--verbose", "-v", count=True, help="More log output.")) -> None:
-    setup_logging(verbose)
 
 
 @app.command("preview-batch")

@@ -166,3 +166,18 @@ def test_download_refuses_a_folder_made_from_other_inputs(tmp_path, server):
     assert proc.returncode == 2 and "other inputs or settings" in proc.stderr
     proc = run_cli("download", "--dataset", "nope", "--input", tsv, "--out", out)
     assert proc.returncode == 2 and "unknown dataset" in proc.stderr
+
+
+def test_a_failing_shard_is_retried_then_reported(tmp_path, server):
+    urls = [server.url(f"/img/rgb.jpg?shardfail={i}") for i in range(6)]
+    tsv = tmp_path / "list.tsv"
+    write_tsv(tsv, urls)
+    out = tmp_path / "out"
+    (out / "00001_stats.json").mkdir(parents=True)  # shard 1 cannot be finished: its task raises
+    proc = run_cli("download", "--dataset", "conceptual_captions", "--input", tsv, "--out", out,
+                   "--shard-size", "3", "--shard-retries", "1", *LOCAL_FLAGS)
+    assert proc.returncode == 1 and "shard 00001 failed" in proc.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert list(summary["shards_failed"]) == ["00001"] and "IsADirectoryError" in summary["shards_failed"]["00001"]
+    assert summary["shards_complete"] == 1 and summary["successes"] == 3
+    assert server.hits["/img/rgb.jpg?shardfail=3"] == 2  # the shard ran twice: first try and one retry
