@@ -151,3 +151,25 @@ def process_image(data: bytes, cfg: ImageConfig) -> StoredImage:
     return StoredImage(
         encoded, cfg.encode_format, out.width, out.height, width, height, hashlib.sha256(encoded).hexdigest(), True,
     )
+
+
+def load_rgb(data: bytes, max_pixels: int = ImageConfig.max_pixels) -> np.ndarray:
+    """Decode image bytes to an (H, W, 3) uint8 RGB array, upright (EXIF applied), with
+    the same sniffing and decompression-bomb checks as downloads; raises `ImageError`."""
+    fmt = sniff(data)
+    if fmt is None:
+        raise ImageError("not an image", f"{len(data):,} bytes starting {data[:16]!r}")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            im = Image.open(io.BytesIO(data))
+        if im.width * im.height > max_pixels:
+            raise ImageError("decompression bomb", f"{im.width}x{im.height} exceeds {max_pixels:,} pixels")
+        im.load()
+        return np.asarray(_to_rgb(ImageOps.exif_transpose(im)))
+    except ImageError:
+        raise
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as err:
+        raise ImageError("decompression bomb", str(err)) from err
+    except Exception as err:
+        raise ImageError("decode error", f"{fmt}: {err}") from err

@@ -1,0 +1,89 @@
+"""Detector configuration: one frozen dataclass, named JSON configs in `configs/`.
+
+`vg-r101` is the bottom-up-attention Visual Genome model (ResNet-101 C4, 1600 objects +
+400 attributes, BUTD test settings); `tiny` builds the same architecture small enough
+for tests and the embedded demo.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Union
+
+from pipeline.errors import ConfigError
+
+CONFIG_DIR = Path(__file__).parent / "configs"
+
+
+@dataclass(frozen=True)
+class DetectorConfig:
+    name: str = "vg-r101"
+    # backbone: ResNet C4 (stem, res2..res4) + res5 in the ROI head
+    blocks: tuple[int, int, int, int] = (3, 4, 23, 3)  # ResNet-101
+    stem_channels: int = 64
+    res2_out_channels: int = 256
+    bottleneck_channels: int = 64  # res2; doubles per stage
+    stride_in_1x1: bool = True
+    res5_dilation: int = 2  # res5 runs at stride 1 with dilated 3x3 convs (RES5HALVE False)
+    caffe_maxpool: bool = True  # stem max-pool k3 s2 pad0 ceil_mode
+    # RPN
+    rpn_channels: int = 512
+    anchor_sizes: tuple[int, ...] = (64, 128, 256, 512)
+    anchor_ratios: tuple[float, ...] = (0.5, 1.0, 2.0)
+    feature_stride: int = 16
+    rpn_pre_nms_topk: int = 6000
+    rpn_post_nms_topk: int = 300
+    rpn_nms: float = 0.7
+    rpn_min_size: float = 0.0  # in resized-image pixels
+    # ROI heads
+    pooler_resolution: int = 14
+    num_classes: int = 1600  # foreground; class tables have num_classes + 1 columns, background at 0
+    num_attributes: int = 400  # attribute tables have num_attributes + 1 columns, "none" at 0
+    attribute_embed: int = 256
+    attribute_hidden: int = 512
+    bbox_reg_weights: tuple[float, float, float, float] = (10.0, 10.0, 5.0, 5.0)
+    # preprocessing (BUTD): BGR, caffe means, no std scaling, shortest side 600, longest <= 1000
+    pixel_mean_bgr: tuple[float, float, float] = (102.9801, 115.9465, 122.7717)
+    min_size: int = 600
+    max_size: int = 1000
+
+    def __post_init__(self) -> None:
+        if len(self.blocks) != 4 or min(self.blocks) < 1:
+            raise ConfigError("blocks must give 4 stage depths >= 1")
+        if self.num_classes < 1 or self.num_attributes < 0:
+            raise ConfigError("num_classes must be >= 1 and num_attributes >= 0")
+
+    @property
+    def num_anchors(self) -> int:
+        return len(self.anchor_sizes) * len(self.anchor_ratios)
+
+    @property
+    def res4_channels(self) -> int:
+        return self.res2_out_channels * 4
+
+    @property
+    def res5_channels(self) -> int:
+        return self.res2_out_channels * 8
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, obj: dict) -> "DetectorConfig":
+        known = {f.name for f in fields(cls)}
+        unknown = set(obj) - known
+        if unknown:
+            raise ConfigError(f"unknown detector config keys: {', '.join(sorted(unknown))}")
+        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in obj.items()})
+
+    @classmethod
+    def load(cls, name_or_path: Union[str, Path]) -> "DetectorConfig":
+        path = Path(name_or_path)
+        if not path.suffix:
+            path = CONFIG_DIR / f"{name_or_path}.json"
+        if not path.exists():
+            known = ", ".join(p.stem for p in sorted(CONFIG_DIR.glob("*.json")))
+            raise ConfigError(f"no detector config {name_or_path!r} (known: {known}, or a .json path)")
+        return cls.from_json(json.loads(path.read_text()))

@@ -1,0 +1,144 @@
+"""`RegionFeatureExtractor`: images in, `RegionFeatures` out.
+
+Per image: BUTD preprocessing, the backbone and the RPN run on that image alone (no
+padding, so results never depend on what else is in the batch); the ROI heads (res5,
+class, box and attribute predictors) then run once over the regions of all images of the
+batch. Boxes come back in original-image pixels, `cls_prob` with the background first,
+objects/attributes as argmax/max over the non-background columns (not renormalized).
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torchvision.ops import nms, roi_pool
+
+from pipeline.detect.boxes import POLICIES, BoxCount, cell_anchors, clip, decode, grid_anchors, select_butd, select_maxnms
+from pipeline.detect.model import VGDetector
+from pipeline.detect.preprocess import preprocess
+from pipeline.errors import ConfigError
+from pipeline.records import RegionFeatures, labels_from_probs
+
+
+@dataclass(frozen=True)
+class SelectionConfig:
+    policy: str = "butd"
+    boxes: BoxCount = BoxCount(10, 100)
+    conf_thresh: float = 0.2  # butd
+    nms_thresh: float = 0.3  # butd per-class NMS
+
+    def __post_init__(self) -> None:
+        if self.policy not in POLICIES:
+            raise ConfigError(f"policy must be one of {', '.join(POLICIES)}, got {self.policy!r}")
+
+    def describe(self) -> str:
+        extra = f", conf>={self.conf_thresh}, nms={self.nms_thresh}" if self.policy == "butd" else ""
+        return f"{self.policy} boxes={self.boxes}{extra}"
+
+
+class RegionFeatureExtractor:
+    def __init__(self, model: VGDetector, selection: SelectionConfig = SelectionConfig(),
+                 device: str = "cpu", fp16: bool = False):
+        self.model = model.to(device).eval()
+        self.cfg = model.cfg
+        self.selection = selection
+        self.device = torch.device(device)
+        self.fp16 = fp16 and self.device.type == "cuda"
+        self._cell = cell_anchors(self.cfg.anchor_sizes, self.cfg.anchor_ratios).to(self.device)
+
+    def _autocast(self):
+        return torch.autocast("cuda", dtype=torch.float16) if self.fp16 else nullcontext()
+
+    def proposals(self, features: torch.Tensor, height: int, width: int) -> torch.Tensor:
+        """RPN proposals (R, 4) in resized-image pixels for one image's features."""
+        cfg = self.cfg
+        logits, deltas = self.model.proposal_generator.rpn_head(features)
+        a, fh, fw = cfg.num_anchors, features.shape[-2], features.shape[-1]
+        scores = logits[0].permute(1, 2, 0).reshape(-1).float()
+        deltas = deltas[0].reshape(a, 4, fh, fw).permute(2, 3, 0, 1).reshape(-1, 4).float()
+        anchors = grid_anchors(self._cell, fh, fw, cfg.feature_stride).to(self.device)
+        top = scores.topk(min(cfg.rpn_pre_nms_topk, len(scores))).indices
+        boxes = clip(decode(deltas[top], anchors[top]), height, width)
+        scores = scores[top]
+        wide = ((boxes[:, 2] - boxes[:, 0]) > cfg.rpn_min_size) & ((boxes[:, 3] - boxes[:, 1]) > cfg.rpn_min_size)
+        boxes, scores = boxes[wide], scores[wide]
+        keep = nms(boxes, scores, cfg.rpn_nms)[: cfg.rpn_post_nms_topk]
+        return boxes[keep]
+
+    def region_features(self, features: torch.Tensor, boxes: torch.Tensor) -> torch.Tensor:
+        """(R, 2048) mean-pooled res5 features of `boxes` (resized-image pixels)."""
+        cfg = self.cfg
+        pooled = roi_pool(features, [boxes.to(features.dtype)], output_size=cfg.pooler_resolution,
+                          spatial_scale=1.0 / cfg.feature_stride)
+        return self.model.roi_heads.res5(pooled).mean(dim=(2, 3))
+
+    @torch.no_grad()
+    def __call__(self, images: Sequence[np.ndarray], image_ids: Sequence[str],
+                 given_boxes: Optional[Sequence[Optional[np.ndarray]]] = None) -> list[RegionFeatures]:
+        """Extract regions for a batch of (H, W, 3) uint8 RGB images. With `given_boxes`
+        (per image, (N, 4) x1y1x2y2 original pixels, or None to detect), features and
+        predictions are computed for exactly those boxes."""
+        given_boxes = list(given_boxes) if given_boxes is not None else [None] * len(images)
+        per_image = []
+        feats = []
+        with self._autocast():
+            for rgb, given in zip(images, given_boxes):
+                x, scale = preprocess(rgb, self.cfg)
+                x = x.to(self.device)
+                fmap = self.model.backbone(x)
+                h, w = x.shape[-2:]
+                if given is not None:
+                    boxes = torch.as_tensor(np.asarray(given, np.float32).reshape(-1, 4), device=self.device) * scale
+                else:
+                    boxes = self.proposals(fmap, h, w)
+                feats.append(self.region_features(fmap, boxes).float())
+                per_image.append((rgb.shape[0], rgb.shape[1], scale, h, w, boxes.float()))
+            region = torch.cat(feats)
+            predictor = self.model.roi_heads.box_predictor
+            cls_prob = F.softmax(predictor.cls_score(region).float(), dim=1)
+            deltas = predictor.bbox_pred(region).float()
+        out = []
+        start = 0
+        for image_id, given, (height, width, scale, h, w, boxes) in zip(image_ids, given_boxes, per_image):
+            sl = slice(start, start + len(boxes))
+            start += len(boxes)
+            probs, feat = cls_prob[sl], region[sl]
+            if given is not None:
+                keep = torch.arange(len(boxes), device=self.device)
+                kept_boxes = torch.as_tensor(np.asarray(given, np.float32).reshape(-1, 4))
+            elif self.selection.policy == "butd":
+                keep = select_butd(boxes, probs, self.selection.boxes, self.selection.nms_thresh,
+                                   self.selection.conf_thresh).to(self.device)
+                kept_boxes = (boxes[keep] / scale).cpu()
+            else:
+                regressed = clip(decode(deltas[sl], boxes, self.cfg.bbox_reg_weights), h, w)
+                keep, chosen = select_maxnms(regressed, probs, self.selection.boxes)
+                kept_boxes = (chosen / scale).cpu()
+            out.append(self._record(image_id, height, width, kept_boxes, feat[keep], probs[keep], given is None))
+        return out
+
+    def _record(self, image_id: str, height: int, width: int, boxes: torch.Tensor, feat: torch.Tensor,
+                probs: torch.Tensor, clip_boxes: bool) -> RegionFeatures:
+        boxes = boxes.float()
+        if clip_boxes:
+            boxes = clip(boxes, height, width)
+        cls_prob = probs.cpu().numpy().astype(np.float32)
+        objects_id, objects_conf = labels_from_probs(cls_prob)
+        fields = dict(objects_id=objects_id, objects_conf=objects_conf, cls_prob=cls_prob)
+        predictor = self.model.roi_heads.box_predictor
+        if predictor.has_attributes:
+            classes = torch.as_tensor(objects_id + 1, device=self.device)
+            with self._autocast():
+                logits = predictor.attribute_logits(feat.to(predictor.cls_embedding.weight.dtype), classes)
+            attr_prob = F.softmax(logits.float(), dim=1).cpu().numpy().astype(np.float32)
+            fields["attrs_id"], fields["attrs_conf"] = labels_from_probs(attr_prob)
+            fields["attr_prob"] = attr_prob
+        return RegionFeatures(
+            image_id=image_id, image_h=int(height), image_w=int(width), boxes=boxes.numpy().astype(np.float32),
+            features=feat.float().cpu().numpy().astype(np.float32), **fields,
+        )
