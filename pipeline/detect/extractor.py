@@ -132,7 +132,9 @@ class RegionFeatureExtractor:
         fields = dict(objects_id=objects_id, objects_conf=objects_conf, cls_prob=cls_prob)
         predictor = self.model.roi_heads.box_predictor
         if predictor.has_attributes:
-            classes = torch.as_tensor(objects_id + 1, device=self.device)
+            # The attribute head embeds the argmax over all classes, background included
+            # (what the detectron2/HF ports feed it).
+            classes = torch.as_tensor(cls_prob.argmax(axis=1), device=self.device)
             with self._autocast():
                 logits = predictor.attribute_logits(feat.to(predictor.cls_embedding.weight.dtype), classes)
             attr_prob = F.softmax(logits.float(), dim=1).cpu().numpy().astype(np.float32)

@@ -7,11 +7,13 @@ Module names follow detectron2's so its checkpoints map key for key (see weights
     backbone.res2 / res3 / res4.<i>.{conv1,conv2,conv3,shortcut}   bottlenecks, stride in the 1x1
     proposal_generator.rpn_head.{conv, objectness_logits, anchor_deltas}
     roi_heads.res5.<i>...                           res5 at stride 1, 3x3 convs dilated by 2
-    roi_heads.box_predictor.{cls_score, bbox_pred, cls_embedding, attr_linear1, attr_linear2}
+    roi_heads.box_predictor.{cls_score, bbox_pred, cls_embedding, fc_attr, attr_score}
+                                                    attributes: [feature, embedding(argmax class)]
+                                                    -> fc_attr -> ReLU -> attr_score
 
 Conventions inside this model (converted on load): class tables have the background at
 index 0 (`cls_score` row 0, `cls_embedding` row 0), `bbox_pred` is class-specific over the
-foreground classes (row block k for class k+1), and `attr_linear2` has "no attribute" at 0.
+foreground classes (row block k for class k+1), and `attr_score` has "no attribute" at 0.
 """
 
 from __future__ import annotations
@@ -116,13 +118,13 @@ class BoxPredictor(nn.Module):
         self.has_attributes = cfg.num_attributes > 0
         if self.has_attributes:
             self.cls_embedding = nn.Embedding(cfg.num_classes + 1, cfg.attribute_embed)
-            self.attr_linear1 = nn.Linear(dim + cfg.attribute_embed, cfg.attribute_hidden)
-            self.attr_linear2 = nn.Linear(cfg.attribute_hidden, cfg.num_attributes + 1)
+            self.fc_attr = nn.Linear(dim + cfg.attribute_embed, cfg.attribute_hidden)
+            self.attr_score = nn.Linear(cfg.attribute_hidden, cfg.num_attributes + 1)
 
     def attribute_logits(self, features: torch.Tensor, classes: torch.Tensor) -> torch.Tensor:
         """Attribute logits given region features and (background-first) class indices."""
         x = torch.cat([features, self.cls_embedding(classes)], dim=1)
-        return self.attr_linear2(F.relu(self.attr_linear1(x)))
+        return self.attr_score(F.relu(self.fc_attr(x)))
 
 
 class Res5ROIHeads(nn.Module):

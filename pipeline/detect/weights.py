@@ -1,0 +1,168 @@
+"""Loading the public bottom-up-attention weights into `VGDetector`, strictly.
+
+Two layouts, both with detectron2 module names (see model.py):
+
+* ``d2-pickle``: airsplay/py-bottom-up-attention's ``faster_rcnn_from_caffe.pkl``,
+  ``faster_rcnn_from_caffe_attr.pkl``, ``faster_rcnn_from_caffe_attr_original.pkl`` — a
+  pickle of ``{"model": {name: numpy array}, "__author__": ...}``, opened with the
+  restricted unpickler (numpy arrays and plain values only);
+* ``hf-bin``: the HF research port's ``pytorch_model.bin`` (``unc-nlp/frcnn-vg-finetuned``)
+  — a torch state dict, loaded with ``weights_only=True``; its ``gamma``/``beta`` names
+  are read as ``weight``/``bias`` as the port does.
+
+Strict accounting: every tensor of the file is used and every parameter of the model is
+filled with the right shape, or the load fails listing the keys. The only tolerated
+differences are named: BatchNorm ``num_batches_tracked`` counters (meaningless for frozen
+norms), the anchor buffer ``proposal_generator.anchor_generator.cell_anchors.0`` (checked
+against our anchors, then dropped), and FrozenBN running statistics absent from a file
+(identity statistics, detectron2's rule for its old checkpoints; counted in the report).
+A file without the attribute head loads into a model built without one.
+
+The detectron2 convention puts the background class last (``cls_score`` row 1600,
+``cls_embedding`` row 1600) and "no attribute" last (``attr_score`` row 400); both are moved
+to index 0 here, our canonical convention.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+import torch
+
+from pipeline.detect.boxes import cell_anchors
+from pipeline.detect.config import DetectorConfig
+from pipeline.detect.model import VGDetector
+from pipeline.errors import ConfigError, UnsafePickleError
+from pipeline.safe_pickle import safe_loads
+
+log = logging.getLogger(__name__)
+
+ANCHOR_KEY = "proposal_generator.anchor_generator.cell_anchors.0"
+ATTRIBUTE_PREFIXES = ("roi_heads.box_predictor.cls_embedding.", "roi_heads.box_predictor.fc_attr.",
+                      "roi_heads.box_predictor.attr_score.")
+BACKGROUND_LAST = ("roi_heads.box_predictor.cls_score.weight", "roi_heads.box_predictor.cls_score.bias",
+                   "roi_heads.box_predictor.cls_embedding.weight", "roi_heads.box_predictor.attr_score.weight",
+                   "roi_heads.box_predictor.attr_score.bias")
+WEIGHT_SOURCES = (
+    "the public weights are not bundled: get faster_rcnn_from_caffe_attr.pkl (36-box model) or "
+    "faster_rcnn_from_caffe_attr_original.pkl (10-100) from airsplay/py-bottom-up-attention's README, "
+    "or pytorch_model.bin of unc-nlp/frcnn-vg-finetuned (HF hub), and pass --weights PATH"
+)
+
+
+@dataclass
+class LoadReport:
+    path: str
+    layout: str
+    sha256: str
+    tensors: int
+    identity_norm_stats: int = 0
+    dropped: list[str] = field(default_factory=list)
+    attributes: bool = True
+
+
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 22):
+            h.update(block)
+    return h.hexdigest()
+
+
+def detect_layout(path: Path) -> str:
+    with open(path, "rb") as f:
+        head = f.read(4)
+    if head[:2] == b"PK":  # torch.save zip archive
+        return "hf-bin"
+    if head[:1] == b"\x80":  # a pickle stream
+        return "d2-pickle"
+    raise ConfigError(f"{path}: neither a detectron2 pickle nor a torch .bin checkpoint")
+
+
+def read_checkpoint(path: Path, layout: Optional[str] = None) -> tuple[str, dict[str, torch.Tensor]]:
+    """(layout, name -> tensor) as stored in the file, names normalized to our modules'."""
+    layout = layout or detect_layout(path)
+    if layout == "d2-pickle":
+        try:
+            obj = safe_loads(path.read_bytes(), encoding="latin1")
+        except UnsafePickleError as err:
+            raise ConfigError(f"{path}: {err}") from err
+        if not isinstance(obj, dict) or not isinstance(obj.get("model"), dict):
+            raise ConfigError(f"{path}: a detectron2 pickle holds {{'model': {{name: array}}, '__author__': ...}}")
+        tensors = {k: torch.as_tensor(np.asarray(v)) for k, v in obj["model"].items()}
+    elif layout == "hf-bin":
+        try:
+            state = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as err:
+            raise ConfigError(f"{path}: cannot read as a torch checkpoint: {err}") from err
+        if not isinstance(state, dict):
+            raise ConfigError(f"{path}: expected a state dict")
+        state = state.get("model", state) if isinstance(state.get("model"), dict) else state
+        tensors = {_hf_name(k): v for k, v in state.items()}
+    else:
+        raise ConfigError(f"unknown weights layout {layout!r}: d2-pickle or hf-bin")
+    return layout, tensors
+
+
+def _hf_name(key: str) -> str:
+    return key.replace(".gamma", ".weight").replace(".beta", ".bias")
+
+
+def _to_canonical(name: str, value: torch.Tensor) -> torch.Tensor:
+    """Move the last row (background / no-attribute) of class tables to row 0."""
+    if name in BACKGROUND_LAST:
+        return torch.cat([value[-1:], value[:-1]], dim=0)
+    return value
+
+
+def load_detector(path: Path, cfg: DetectorConfig, layout: Optional[str] = None) -> tuple[VGDetector, LoadReport]:
+    """Build a detector for `cfg` and fill it from `path`; raise ConfigError listing every
+    missing, unexpected or misshaped key."""
+    path = Path(path)
+    if not path.exists():
+        raise ConfigError(f"weights not found: {path}; {WEIGHT_SOURCES}")
+    layout, tensors = read_checkpoint(path, layout)
+    has_attr = any(k.startswith(ATTRIBUTE_PREFIXES) for k in tensors)
+    if not has_attr and cfg.num_attributes:
+        cfg = replace(cfg, num_attributes=0)
+    model = VGDetector(cfg)
+    report = LoadReport(str(path), layout, file_sha256(path), len(tensors), attributes=has_attr)
+    expected = model.state_dict()
+
+    for key in [k for k in tensors if k.endswith(".num_batches_tracked")]:
+        report.dropped.append(key)
+        del tensors[key]
+    if ANCHOR_KEY in tensors:
+        stored = tensors.pop(ANCHOR_KEY).float()
+        ours = cell_anchors(cfg.anchor_sizes, cfg.anchor_ratios)
+        if stored.shape != ours.shape or not torch.allclose(stored, ours, atol=1e-3):
+            raise ConfigError(f"{path}: its anchors differ from the config's ({cfg.anchor_sizes} x {cfg.anchor_ratios})")
+        report.dropped.append(ANCHOR_KEY)
+
+    missing = [k for k in expected if k not in tensors]
+    identity = [k for k in missing if k.endswith((".norm.running_mean", ".norm.running_var"))]
+    missing = [k for k in missing if k not in identity]
+    unexpected = [k for k in tensors if k not in expected]
+    misshaped = [f"{k}: file {tuple(tensors[k].shape)}, model {tuple(expected[k].shape)}"
+                 for k in tensors if k in expected and tensors[k].shape != expected[k].shape]
+    if missing or unexpected or misshaped:
+        lines = []
+        for title, keys in (("missing", missing), ("unexpected", unexpected), ("misshaped", misshaped)):
+            if keys:
+                shown = ", ".join(keys[:12]) + (f" ... ({len(keys)} in all)" if len(keys) > 12 else "")
+                lines.append(f"{title}: {shown}")
+        raise ConfigError(f"{path} ({layout}) does not match detector config {cfg.name!r}:\n  " + "\n  ".join(lines))
+
+    state = {k: _to_canonical(k, v).to(expected[k].dtype) for k, v in tensors.items()}
+    for key in identity:
+        state[key] = torch.zeros_like(expected[key]) if key.endswith("running_mean") else torch.ones_like(expected[key])
+    report.identity_norm_stats = len(identity)
+    model.load_state_dict(state, strict=True)
+    if identity:
+        log.info("%s: %d FrozenBN running statistics absent, identity statistics used", path.name, len(identity))
+    return model, report
