@@ -310,6 +310,110 @@ def download(
 
 
 @app.command()
+@_errors_exit
+def extract(
+    out: Path = typer.Option(..., help="Feature store to write (created or resumed)."),
+    dataset: Optional[str] = typer.Option(None, help="Reader of --input files (download and extract in one job)."),
+    inputs: List[Path] = typer.Option([], "--input", help="Input file or folder for --dataset (repeatable)."),
+    images: Optional[Path] = typer.Option(None, help="Extract from image shards, an image folder or img2dataset output."),
+    weights: Optional[Path] = typer.Option(None, help="Detector weights: a detectron2 .pkl or an HF pytorch_model.bin."),
+    random_weights: bool = typer.Option(False, help="Use an untrained detector (smoke runs; stamped into provenance)."),
+    detector: str = typer.Option("vg-r101", help="Detector config: vg-r101, tiny, or a JSON path."),
+    boxes: str = typer.Option("10-100", help="Regions per image: K (e.g. 36) or MIN-MAX (e.g. 10-100)."),
+    policy: str = typer.Option("butd", help="Region selection: butd (Caffe reference) or maxnms (detectron2/HF ports)."),
+    conf_thresh: float = typer.Option(0.2, help="butd: keep regions whose best class score reaches this."),
+    batch_size: int = typer.Option(1, help="Images per detector call (results do not depend on it)."),
+    device: str = typer.Option("auto", help="auto, cpu, cuda or cuda:N."),
+    fp16: bool = typer.Option(False, help="float16 autocast on CUDA."),
+    actors: Optional[int] = typer.Option(None, help="Detector actors (default: one per GPU, or 1 on CPU)."),
+    backend: str = typer.Option("arrow", help="Store backend: arrow or lmdb."),
+    dtype: str = typer.Option("float16", help="Stored dtype of features and probability tables."),
+    cls_prob: str = typer.Option("full", help="How to keep cls_prob: full, topk:K or none."),
+    attr_prob: str = typer.Option("full", help="How to keep attr_prob: full, topk:K or none."),
+    keep_images: Optional[Path] = typer.Option(None, help="Also write the downloaded images as image shards here."),
+    shard_size: int = typer.Option(1000, help="Images per shard (the unit of work, retry and resume)."),
+    workers: int = typer.Option(2, help="CPUs of the local Ray cluster (ignored with --ray-address)."),
+    threads: int = typer.Option(16, help="Download threads per shard task."),
+    ray_address: Optional[str] = typer.Option(None, help="Join this Ray cluster instead of starting one."),
+    shard_retries: int = typer.Option(2, help="Retries of a failed shard before it is reported."),
+    deadline: float = typer.Option(30.0, help="Seconds for a whole image request."),
+    max_bytes: int = typer.Option(32 << 20, help="Largest image download accepted (bytes)."),
+    allow_private_network: bool = typer.Option(False, help="Allow URLs resolving to private/loopback addresses."),
+    allow_network: List[str] = typer.Option([], help="A CIDR allowed even when private addresses are refused."),
+    user_agent_token: str = typer.Option("", help="Token added to the User-Agent."),
+) -> None:
+    """Extract bottom-up region features (VG Faster R-CNN) into a feature store.
+
+    With --dataset, images are downloaded and fed to the detector in one streaming Ray
+    job (download tasks on CPUs, one detector actor per GPU or CPU actors); with
+    --images, they are read from image shards, a folder or img2dataset output. Rerunning
+    resumes: finished shards are skipped. Every failed image is listed with its reason in
+    OUT/extract/NNNNN_stats.json; the summary is in OUT/extract_summary.json.
+
+    Example: vlprep extract --dataset conceptual_captions --input Validation_GCC-1.1.0-Validation.tsv --weights faster_rcnn_from_caffe_attr.pkl --boxes 36 --out cc_val_feats
+    """
+    from pipeline.datasets import ReaderOptions
+    from pipeline.detect.boxes import BoxCount
+    from pipeline.detect.extractor import SelectionConfig
+    from pipeline.detect.run import ExtractConfig, run_extract
+    from pipeline.download.fetch import FetchConfig
+
+    cfg = ExtractConfig(
+        out=out, dataset=dataset, inputs=tuple(inputs), images=images, weights=weights, random_weights=random_weights,
+        detector=detector, selection=SelectionConfig(policy, BoxCount.parse(boxes), conf_thresh=conf_thresh),
+        batch_size=batch_size, device=device, fp16=fp16, actors=actors, backend=backend, dtype=dtype,
+        cls_prob=cls_prob, attr_prob=attr_prob, shard_size=shard_size, workers=workers, threads=threads,
+        ray_address=ray_address, shard_retries=shard_retries, keep_images=keep_images, reader=ReaderOptions(),
+        fetch=FetchConfig(deadline=deadline, max_bytes=max_bytes, allow_private_network=allow_private_network,
+                          allowed_networks=tuple(allow_network), user_agent_token=user_agent_token),
+    )
+    columns = [TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[info]}"), TimeElapsedColumn()]
+    with Progress(*columns, console=err_console, transient=True) as bar:
+        task = bar.add_task("extracting", total=None, info="")
+
+        def update(p) -> None:
+            rate = p.images / max(time.time() - p.started, 1e-6)
+            bar.update(task, info=f"{p.images:,} images, {p.extracted:,} extracted, {rate:.2f} images/s, "
+                                  f"{p.shards_done} shards done")
+
+        summary = run_extract(cfg, on_progress=update)
+    stdout.print(f"{summary['extracted']:,} of {summary['images']:,} images have features in {out} "
+                 f"({summary['shards_done']} shards done)")
+    for kind, count in list(summary["failures"].items())[:15]:
+        stdout.print(f"  [yellow]failed[/yellow] {count:,} x {kind}")
+    if summary["shards_failed"]:
+        for shard, reason in summary["shards_failed"].items():
+            err_console.print(f"[red]shard {shard} failed:[/red] {reason}")
+        raise typer.Exit(1)
+
+
+@app.command()
+@_errors_exit
+def show(
+    store: Path = typer.Argument(..., help="Feature store directory."),
+    image_id: str = typer.Argument(..., help="The image's id in the store."),
+    image: Path = typer.Option(..., help="The image file the features were extracted from."),
+    output: Path = typer.Option(..., "-o", "--output", help="PNG (or JPEG) file to write."),
+    max_boxes: int = typer.Option(36, help="Draw at most this many regions (most confident first)."),
+    min_conf: float = typer.Option(0.0, help="Skip regions whose object confidence is below this."),
+    objects_vocab: Optional[Path] = typer.Option(None, help="objects_vocab.txt: one object name per line."),
+    attributes_vocab: Optional[Path] = typer.Option(None, help="attributes_vocab.txt: one attribute name per line."),
+) -> None:
+    """Draw an image's stored regions with object and attribute labels and confidences."""
+    from pipeline.detect.show import read_vocab, render
+    from pipeline.store import FeatureStore
+
+    with FeatureStore.open(store) as fs:
+        try:
+            rec = fs.get(image_id)
+        except KeyError as err:
+            raise ConfigError(str(err.args[0])) from err
+        picture = render(rec, image.read_bytes(), max_boxes, min_conf, read_vocab(objects_vocab), read_vocab(attributes_vocab))
+    picture.save(output)
+    stdout.print(f"wrote {output} ({min(max_boxes, rec.num_boxes)} of {rec.num_boxes} regions)")
+
+
+@app.command()
 def datasets() -> None:
     """List the dataset readers `vlprep download --dataset` accepts."""
     from pipeline.datasets import READERS

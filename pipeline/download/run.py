@@ -98,7 +98,8 @@ class Progress:
     started: float = field(default_factory=time.time)
 
 
-def _shards(cfg: DownloadConfig, malformed: list[str], counts: Counter) -> Iterator[ShardJob]:
+def shard_jobs(cfg: DownloadConfig, malformed: list[str], counts: Counter) -> Iterator[ShardJob]:
+    """The deterministic shards of a dataset's items (malformed rows counted and listed)."""
     batch = []
     number = 0
     for result in read_items(cfg.dataset, cfg.inputs, cfg.reader):
@@ -227,7 +228,7 @@ def run_download(cfg: DownloadConfig, on_progress: Optional[Callable[[Progress],
             if on_progress:
                 on_progress(progress)
 
-        for job in _shards(cfg, malformed, counts):
+        for job in shard_jobs(cfg, malformed, counts):
             counts["items"] += len(job.items)
             previous = done.get(job.number)
             if previous is not None:

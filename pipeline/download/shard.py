@@ -70,15 +70,11 @@ def process_item(item: SourceItem, fetched: "Future[Fetched] | Fetched", image_c
     }
 
 
-def download_shard(
-    job: ShardJob, out: Path, fetch_cfg: FetchConfig, image_cfg: ImageConfig, threads: int,
+def fetch_rows(
+    items: list[SourceItem], redo: list[bool], fetch_cfg: FetchConfig, image_cfg: ImageConfig, threads: int,
     progress: Optional[ProgressFn] = None,
-) -> dict:
-    """Download, process and write one shard; returns its stats (also in NNNNN_stats.json)."""
-    started = time.time()
-    previous = read_shard_rows(out / f"{shard_name(job.number)}.parquet") if job.retry_failed else None
-    items = [row_item(r) for r in previous] if previous is not None else list(job.items)
-    redo = [previous is None or (r["status"] == "failed" and r["transient"]) for r in (previous or items)]
+) -> list[Optional[dict]]:
+    """Rows for the items marked in `redo` (None for the others), in item order."""
     limiter = HostLimiter(fetch_cfg.per_host)
 
     def fetch_one(item: SourceItem) -> Fetched:
@@ -112,23 +108,40 @@ def download_shard(
                     if progress:
                         progress(1, int(rows[i]["status"] == "ok"), rows[i].get("_downloaded", 0))
             fill()
+    return rows
+
+
+def download_shard(
+    job: ShardJob, out: Path, fetch_cfg: FetchConfig, image_cfg: ImageConfig, threads: int,
+    progress: Optional[ProgressFn] = None,
+) -> dict:
+    """Download, process and write one shard; returns its stats (also in NNNNN_stats.json)."""
+    started = time.time()
+    previous = read_shard_rows(out / f"{shard_name(job.number)}.parquet") if job.retry_failed else None
+    items = [row_item(r) for r in previous] if previous is not None else list(job.items)
+    redo = [previous is None or (r["status"] == "failed" and r["transient"]) for r in (previous or items)]
+    rows = fetch_rows(items, redo, fetch_cfg, image_cfg, threads, progress)
     for i, row in enumerate(rows):
         if row is None:  # kept from the previous run of this shard
             rows[i] = previous[i]
     downloaded = sum(r.pop("_downloaded", 0) for r in rows)
+    stats = shard_stats(job.number, rows, started, downloaded, retried=sum(redo) if previous is not None else 0)
+    write_shard(out, job.number, rows, stats)
+    return stats
+
+
+def shard_stats(number: int, rows: list[dict], started: float, downloaded: int, retried: int = 0) -> dict:
     failures = Counter(r["error_kind"] for r in rows if r["status"] != "ok")
-    stats = {
-        "shard": shard_name(job.number),
+    return {
+        "shard": shard_name(number),
         "count": len(rows),
         "successes": len(rows) - sum(failures.values()),
         "failures": dict(failures.most_common()),
         "transient_failures": sum(1 for r in rows if r["status"] != "ok" and r["transient"]),
-        "retried": sum(redo) if previous is not None else 0,
+        "retried": retried,
         "bytes_downloaded": downloaded,
         "bytes_stored": sum(len(r["image"]) for r in rows if r.get("image")),
         "duration_s": round(time.time() - started, 3),
         "started": started,
         "finished": time.time(),
     }
-    write_shard(out, job.number, rows, stats)
-    return stats

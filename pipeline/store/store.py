@@ -347,12 +347,17 @@ class FeatureStoreWriter:
         self._shard = None
         log.debug("committed shard %s (%d records)", info.name, rows)
 
-    def close(self) -> None:
-        if self._manifest is None:
-            return
+    def commit_shard(self) -> None:
+        """Commit everything written so far as a (possibly partial) shard now; the next
+        record starts a new shard. Lets a producer make its unit of work durable."""
         self._flush_buffer()
         if self._shard is not None:
             self._commit_shard()
+
+    def close(self) -> None:
+        if self._manifest is None:
+            return
+        self.commit_shard()
         self._run.update(finished=now_iso(), records_added=self.written, duplicates_skipped=self.skipped_duplicates)
         self._manifest.runs.append(self._run)
         self._manifest.write(self.path)

@@ -1,0 +1,339 @@
+"""`vlprep extract`: images -> region features in a feature store, as one streaming Ray job.
+
+Input shards (the same deterministic shards as `vlprep download`, or chunks of an image
+source for ``--images``) flow through CPU download tasks into detector actors (one per
+GPU with ``num_gpus=1``, or CPU actors), whose region features the driver writes through
+the feature-store writer: one store shard per input shard, committed before the shard's
+``extract/NNNNN_stats.json`` (the done-marker, which also lists every failed image and
+its reason). A rerun skips shards already done; an actor that dies is restarted by Ray
+and its task retried; a shard whose task fails is retried and then reported.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, Iterator, Optional
+
+from pipeline import __version__
+from pipeline.datasets import ReaderOptions
+from pipeline.detect.config import DetectorConfig
+from pipeline.detect.extractor import RegionFeatureExtractor, SelectionConfig
+from pipeline.detect.weights import WEIGHT_SOURCES, load_detector
+from pipeline.download.fetch import FetchConfig
+from pipeline.download.images import ImageConfig, ImageError, load_rgb
+from pipeline.download.shard import ShardJob, fetch_rows, shard_stats
+from pipeline.errors import ConfigError
+from pipeline.image_shards import iter_images, shard_name, write_shard
+from pipeline.io import atomic_write_json
+
+log = logging.getLogger(__name__)
+EXTRACT_DIR = "extract"
+SUMMARY_FILE = "extract_summary.json"
+
+
+@dataclass(frozen=True)
+class ExtractConfig:
+    out: Path
+    dataset: Optional[str] = None
+    inputs: tuple[Path, ...] = ()
+    images: Optional[Path] = None
+    weights: Optional[Path] = None
+    random_weights: bool = False
+    detector: str = "vg-r101"
+    selection: SelectionConfig = SelectionConfig()
+    batch_size: int = 1
+    device: str = "auto"
+    fp16: bool = False
+    actors: Optional[int] = None  # default: one per GPU, else 1
+    backend: str = "arrow"
+    dtype: str = "float16"
+    cls_prob: str = "full"
+    attr_prob: str = "full"
+    shard_size: int = 1000
+    workers: int = 2
+    threads: int = 16
+    ray_address: Optional[str] = None
+    shard_retries: int = 2
+    keep_images: Optional[Path] = None
+    seed: int = 0  # for --random-weights
+    reader: ReaderOptions = ReaderOptions()
+    fetch: FetchConfig = FetchConfig()
+    image: ImageConfig = ImageConfig()
+
+    def __post_init__(self) -> None:
+        if (self.images is None) == (self.dataset is None):
+            raise ConfigError("give either --dataset with --input files, or --images")
+        if self.dataset is not None and not self.inputs:
+            raise ConfigError("--dataset needs at least one --input")
+        if self.images is not None and not Path(self.images).exists():
+            raise ConfigError(f"image source not found: {self.images}")
+        if self.weights is None and not self.random_weights:
+            raise ConfigError(f"--weights is required: {WEIGHT_SOURCES} (or --random-weights for a smoke run)")
+        if self.weights is not None and self.random_weights:
+            raise ConfigError("give --weights or --random-weights, not both")
+        for name in ("batch_size", "shard_size", "workers", "threads"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be >= 1")
+        if self.device not in ("auto", "cpu") and not self.device.startswith("cuda"):
+            raise ConfigError(f"device must be auto, cpu or cuda[:N], got {self.device!r}")
+
+    def to_json(self) -> dict:
+        def plain(value):
+            if isinstance(value, Path):
+                return str(value)
+            if isinstance(value, dict):
+                return {k: plain(v) for k, v in value.items()}
+            if isinstance(value, (list, tuple)):
+                return [plain(v) for v in value]
+            return value
+
+        out = plain(asdict(self))
+        out["selection"]["boxes"] = str(self.selection.boxes)
+        return out
+
+
+def resolve_device(device: str) -> str:
+    import torch
+
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError("--device cuda asked for, but no CUDA device is available")
+    return device
+
+
+class DetectorActor:
+    """Holds one detector (loaded once) and turns a shard's image rows into records."""
+
+    def __init__(self, cfg_json: dict, weights: Optional[str], seed: int, selection: SelectionConfig,
+                 device: str, fp16: bool, batch_size: int):
+        import torch
+
+        from pipeline.detect.model import VGDetector
+
+        cfg = DetectorConfig.from_json(cfg_json)
+        if weights is not None:
+            model, _ = load_detector(Path(weights), cfg)
+        else:
+            torch.manual_seed(seed)
+            model = VGDetector(cfg)
+        self.extractor = RegionFeatureExtractor(model, selection, device=device, fp16=fp16)
+        self.batch_size = batch_size
+
+    def pid(self) -> int:
+        import os
+
+        return os.getpid()
+
+    def extract(self, number: int, rows: list[dict]) -> dict:
+        records, failures = [], []
+        ready = []
+        for row in rows:
+            if row["status"] != "ok":
+                failures.append(_failure(row, row["error_kind"], row.get("error") or ""))
+                continue
+            try:
+                ready.append((row, load_rgb(row["image"])))
+            except ImageError as err:
+                failures.append(_failure(row, err.kind, err.detail))
+        for start in range(0, len(ready), self.batch_size):
+            batch = ready[start : start + self.batch_size]
+            try:
+                records += self.extractor([img for _, img in batch], [row["image_id"] for row, _ in batch])
+            except Exception as err:  # a model failure on one batch: try its images one by one
+                if len(batch) == 1:
+                    failures.append(_failure(batch[0][0], "extract error", f"{type(err).__name__}: {err}"))
+                    continue
+                for row, img in batch:
+                    try:
+                        records += self.extractor([img], [row["image_id"]])
+                    except Exception as one:
+                        failures.append(_failure(row, "extract error", f"{type(one).__name__}: {one}"))
+        return {"number": number, "records": records, "failures": failures}
+
+
+def _failure(row: dict, kind: str, detail: str) -> dict:
+    return {"image_id": row["image_id"], "url": row.get("url"), "kind": kind, "detail": (detail or "")[:500]}
+
+
+def _download_rows(job: ShardJob, fetch_cfg: FetchConfig, image_cfg: ImageConfig, threads: int,
+                   keep_images: Optional[str]) -> list[dict]:
+    """Ray task: fetch a shard's images into rows (bytes stay in memory / the object store)."""
+    started = time.time()
+    rows = fetch_rows(list(job.items), [True] * len(job.items), fetch_cfg, image_cfg, threads)
+    downloaded = sum(r.pop("_downloaded", 0) for r in rows)
+    if keep_images:
+        write_shard(Path(keep_images), job.number, rows, shard_stats(job.number, rows, started, downloaded))
+    return rows
+
+
+def _image_source_shards(source: Path, size: int) -> Iterator[tuple[int, list[dict]]]:
+    batch, number = [], 0
+    for item in iter_images(source):
+        batch.append({"image_id": item.image_id, "status": "ok", "image": item.data, "url": item.meta.get("url")})
+        if len(batch) == size:
+            yield number, batch
+            number, batch = number + 1, []
+    if batch:
+        yield number, batch
+
+
+@dataclass
+class ExtractProgress:
+    images: int = 0
+    extracted: int = 0
+    shards_done: int = 0
+    started: float = field(default_factory=time.time)
+
+
+def done_extract_shards(out: Path) -> dict[int, dict]:
+    folder = out / EXTRACT_DIR
+    done = {}
+    for path in sorted(folder.glob("[0-9]*_stats.json")) if folder.is_dir() else []:
+        number = path.name.split("_")[0]
+        if number.isdigit() and path.is_file():
+            done[int(number)] = json.loads(path.read_text())
+    return done
+
+
+def run_extract(cfg: ExtractConfig, on_progress: Optional[Callable[[ExtractProgress], None]] = None) -> dict:
+    import ray
+
+    from pipeline.download.run import shard_jobs
+    from pipeline.store import FeatureStoreWriter
+
+    device = resolve_device(cfg.device)
+    det_cfg = DetectorConfig.load(cfg.detector)
+    provenance = {"producer": f"vlprep {__version__} extract", "detector": det_cfg.name,
+                  "box_policy": cfg.selection.describe(), "device": device, "fp16": cfg.fp16}
+    if cfg.weights is not None:  # validate the weights before any work starts
+        model, report = load_detector(cfg.weights, det_cfg)
+        det_cfg = model.cfg
+        del model
+        provenance.update(weights_sha256=report.sha256, weights_layout=report.layout, weights_file=Path(cfg.weights).name)
+    else:
+        provenance.update(weights_sha256=f"random-seed-{cfg.seed}", random_weights=True)
+        log.warning("--random-weights: features come from an untrained detector (smoke runs only)")
+    writer = FeatureStoreWriter(
+        cfg.out, backend=cfg.backend, shard_size=10**12, resume=True, feature_dim=det_cfg.res5_channels,
+        dtype=cfg.dtype, cls_prob=cfg.cls_prob, attr_prob=cfg.attr_prob if det_cfg.num_attributes else "none",
+        provenance=provenance, config=cfg.to_json(),
+    )
+    writer.open()
+    (cfg.out / EXTRACT_DIR).mkdir(exist_ok=True)
+    if cfg.keep_images:
+        Path(cfg.keep_images).mkdir(parents=True, exist_ok=True)
+    done = done_extract_shards(cfg.out)
+    progress = ExtractProgress()
+    failed_shards: dict[str, str] = {}
+    counts: Counter = Counter()
+    malformed: list[str] = []
+
+    started_ray = not ray.is_initialized()
+    if started_ray:
+        init = {"address": cfg.ray_address} if cfg.ray_address else {"num_cpus": cfg.workers}
+        ray.init(include_dashboard=False, logging_level=logging.WARNING, log_to_driver=False, **init)
+    try:
+        gpu = device.startswith("cuda")
+        n_actors = cfg.actors or (max(1, int(ray.cluster_resources().get("GPU", 0))) if gpu else 1)
+        actor_cls = ray.remote(num_gpus=1 if gpu else 0, num_cpus=0 if gpu else 1, max_restarts=2,
+                               max_task_retries=2)(DetectorActor)
+        actors = [actor_cls.remote(det_cfg.to_json(), str(cfg.weights) if cfg.weights else None, cfg.seed,
+                                   cfg.selection, device, cfg.fp16, cfg.batch_size) for _ in range(n_actors)]
+        download = ray.remote(num_cpus=1, max_retries=3)(_download_rows)
+        in_flight: dict = {}  # ref -> (number, attempt, rows or ShardJob)
+        turn = [0]
+
+        def submit(number: int, work, attempt: int) -> None:
+            rows = (download.remote(work, cfg.fetch, cfg.image, cfg.threads, str(cfg.keep_images or "") or None)
+                    if isinstance(work, ShardJob) else work)
+            actor = actors[turn[0] % len(actors)]
+            turn[0] += 1
+            in_flight[actor.extract.remote(number, rows)] = (number, attempt, work)
+
+        def collect(timeout: float) -> None:
+            ready, _ = ray.wait(list(in_flight), num_returns=1, timeout=timeout)
+            for ref in ready:
+                number, attempt, work = in_flight.pop(ref)
+                try:
+                    result = ray.get(ref)
+                except Exception as err:
+                    if attempt < cfg.shard_retries:
+                        log.warning("shard %05d failed (%s); retrying", number, err)
+                        submit(number, work, attempt + 1)
+                    else:
+                        failed_shards[shard_name(number)] = f"{type(err).__name__}: {err}"[:1000]
+                    continue
+                _commit(cfg, writer, result, progress, counts)
+            if on_progress:
+                on_progress(progress)
+
+        if cfg.images is not None:
+            source = _image_source_shards(Path(cfg.images), cfg.shard_size)
+        else:
+            source = ((job.number, job) for job in shard_jobs(_as_download_cfg(cfg), malformed, counts))
+        for number, work in source:
+            if number in done:
+                progress.shards_done += 1
+                continue
+            while len(in_flight) >= 2 * len(actors) + 1:
+                collect(timeout=0.2)
+            submit(number, work, 0)
+        while in_flight:
+            collect(timeout=0.2)
+    finally:
+        writer.close()
+        if started_ray:
+            ray.shutdown()
+    summary = _summarize(cfg, failed_shards, malformed, counts)
+    atomic_write_json(cfg.out / SUMMARY_FILE, summary)
+    return summary
+
+
+def _as_download_cfg(cfg: ExtractConfig):
+    from pipeline.download.run import DownloadConfig
+
+    return DownloadConfig(dataset=cfg.dataset, inputs=cfg.inputs, out=cfg.out, shard_size=cfg.shard_size,
+                          reader=cfg.reader, fetch=cfg.fetch, image=cfg.image)
+
+
+def _commit(cfg: ExtractConfig, writer, result: dict, progress: ExtractProgress, counts: Counter) -> None:
+    """Write a shard's records, commit them as one store shard, then its stats (done-marker)."""
+    written = present = 0
+    for rec in result["records"]:
+        if writer.write(rec):
+            written += 1
+        else:
+            present += 1
+    writer.commit_shard()
+    failures = Counter(f["kind"] for f in result["failures"])
+    stats = {"shard": shard_name(result["number"]), "count": len(result["records"]) + len(result["failures"]),
+             "extracted": written, "already_present": present, "failures": dict(failures.most_common()),
+             "failed_images": result["failures"], "finished": time.time()}
+    atomic_write_json(cfg.out / EXTRACT_DIR / f"{shard_name(result['number'])}_stats.json", stats)
+    progress.images += stats["count"]
+    progress.extracted += written
+    progress.shards_done += 1
+
+
+def _summarize(cfg: ExtractConfig, failed_shards: dict, malformed: list[str], counts: Counter) -> dict:
+    shards = done_extract_shards(cfg.out)
+    failures: Counter = Counter()
+    for stats in shards.values():
+        failures.update(stats["failures"])
+    return {
+        "store": str(cfg.out),
+        "shards_done": len(shards),
+        "shards_failed": failed_shards,
+        "images": sum(s["count"] for s in shards.values()),
+        "extracted": sum(s["extracted"] + s["already_present"] for s in shards.values()),
+        "failures": dict(failures.most_common()),
+        "malformed_rows": counts["malformed"],
+        "malformed_examples": malformed,
+        "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }

@@ -1,0 +1,135 @@
+"""`vlprep extract` end to end: served images, real Ray, the tiny detector config."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+from detector_layouts import random_weights, write_d2_pickle
+from helpers import REPO, run_cli
+from image_server import ImageServer
+from PIL import Image
+
+from pipeline.detect.config import DetectorConfig
+from pipeline.detect.weights import file_sha256
+from pipeline.store import FeatureStore, verify_store
+
+TINY = DetectorConfig.load("tiny")
+GOOD = ["rgb.jpg", "rgb.png", "cmyk.jpg", "gray.jpg", "rgba.png", "exif_rotated.jpg", "big.jpg", "anim.gif"]
+NET = ["--allow-network", "127.0.0.0/8", "--deadline", "3", "--workers", "2", "--threads", "4"]
+
+
+@pytest.fixture(scope="module")
+def weights(tmp_path_factory):
+    path = tmp_path_factory.mktemp("w") / "tiny.pkl"
+    write_d2_pickle(path, random_weights(TINY, seed=5))
+    return path
+
+
+@pytest.fixture(scope="module")
+def server():
+    srv = ImageServer()
+    yield srv
+    srv.close()
+
+
+def write_tsv(path, urls):
+    path.write_text("".join(f"caption {i}\t{u}\n" for i, u in enumerate(urls)))
+
+
+def test_extract_downloads_and_fills_a_verified_store(tmp_path, server, weights):
+    urls = [server.url(f"/img/{n}") for n in GOOD] + [server.url("/truncated.jpg"), server.url("/status/404")]
+    tsv = tmp_path / "val.tsv"
+    write_tsv(tsv, urls)
+    out = tmp_path / "feats"
+    proc = run_cli("extract", "--dataset", "conceptual_captions", "--input", tsv, "--weights", weights,
+                   "--detector", "tiny", "--boxes", "5-12", "--out", out, "--shard-size", "4", "--batch-size", "2",
+                   "--keep-images", tmp_path / "images", *NET)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    store = FeatureStore.open(out)
+    assert len(store) == len(GOOD)
+    prov = store.manifest.provenance
+    assert prov["detector"] == "tiny" and prov["weights_sha256"] == file_sha256(weights)
+    assert prov["box_policy"].startswith("butd boxes=5-12") and prov["weights_layout"] == "d2-pickle"
+    assert store.manifest.layout.cls_dim == TINY.num_classes + 1 and store.manifest.layout.attr_dim == TINY.num_attributes + 1
+    for rec in store:
+        assert 5 <= rec.num_boxes <= 12 and rec.features.shape[1] == 128
+    rotated = store.get("cc3m-val-00000005")  # the EXIF-rotated image: stored upright size
+    assert (rotated.image_h, rotated.image_w) == (48, 64)
+    assert verify_store(out).ok
+    stats = [json.loads(p.read_text()) for p in sorted((out / "extract").glob("*_stats.json"))]
+    failed = {f["image_id"]: f["kind"] for s in stats for f in s["failed_images"]}
+    assert failed == {"cc3m-val-00000008": "decode error", "cc3m-val-00000009": "http 404"}
+    summary = json.loads((out / "extract_summary.json").read_text())
+    assert summary["images"] == len(urls) and summary["extracted"] == len(GOOD) and summary["shards_done"] == 3
+    assert len(list((tmp_path / "images").glob("*.parquet"))) == 3  # --keep-images
+
+    # the downloaded image shards are an image source too; same detector -> same features
+    proc = run_cli("extract", "--images", tmp_path / "images", "--weights", weights, "--detector", "tiny",
+                   "--boxes", "5-12", "--out", tmp_path / "again", "--workers", "2")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    again = FeatureStore.open(tmp_path / "again")
+    np.testing.assert_array_equal(again.get("cc3m-val-00000000").features, store.get("cc3m-val-00000000").features)
+
+    png = tmp_path / "show.png"
+    proc = run_cli("show", out, "cc3m-val-00000006", "--image", tmp_path / "big.jpg", "-o", png)
+    assert proc.returncode == 1  # no such file yet
+    (tmp_path / "big.jpg").write_bytes(server.corpus["big.jpg"][0])
+    vocab = tmp_path / "objects_vocab.txt"
+    vocab.write_text("\n".join(f"thing{i},synonym" for i in range(TINY.num_classes)))
+    proc = run_cli("show", out, "cc3m-val-00000006", "--image", tmp_path / "big.jpg", "-o", png, "--objects-vocab", vocab)
+    assert proc.returncode == 0, proc.stderr
+    drawn = np.asarray(Image.open(png))
+    assert drawn.shape == (480, 640, 3) and not np.array_equal(drawn, np.asarray(Image.open(tmp_path / "big.jpg")))
+    proc = run_cli("show", out, "cc3m-val-00000000", "--image", tmp_path / "big.jpg", "-o", png)
+    assert proc.returncode == 1 and "not the same picture" in proc.stderr
+
+
+def test_extract_refuses_without_weights(tmp_path):
+    proc = run_cli("extract", "--images", tmp_path, "--out", tmp_path / "s")
+    assert proc.returncode == 2 and "--weights is required" in proc.stderr and "py-bottom-up-attention" in proc.stderr
+
+
+def test_random_weights_are_stamped_into_provenance(tmp_path, server):
+    folder = tmp_path / "imgs"
+    folder.mkdir()
+    for name in ("rgb.jpg", "gray.jpg"):
+        (folder / name).write_bytes(server.corpus[name][0])
+    (folder / "broken.jpg").write_bytes(b"\xff\xd8\xff not really")
+    proc = run_cli("extract", "--images", folder, "--random-weights", "--detector", "tiny", "--boxes", "4",
+                   "--out", tmp_path / "s", "--backend", "lmdb")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    store = FeatureStore.open(tmp_path / "s")
+    assert sorted(store.ids()) == ["gray", "rgb"] and store.manifest.provenance["random_weights"] is True
+    assert store.get("rgb").num_boxes == 4
+
+
+def test_killed_extract_resumes_without_loss_or_duplicates(tmp_path, weights):
+    server = ImageServer(delay=0.2)
+    try:
+        urls = [server.url(f"/img/{GOOD[i % len(GOOD)]}?k={i}") for i in range(24)]
+        tsv = tmp_path / "list.tsv"
+        write_tsv(tsv, urls)
+        out = tmp_path / "feats"
+        args = [sys.executable, "-m", "pipeline.cli", "extract", "--dataset", "conceptual_captions", "--input", str(tsv),
+                "--weights", str(weights), "--detector", "tiny", "--boxes", "5-12", "--out", str(out),
+                "--shard-size", "3", "--threads", "1", *NET]
+        proc = subprocess.Popen(args, cwd=REPO, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.time() + 120
+        while time.time() < deadline and len(list((out / "extract").glob("*_stats.json"))) < 2:
+            time.sleep(0.05)
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+        before = len(list((out / "extract").glob("*_stats.json")))
+        assert 2 <= before < 8
+        rerun = subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=300)
+        assert rerun.returncode == 0, rerun.stderr[-3000:]
+        store = FeatureStore.open(out)
+        assert sorted(store.ids()) == sorted(f"cc3m-list-{i:08d}" for i in range(24))
+        assert verify_store(out).ok
+    finally:
+        server.close()
