@@ -41,6 +41,32 @@ class SelectionConfig:
         return f"{self.policy} boxes={self.boxes}{extra}"
 
 
+def rpn_proposals(model: VGDetector, cell: torch.Tensor, features: torch.Tensor, height: int, width: int) -> torch.Tensor:
+    """RPN proposals (R, 4) in resized-image pixels for one image's features."""
+    cfg = model.cfg
+    logits, deltas = model.proposal_generator.rpn_head(features)
+    a, fh, fw = cfg.num_anchors, features.shape[-2], features.shape[-1]
+    scores = logits[0].permute(1, 2, 0).reshape(-1).float()
+    deltas = deltas[0].reshape(a, 4, fh, fw).permute(2, 3, 0, 1).reshape(-1, 4).float()
+    anchors = grid_anchors(cell, fh, fw, cfg.feature_stride).to(features.device)
+    top = scores.topk(min(cfg.rpn_pre_nms_topk, len(scores))).indices
+    boxes = clip(decode(deltas[top], anchors[top]), height, width)
+    scores = scores[top]
+    wide = ((boxes[:, 2] - boxes[:, 0]) > cfg.rpn_min_size) & ((boxes[:, 3] - boxes[:, 1]) > cfg.rpn_min_size)
+    boxes, scores = boxes[wide], scores[wide]
+    keep = nms(boxes, scores, cfg.rpn_nms)[: cfg.rpn_post_nms_topk]
+    return boxes[keep]
+
+
+def pooled_region_features(model: VGDetector, features: torch.Tensor, boxes: torch.Tensor) -> torch.Tensor:
+    """(R, C5) mean-pooled res5 features of `boxes` (resized-image pixels): ROIPool at
+    1/16 to `pooler_resolution`, res5, mean over the map."""
+    cfg = model.cfg
+    pooled = roi_pool(features, [boxes.to(features.dtype)], output_size=cfg.pooler_resolution,
+                      spatial_scale=1.0 / cfg.feature_stride)
+    return model.roi_heads.res5(pooled).mean(dim=(2, 3))
+
+
 class RegionFeatureExtractor:
     def __init__(self, model: VGDetector, selection: SelectionConfig = SelectionConfig(),
                  device: str = "cpu", fp16: bool = False):
@@ -55,27 +81,10 @@ class RegionFeatureExtractor:
         return torch.autocast("cuda", dtype=torch.float16) if self.fp16 else nullcontext()
 
     def proposals(self, features: torch.Tensor, height: int, width: int) -> torch.Tensor:
-        """RPN proposals (R, 4) in resized-image pixels for one image's features."""
-        cfg = self.cfg
-        logits, deltas = self.model.proposal_generator.rpn_head(features)
-        a, fh, fw = cfg.num_anchors, features.shape[-2], features.shape[-1]
-        scores = logits[0].permute(1, 2, 0).reshape(-1).float()
-        deltas = deltas[0].reshape(a, 4, fh, fw).permute(2, 3, 0, 1).reshape(-1, 4).float()
-        anchors = grid_anchors(self._cell, fh, fw, cfg.feature_stride).to(self.device)
-        top = scores.topk(min(cfg.rpn_pre_nms_topk, len(scores))).indices
-        boxes = clip(decode(deltas[top], anchors[top]), height, width)
-        scores = scores[top]
-        wide = ((boxes[:, 2] - boxes[:, 0]) > cfg.rpn_min_size) & ((boxes[:, 3] - boxes[:, 1]) > cfg.rpn_min_size)
-        boxes, scores = boxes[wide], scores[wide]
-        keep = nms(boxes, scores, cfg.rpn_nms)[: cfg.rpn_post_nms_topk]
-        return boxes[keep]
+        return rpn_proposals(self.model, self._cell, features, height, width)
 
     def region_features(self, features: torch.Tensor, boxes: torch.Tensor) -> torch.Tensor:
-        """(R, 2048) mean-pooled res5 features of `boxes` (resized-image pixels)."""
-        cfg = self.cfg
-        pooled = roi_pool(features, [boxes.to(features.dtype)], output_size=cfg.pooler_resolution,
-                          spatial_scale=1.0 / cfg.feature_stride)
-        return self.model.roi_heads.res5(pooled).mean(dim=(2, 3))
+        return pooled_region_features(self.model, features, boxes)
 
     @torch.no_grad()
     def __call__(self, images: Sequence[np.ndarray], image_ids: Sequence[str],
