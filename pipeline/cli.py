@@ -331,6 +331,8 @@ def extract(
     cls_prob: str = typer.Option("full", help="How to keep cls_prob: full, topk:K or none."),
     attr_prob: str = typer.Option("full", help="How to keep attr_prob: full, topk:K or none."),
     keep_images: Optional[Path] = typer.Option(None, help="Also write the downloaded images as image shards here."),
+    given_boxes: Optional[Path] = typer.Option(
+        None, help="JSON/Arrow/Parquet of image_id -> boxes (original pixels): features for exactly those boxes."),
     shard_size: int = typer.Option(1000, help="Images per shard (the unit of work, retry and resume)."),
     workers: int = typer.Option(2, help="CPUs of the local Ray cluster (ignored with --ray-address)."),
     threads: int = typer.Option(16, help="Download threads per shard task."),
@@ -363,7 +365,8 @@ def extract(
         detector=detector, selection=SelectionConfig(policy, BoxCount.parse(boxes), conf_thresh=conf_thresh),
         batch_size=batch_size, device=device, fp16=fp16, actors=actors, backend=backend, dtype=dtype,
         cls_prob=cls_prob, attr_prob=attr_prob, shard_size=shard_size, workers=workers, threads=threads,
-        ray_address=ray_address, shard_retries=shard_retries, keep_images=keep_images, reader=ReaderOptions(),
+        ray_address=ray_address, shard_retries=shard_retries, keep_images=keep_images, given_boxes=given_boxes,
+        reader=ReaderOptions(),
         fetch=FetchConfig(deadline=deadline, max_bytes=max_bytes, allow_private_network=allow_private_network,
                           allowed_networks=tuple(allow_network), user_agent_token=user_agent_token),
     )

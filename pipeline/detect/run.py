@@ -19,15 +19,17 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator, Optional
 
+import numpy as np
+
 from pipeline import __version__
 from pipeline.datasets import ReaderOptions
 from pipeline.detect.config import DetectorConfig
 from pipeline.detect.extractor import RegionFeatureExtractor, SelectionConfig
-from pipeline.detect.weights import WEIGHT_SOURCES, load_detector
+from pipeline.detect.weights import WEIGHT_SOURCES, file_sha256, load_detector
 from pipeline.download.fetch import FetchConfig
 from pipeline.download.images import ImageConfig, ImageError, load_rgb
 from pipeline.download.shard import ShardJob, fetch_rows, shard_stats
-from pipeline.errors import ConfigError
+from pipeline.errors import ConfigError, InvalidRecordError
 from pipeline.image_shards import iter_images, shard_name, write_shard
 from pipeline.io import atomic_write_json
 
@@ -60,6 +62,7 @@ class ExtractConfig:
     ray_address: Optional[str] = None
     shard_retries: int = 2
     keep_images: Optional[Path] = None
+    given_boxes: Optional[Path] = None  # JSON/Arrow/Parquet of image_id -> boxes: extract exactly those
     seed: int = 0  # for --random-weights
     reader: ReaderOptions = ReaderOptions()
     fetch: FetchConfig = FetchConfig()
@@ -79,6 +82,8 @@ class ExtractConfig:
         for name in ("batch_size", "shard_size", "workers", "threads"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1")
+        if self.given_boxes is not None and not Path(self.given_boxes).exists():
+            raise ConfigError(f"given-boxes file not found: {self.given_boxes}")
         if self.device not in ("auto", "cpu") and not self.device.startswith("cuda"):
             raise ConfigError(f"device must be auto, cpu or cuda[:N], got {self.device!r}")
 
@@ -97,6 +102,37 @@ class ExtractConfig:
         return out
 
 
+def read_given_boxes(path: Path) -> dict[str, np.ndarray]:
+    """image_id -> (N, 4) float32 x1y1x2y2 boxes in original pixels, from JSON
+    (``{"id": [[x1, y1, x2, y2], ...]}`` or ``[{"image_id", "boxes"}, ...]``) or an
+    Arrow/Parquet table with ``image_id`` and ``boxes`` (list of 4-lists, or flat) columns."""
+    path = Path(path)
+    if path.suffix in (".parquet", ".arrow", ".feather"):
+        import pyarrow.feather as feather
+        import pyarrow.parquet as pq
+
+        table = pq.read_table(path) if path.suffix == ".parquet" else feather.read_table(path)
+        if not {"image_id", "boxes"} <= set(table.column_names):
+            raise ConfigError(f"{path}: needs image_id and boxes columns")
+        pairs = zip(table.column("image_id").to_pylist(), table.column("boxes").to_pylist())
+    else:
+        try:
+            obj = json.loads(path.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as err:
+            raise ConfigError(f"{path}: not valid JSON ({err})") from err
+        pairs = obj.items() if isinstance(obj, dict) else ((o.get("image_id"), o.get("boxes")) for o in obj)
+    out = {}
+    for image_id, boxes in pairs:
+        try:
+            arr = np.asarray(boxes, np.float32).reshape(-1, 4)
+        except (TypeError, ValueError) as err:
+            raise ConfigError(f"{path}: image {image_id!r}: boxes are not a list of [x1, y1, x2, y2]") from err
+        if not len(arr) or not np.isfinite(arr).all() or (arr[:, 2] < arr[:, 0]).any() or (arr[:, 3] < arr[:, 1]).any():
+            raise ConfigError(f"{path}: image {image_id!r}: needs >= 1 finite box with x1 <= x2 and y1 <= y2")
+        out[str(image_id)] = arr
+    return out
+
+
 def resolve_device(device: str) -> str:
     import torch
 
@@ -111,7 +147,7 @@ class DetectorActor:
     """Holds one detector (loaded once) and turns a shard's image rows into records."""
 
     def __init__(self, cfg_json: dict, weights: Optional[str], seed: int, selection: SelectionConfig,
-                 device: str, fp16: bool, batch_size: int):
+                 device: str, fp16: bool, batch_size: int, given_boxes: Optional[dict] = None):
         import torch
 
         from pipeline.detect.model import VGDetector
@@ -124,6 +160,7 @@ class DetectorActor:
             model = VGDetector(cfg)
         self.extractor = RegionFeatureExtractor(model, selection, device=device, fp16=fp16)
         self.batch_size = batch_size
+        self.given = given_boxes
 
     def pid(self) -> int:
         import os
@@ -137,6 +174,9 @@ class DetectorActor:
             if row["status"] != "ok":
                 failures.append(_failure(row, row["error_kind"], row.get("error") or ""))
                 continue
+            if self.given is not None and row["image_id"] not in self.given:
+                failures.append(_failure(row, "no given boxes", "the --given-boxes file has no boxes for this image"))
+                continue
             try:
                 ready.append((row, load_rgb(row["image"])))
             except ImageError as err:
@@ -144,17 +184,21 @@ class DetectorActor:
         for start in range(0, len(ready), self.batch_size):
             batch = ready[start : start + self.batch_size]
             try:
-                records += self.extractor([img for _, img in batch], [row["image_id"] for row, _ in batch])
+                records += self._run([img for _, img in batch], [row["image_id"] for row, _ in batch])
             except Exception as err:  # a model failure on one batch: try its images one by one
                 if len(batch) == 1:
                     failures.append(_failure(batch[0][0], "extract error", f"{type(err).__name__}: {err}"))
                     continue
                 for row, img in batch:
                     try:
-                        records += self.extractor([img], [row["image_id"]])
+                        records += self._run([img], [row["image_id"]])
                     except Exception as one:
                         failures.append(_failure(row, "extract error", f"{type(one).__name__}: {one}"))
         return {"number": number, "records": records, "failures": failures}
+
+    def _run(self, images: list, ids: list[str]) -> list:
+        given = [self.given[i] for i in ids] if self.given is not None else None
+        return self.extractor(images, ids, given_boxes=given)
 
 
 def _failure(row: dict, kind: str, detail: str) -> dict:
@@ -219,6 +263,10 @@ def run_extract(cfg: ExtractConfig, on_progress: Optional[Callable[[ExtractProgr
     else:
         provenance.update(weights_sha256=f"random-seed-{cfg.seed}", random_weights=True)
         log.warning("--random-weights: features come from an untrained detector (smoke runs only)")
+    given = None
+    if cfg.given_boxes is not None:
+        given = read_given_boxes(cfg.given_boxes)
+        provenance["box_policy"] = f"given boxes from {Path(cfg.given_boxes).name} (sha256 {file_sha256(Path(cfg.given_boxes))[:16]})"
     writer = FeatureStoreWriter(
         cfg.out, backend=cfg.backend, shard_size=10**12, resume=True, feature_dim=det_cfg.res5_channels,
         dtype=cfg.dtype, cls_prob=cfg.cls_prob, attr_prob=cfg.attr_prob if det_cfg.num_attributes else "none",
@@ -243,8 +291,9 @@ def run_extract(cfg: ExtractConfig, on_progress: Optional[Callable[[ExtractProgr
         n_actors = cfg.actors or (max(1, int(ray.cluster_resources().get("GPU", 0))) if gpu else 1)
         actor_cls = ray.remote(num_gpus=1 if gpu else 0, num_cpus=0 if gpu else 1, max_restarts=2,
                                max_task_retries=2)(DetectorActor)
+        given_ref = ray.put(given) if given is not None else None
         actors = [actor_cls.remote(det_cfg.to_json(), str(cfg.weights) if cfg.weights else None, cfg.seed,
-                                   cfg.selection, device, cfg.fp16, cfg.batch_size) for _ in range(n_actors)]
+                                   cfg.selection, device, cfg.fp16, cfg.batch_size, given_ref) for _ in range(n_actors)]
         download = ray.remote(num_cpus=1, max_retries=3)(_download_rows)
         in_flight: dict = {}  # ref -> (number, attempt, rows or ShardJob)
         turn = [0]
@@ -305,16 +354,21 @@ def _as_download_cfg(cfg: ExtractConfig):
 def _commit(cfg: ExtractConfig, writer, result: dict, progress: ExtractProgress, counts: Counter) -> None:
     """Write a shard's records, commit them as one store shard, then its stats (done-marker)."""
     written = present = 0
+    failed_images = list(result["failures"])
     for rec in result["records"]:
-        if writer.write(rec):
-            written += 1
-        else:
-            present += 1
+        try:
+            if writer.write(rec):
+                written += 1
+            else:
+                present += 1
+        except InvalidRecordError as err:  # e.g. a given box outside its image
+            failed_images.append({"image_id": rec.image_id, "url": None, "kind": "invalid record",
+                                  "detail": f"{err.field}: {err.reason}"})
     writer.commit_shard()
-    failures = Counter(f["kind"] for f in result["failures"])
+    failures = Counter(f["kind"] for f in failed_images)
     stats = {"shard": shard_name(result["number"]), "count": len(result["records"]) + len(result["failures"]),
              "extracted": written, "already_present": present, "failures": dict(failures.most_common()),
-             "failed_images": result["failures"], "finished": time.time()}
+             "failed_images": failed_images, "finished": time.time()}
     atomic_write_json(cfg.out / EXTRACT_DIR / f"{shard_name(result['number'])}_stats.json", stats)
     progress.images += stats["count"]
     progress.extracted += written

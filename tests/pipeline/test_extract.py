@@ -133,3 +133,56 @@ def test_killed_extract_resumes_without_loss_or_duplicates(tmp_path, weights):
         assert verify_store(out).ok
     finally:
         server.close()
+
+
+def test_given_boxes_file(tmp_path, server, weights):
+    folder = tmp_path / "imgs"
+    folder.mkdir()
+    for name in ("rgb.jpg", "gray.jpg", "big.jpg"):
+        (folder / name).write_bytes(server.corpus[name][0])
+    boxes = {"rgb": [[0, 0, 64, 48], [5, 5, 20, 30]], "big": [[10, 10, 600, 470]], "gray": [[0, 0, 500, 500]]}
+    (tmp_path / "boxes.json").write_text(json.dumps(boxes))
+    proc = run_cli("extract", "--images", folder, "--weights", weights, "--detector", "tiny",
+                   "--given-boxes", tmp_path / "boxes.json", "--out", tmp_path / "s", "--dtype", "float32")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    store = FeatureStore.open(tmp_path / "s")
+    np.testing.assert_array_equal(store.get("rgb").boxes, np.array(boxes["rgb"], np.float32))
+    assert store.get("big").num_boxes == 1 and "gray" not in store  # its box lies outside the 64x48 image
+    stats = json.loads((tmp_path / "s" / "extract" / "00000_stats.json").read_text())
+    assert stats["failures"] == {"invalid record": 1} and stats["failed_images"][0]["image_id"] == "gray"
+    assert store.manifest.provenance["box_policy"].startswith("given boxes from boxes.json")
+    (tmp_path / "bad.json").write_text(json.dumps({"x": [[5, 5, 1, 1]]}))
+    proc = run_cli("extract", "--images", folder, "--weights", weights, "--detector", "tiny",
+                   "--given-boxes", tmp_path / "bad.json", "--out", tmp_path / "t")
+    assert proc.returncode == 2 and "x1 <= x2" in proc.stderr
+
+
+def _actor_pids() -> list[int]:
+    out = subprocess.run(["pgrep", "-f", "ray::DetectorActor"], capture_output=True, text=True).stdout
+    return [int(p) for p in out.split()]
+
+
+def test_a_dead_detector_actor_is_replaced_and_its_shard_retried(tmp_path, weights):
+    server = ImageServer(delay=0.1)
+    try:
+        urls = [server.url(f"/img/{GOOD[i % len(GOOD)]}?a={i}") for i in range(18)]
+        tsv = tmp_path / "list.tsv"
+        write_tsv(tsv, urls)
+        out = tmp_path / "feats"
+        args = [sys.executable, "-m", "pipeline.cli", "extract", "--dataset", "conceptual_captions", "--input", str(tsv),
+                "--weights", str(weights), "--detector", "tiny", "--boxes", "5", "--out", str(out),
+                "--shard-size", "3", "--threads", "1", *NET]
+        proc = subprocess.Popen(args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        deadline = time.time() + 120
+        while time.time() < deadline and not (_actor_pids() and list((out / "extract").glob("*_stats.json"))):
+            time.sleep(0.05)
+        pids = _actor_pids()
+        assert pids, "no detector actor seen"
+        for pid in pids:
+            os.kill(pid, signal.SIGKILL)
+        stdout, stderr = proc.communicate(timeout=300)
+        assert proc.returncode == 0, stderr[-3000:]
+        store = FeatureStore.open(out)
+        assert sorted(store.ids()) == sorted(f"cc3m-list-{i:08d}" for i in range(18))
+    finally:
+        server.close()
