@@ -406,6 +406,8 @@ def show(
     from pipeline.detect.show import read_vocab, render
     from pipeline.store import FeatureStore
 
+    if not image.is_file():
+        raise ConfigError(f"image not found: {image}")
     with FeatureStore.open(store) as fs:
         try:
             rec = fs.get(image_id)

@@ -77,7 +77,7 @@ def test_extract_downloads_and_fills_a_verified_store(tmp_path, server, weights)
 
     png = tmp_path / "show.png"
     proc = run_cli("show", out, "cc3m-val-00000006", "--image", tmp_path / "big.jpg", "-o", png)
-    assert proc.returncode == 1  # no such file yet
+    assert proc.returncode == 2 and "image not found" in proc.stderr
     (tmp_path / "big.jpg").write_bytes(server.corpus["big.jpg"][0])
     vocab = tmp_path / "objects_vocab.txt"
     vocab.write_text("\n".join(f"thing{i},synonym" for i in range(TINY.num_classes)))
@@ -86,7 +86,7 @@ def test_extract_downloads_and_fills_a_verified_store(tmp_path, server, weights)
     drawn = np.asarray(Image.open(png))
     assert drawn.shape == (480, 640, 3) and not np.array_equal(drawn, np.asarray(Image.open(tmp_path / "big.jpg")))
     proc = run_cli("show", out, "cc3m-val-00000000", "--image", tmp_path / "big.jpg", "-o", png)
-    assert proc.returncode == 1 and "not the same picture" in proc.stderr
+    assert proc.returncode == 2 and "not the same picture" in proc.stderr
 
 
 def test_extract_refuses_without_weights(tmp_path):
