@@ -212,6 +212,19 @@ def _rate(value: float, unit: str = "") -> str:
     return f"{value:.1f} {unit}"
 
 
+def _print_outcomes(summary: dict) -> None:
+    """Failure counts per reason and malformed inputs; exit 1 if a shard failed for good."""
+    for kind, count in list(summary["failures"].items())[:15]:
+        stdout.print(f"  [yellow]failed[/yellow] {count:,} x {kind}")
+    if summary.get("malformed_rows"):
+        stdout.print(f"  [yellow]malformed input rows:[/yellow] {summary['malformed_rows']:,} "
+                     f"(e.g. {summary['malformed_examples'][0]})")
+    for shard, reason in summary["shards_failed"].items():
+        err_console.print(f"[red]shard {shard} failed:[/red] {reason}")
+    if summary["shards_failed"]:
+        raise typer.Exit(1)
+
+
 @app.command()
 @_errors_exit
 def download(
@@ -298,15 +311,7 @@ def download(
     out_line = (f"{summary['successes']:,} of {summary['items_in_shards']:,} images stored "
                 f"({100 * (summary['success_rate'] or 0):.1f}%) in {summary['shards_complete']} shards -> {out}")
     stdout.print(out_line)
-    for kind, count in list(summary["failures"].items())[:15]:
-        stdout.print(f"  [yellow]failed[/yellow] {count:,} x {kind}")
-    if summary["malformed_rows"]:
-        stdout.print(f"  [yellow]malformed input rows:[/yellow] {summary['malformed_rows']:,} "
-                               f"(e.g. {summary['malformed_examples'][0]})")
-    if summary["shards_failed"]:
-        for shard, reason in summary["shards_failed"].items():
-            err_console.print(f"[red]shard {shard} failed:[/red] {reason}")
-        raise typer.Exit(1)
+    _print_outcomes(summary)
 
 
 @app.command()
@@ -382,12 +387,7 @@ def extract(
         summary = run_extract(cfg, on_progress=update)
     stdout.print(f"{summary['extracted']:,} of {summary['images']:,} images have features in {out} "
                  f"({summary['shards_done']} shards done)")
-    for kind, count in list(summary["failures"].items())[:15]:
-        stdout.print(f"  [yellow]failed[/yellow] {count:,} x {kind}")
-    if summary["shards_failed"]:
-        for shard, reason in summary["shards_failed"].items():
-            err_console.print(f"[red]shard {shard} failed:[/red] {reason}")
-        raise typer.Exit(1)
+    _print_outcomes(summary)
 
 
 @app.command()

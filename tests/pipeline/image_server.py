@@ -189,3 +189,8 @@ class ImageServer:
                 self.slow_now -= 1
             return self.send(h, 200, good, ctype)
         return self.send(h, 404, b"not found", "text/plain")
+
+
+def write_tsv(path, urls) -> None:
+    """A Conceptual-Captions-style TSV (caption, url) listing `urls`."""
+    path.write_text("".join(f"caption {i}\t{u}\n" for i, u in enumerate(urls)))

@@ -10,9 +10,8 @@ import time
 
 import numpy as np
 import pyarrow.parquet as pq
-import pytest
 from helpers import REPO, run_cli
-from image_server import ImageServer
+from image_server import ImageServer, write_tsv
 from PIL import Image
 
 from pipeline.image_shards import iter_images
@@ -34,17 +33,6 @@ BAD = {  # path -> expected reason
     "/to-private": "private address",
     "/noai": "opted out",
 }
-
-
-@pytest.fixture(scope="module")
-def server():
-    srv = ImageServer()
-    yield srv
-    srv.close()
-
-
-def write_tsv(path, urls):
-    path.write_text("".join(f"caption {i}\t{u}\n" for i, u in enumerate(urls)))
 
 
 def all_rows(out):

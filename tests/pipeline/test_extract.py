@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from detector_layouts import random_weights, write_d2_pickle
 from helpers import REPO, run_cli
-from image_server import ImageServer
+from image_server import ImageServer, write_tsv
 from PIL import Image
 
 from pipeline.detect.config import DetectorConfig
@@ -28,17 +28,6 @@ def weights(tmp_path_factory):
     path = tmp_path_factory.mktemp("w") / "tiny.pkl"
     write_d2_pickle(path, random_weights(TINY, seed=5))
     return path
-
-
-@pytest.fixture(scope="module")
-def server():
-    srv = ImageServer()
-    yield srv
-    srv.close()
-
-
-def write_tsv(path, urls):
-    path.write_text("".join(f"caption {i}\t{u}\n" for i, u in enumerate(urls)))
 
 
 def test_extract_downloads_and_fills_a_verified_store(tmp_path, server, weights):

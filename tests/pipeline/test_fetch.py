@@ -2,19 +2,11 @@ import threading
 import time
 
 import pytest
-from image_server import ImageServer
 
 from pipeline.download.fetch import FetchConfig, FetchError, HostLimiter, fetch
 
 LOCAL = FetchConfig(allowed_networks=("127.0.0.0/8",), deadline=3.0, read_timeout=2.0, connect_timeout=2.0,
                     max_bytes=1 << 20, retries=1, backoff=0.05)
-
-
-@pytest.fixture(scope="module")
-def server():
-    srv = ImageServer()
-    yield srv
-    srv.close()
 
 
 def get(server, path, cfg=LOCAL):
