@@ -1,0 +1,157 @@
+"""Readers of the text sources of pretraining mixtures, in their official formats.
+
+Each yields `TextItem`s (image id before canonicalization, text, kind, answers) in file
+order. Image identity: COCO images are named by their file stem
+(``COCO_train2014_000000000009``), VG images by their VG id; `ImageIds` maps a VG image
+that is also in COCO to the COCO name (through VG's ``coco_id``), as LXMERT does.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Optional
+
+from pipeline.errors import ConfigError
+from pipeline.mixture.answers import normalize_answer, soft_scores
+from pipeline.mixture.jsonstream import iter_json
+
+
+@dataclass(frozen=True)
+class TextItem:
+    image: str  # a COCO stem, a VG id, or another source's image id
+    text: str
+    kind: str  # "caption" | "question"
+    answers: Optional[dict[str, float]] = None  # normalized answer -> soft score (questions)
+    vg_id: Optional[str] = None  # set when `image` is a VG id (for COCO mapping)
+
+
+def _load(path: Path):
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except json.JSONDecodeError as err:
+        raise ConfigError(f"{path}: invalid JSON at line {err.lineno} column {err.colno}: {err.msg}") from err
+
+
+def _need(obj, keys: tuple[str, ...], path: Path, where: str):
+    if not isinstance(obj, dict) or any(k not in obj for k in keys):
+        raise ConfigError(f"{path}: {where}: needs {', '.join(keys)}")
+    return obj
+
+
+def coco_split(name: str) -> str:
+    """'captions_train2014.json' / 'v2_OpenEnded_mscoco_val2014_questions.json' -> 'train2014' / 'val2014'."""
+    for split in ("train2014", "val2014", "test2015", "test2014", "train2017", "val2017"):
+        if split in name:
+            return split
+    raise ConfigError(f"{name}: cannot tell the COCO split (train2014, val2014, ...) from the file name")
+
+
+def coco_stem(split: str, image_id: int) -> str:
+    return f"COCO_{split}_{int(image_id):012d}" if split.endswith("2014") or split.endswith("2015") else f"{int(image_id):012d}"
+
+
+class ImageIds:
+    """VG id -> COCO stem for VG images that are also COCO images."""
+
+    def __init__(self, image_data: Optional[Path], coco_files: list[Path]):
+        stems: dict[int, str] = {}
+        for path in coco_files:
+            for i, img in enumerate(_load(path).get("images", [])):
+                _need(img, ("id", "file_name"), path, f"images[{i}]")
+                stems[int(img["id"])] = img["file_name"].rsplit(".", 1)[0]
+        self.vg_to_coco: dict[str, str] = {}
+        self.unmatched_coco = 0
+        if image_data is not None:
+            for i, img in iter_json(image_data):
+                _need(img, ("coco_id",), image_data, f"[{i}]")
+                vg = str(img.get("image_id", img.get("id")))
+                if img["coco_id"] is not None:
+                    stem = stems.get(int(img["coco_id"]))
+                    if stem is None:
+                        self.unmatched_coco += 1
+                    else:
+                        self.vg_to_coco[vg] = stem
+        self.coco_images = set(stems.values())
+
+    def canonical(self, item: TextItem) -> str:
+        return self.vg_to_coco.get(item.vg_id, item.image) if item.vg_id is not None else item.image
+
+
+def read_coco_captions(path: Path) -> Iterator[TextItem]:
+    data = _load(path)
+    _need(data, ("images", "annotations"), path, "top level")
+    stems = {}
+    for i, img in enumerate(data["images"]):
+        stems[_need(img, ("id", "file_name"), path, f"images[{i}]")["id"]] = img["file_name"].rsplit(".", 1)[0]
+    for i, ann in enumerate(data["annotations"]):
+        _need(ann, ("image_id", "caption"), path, f"annotations[{i}]")
+        if ann["image_id"] not in stems:
+            raise ConfigError(f"{path}: annotations[{i}]: image {ann['image_id']} is not in images")
+        yield TextItem(stems[ann["image_id"]], " ".join(ann["caption"].split()), "caption")
+
+
+def read_vg_regions(path: Path) -> Iterator[TextItem]:
+    """region_descriptions.json: [{"id", "regions": [{"phrase", "image_id", ...}]}] (streamed);
+    each phrase describes the whole image (as LXMERT uses them)."""
+    for i, entry in iter_json(path):
+        _need(entry, ("regions",), path, f"[{i}]")
+        vg = str(entry.get("id", entry.get("image_id")))
+        for region in entry["regions"]:
+            phrase = " ".join(str(region.get("phrase", "")).split())
+            if phrase:
+                yield TextItem(vg, phrase, "caption", vg_id=vg)
+
+
+def read_vqa(questions: Path, annotations: Path) -> Iterator[TextItem]:
+    """VQA v2: questions {"questions": [{"image_id", "question", "question_id"}]} and
+    annotations {"annotations": [{"question_id", "answers": [{"answer"}, ...]}]}."""
+    split = coco_split(questions.name)
+    answers = {}
+    for i, ann in iter_json(annotations, member="annotations"):
+        _need(ann, ("question_id", "answers"), annotations, f"annotations[{i}]")
+        answers[ann["question_id"]] = soft_scores(a["answer"] for a in ann["answers"])
+    for i, q in iter_json(questions, member="questions"):
+        _need(q, ("image_id", "question", "question_id"), questions, f"questions[{i}]")
+        if q["question_id"] not in answers:
+            raise ConfigError(f"{annotations}: no annotation for question {q['question_id']} ({questions.name})")
+        yield TextItem(coco_stem(split, q["image_id"]), q["question"].strip(), "question", answers[q["question_id"]])
+
+
+def read_gqa(path: Path) -> Iterator[TextItem]:
+    """GQA balanced questions: {qid: {"imageId", "question", "answer", ...}} (streamed)."""
+    for qid, q in iter_json(path):
+        _need(q, ("imageId", "question"), path, f"question {qid}")
+        answers = {normalize_answer(q["answer"]): 1.0} if q.get("answer") else None
+        yield TextItem(str(q["imageId"]), q["question"].strip(), "question", answers, vg_id=str(q["imageId"]))
+
+
+def read_vgqa(path: Path) -> Iterator[TextItem]:
+    """VG question_answers.json: [{"id", "qas": [{"question", "answer", "image_id"}]}] (streamed)."""
+    for i, entry in iter_json(path):
+        _need(entry, ("qas",), path, f"[{i}]")
+        for qa in entry["qas"]:
+            vg = str(qa.get("image_id", entry.get("id")))
+            yield TextItem(vg, qa["question"].strip(), "question", {normalize_answer(qa["answer"]): 1.0}, vg_id=vg)
+
+
+_LXMERT_CAPTION_SOURCES = {"mscoco", "vg"}
+
+
+def read_lxmert(path: Path) -> Iterator[tuple[str, TextItem]]:
+    """LXMERT's preprocessed files: [{"img_id", "sentf": {src: [sent]}, "labelf": {src: [{ans: score}]}}].
+    Yields (source, item); sources mscoco/vg are captions, vqa/gqa/visual7w questions."""
+    for i, datum in iter_json(path):
+        _need(datum, ("img_id", "sentf"), path, f"[{i}]")
+        labels = datum.get("labelf", {})
+        for src, sents in datum["sentf"].items():
+            kind = "caption" if src in _LXMERT_CAPTION_SOURCES else "question"
+            for j, sent in enumerate(sents):
+                answers = None
+                if kind == "question" and src in labels and j < len(labels[src]):
+                    answers = {}
+                    for ans, score in labels[src][j].items():
+                        key = normalize_answer(ans)
+                        answers[key] = max(answers.get(key, 0.0), float(score))
+                yield src, TextItem(str(datum["img_id"]), sent.strip(), kind, answers)
