@@ -184,3 +184,34 @@ def test_conceptual_captions_mixture(tmp_path):
     rows = items(tmp_path / "mix")
     assert [r["image_id"] for r in rows] == ["cc3m-train-00000000", "cc3m-train-00000001", "cc3m-val-00000000"]
     assert manifest["totals"] == {"train/caption": 2, "val/caption": 1}
+
+
+def test_shipped_lxmert_spec_builds_from_fixtures(tmp_path, root):
+    """data_manifests/mixtures/lxmert.yaml with the fixture files at its paths."""
+    import shutil
+    from pathlib import Path
+
+    layout = {
+        "coco/annotations/captions_train2014.json": "coco/captions_train2014.json",
+        "coco/annotations/captions_val2014.json": "coco/captions_val2014.json",
+        "vg/image_data.json": "vg/image_data.json",
+        "vg/region_descriptions.json": "vg/region_descriptions.json",
+        "vqa/v2_OpenEnded_mscoco_train2014_questions.json": "vqa/v2_OpenEnded_mscoco_train2014_questions.json",
+        "vqa/v2_mscoco_train2014_annotations.json": "vqa/v2_mscoco_train2014_annotations.json",
+        "gqa/train_balanced_questions.json": "gqa/train_balanced_questions.json",
+        "vg/question_answers.json": "vg/question_answers.json",
+        "lxmert/minival_image_ids.txt": "minival_ids.txt",
+    }
+    data = tmp_path / "lxmert_data"
+    for dest, src in layout.items():
+        (data / dest).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(root / src, data / dest)
+    dump(data / "vqa/v2_OpenEnded_mscoco_val2014_questions.json", {"questions": [
+        {"image_id": 42, "question": "What animal?", "question_id": 420}]})
+    dump(data / "vqa/v2_mscoco_val2014_annotations.json", {"annotations": [
+        {"question_id": 420, "answers": [{"answer": "dog"}] * 10}]})
+    dump(data / "gqa/val_balanced_questions.json", {})
+    spec = Path(__file__).resolve().parents[2] / "data_manifests" / "mixtures" / "lxmert.yaml"
+    manifest = build_mixture(MixtureSpec.load(spec, root=data), tmp_path / "mix")
+    assert manifest["totals"] == {"train/caption": 6, "train/question": 5, "val/caption": 1, "val/question": 2}
+    assert manifest["answers"]["top_k"] == 9500 and manifest["answers"]["table_size"] == 5  # food pizza 2 1 yes
