@@ -1,0 +1,87 @@
+import pytest
+import torch
+import transformers
+
+from pipeline.errors import ConfigError
+from vl_models.models.configuration import LxmertConfig, load_config
+from vl_models.models.modeling_lxmert import LxmertModel
+from vl_models.models.weights import export_hf, load_lxmert
+
+
+def hf_tiny() -> transformers.LxmertModel:
+    cfg = load_config("lxmert-tiny")
+    hf_cfg = transformers.LxmertConfig(
+        vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, num_attention_heads=cfg.num_attention_heads,
+        intermediate_size=cfg.intermediate_size, l_layers=cfg.l_layers, x_layers=cfg.x_layers, r_layers=cfg.r_layers,
+        max_position_embeddings=cfg.max_position_embeddings, num_qa_labels=cfg.num_qa_labels,
+        num_object_labels=cfg.num_object_labels, num_attr_labels=cfg.num_attr_labels,
+    )
+    torch.manual_seed(0)
+    model = transformers.LxmertModel(hf_cfg).eval()
+    with torch.no_grad():  # make every parameter matter (HF zero-initializes biases)
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.02)
+    return model
+
+
+def inputs(batch=3, words=9, regions=7):
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(1, 30522, (batch, words), generator=g)
+    mask = torch.ones(batch, words, dtype=torch.long)
+    mask[1, 6:] = 0
+    mask[2, 3:] = 0
+    ids[mask == 0] = 0
+    feats = torch.rand(batch, regions, 2048, generator=g)
+    xy = torch.rand(batch, regions, 2, generator=g) * 0.5
+    pos = torch.cat([xy, xy + torch.rand(batch, regions, 2, generator=g) * 0.5], -1)
+    vmask = torch.ones(batch, regions, dtype=torch.long)
+    vmask[0, 5:] = 0
+    return ids, feats, pos, mask, vmask
+
+
+def test_parity_with_transformers_lxmert():
+    hf = hf_tiny()
+    ours = load_lxmert(hf.state_dict(), load_config("lxmert-tiny")).eval()
+    ids, feats, pos, mask, vmask = inputs()
+    with torch.no_grad():
+        ref = hf(input_ids=ids, visual_feats=feats, visual_pos=pos, attention_mask=mask, visual_attention_mask=vmask)
+        got = ours(ids, feats, pos, attention_mask=mask, visual_attention_mask=vmask)
+    for name in ("language_output", "vision_output", "pooled_output"):
+        diff = (getattr(ref, name) - getattr(got, name)).abs().max().item()
+        assert diff <= 1e-5, (name, diff)
+
+
+def test_export_to_hf_layout_round_trips(tmp_path):
+    torch.manual_seed(3)
+    ours = LxmertModel(load_config("lxmert-tiny")).eval()
+    export_hf(ours, tmp_path / "hf")
+    hf = transformers.LxmertModel.from_pretrained(tmp_path / "hf").eval()
+    ids, feats, pos, mask, vmask = inputs()
+    with torch.no_grad():
+        a = ours(ids, feats, pos, attention_mask=mask, visual_attention_mask=vmask)
+        b = hf(input_ids=ids, visual_feats=feats, visual_pos=pos, attention_mask=mask, visual_attention_mask=vmask)
+    assert (a.pooled_output - b.pooled_output).abs().max() <= 1e-5
+    again = load_lxmert(tmp_path / "hf", load_config("lxmert-tiny"))
+    for (k, x), (_, y) in zip(ours.state_dict().items(), again.state_dict().items()):
+        assert torch.equal(x, y), k
+
+
+def test_original_pth_prefixes_and_strict_errors(tmp_path):
+    state = {f"module.bert.{k}": v for k, v in hf_tiny().state_dict().items()}
+    torch.save(state, tmp_path / "Epoch20_LXRT.pth")
+    load_lxmert(tmp_path / "Epoch20_LXRT.pth", load_config("lxmert-tiny"))
+    state.pop("module.bert.pooler.dense.bias")
+    state["module.bert.extra.weight"] = torch.zeros(2)
+    with pytest.raises(ConfigError, match=r"missing: pooler.dense.bias[\s\S]*unexpected: extra.weight"):
+        load_lxmert(state, load_config("lxmert-tiny"))
+    with pytest.raises(ConfigError, match="misshaped"):
+        load_lxmert(hf_tiny().state_dict(), LxmertConfig(name="other", hidden_size=64, num_attention_heads=4,
+                                                          intermediate_size=64, l_layers=2, x_layers=1, r_layers=1,
+                                                          max_position_embeddings=64))
+
+
+def test_base_config_has_the_paper_sizes():
+    cfg = load_config("lxmert-base")
+    assert (cfg.l_layers, cfg.r_layers, cfg.x_layers, cfg.hidden_size, cfg.visual_pos_dim) == (9, 5, 5, 768, 4)
+    model = LxmertModel(cfg)
+    assert sum(p.numel() for p in model.parameters()) > 200e6

@@ -1,0 +1,85 @@
+"""LXMERT weights in and out, with strict key accounting.
+
+Reads `transformers.LxmertModel` checkpoints (``pytorch_model.bin`` or
+``model.safetensors``; keys ``embeddings.*``, ``encoder.*``, ``pooler.*``) and original
+airsplay/lxmert ``.pth`` files (``module.`` and ``bert.`` prefixes stripped, as the HF
+conversion does). Writes our model as an HF ``LxmertModel`` folder (config.json +
+pytorch_model.bin) that `transformers` loads. A load that leaves a parameter unfilled or a
+tensor unused fails listing the keys; the position-id buffer some HF versions store is
+the only key dropped, by name.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Union
+
+import torch
+
+from pipeline.errors import ConfigError
+from vl_models.models.configuration import LxmertConfig
+from vl_models.models.modeling_lxmert import LxmertModel
+
+_DROPPABLE = ("embeddings.position_ids",)
+
+
+def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
+    path = Path(path)
+    if path.is_dir():
+        for name in ("model.safetensors", "pytorch_model.bin"):
+            if (path / name).exists():
+                return read_state_dict(path / name)
+        raise ConfigError(f"{path}: no model.safetensors or pytorch_model.bin inside")
+    if path.suffix == ".safetensors":
+        from safetensors.torch import load_file
+
+        return load_file(str(path))
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:
+        raise ConfigError(f"{path}: cannot read as a torch checkpoint: {err}") from err
+    return state.get("model", state) if isinstance(state.get("model"), dict) else state
+
+
+def _normalize(key: str) -> str:
+    for prefix in ("module.", "bert.", "lxmert."):
+        if key.startswith(prefix):
+            key = key[len(prefix):]
+    return key
+
+
+def load_lxmert(source: Union[Path, dict], cfg: LxmertConfig) -> LxmertModel:
+    """An `LxmertModel` for `cfg` filled from a checkpoint path or a state dict."""
+    state = read_state_dict(source) if not isinstance(source, dict) else source
+    state = {_normalize(k): v for k, v in state.items() if _normalize(k) not in _DROPPABLE}
+    model = LxmertModel(cfg)
+    expected = model.state_dict()
+    missing = [k for k in expected if k not in state]
+    unexpected = [k for k in state if k not in expected]
+    misshaped = [f"{k}: file {tuple(state[k].shape)}, model {tuple(expected[k].shape)}"
+                 for k in state if k in expected and state[k].shape != expected[k].shape]
+    if missing or unexpected or misshaped:
+        parts = [f"{title}: {', '.join(keys[:12])}" + (f" ... ({len(keys)} in all)" if len(keys) > 12 else "")
+                 for title, keys in (("missing", missing), ("unexpected", unexpected), ("misshaped", misshaped)) if keys]
+        raise ConfigError(f"checkpoint does not match LXMERT config {cfg.name!r}:\n  " + "\n  ".join(parts))
+    model.load_state_dict(state, strict=True)
+    return model
+
+
+def export_hf(model: LxmertModel, folder: Path) -> None:
+    """Write `model` as a transformers `LxmertModel` folder."""
+    cfg = model.cfg
+    folder.mkdir(parents=True, exist_ok=True)
+    hf_config = {
+        "model_type": "lxmert", "architectures": ["LxmertModel"], "vocab_size": cfg.vocab_size,
+        "hidden_size": cfg.hidden_size, "num_attention_heads": cfg.num_attention_heads,
+        "intermediate_size": cfg.intermediate_size, "l_layers": cfg.l_layers, "x_layers": cfg.x_layers,
+        "r_layers": cfg.r_layers, "visual_feat_dim": cfg.visual_feat_dim, "visual_pos_dim": cfg.visual_pos_dim,
+        "max_position_embeddings": cfg.max_position_embeddings, "type_vocab_size": cfg.type_vocab_size,
+        "hidden_dropout_prob": cfg.hidden_dropout_prob, "attention_probs_dropout_prob": cfg.attention_probs_dropout_prob,
+        "initializer_range": cfg.initializer_range, "num_qa_labels": cfg.num_qa_labels,
+        "num_object_labels": cfg.num_object_labels, "num_attr_labels": cfg.num_attr_labels, "hidden_act": "gelu",
+    }
+    (folder / "config.json").write_text(json.dumps(hf_config, indent=2))
+    torch.save({k: v.contiguous() for k, v in model.state_dict().items()}, folder / "pytorch_model.bin")
