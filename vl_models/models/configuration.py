@@ -52,7 +52,65 @@ class LxmertConfig:
         return cls(**{k: v for k, v in obj.items() if k != "model_type"})
 
 
-def load_config(name_or_path: Union[str, Path]) -> LxmertConfig:
+@dataclass(frozen=True)
+class ViLBERTConfig:
+    """ViLBERT (Lu et al. 2019): a BERT text stream, a visual stream and co-attention
+    blocks placed by `v_biattention_id` / `t_biattention_id` (vilbert-multi-task's
+    `bert_base_6layer_6conect.json`)."""
+
+    name: str = "vilbert-base"
+    vocab_size: int = 30522
+    hidden_size: int = 768
+    num_hidden_layers: int = 12
+    num_attention_heads: int = 12
+    intermediate_size: int = 3072
+    max_position_embeddings: int = 512
+    type_vocab_size: int = 2
+    hidden_dropout_prob: float = 0.1
+    attention_probs_dropout_prob: float = 0.1
+    layer_norm_eps: float = 1e-12
+    initializer_range: float = 0.02
+    v_feature_size: int = 2048
+    v_loc_size: int = 5
+    v_target_size: int = 1601
+    v_hidden_size: int = 1024
+    v_num_hidden_layers: int = 6
+    v_num_attention_heads: int = 8
+    v_intermediate_size: int = 1024
+    v_hidden_dropout_prob: float = 0.1
+    v_attention_probs_dropout_prob: float = 0.1
+    bi_hidden_size: int = 1024
+    bi_num_attention_heads: int = 8
+    bi_intermediate_size: int = 1024
+    v_biattention_id: tuple[int, ...] = (0, 1, 2, 3, 4, 5)
+    t_biattention_id: tuple[int, ...] = (6, 7, 8, 9, 10, 11)
+    fusion_dropout: float = 0.1
+
+    def __post_init__(self) -> None:
+        if len(self.v_biattention_id) != len(self.t_biattention_id):
+            raise ConfigError("v_biattention_id and t_biattention_id must pair up (same length)")
+        if list(self.v_biattention_id) != sorted(self.v_biattention_id) or list(self.t_biattention_id) != sorted(self.t_biattention_id):
+            raise ConfigError("co-attention ids must be increasing")
+        if any(i > self.v_num_hidden_layers for i in self.v_biattention_id) or any(
+                i > self.num_hidden_layers for i in self.t_biattention_id):
+            raise ConfigError("a co-attention id is beyond its stream's layer count")
+        for size, heads in ((self.hidden_size, self.num_attention_heads), (self.v_hidden_size, self.v_num_attention_heads),
+                            (self.bi_hidden_size, self.bi_num_attention_heads)):
+            if size % heads:
+                raise ConfigError(f"hidden size {size} is not a multiple of {heads} heads")
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, obj: dict) -> "ViLBERTConfig":
+        unknown = set(obj) - {f.name for f in fields(cls)} - {"model_type"}
+        if unknown:
+            raise ConfigError(f"unknown ViLBERT config keys: {', '.join(sorted(unknown))}")
+        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in obj.items() if k != "model_type"})
+
+
+def load_config(name_or_path: Union[str, Path]) -> Union[LxmertConfig, "ViLBERTConfig"]:
     path = Path(name_or_path)
     if not path.suffix:
         path = CONFIG_DIR / f"{name_or_path}.json"
@@ -60,6 +118,7 @@ def load_config(name_or_path: Union[str, Path]) -> LxmertConfig:
         known = ", ".join(p.stem for p in sorted(CONFIG_DIR.glob("*.json")))
         raise ConfigError(f"no model config {name_or_path!r} (known: {known}, or a .json path)")
     obj = json.loads(path.read_text())
-    if obj.get("model_type", "lxmert") != "lxmert":
-        raise ConfigError(f"{path}: model_type {obj.get('model_type')!r} is not built yet")
-    return LxmertConfig.from_json(obj)
+    kinds = {"lxmert": LxmertConfig, "vilbert": ViLBERTConfig}
+    if obj.get("model_type") not in kinds:
+        raise ConfigError(f"{path}: model_type must be one of {', '.join(kinds)}")
+    return kinds[obj["model_type"]].from_json(obj)

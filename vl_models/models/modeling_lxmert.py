@@ -4,8 +4,8 @@ Module names follow the original implementation and `transformers.LxmertModel` o
 one (``embeddings.*``, ``encoder.visn_fc.*``, ``encoder.layer.N``, ``encoder.r_layers.N``,
 ``encoder.x_layers.N.{visual_attention, lang_self_att, visn_self_att, lang_inter,
 lang_output, visn_inter, visn_output}``, ``pooler.*``), so their checkpoints load key for
-key (see `weights.py`). Attention runs through `F.scaled_dot_product_attention`, with the
-boolean masks built once per batch.
+key (see `weights.py`). The BERT-style blocks come from `layers.py` (SDPA attention,
+boolean masks built once per batch).
 
 Shapes: ``input_ids`` (B, L); ``visual_feats`` (B, N, 2048); ``visual_pos`` (B, N, 4)
 normalized x1y1x2y2; masks (B, L) / (B, N), 1 = attend.
@@ -17,10 +17,13 @@ from dataclasses import dataclass
 from typing import Optional
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from vl_models.models.configuration import LxmertConfig
+from vl_models.models.layers import (
+    Intermediate, MultiHeadAttention, ResidualOutput, SelfAttentionBlock, TextEmbeddings, TransformerLayer,
+    init_bert_weights, sdpa_mask,
+)
 
 
 @dataclass
@@ -30,110 +33,25 @@ class LxmertModelOutput:
     pooled_output: torch.Tensor  # (B, H) tanh(Linear) of the [CLS] language state
 
 
-class LxmertEmbeddings(nn.Module):
-    def __init__(self, cfg: LxmertConfig):
-        super().__init__()
-        self.word_embeddings = nn.Embedding(cfg.vocab_size, cfg.hidden_size, padding_idx=0)
-        self.position_embeddings = nn.Embedding(cfg.max_position_embeddings, cfg.hidden_size, padding_idx=0)
-        self.token_type_embeddings = nn.Embedding(cfg.type_vocab_size, cfg.hidden_size, padding_idx=0)
-        self.LayerNorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
-        self.dropout = nn.Dropout(cfg.hidden_dropout_prob)
-
-    def forward(self, input_ids: torch.Tensor, token_type_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
-        positions = torch.arange(input_ids.shape[1], device=input_ids.device).unsqueeze(0)
-        if token_type_ids is None:
-            token_type_ids = torch.zeros_like(input_ids)
-        x = self.word_embeddings(input_ids) + self.position_embeddings(positions) + self.token_type_embeddings(token_type_ids)
-        return self.dropout(self.LayerNorm(x))
-
-
-class LxmertAttention(nn.Module):
-    """Multi-head attention of `hidden` over `context` (the same tensor for self-attention)."""
-
-    def __init__(self, cfg: LxmertConfig):
-        super().__init__()
-        self.heads = cfg.num_attention_heads
-        self.query = nn.Linear(cfg.hidden_size, cfg.hidden_size)
-        self.key = nn.Linear(cfg.hidden_size, cfg.hidden_size)
-        self.value = nn.Linear(cfg.hidden_size, cfg.hidden_size)
-        self.dropout_p = cfg.attention_probs_dropout_prob
-
-    def forward(self, hidden: torch.Tensor, context: torch.Tensor, mask: Optional[torch.Tensor]) -> torch.Tensor:
-        b, lq, h = hidden.shape
-
-        def split(x: torch.Tensor) -> torch.Tensor:
-            return x.view(b, x.shape[1], self.heads, h // self.heads).transpose(1, 2)
-
-        out = F.scaled_dot_product_attention(
-            split(self.query(hidden)), split(self.key(context)), split(self.value(context)),
-            attn_mask=mask, dropout_p=self.dropout_p if self.training else 0.0,
-        )
-        return out.transpose(1, 2).reshape(b, lq, h)
-
-
-class LxmertAttentionOutput(nn.Module):
-    def __init__(self, cfg: LxmertConfig):
-        super().__init__()
-        self.dense = nn.Linear(cfg.hidden_size, cfg.hidden_size)
-        self.LayerNorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
-        self.dropout = nn.Dropout(cfg.hidden_dropout_prob)
-
-    def forward(self, hidden: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-        return self.LayerNorm(self.dropout(self.dense(hidden)) + residual)
-
-
 class LxmertCrossAttentionLayer(nn.Module):
     def __init__(self, cfg: LxmertConfig):
         super().__init__()
-        self.att = LxmertAttention(cfg)
-        self.output = LxmertAttentionOutput(cfg)
+        h = cfg.hidden_size
+        self.att = MultiHeadAttention(h, h, h, cfg.num_attention_heads, cfg.attention_probs_dropout_prob)
+        self.output = ResidualOutput(h, h, cfg.layer_norm_eps, cfg.hidden_dropout_prob)
 
     def forward(self, hidden: torch.Tensor, context: torch.Tensor, context_mask: Optional[torch.Tensor]) -> torch.Tensor:
         return self.output(self.att(hidden, context, context_mask), hidden)
 
 
-class LxmertSelfAttentionLayer(nn.Module):
-    def __init__(self, cfg: LxmertConfig):
-        super().__init__()
-        self.self = LxmertAttention(cfg)
-        self.output = LxmertAttentionOutput(cfg)
-
-    def forward(self, hidden: torch.Tensor, mask: Optional[torch.Tensor]) -> torch.Tensor:
-        return self.output(self.self(hidden, hidden, mask), hidden)
+def _self_attention(cfg: LxmertConfig) -> SelfAttentionBlock:
+    return SelfAttentionBlock(cfg.hidden_size, cfg.num_attention_heads, cfg.layer_norm_eps, cfg.hidden_dropout_prob,
+                              cfg.attention_probs_dropout_prob)
 
 
-class LxmertIntermediate(nn.Module):
-    def __init__(self, cfg: LxmertConfig):
-        super().__init__()
-        self.dense = nn.Linear(cfg.hidden_size, cfg.intermediate_size)
-
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return F.gelu(self.dense(hidden))
-
-
-class LxmertOutput(nn.Module):
-    def __init__(self, cfg: LxmertConfig):
-        super().__init__()
-        self.dense = nn.Linear(cfg.intermediate_size, cfg.hidden_size)
-        self.LayerNorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
-        self.dropout = nn.Dropout(cfg.hidden_dropout_prob)
-
-    def forward(self, hidden: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-        return self.LayerNorm(self.dropout(self.dense(hidden)) + residual)
-
-
-class LxmertLayer(nn.Module):
-    """A single-modality transformer layer (language or object-relationship encoder)."""
-
-    def __init__(self, cfg: LxmertConfig):
-        super().__init__()
-        self.attention = LxmertSelfAttentionLayer(cfg)
-        self.intermediate = LxmertIntermediate(cfg)
-        self.output = LxmertOutput(cfg)
-
-    def forward(self, hidden: torch.Tensor, mask: Optional[torch.Tensor]) -> torch.Tensor:
-        attended = self.attention(hidden, mask)
-        return self.output(self.intermediate(attended), attended)
+def _layer(cfg: LxmertConfig) -> TransformerLayer:
+    return TransformerLayer(cfg.hidden_size, cfg.num_attention_heads, cfg.intermediate_size, cfg.layer_norm_eps,
+                            cfg.hidden_dropout_prob, cfg.attention_probs_dropout_prob)
 
 
 class LxmertXLayer(nn.Module):
@@ -142,13 +60,14 @@ class LxmertXLayer(nn.Module):
 
     def __init__(self, cfg: LxmertConfig):
         super().__init__()
+        h, inner, eps, p = cfg.hidden_size, cfg.intermediate_size, cfg.layer_norm_eps, cfg.hidden_dropout_prob
         self.visual_attention = LxmertCrossAttentionLayer(cfg)
-        self.lang_self_att = LxmertSelfAttentionLayer(cfg)
-        self.visn_self_att = LxmertSelfAttentionLayer(cfg)
-        self.lang_inter = LxmertIntermediate(cfg)
-        self.lang_output = LxmertOutput(cfg)
-        self.visn_inter = LxmertIntermediate(cfg)
-        self.visn_output = LxmertOutput(cfg)
+        self.lang_self_att = _self_attention(cfg)
+        self.visn_self_att = _self_attention(cfg)
+        self.lang_inter = Intermediate(h, inner)
+        self.lang_output = ResidualOutput(inner, h, eps, p)
+        self.visn_inter = Intermediate(h, inner)
+        self.visn_output = ResidualOutput(inner, h, eps, p)
 
     def forward(self, lang: torch.Tensor, lang_mask: Optional[torch.Tensor], visn: torch.Tensor,
                 visn_mask: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -180,9 +99,9 @@ class LxmertEncoder(nn.Module):
     def __init__(self, cfg: LxmertConfig):
         super().__init__()
         self.visn_fc = LxmertVisualFeatureEncoder(cfg)
-        self.layer = nn.ModuleList([LxmertLayer(cfg) for _ in range(cfg.l_layers)])
+        self.layer = nn.ModuleList([_layer(cfg) for _ in range(cfg.l_layers)])
         self.x_layers = nn.ModuleList([LxmertXLayer(cfg) for _ in range(cfg.x_layers)])
-        self.r_layers = nn.ModuleList([LxmertLayer(cfg) for _ in range(cfg.r_layers)])
+        self.r_layers = nn.ModuleList([_layer(cfg) for _ in range(cfg.r_layers)])
 
 
 class LxmertPooler(nn.Module):
@@ -194,32 +113,15 @@ class LxmertPooler(nn.Module):
         return torch.tanh(self.dense(hidden[:, 0]))
 
 
-def sdpa_mask(mask: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
-    """(B, T) 1/0 -> (B, 1, 1, T) boolean mask for scaled_dot_product_attention (True = attend)."""
-    return None if mask is None else mask.bool()[:, None, None, :]
-
-
 class LxmertModel(nn.Module):
     def __init__(self, cfg: LxmertConfig):
         super().__init__()
         self.cfg = cfg
-        self.embeddings = LxmertEmbeddings(cfg)
+        self.embeddings = TextEmbeddings(cfg.vocab_size, cfg.hidden_size, cfg.max_position_embeddings, cfg.type_vocab_size,
+                                         cfg.layer_norm_eps, cfg.hidden_dropout_prob, padding_idx=0)
         self.encoder = LxmertEncoder(cfg)
         self.pooler = LxmertPooler(cfg)
-        self.apply(self._init_weights)
-
-    def _init_weights(self, module: nn.Module) -> None:
-        """BERT initialization: N(0, 0.02) weights, zero biases, unit LayerNorms."""
-        if isinstance(module, (nn.Linear, nn.Embedding)):
-            nn.init.normal_(module.weight, std=self.cfg.initializer_range)
-            if isinstance(module, nn.Linear) and module.bias is not None:
-                nn.init.zeros_(module.bias)
-            if isinstance(module, nn.Embedding) and module.padding_idx is not None:
-                with torch.no_grad():
-                    module.weight[module.padding_idx].zero_()
-        elif isinstance(module, nn.LayerNorm):
-            nn.init.ones_(module.weight)
-            nn.init.zeros_(module.bias)
+        self.apply(lambda m: init_bert_weights(m, cfg.initializer_range))
 
     def forward(self, input_ids: torch.Tensor, visual_feats: torch.Tensor, visual_pos: torch.Tensor,
                 attention_mask: Optional[torch.Tensor] = None, visual_attention_mask: Optional[torch.Tensor] = None,

@@ -1,4 +1,4 @@
-"""LXMERT weights in and out, with strict key accounting.
+"""Model weights in and out, with strict key accounting.
 
 Reads `transformers.LxmertModel` checkpoints (``pytorch_model.bin`` or
 ``model.safetensors``; keys ``embeddings.*``, ``encoder.*``, ``pooler.*``) and original
@@ -6,7 +6,8 @@ airsplay/lxmert ``.pth`` files (``module.`` and ``bert.`` prefixes stripped, as 
 conversion does). Writes our model as an HF ``LxmertModel`` folder (config.json +
 pytorch_model.bin) that `transformers` loads. A load that leaves a parameter unfilled or a
 tensor unused fails listing the keys; the position-id buffer some HF versions store is
-the only key dropped, by name.
+the only key dropped, by name. ViLBERT: vilbert-multi-task ``bert.*`` tensors, and its text
+stream initialized from an HF ``BertModel`` (e.g. MiniLM, BERT-base).
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ from typing import Union
 import torch
 
 from pipeline.errors import ConfigError
-from vl_models.models.configuration import LxmertConfig
+from vl_models.models.configuration import LxmertConfig, ViLBERTConfig
 from vl_models.models.modeling_lxmert import LxmertModel
+from vl_models.models.modeling_vilbert import ViLBERTModel
 
 _DROPPABLE = ("embeddings.position_ids",)
 
@@ -49,12 +51,8 @@ def _normalize(key: str) -> str:
     return key
 
 
-def load_lxmert(source: Union[Path, dict], cfg: LxmertConfig) -> LxmertModel:
-    """An `LxmertModel` for `cfg` filled from a checkpoint path or a state dict."""
-    state = read_state_dict(source) if not isinstance(source, dict) else source
-    state = {_normalize(k): v for k, v in state.items() if _normalize(k) not in _DROPPABLE}
-    model = LxmertModel(cfg)
-    expected = model.state_dict()
+def check_keys(expected: dict[str, torch.Tensor], state: dict[str, torch.Tensor], what: str) -> None:
+    """Raise ConfigError listing missing, unexpected and misshaped keys, if any."""
     missing = [k for k in expected if k not in state]
     unexpected = [k for k in state if k not in expected]
     misshaped = [f"{k}: file {tuple(state[k].shape)}, model {tuple(expected[k].shape)}"
@@ -62,9 +60,46 @@ def load_lxmert(source: Union[Path, dict], cfg: LxmertConfig) -> LxmertModel:
     if missing or unexpected or misshaped:
         parts = [f"{title}: {', '.join(keys[:12])}" + (f" ... ({len(keys)} in all)" if len(keys) > 12 else "")
                  for title, keys in (("missing", missing), ("unexpected", unexpected), ("misshaped", misshaped)) if keys]
-        raise ConfigError(f"checkpoint does not match LXMERT config {cfg.name!r}:\n  " + "\n  ".join(parts))
+        raise ConfigError(f"checkpoint does not match {what}:\n  " + "\n  ".join(parts))
+
+
+def load_lxmert(source: Union[Path, dict], cfg: LxmertConfig) -> LxmertModel:
+    """An `LxmertModel` for `cfg` filled from a checkpoint path or a state dict."""
+    state = read_state_dict(source) if not isinstance(source, dict) else source
+    state = {_normalize(k): v for k, v in state.items() if _normalize(k) not in _DROPPABLE}
+    model = LxmertModel(cfg)
+    check_keys(model.state_dict(), state, f"LXMERT config {cfg.name!r}")
     model.load_state_dict(state, strict=True)
     return model
+
+
+def load_vilbert(source: Union[Path, dict], cfg: ViLBERTConfig) -> ViLBERTModel:
+    """A `ViLBERTModel` filled from a vilbert-multi-task checkpoint's ``bert.*`` tensors
+    (or our own state dict). Task and pretraining heads are loaded with their tasks."""
+    state = read_state_dict(source) if not isinstance(source, dict) else source
+    state = {_normalize(k): v for k, v in state.items() if _normalize(k) not in _DROPPABLE}
+    model = ViLBERTModel(cfg)
+    check_keys(model.state_dict(), state, f"ViLBERT config {cfg.name!r}")
+    model.load_state_dict(state, strict=True)
+    return model
+
+
+BERT_UNUSED = ("pooler.dense.weight", "pooler.dense.bias")
+
+
+def init_vilbert_text_from_bert(model: ViLBERTModel, source: Union[Path, dict]) -> list[str]:
+    """Fill ViLBERT's text stream (embeddings + text layers) from an HF `BertModel`
+    checkpoint. Every text-stream parameter must be filled and every tensor used, except
+    BERT's pooler (768 -> 768; ViLBERT pools text into the co-attention width), which is
+    returned as the list of keys left out."""
+    state = read_state_dict(source) if not isinstance(source, dict) else source
+    state = {_normalize(k): v for k, v in state.items() if _normalize(k) not in _DROPPABLE}
+    left_out = [k for k in BERT_UNUSED if k in state]
+    state = {k: v for k, v in state.items() if k not in BERT_UNUSED}
+    text = {k: v for k, v in model.state_dict().items() if k.startswith(("embeddings.", "encoder.layer."))}
+    check_keys(text, state, f"ViLBERT's text stream ({model.cfg.num_hidden_layers} layers x {model.cfg.hidden_size})")
+    model.load_state_dict(state, strict=False)  # exactly the text stream: accounted for by check_keys above
+    return left_out
 
 
 def export_hf(model: LxmertModel, folder: Path) -> None:

