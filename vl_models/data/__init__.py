@@ -1,0 +1,1 @@
+"""Training data: tokenization and (pure, seeded) masking and sampling."""

@@ -1,0 +1,71 @@
+"""Pure, seeded masking and sampling for the pretraining tasks.
+
+Label convention: -1 means "no target here" (ignored by the losses), as in both
+reference implementations (HF uses -100; convert at the boundary if needed).
+
+* words (both models): 15 % of the non-special tokens are selected; of those 80 % become
+  [MASK], 10 % a random token, 10 % stay;
+* regions, ViLBERT: 15 % of the real regions; 90 % zeroed, 10 % kept; the KL target also
+  covers every region overlapping a masked one by IoU > 0.4 (`overlap_targets`);
+* regions, LXMERT: 15 %; 80 % zeroed, 10 % replaced by a feature of another image, 10 % kept;
+* matching: with probability 0.5 the text is swapped for one of a different image.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+def mask_tokens(ids: np.ndarray, special: np.ndarray, rng: np.random.Generator, vocab_size: int, mask_id: int,
+                prob: float = 0.15) -> tuple[np.ndarray, np.ndarray]:
+    """(masked ids, labels) for one sequence; `special` marks [CLS]/[SEP]/padding."""
+    ids = ids.copy()
+    labels = np.full_like(ids, -1)
+    chosen = (rng.random(ids.shape) < prob) & ~special
+    labels[chosen] = ids[chosen]
+    roll = rng.random(ids.shape)
+    ids[chosen & (roll < 0.8)] = mask_id
+    random_tok = chosen & (roll >= 0.8) & (roll < 0.9)
+    ids[random_tok] = rng.integers(0, vocab_size, int(random_tok.sum()))
+    return ids, labels
+
+
+@dataclass(frozen=True)
+class RegionMask:
+    selected: np.ndarray  # (N,) bool: regions whose prediction is trained
+    zeroed: np.ndarray  # (N,) bool: features replaced by zeros
+    replaced: np.ndarray  # (N,) bool: features replaced by another image's (LXMERT)
+
+
+def mask_regions(num_regions: int, num_real: int, rng: np.random.Generator, style: str,
+                 prob: float = 0.15) -> RegionMask:
+    """Select among the first `num_real` regions; `style` is "vilbert" or "lxmert"."""
+    real = np.arange(num_regions) < num_real
+    selected = (rng.random(num_regions) < prob) & real
+    roll = rng.random(num_regions)
+    if style == "vilbert":
+        zeroed, replaced = selected & (roll < 0.9), np.zeros(num_regions, bool)
+    elif style == "lxmert":
+        zeroed, replaced = selected & (roll < 0.8), selected & (roll >= 0.8) & (roll < 0.9)
+    else:
+        raise ValueError(f"style must be vilbert or lxmert, got {style!r}")
+    return RegionMask(selected, zeroed, replaced)
+
+
+def overlap_targets(boxes: np.ndarray, selected: np.ndarray, threshold: float = 0.4) -> np.ndarray:
+    """ViLBERT's target set: the selected regions and every region whose IoU with one of
+    them exceeds `threshold`."""
+    x1, y1, x2, y2 = (boxes[:, i] for i in range(4))
+    area = (x2 - x1) * (y2 - y1)
+    ix = np.clip(np.minimum(x2[:, None], x2[None]) - np.maximum(x1[:, None], x1[None]), 0, None)
+    iy = np.clip(np.minimum(y2[:, None], y2[None]) - np.maximum(y1[:, None], y1[None]), 0, None)
+    inter = ix * iy
+    iou = inter / np.maximum(area[:, None] + area[None] - inter, 1e-12)
+    return selected | (iou[:, selected] > threshold).any(axis=1)
+
+
+def mismatch(rng: np.random.Generator, p: float = 0.5) -> bool:
+    """Whether this item's text is swapped for another image's (a negative pair)."""
+    return bool(rng.random() < p)
