@@ -85,3 +85,35 @@ def test_base_config_has_the_paper_sizes():
     assert (cfg.l_layers, cfg.r_layers, cfg.x_layers, cfg.hidden_size, cfg.visual_pos_dim) == (9, 5, 5, 768, 4)
     model = LxmertModel(cfg)
     assert sum(p.numel() for p in model.parameters()) > 200e6
+
+
+def test_pretraining_heads_match_transformers():
+    from vl_models.models.weights import load_lxmert_pretraining
+
+    cfg = load_config("lxmert-tiny")
+    hf_cfg = transformers.LxmertConfig(
+        vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, num_attention_heads=cfg.num_attention_heads,
+        intermediate_size=cfg.intermediate_size, l_layers=cfg.l_layers, x_layers=cfg.x_layers, r_layers=cfg.r_layers,
+        max_position_embeddings=cfg.max_position_embeddings, num_qa_labels=cfg.num_qa_labels,
+        num_object_labels=cfg.num_object_labels, num_attr_labels=cfg.num_attr_labels,
+    )
+    torch.manual_seed(0)
+    hf = transformers.LxmertForPreTraining(hf_cfg).eval()
+    with torch.no_grad():
+        for p in hf.parameters():
+            p.add_(torch.randn_like(p) * 0.02)
+    ours = load_lxmert_pretraining(hf.state_dict(), cfg).eval()
+    assert ours.cls.predictions.decoder.weight is ours.lxmert.embeddings.word_embeddings.weight
+    ids, feats, pos, mask, vmask = inputs()
+    with torch.no_grad():
+        ref = hf(input_ids=ids, visual_feats=feats, visual_pos=pos, attention_mask=mask, visual_attention_mask=vmask)
+        got = ours(ids, feats, pos, attention_mask=mask, visual_attention_mask=vmask)
+    pairs = [(ref.prediction_logits, got.lm_logits), (ref.cross_relationship_score, got.matched_logits),
+             (ref.question_answering_score, got.answer_logits)]
+    for a, b in pairs:
+        assert (a - b).abs().max() <= 1e-4
+    # original .pth layout: module.bert.* backbone and module.<head>.*
+    original = {("module.bert." + k[len("lxmert."):]) if k.startswith("lxmert.") else "module." + k: v
+                for k, v in hf.state_dict().items()}
+    again = load_lxmert_pretraining(original, cfg)
+    assert torch.equal(again.answer_head.logit_fc[3].weight, ours.answer_head.logit_fc[3].weight)

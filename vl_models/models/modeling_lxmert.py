@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from vl_models.models.configuration import LxmertConfig
@@ -138,3 +139,93 @@ class LxmertModel(nn.Module):
         for layer in enc.x_layers:
             lang, visn = layer(lang, lang_mask, visn, visn_mask)
         return LxmertModelOutput(lang, visn, self.pooler(lang))
+
+
+@dataclass
+class LxmertPreTrainingOutput:
+    lm_logits: torch.Tensor  # (B, L, vocab)
+    matched_logits: torch.Tensor  # (B, 2); index 1 = the text matches the image
+    obj_logits: torch.Tensor  # (B, N, num_object_labels)
+    attr_logits: torch.Tensor  # (B, N, num_attr_labels)
+    feat_pred: torch.Tensor  # (B, N, visual_feat_dim)
+    answer_logits: torch.Tensor  # (B, num_qa_labels)
+    model: LxmertModelOutput
+
+
+class LxmertPredictionHeadTransform(nn.Module):
+    def __init__(self, cfg: LxmertConfig):
+        super().__init__()
+        self.dense = nn.Linear(cfg.hidden_size, cfg.hidden_size)
+        self.LayerNorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.LayerNorm(F.gelu(self.dense(hidden)))
+
+
+class LxmertLMPredictionHead(nn.Module):
+    def __init__(self, cfg: LxmertConfig, word_embeddings: nn.Embedding):
+        super().__init__()
+        self.transform = LxmertPredictionHeadTransform(cfg)
+        self.decoder = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.decoder.weight = word_embeddings.weight  # tied
+        self.bias = nn.Parameter(torch.zeros(cfg.vocab_size))
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.decoder(self.transform(hidden)) + self.bias
+
+
+class LxmertPreTrainingHeads(nn.Module):
+    def __init__(self, cfg: LxmertConfig, word_embeddings: nn.Embedding):
+        super().__init__()
+        self.predictions = LxmertLMPredictionHead(cfg, word_embeddings)
+        self.seq_relationship = nn.Linear(cfg.hidden_size, 2)
+
+
+class LxmertVisualObjHead(nn.Module):
+    def __init__(self, cfg: LxmertConfig):
+        super().__init__()
+        self.transform = LxmertPredictionHeadTransform(cfg)
+        self.decoder_dict = nn.ModuleDict({
+            "obj": nn.Linear(cfg.hidden_size, cfg.num_object_labels),
+            "attr": nn.Linear(cfg.hidden_size, cfg.num_attr_labels),
+            "feat": nn.Linear(cfg.hidden_size, cfg.visual_feat_dim),
+        })
+
+
+class LxmertVisualAnswerHead(nn.Module):
+    def __init__(self, cfg: LxmertConfig):
+        super().__init__()
+        h = cfg.hidden_size
+        self.logit_fc = nn.Sequential(nn.Linear(h, 2 * h), nn.GELU(), nn.LayerNorm(2 * h, eps=cfg.layer_norm_eps),
+                                      nn.Linear(2 * h, cfg.num_qa_labels))
+
+
+class LxmertForPreTraining(nn.Module):
+    """The backbone and the five pretraining heads: masked LM (decoder tied to the word
+    embeddings), cross-modality matching, object / attribute classification and feature
+    regression from the vision states, and image QA from the pooled state. Names match
+    `transformers.LxmertForPreTraining` (``lxmert.``, ``cls.``, ``obj_predict_head.``,
+    ``answer_head.``)."""
+
+    def __init__(self, cfg: LxmertConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.lxmert = LxmertModel(cfg)
+        self.cls = LxmertPreTrainingHeads(cfg, self.lxmert.embeddings.word_embeddings)
+        self.obj_predict_head = LxmertVisualObjHead(cfg)
+        self.answer_head = LxmertVisualAnswerHead(cfg)
+        for head in (self.cls, self.obj_predict_head, self.answer_head):
+            head.apply(lambda m: init_bert_weights(m, cfg.initializer_range) if not isinstance(m, nn.Embedding) else None)
+        self.cls.predictions.decoder.weight = self.lxmert.embeddings.word_embeddings.weight
+
+    def forward(self, input_ids, visual_feats, visual_pos, attention_mask=None, visual_attention_mask=None,
+                token_type_ids=None) -> LxmertPreTrainingOutput:
+        out = self.lxmert(input_ids, visual_feats, visual_pos, attention_mask, visual_attention_mask, token_type_ids)
+        visual = self.obj_predict_head.transform(out.vision_output)
+        decoders = self.obj_predict_head.decoder_dict
+        return LxmertPreTrainingOutput(
+            lm_logits=self.cls.predictions(out.language_output),
+            matched_logits=self.cls.seq_relationship(out.pooled_output),
+            obj_logits=decoders["obj"](visual), attr_logits=decoders["attr"](visual), feat_pred=decoders["feat"](visual),
+            answer_logits=self.answer_head.logit_fc(out.pooled_output), model=out,
+        )

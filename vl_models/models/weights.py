@@ -20,7 +20,7 @@ import torch
 
 from pipeline.errors import ConfigError
 from vl_models.models.configuration import LxmertConfig, ViLBERTConfig
-from vl_models.models.modeling_lxmert import LxmertModel
+from vl_models.models.modeling_lxmert import LxmertForPreTraining, LxmertModel
 from vl_models.models.modeling_vilbert import ViLBERTModel
 
 _DROPPABLE = ("embeddings.position_ids",)
@@ -81,6 +81,22 @@ def load_vilbert(source: Union[Path, dict], cfg: ViLBERTConfig) -> ViLBERTModel:
     model = ViLBERTModel(cfg)
     check_keys(model.state_dict(), state, f"ViLBERT config {cfg.name!r}")
     model.load_state_dict(state, strict=True)
+    return model
+
+
+def load_lxmert_pretraining(source: Union[Path, dict], cfg: LxmertConfig) -> LxmertForPreTraining:
+    """`LxmertForPreTraining` from an HF `LxmertForPreTraining` checkpoint or an original
+    airsplay ``.pth`` (``module.`` stripped, ``bert.`` read as ``lxmert.``), strictly."""
+    state = read_state_dict(source) if not isinstance(source, dict) else source
+    renamed = {}
+    for key, value in state.items():
+        key = key[len("module."):] if key.startswith("module.") else key
+        key = "lxmert." + key[len("bert."):] if key.startswith("bert.") else key
+        if key[len("lxmert."):] not in _DROPPABLE:
+            renamed[key] = value
+    model = LxmertForPreTraining(cfg)
+    check_keys(model.state_dict(), renamed, f"LXMERT pretraining model {cfg.name!r}")
+    model.load_state_dict(renamed, strict=True)
     return model
 
 
