@@ -101,3 +101,18 @@ def test_multitask_style_checkpoint_loads_strictly(tmp_path):
     state["cls.predictions.bias"] = torch.zeros(3)
     with pytest.raises(ConfigError, match="unexpected: cls.predictions.bias"):
         load_vilbert(state, cfg)
+
+
+def test_pretraining_heads_shapes_and_tying():
+    from vl_models.models.modeling_vilbert import ViLBERTForPreTraining
+
+    cfg = load_config("vilbert-tiny")
+    model = ViLBERTForPreTraining(cfg).eval()
+    assert model.cls.predictions.decoder.weight is model.bert.embeddings.word_embeddings.weight
+    ids, feat, loc, mask, vmask = batch(cfg)
+    out = model(ids, feat, loc, attention_mask=mask, image_attention_mask=vmask)
+    assert out.lm_logits.shape == (2, 7, cfg.vocab_size) and out.region_logits.shape == (2, 5, cfg.v_target_size)
+    assert out.alignment_logits.shape == (2, 2)
+    names = set(model.state_dict())
+    assert {"bert.encoder.c_layer.0.biOutput.q_dense1.weight", "cls.imagePredictions.decoder.weight",
+            "cls.bi_seq_relationship.weight"} <= names

@@ -178,3 +178,75 @@ class ViLBERTModel(nn.Module):
         text, vision = self.encoder(text, text_mask, vision, vision_mask)
         pooled_t, pooled_v = self.t_pooler(text), self.v_pooler(vision)
         return ViLBERTModelOutput(text, vision, pooled_t, pooled_v, self.fusion_dropout(pooled_t * pooled_v))
+
+
+@dataclass
+class ViLBERTPreTrainingOutput:
+    lm_logits: torch.Tensor  # (B, L, vocab)
+    region_logits: torch.Tensor  # (B, N, v_target_size): log-probabilities are taken by the loss
+    alignment_logits: torch.Tensor  # (B, 2); index 0 = aligned (the reference's convention)
+    model: ViLBERTModelOutput
+
+
+class ViLBERTHeadTransform(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.dense = nn.Linear(dim, dim)
+        self.LayerNorm = nn.LayerNorm(dim, eps=eps)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.LayerNorm(F.gelu(self.dense(hidden)))
+
+
+class ViLBERTLMPredictionHead(nn.Module):
+    def __init__(self, cfg: ViLBERTConfig, word_embeddings: nn.Embedding):
+        super().__init__()
+        self.transform = ViLBERTHeadTransform(cfg.hidden_size, cfg.layer_norm_eps)
+        self.decoder = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.decoder.weight = word_embeddings.weight  # tied
+        self.bias = nn.Parameter(torch.zeros(cfg.vocab_size))
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.decoder(self.transform(hidden)) + self.bias
+
+
+class ViLBERTImagePredictionHead(nn.Module):
+    def __init__(self, cfg: ViLBERTConfig):
+        super().__init__()
+        self.transform = ViLBERTHeadTransform(cfg.v_hidden_size, cfg.layer_norm_eps)
+        self.decoder = nn.Linear(cfg.v_hidden_size, cfg.v_target_size)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.decoder(self.transform(hidden))
+
+
+class ViLBERTPreTrainingHeads(nn.Module):
+    def __init__(self, cfg: ViLBERTConfig, word_embeddings: nn.Embedding):
+        super().__init__()
+        self.predictions = ViLBERTLMPredictionHead(cfg, word_embeddings)
+        self.bi_seq_relationship = nn.Linear(cfg.bi_hidden_size, 2)
+        self.imagePredictions = ViLBERTImagePredictionHead(cfg)
+
+
+class ViLBERTForPreTraining(nn.Module):
+    """The backbone (``bert.``) and vilbert-multi-task's pretraining heads (``cls.``):
+    masked LM (tied decoder), masked-region class distribution (over the detector's
+    classes, background first) and image-text alignment from the fused pooled vector."""
+
+    def __init__(self, cfg: ViLBERTConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.bert = ViLBERTModel(cfg)
+        self.cls = ViLBERTPreTrainingHeads(cfg, self.bert.embeddings.word_embeddings)
+        self.cls.apply(lambda m: init_bert_weights(m, cfg.initializer_range) if not isinstance(m, nn.Embedding) else None)
+        self.cls.predictions.decoder.weight = self.bert.embeddings.word_embeddings.weight
+
+    def forward(self, input_ids, image_feat, image_loc, attention_mask=None, image_attention_mask=None,
+                token_type_ids=None) -> ViLBERTPreTrainingOutput:
+        out = self.bert(input_ids, image_feat, image_loc, attention_mask, image_attention_mask, token_type_ids)
+        return ViLBERTPreTrainingOutput(
+            lm_logits=self.cls.predictions(out.text_output),
+            region_logits=self.cls.imagePredictions(out.vision_output),
+            alignment_logits=self.cls.bi_seq_relationship(out.pooled_output),
+            model=out,
+        )
