@@ -1,0 +1,1 @@
+"""Pretraining tasks: loss functions per objective (`losses.py`)."""

@@ -1,0 +1,106 @@
+"""Pretraining losses of both models, as pure functions of logits and targets.
+
+Label conventions (declared here, converted at import/export): ignore index -1;
+ViLBERT alignment label 0 = aligned (the reference's); LXMERT matching label 1 = matched
+(the reference's and HF's). Every function returns (loss, metrics) and is safe on a batch
+with nothing to predict (the loss is then 0, not NaN).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+VISUAL_LOSS_NORMALIZER = 6.67  # 1 / 0.15, LXMERT's
+
+
+def masked_lm(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, dict]:
+    """Cross-entropy over the positions whose label is not -1; accuracy on them."""
+    flat, target = logits.reshape(-1, logits.shape[-1]), labels.reshape(-1)
+    valid = target != -1
+    if not valid.any():
+        return logits.sum() * 0.0, {"mlm_acc": float("nan")}
+    loss = F.cross_entropy(flat[valid], target[valid])
+    acc = (flat[valid].argmax(-1) == target[valid]).float().mean().item()
+    return loss, {"mlm_acc": acc}
+
+
+def pair_classification(logits: torch.Tensor, labels: torch.Tensor, name: str) -> tuple[torch.Tensor, dict]:
+    """Two-way cross-entropy (alignment / matching); labels -1 are ignored."""
+    valid = labels != -1
+    if not valid.any():
+        return logits.sum() * 0.0, {f"{name}_acc": float("nan")}
+    loss = F.cross_entropy(logits[valid], labels[valid])
+    return loss, {f"{name}_acc": (logits[valid].argmax(-1) == labels[valid]).float().mean().item()}
+
+
+def region_kl(logits: torch.Tensor, target_prob: torch.Tensor, selected: torch.Tensor) -> tuple[torch.Tensor, dict]:
+    """ViLBERT's masked-region loss: KL(detector distribution || predicted), summed over
+    classes, over the selected regions, divided by their number (0 when none)."""
+    count = selected.sum()
+    if count == 0:
+        return logits.sum() * 0.0, {"region_kl": 0.0}
+    log_pred = F.log_softmax(logits.float(), dim=-1)
+    kl = F.kl_div(log_pred, target_prob.float(), reduction="none").sum(-1)
+    loss = (kl * selected).sum() / count
+    return loss, {"region_kl": loss.item()}
+
+
+@dataclass(frozen=True)
+class LxmertVisualTargets:
+    obj_ids: torch.Tensor  # (B, N) 0-based object ids
+    obj_conf: torch.Tensor  # (B, N) detector confidences
+    attr_ids: torch.Tensor
+    attr_conf: torch.Tensor
+    features: torch.Tensor  # (B, N, D) the original (unmasked) features
+    selected: torch.Tensor  # (B, N) bool, the masked regions
+    real: torch.Tensor  # (B, N) bool, real (not padding) regions
+
+
+def lxmert_visual(obj_logits, attr_logits, feat_pred, t: LxmertVisualTargets,
+                  weighting: str = "confidence") -> tuple[dict[str, torch.Tensor], dict]:
+    """Object / attribute classification and feature regression.
+
+    ``weighting="confidence"`` (default, the reference): classification terms weighted by
+    the detector's confidence over *all* real boxes (the author's regularizer);
+    ``"masked"``: over the masked boxes only. Feature regression (smooth L1, averaged over
+    dimensions) always uses the masked boxes. Each term is mean() x 6.67, as the reference.
+    """
+    sel, real = t.selected.float(), t.real.float()
+    losses, metrics = {}, {}
+    for name, logits, ids, conf in (("obj", obj_logits, t.obj_ids, t.obj_conf), ("attr", attr_logits, t.attr_ids, t.attr_conf)):
+        ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids.reshape(-1).clamp(min=0), reduction="none")
+        weight = (conf * real if weighting == "confidence" else sel).reshape(-1)
+        losses[name] = (ce * weight).mean() * VISUAL_LOSS_NORMALIZER
+        on = t.selected.reshape(-1)
+        metrics[f"{name}_acc"] = ((logits.reshape(-1, logits.shape[-1]).argmax(-1) == ids.reshape(-1))[on].float().mean().item()
+                                  if on.any() else float("nan"))
+    l1 = F.smooth_l1_loss(feat_pred.float(), t.features.float(), reduction="none").mean(-1)
+    losses["feat"] = (l1 * sel).mean() * VISUAL_LOSS_NORMALIZER
+    return losses, metrics
+
+
+def sample_answer(answer_ids: list[int], scores: list[float], generator: torch.Generator) -> int:
+    """One answer id drawn in proportion to its soft score (LXMERT's QA label), or -1."""
+    if not answer_ids or sum(scores) <= 0:
+        return -1
+    probs = torch.tensor(scores, dtype=torch.float64)
+    return int(answer_ids[int(torch.multinomial(probs / probs.sum(), 1, generator=generator))])
+
+
+def qa(logits: torch.Tensor, labels: torch.Tensor, active: bool = True) -> tuple[torch.Tensor, dict]:
+    """Image QA over the answer table on matched question items (label -1 elsewhere);
+    switched off (zero loss) before its starting epoch."""
+    if not active:
+        return logits.sum() * 0.0, {"qa_acc": float("nan")}
+    loss, metrics = pair_classification(logits, labels, "qa")
+    return loss, metrics
+
+
+def total(losses: dict[str, torch.Tensor], weights: Optional[dict[str, float]] = None) -> torch.Tensor:
+    """Weighted sum (weight 1 unless configured)."""
+    weights = weights or {}
+    return sum(weights.get(k, 1.0) * v for k, v in losses.items())
