@@ -1,0 +1,126 @@
+"""Pretraining examples: mixture items joined with feature-store records.
+
+The mixture's ``items.arrow`` and the feature stores are memory-mapped, so DataLoader
+workers share the page cache instead of holding copies. Every example is a function of
+(seed, epoch, item index) only: masking, negative sampling and answer sampling draw from
+a generator seeded by those three numbers, so a resumed run sees the same examples.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal, Sequence
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+from pipeline.errors import ConfigError
+from pipeline.records import pad_regions
+from pipeline.store import FeatureStore
+from vl_models.data.masking import mask_regions, mask_tokens, mismatch, overlap_targets
+from vl_models.data.tokenize import WordPiece
+from vl_models.tasks.losses import sample_answer
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    model: Literal["vilbert", "lxmert"] = "lxmert"
+    split: str = "train"
+    max_text: int = 20  # LXMERT 20, ViLBERT 36
+    max_regions: int = 36  # ViLBERT adds its IMG token on top
+    mlm_prob: float = 0.15
+    region_prob: float = 0.15
+    mismatch_prob: float = 0.5
+    seed: int = 0
+
+
+class PretrainDataset(torch.utils.data.Dataset):
+    def __init__(self, mixture: Path, stores: Sequence[Path], vocab_file: Path, cfg: DataConfig):
+        self.cfg = cfg
+        table = pa.ipc.open_file(pa.memory_map(str(Path(mixture) / "items.arrow"))).read_all()
+        split = table.column("split").to_numpy(zero_copy_only=False)
+        self.rows = np.nonzero(split == cfg.split)[0]
+        if not len(self.rows):
+            raise ConfigError(f"{mixture}: no items in split {cfg.split!r}")
+        self.table = table
+        self.images = table.column("store_key").to_numpy(zero_copy_only=False)
+        self.stores = [FeatureStore.open(p, dtype="float32") for p in stores]
+        self.tokenizer = WordPiece(vocab_file)
+        self.epoch = 0
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def _record(self, key: str):
+        for store in self.stores:
+            if key in store:
+                return store.get(key)
+        raise KeyError(f"image {key!r} is in no feature store (build the mixture with --stores to catch this)")
+
+    def __getitem__(self, i: int) -> dict:
+        cfg = self.cfg
+        rng = np.random.default_rng([cfg.seed, self.epoch, int(i)])
+        row = int(self.rows[i])
+        image = self.images[row]
+        text_row, matched = row, 1
+        if mismatch(rng, cfg.mismatch_prob):
+            for _ in range(10):  # a sentence of a different image
+                other = int(self.rows[rng.integers(len(self.rows))])
+                if self.images[other] != image:
+                    text_row, matched = other, 0
+                    break
+        text = self.table.column("text")[text_row].as_py()
+        enc = self.tokenizer.encode(text, cfg.max_text)
+        ids, lm_labels = mask_tokens(enc.ids, enc.special, rng, self.tokenizer.vocab_size, self.tokenizer.mask_id, cfg.mlm_prob)
+
+        rec = self._record(image)
+        vilbert = cfg.model == "vilbert"
+        batch = pad_regions([rec], cfg.max_regions, position="5d" if vilbert else "4d", img_token=vilbert)
+        first = int(vilbert)  # ViLBERT's IMG token is never masked
+        slots = batch.mask.shape[1]
+        m = mask_regions(slots - first, int(batch.num_boxes[0]) - first, rng, "vilbert" if vilbert else "lxmert",
+                         cfg.region_prob)
+        selected = np.concatenate([np.zeros(first, bool), m.selected])
+        features = batch.features[0].copy()
+        original = features.copy()
+        features[np.concatenate([np.zeros(first, bool), m.zeroed])] = 0.0
+        replaced = np.concatenate([np.zeros(first, bool), m.replaced])
+        if replaced.any():  # LXMERT: a feature of another image
+            other = self._record(self.images[int(self.rows[rng.integers(len(self.rows))])])
+            picks = rng.integers(0, other.num_boxes, int(replaced.sum()))
+            features[replaced] = other.features[picks]
+
+        example = {
+            "input_ids": ids, "attention_mask": enc.mask, "lm_labels": lm_labels,
+            "visual_feats": features, "visual_pos": batch.positions[0], "visual_mask": batch.mask[0].astype(np.int64),
+            "region_selected": selected, "matched": np.int64(matched),
+        }
+        if vilbert:
+            cls_prob = batch.cls_prob[0] if batch.cls_prob is not None else None
+            if cls_prob is None:
+                raise ConfigError(f"image {image!r}: ViLBERT's region loss needs cls_prob in the store")
+            boxes = np.concatenate([np.zeros((first, 4), np.float32), rec.boxes[: slots - first]])
+            boxes = np.pad(boxes, ((0, slots - len(boxes)), (0, 0)))
+            targets = overlap_targets(boxes, selected) & batch.mask[0]
+            targets[0] = False
+            example.update(region_targets=targets, region_prob=cls_prob)
+        else:
+            example.update(
+                obj_ids=batch.objects_id[0] if batch.objects_id is not None else np.full(slots, -1),
+                obj_conf=batch.objects_conf[0] if batch.objects_conf is not None else np.zeros(slots, np.float32),
+                attr_ids=batch.attrs_id[0] if batch.attrs_id is not None else np.full(slots, -1),
+                attr_conf=batch.attrs_conf[0] if batch.attrs_conf is not None else np.zeros(slots, np.float32),
+                original_feats=original,
+            )
+        answer_ids = self.table.column("answer_ids")[row].as_py()
+        if matched and answer_ids:
+            scores = self.table.column("answer_scores")[row].as_py()
+            example["qa_label"] = np.int64(sample_answer(answer_ids, scores, torch.Generator().manual_seed(int(rng.integers(2**31)))))
+        else:
+            example["qa_label"] = np.int64(-1)
+        return example
