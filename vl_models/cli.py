@@ -4,6 +4,7 @@ today shows how the trainer will see a feature store."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import List
 
 import typer
 from rich.console import Console
@@ -14,6 +15,57 @@ from pipeline.log import cli_app
 
 app = cli_app("vltrain", "Train ViLBERT- and LXMERT-style models on vlprep feature stores.")
 out = Console()
+
+
+@app.command()
+def pretrain(
+    model: str = typer.Option(..., help="Model config: lxmert-base, lxmert-tiny, vilbert-base[-2|4|8coattn], vilbert-tiny, or a JSON path."),
+    shards: List[Path] = typer.Option(..., "--shards", help="Feature store(s) with the images' region features (repeatable)."),
+    mixture: Path = typer.Option(..., help="Mixture folder from `vlprep build-mixture`."),
+    out: Path = typer.Option(..., help="Run folder: config.json, metrics.jsonl, checkpoints/."),
+    vocab: Path = typer.Option(..., help="WordPiece vocab.txt (BERT uncased)."),
+    steps: int = typer.Option(1000, help="Optimizer steps."),
+    batch_size: int = typer.Option(32, help="Examples per rank per micro-step."),
+    grad_accum: int = typer.Option(1, help="Micro-steps per optimizer step."),
+    lr: float = typer.Option(1e-4, help="Peak learning rate (linear warmup, then linear decay)."),
+    warmup: int = typer.Option(100, help="Warmup steps."),
+    weight_decay: float = typer.Option(0.01, help="AdamW weight decay (none on biases and LayerNorms)."),
+    device: str = typer.Option("cpu", help="cpu or cuda (under torchrun: one GPU per rank)."),
+    amp: str = typer.Option("none", help="Mixed precision: none, bf16, or fp16 (CUDA, with a GradScaler)."),
+    workers: int = typer.Option(0, help="DataLoader worker processes."),
+    checkpoint_every: int = typer.Option(500, help="Steps between checkpoints."),
+    seed: int = typer.Option(0, help="Seed of initialization, sampling and masking."),
+    resume: bool = typer.Option(False, help="Continue from OUT/checkpoints/latest."),
+    stop_at: int = typer.Option(0, help="End this invocation at this step (0: run to --steps); resume later."),
+    visual_weighting: str = typer.Option("confidence", help="LXMERT obj/attr losses: confidence (reference) or masked."),
+    qa_from_epoch: int = typer.Option(0, help="LXMERT: train image QA from this epoch on."),
+) -> None:
+    """Pretrain ViLBERT or LXMERT on feature stores and a mixture, with all of the
+    model's pretraining tasks. Runs on one CPU, or with torchrun on many processes/GPUs.
+
+    Example: vltrain pretrain --model lxmert-base --shards coco_feats --shards vg_feats --mixture lxmert_mix --vocab vocab.txt --out runs/lxmert
+    """
+    from pipeline.errors import ConfigError
+    from vl_models.tasks.pretrain import TaskConfig
+    from vl_models.train.trainer import TrainConfig, run
+
+    cfg = TrainConfig(model=model, stores=tuple(str(s) for s in shards), mixture=str(mixture), out=str(out),
+                      vocab=str(vocab), steps=steps, batch_size=batch_size, grad_accum=grad_accum, lr=lr, warmup=warmup,
+                      weight_decay=weight_decay, device=device, amp=amp, workers=workers,
+                      checkpoint_every=checkpoint_every, seed=seed, resume=resume, stop_at=stop_at or None,
+                      task=TaskConfig(visual_weighting=visual_weighting, qa_from_epoch=qa_from_epoch))
+    try:
+        last = run(cfg, on_step=lambda step, m: out_console_step(step, m))
+    except (ConfigError, StoreError) as err:
+        Console(stderr=True).print(f"[red]error:[/red] {err}")
+        raise typer.Exit(2)
+    out.mkdir(parents=True, exist_ok=True)
+    Console().print(f"done: step {last.get('step')} -> {out}")
+
+
+def out_console_step(step: int, metrics: dict) -> None:
+    losses = " ".join(f"{k[5:]}={v:.3f}" for k, v in metrics.items() if k.startswith("loss_"))
+    Console(stderr=True).print(f"step {step}: {losses} ({metrics['samples_per_s']:.1f} samples/s)")
 
 
 @app.command("preview-batch")

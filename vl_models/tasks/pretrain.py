@@ -1,0 +1,50 @@
+"""Pretraining objectives composed per model: a batch of `PretrainDataset` examples in,
+weighted losses and metrics out.
+
+ViLBERT: masked LM + masked-region KL to the detector's distribution + image-text
+alignment (label 0 = aligned: the dataset's ``matched`` is converted here).
+LXMERT: masked LM + matching (1 = matched) + object / attribute classification + feature
+regression + image QA (matched question items only, from `qa_from_epoch` on).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from vl_models.tasks import losses as L
+
+
+@dataclass(frozen=True)
+class TaskConfig:
+    weights: dict = field(default_factory=dict)  # per-loss weight, default 1
+    visual_weighting: str = "confidence"  # LXMERT obj/attr: "confidence" (reference) or "masked"
+    qa_from_epoch: int = 0  # LXMERT QA switched on from this epoch (the paper: second half)
+
+
+def pretrain_losses(kind: str, model, batch: dict, cfg: TaskConfig, epoch: int) -> tuple[torch.Tensor, dict, dict]:
+    """(total loss, per-task losses, metrics) for one batch."""
+    if kind == "vilbert":
+        out = model(batch["input_ids"], batch["visual_feats"], batch["visual_pos"], batch["attention_mask"],
+                    batch["visual_mask"])
+        mlm, m1 = L.masked_lm(out.lm_logits, batch["lm_labels"])
+        region, m2 = L.region_kl(out.region_logits, batch["region_prob"], batch["region_targets"])
+        align, m3 = L.pair_classification(out.alignment_logits, 1 - batch["matched"], "alignment")
+        losses = {"mlm": mlm, "region": region, "alignment": align}
+        metrics = {**m1, **m2, **m3}
+    elif kind == "lxmert":
+        out = model(batch["input_ids"], batch["visual_feats"], batch["visual_pos"], batch["attention_mask"],
+                    batch["visual_mask"])
+        mlm, m1 = L.masked_lm(out.lm_logits, batch["lm_labels"])
+        matched, m2 = L.pair_classification(out.matched_logits, batch["matched"], "matching")
+        targets = L.LxmertVisualTargets(
+            obj_ids=batch["obj_ids"], obj_conf=batch["obj_conf"], attr_ids=batch["attr_ids"], attr_conf=batch["attr_conf"],
+            features=batch["original_feats"], selected=batch["region_selected"], real=batch["visual_mask"].bool())
+        visual, m3 = L.lxmert_visual(out.obj_logits, out.attr_logits, out.feat_pred, targets, cfg.visual_weighting)
+        qa, m4 = L.qa(out.answer_logits, batch["qa_label"], active=epoch >= cfg.qa_from_epoch)
+        losses = {"mlm": mlm, "matching": matched, **visual, "qa": qa}
+        metrics = {**m1, **m2, **m3, **m4}
+    else:
+        raise ValueError(f"unknown model kind {kind!r}")
+    return L.total(losses, cfg.weights), losses, metrics

@@ -1,0 +1,1 @@
+"""The trainer: optimizer and schedule, checkpoints, distributed setup, the loop."""

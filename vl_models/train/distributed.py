@@ -1,0 +1,31 @@
+"""Rank and world size from torchrun's environment; process-group setup."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.distributed as dist
+
+
+def world() -> tuple[int, int, int]:
+    """(rank, world size, local rank); (0, 1, 0) outside torchrun."""
+    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("LOCAL_RANK", 0))
+
+
+def init(device: str) -> None:
+    rank, size, _ = world()
+    if size > 1 and not dist.is_initialized():
+        dist.init_process_group("nccl" if device.startswith("cuda") else "gloo")
+
+
+def is_main() -> bool:
+    return world()[0] == 0
+
+
+def all_reduce_mean(value: torch.Tensor) -> torch.Tensor:
+    if dist.is_initialized():
+        value = value.clone()
+        dist.all_reduce(value)
+        value /= dist.get_world_size()
+    return value
