@@ -28,6 +28,7 @@ def pretrain(
     batch_size: int = typer.Option(32, help="Examples per rank per micro-step."),
     grad_accum: int = typer.Option(1, help="Micro-steps per optimizer step."),
     lr: float = typer.Option(1e-4, help="Peak learning rate (linear warmup, then linear decay)."),
+    optimizer: str = typer.Option("adamw", help="adamw (default) or sgd (momentum 0.9)."),
     warmup: int = typer.Option(100, help="Warmup steps."),
     weight_decay: float = typer.Option(0.01, help="AdamW weight decay (none on biases and LayerNorms)."),
     device: str = typer.Option("cpu", help="cpu or cuda (under torchrun: one GPU per rank)."),
@@ -50,7 +51,8 @@ def pretrain(
     from vl_models.train.trainer import TrainConfig, run
 
     cfg = TrainConfig(model=model, stores=tuple(str(s) for s in shards), mixture=str(mixture), out=str(out),
-                      vocab=str(vocab), steps=steps, batch_size=batch_size, grad_accum=grad_accum, lr=lr, warmup=warmup,
+                      vocab=str(vocab), steps=steps, batch_size=batch_size, grad_accum=grad_accum, lr=lr,
+                      optimizer=optimizer, warmup=warmup,
                       weight_decay=weight_decay, device=device, amp=amp, workers=workers,
                       checkpoint_every=checkpoint_every, seed=seed, resume=resume, stop_at=stop_at or None,
                       task=TaskConfig(visual_weighting=visual_weighting, qa_from_epoch=qa_from_epoch))

@@ -50,3 +50,29 @@ def test_cli_pretrain(data, tmp_path):
                           capture_output=True, text=True, cwd=REPO, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "done: step 2" in proc.stdout
+
+
+def test_torchrun_two_processes_match_one_process(data, tmp_path):
+    """2 ranks x batch 2 vs 1 process x batch 4: the same items per step (dropout off)."""
+    import shutil
+    import subprocess
+    import sys
+
+    cfg = json.loads((REPO / "vl_models" / "models" / "model_configs" / "lxmert-tiny.json").read_text())
+    cfg.update(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, name="lxmert-tiny-nodrop")
+    (tmp_path / "nodrop.json").write_text(json.dumps(cfg))
+    common = ["-m", "vl_models.cli", "pretrain", "--model", str(tmp_path / "nodrop.json"), "--shards", str(data / "feats"),
+              "--mixture", str(data / "mix"), "--vocab", str(VOCAB), "--steps", "3", "--lr", "1e-2", "--warmup", "1",
+              "--optimizer", "sgd"]
+    torchrun = shutil.which("torchrun")
+    two = subprocess.run([torchrun, "--nproc_per_node", "2", "--master_port", "29533", *common, "--batch-size", "2",
+                          "--out", str(tmp_path / "ddp")], capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert two.returncode == 0, two.stderr[-3000:]
+    one = subprocess.run([sys.executable, *common, "--batch-size", "4", "--out", str(tmp_path / "single")],
+                         capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert one.returncode == 0, one.stderr[-3000:]
+    a = torch.load(tmp_path / "ddp" / "checkpoints" / "step_0000003.pt", weights_only=True)["model"]
+    b = torch.load(tmp_path / "single" / "checkpoints" / "step_0000003.pt", weights_only=True)["model"]
+    worst = max((a[k].float() - b[k].float()).abs().max().item() for k in a)
+    assert worst < 1e-5, worst  # SGD: differences are the gradients' float noise
+    assert json.loads((tmp_path / "ddp" / "config.json").read_text())["world_size"] == 2

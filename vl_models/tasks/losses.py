@@ -17,35 +17,47 @@ import torch.nn.functional as F
 VISUAL_LOSS_NORMALIZER = 6.67  # 1 / 0.15, LXMERT's
 
 
+def global_mean(total: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
+    """`total / count` where, under DDP, `count` is summed over all ranks (times the world
+    size, which DDP's gradient averaging divides back out): the gradient of a mean over
+    the *global* batch, whatever each rank's share of valid targets."""
+    import torch.distributed as dist
+
+    count = count.detach().float().clone()
+    world = 1
+    if dist.is_available() and dist.is_initialized():
+        dist.all_reduce(count)
+        world = dist.get_world_size()
+    return total * world / count.clamp(min=1.0)
+
+
 def masked_lm(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, dict]:
     """Cross-entropy over the positions whose label is not -1; accuracy on them."""
     flat, target = logits.reshape(-1, logits.shape[-1]), labels.reshape(-1)
-    valid = target != -1
-    if not valid.any():
-        return logits.sum() * 0.0, {"mlm_acc": float("nan")}
-    loss = F.cross_entropy(flat[valid], target[valid])
-    acc = (flat[valid].argmax(-1) == target[valid]).float().mean().item()
-    return loss, {"mlm_acc": acc}
+    return _classification(flat, target, "mlm")
 
 
 def pair_classification(logits: torch.Tensor, labels: torch.Tensor, name: str) -> tuple[torch.Tensor, dict]:
     """Two-way cross-entropy (alignment / matching); labels -1 are ignored."""
+    return _classification(logits, labels, name)
+
+
+def _classification(logits: torch.Tensor, labels: torch.Tensor, name: str) -> tuple[torch.Tensor, dict]:
+    """Mean cross-entropy over labels != -1 (0 when there are none). The collective in
+    `global_mean` runs on every rank whatever its labels, so DDP ranks stay in step."""
     valid = labels != -1
-    if not valid.any():
-        return logits.sum() * 0.0, {f"{name}_acc": float("nan")}
-    loss = F.cross_entropy(logits[valid], labels[valid])
-    return loss, {f"{name}_acc": (logits[valid].argmax(-1) == labels[valid]).float().mean().item()}
+    ce = F.cross_entropy(logits, labels.clamp(min=0), reduction="none")
+    loss = global_mean((ce * valid).sum(), valid.sum())
+    acc = (logits[valid].argmax(-1) == labels[valid]).float().mean().item() if valid.any() else float("nan")
+    return loss, {f"{name}_acc": acc}
 
 
 def region_kl(logits: torch.Tensor, target_prob: torch.Tensor, selected: torch.Tensor) -> tuple[torch.Tensor, dict]:
     """ViLBERT's masked-region loss: KL(detector distribution || predicted), summed over
     classes, over the selected regions, divided by their number (0 when none)."""
-    count = selected.sum()
-    if count == 0:
-        return logits.sum() * 0.0, {"region_kl": 0.0}
     log_pred = F.log_softmax(logits.float(), dim=-1)
     kl = F.kl_div(log_pred, target_prob.float(), reduction="none").sum(-1)
-    loss = (kl * selected).sum() / count
+    loss = global_mean((kl * selected).sum(), selected.sum())
     return loss, {"region_kl": loss.item()}
 
 
@@ -95,9 +107,8 @@ def qa(logits: torch.Tensor, labels: torch.Tensor, active: bool = True) -> tuple
     """Image QA over the answer table on matched question items (label -1 elsewhere);
     switched off (zero loss) before its starting epoch."""
     if not active:
-        return logits.sum() * 0.0, {"qa_acc": float("nan")}
-    loss, metrics = pair_classification(logits, labels, "qa")
-    return loss, metrics
+        labels = torch.full_like(labels, -1)  # still through the collective, as on every rank
+    return _classification(logits, labels, "qa")
 
 
 def total(losses: dict[str, torch.Tensor], weights: Optional[dict[str, float]] = None) -> torch.Tensor:

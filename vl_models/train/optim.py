@@ -28,5 +28,11 @@ def lr_at(step: int, base_lr: float, warmup: int, total: int) -> float:
     return base_lr * max(0.0, (total - step) / (total - warmup))
 
 
-def make_optimizer(model: nn.Module, lr: float, weight_decay: float, betas=(0.9, 0.999), eps: float = 1e-6):
-    return torch.optim.AdamW(param_groups(model, weight_decay), lr=lr, betas=betas, eps=eps)
+def make_optimizer(model: nn.Module, name: str, lr: float, weight_decay: float, betas=(0.9, 0.999), eps: float = 1e-6):
+    """AdamW (default) or SGD with momentum 0.9, over the decay / no-decay groups."""
+    groups = param_groups(model, weight_decay)
+    if name == "adamw":
+        return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps)
+    if name == "sgd":
+        return torch.optim.SGD(groups, lr=lr, momentum=0.9)
+    raise ValueError(f"optimizer must be adamw or sgd, got {name!r}")

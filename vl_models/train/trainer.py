@@ -45,6 +45,7 @@ class TrainConfig:
     batch_size: int = 32  # per rank, per micro-step
     grad_accum: int = 1
     lr: float = 1e-4
+    optimizer: str = "adamw"  # adamw | sgd
     warmup: int = 100
     weight_decay: float = 0.01
     clip: float = 1.0
@@ -95,7 +96,7 @@ def run(cfg: TrainConfig, on_step: Optional[Callable[[int, dict], None]] = None)
     data = PretrainDataset(Path(cfg.mixture), [Path(s) for s in cfg.stores], Path(cfg.vocab), DataConfig(
         model=kind, max_text=cfg.max_text or (36 if kind == "vilbert" else 20), max_regions=cfg.max_regions, seed=cfg.seed))
     sampler = ResumableSampler(len(data), rank, world, cfg.seed)
-    optimizer = make_optimizer(model, cfg.lr, cfg.weight_decay)
+    optimizer = make_optimizer(model, cfg.optimizer, cfg.lr, cfg.weight_decay)
     scaler = torch.amp.GradScaler("cuda", enabled=cfg.amp == "fp16")
     step = 0
     state = checkpoint.load_latest(out) if cfg.resume else None
@@ -107,7 +108,9 @@ def run(cfg: TrainConfig, on_step: Optional[Callable[[int, dict], None]] = None)
         step = state["step"]
         checkpoint.set_rng_state(state["rng"])
         log.info("resumed %s at step %d", out, step)
-    wrapped = torch.nn.parallel.DistributedDataParallel(model) if world > 1 else model
+    # ViLBERT's q_dense1/2 exist in its checkpoints but take no part in the forward pass.
+    wrapped = (torch.nn.parallel.DistributedDataParallel(model, find_unused_parameters=kind == "vilbert")
+               if world > 1 else model)
     if distributed.is_main():
         out.mkdir(parents=True, exist_ok=True)
         atomic_write_json(out / "config.json", {"train": cfg.to_json(), "model": mcfg.to_json(), "kind": kind,
