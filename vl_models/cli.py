@@ -35,6 +35,7 @@ def pretrain(
     amp: str = typer.Option("none", help="Mixed precision: none, bf16, or fp16 (CUDA, with a GradScaler)."),
     workers: int = typer.Option(0, help="DataLoader worker processes."),
     checkpoint_every: int = typer.Option(500, help="Steps between checkpoints."),
+    eval_every: int = typer.Option(0, help="Steps between validation passes on the mixture's val split (0: at the end)."),
     seed: int = typer.Option(0, help="Seed of initialization, sampling and masking."),
     resume: bool = typer.Option(False, help="Continue from OUT/checkpoints/latest."),
     stop_at: int = typer.Option(0, help="End this invocation at this step (0: run to --steps); resume later."),
@@ -54,20 +55,43 @@ def pretrain(
                       vocab=str(vocab), steps=steps, batch_size=batch_size, grad_accum=grad_accum, lr=lr,
                       optimizer=optimizer, warmup=warmup,
                       weight_decay=weight_decay, device=device, amp=amp, workers=workers,
-                      checkpoint_every=checkpoint_every, seed=seed, resume=resume, stop_at=stop_at or None,
+                      checkpoint_every=checkpoint_every, eval_every=eval_every, seed=seed, resume=resume,
+                      stop_at=stop_at or None,
                       task=TaskConfig(visual_weighting=visual_weighting, qa_from_epoch=qa_from_epoch))
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    columns = [TextColumn("pretraining"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
+               TimeElapsedColumn(), TimeRemainingColumn()]
     try:
-        last = run(cfg, on_step=lambda step, m: out_console_step(step, m))
+        with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
+            task = bar.add_task("steps", total=steps, info="")
+
+            def update(step: int, metrics: dict) -> None:
+                loss = sum(v for k, v in metrics.items() if k.startswith("loss_"))
+                bar.update(task, completed=step, info=f"loss {loss:.3f}, {metrics['samples_per_s']:.1f} samples/s")
+
+            last = run(cfg, on_step=update)
     except (ConfigError, StoreError) as err:
         Console(stderr=True).print(f"[red]error:[/red] {err}")
         raise typer.Exit(2)
-    out.mkdir(parents=True, exist_ok=True)
+    shown = {k: round(v, 4) for k, v in last.items() if k.startswith(("loss_", "eval_"))}
     Console().print(f"done: step {last.get('step')} -> {out}")
+    Console().print(shown)
 
 
-def out_console_step(step: int, metrics: dict) -> None:
-    losses = " ".join(f"{k[5:]}={v:.3f}" for k, v in metrics.items() if k.startswith("loss_"))
-    Console(stderr=True).print(f"step {step}: {losses} ({metrics['samples_per_s']:.1f} samples/s)")
+@app.command()
+def plot(
+    run_dir: Path = typer.Argument(..., help="Run folder with metrics.jsonl."),
+    output: Path = typer.Option(None, "-o", "--output", help="PNG to write (default RUN/curves.png)."),
+) -> None:
+    """Plot a run's training losses, accuracies and validation metrics to a PNG."""
+    from vl_models.train.plot import plot_run
+
+    if not (run_dir / "metrics.jsonl").exists():
+        Console(stderr=True).print(f"[red]error:[/red] {run_dir} has no metrics.jsonl")
+        raise typer.Exit(2)
+    path = plot_run(run_dir, output or run_dir / "curves.png")
+    Console().print(f"wrote {path}")
 
 
 @app.command("preview-batch")

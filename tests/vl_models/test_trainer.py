@@ -19,6 +19,7 @@ def config(data, tmp_path, model, **kw):
 def test_pretraining_runs_and_writes_a_run_folder(data, tmp_path, model):
     last = run(config(data, tmp_path, model))
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    rows = [r for r in rows if "lr" in r]  # training rows (validation rows carry eval_* keys)
     assert [r["step"] for r in rows] == [1, 2, 3, 4] and last["step"] == 4
     keys = {"loss_mlm", "loss_alignment", "loss_region"} if model == "vilbert-tiny" else {
         "loss_mlm", "loss_matching", "loss_obj", "loss_attr", "loss_feat", "loss_qa"}
@@ -76,3 +77,21 @@ def test_torchrun_two_processes_match_one_process(data, tmp_path):
     worst = max((a[k].float() - b[k].float()).abs().max().item() for k in a)
     assert worst < 1e-5, worst  # SGD: differences are the gradients' float noise
     assert json.loads((tmp_path / "ddp" / "config.json").read_text())["world_size"] == 2
+
+
+def test_validation_metrics_and_plot(data, tmp_path):
+    import subprocess
+    import sys
+
+    run(config(data, tmp_path, "vilbert-tiny", steps=4, eval_every=2))
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    evals = [r for r in rows if "eval_mlm_acc" in r or "eval_retrieval_R@1" in r]
+    assert [r["step"] for r in evals] == [2, 4]
+    assert {"eval_alignment_acc", "eval_retrieval_R@1", "eval_retrieval_R@5"} <= set(evals[-1])
+    assert 0.0 <= evals[-1]["eval_retrieval_R@1"] <= 1.0 and evals[-1]["eval_retrieval_R@5"] == 1.0  # 2 images
+    proc = subprocess.run([sys.executable, "-m", "vl_models.cli", "plot", str(tmp_path / "run")], capture_output=True,
+                          text=True, cwd=REPO, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    from PIL import Image
+
+    assert Image.open(tmp_path / "run" / "curves.png").size[0] > 1000

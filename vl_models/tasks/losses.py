@@ -8,6 +8,7 @@ with nothing to predict (the loss is then 0, not NaN).
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Optional
 
@@ -15,6 +16,19 @@ import torch
 import torch.nn.functional as F
 
 VISUAL_LOSS_NORMALIZER = 6.67  # 1 / 0.15, LXMERT's
+
+
+_REDUCE = {"global": True}
+
+
+@contextmanager
+def local_means():
+    """Within this block, `global_mean` does not talk to other ranks (evaluation on one rank)."""
+    _REDUCE["global"] = False
+    try:
+        yield
+    finally:
+        _REDUCE["global"] = True
 
 
 def global_mean(total: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
@@ -25,7 +39,7 @@ def global_mean(total: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
 
     count = count.detach().float().clone()
     world = 1
-    if dist.is_available() and dist.is_initialized():
+    if _REDUCE["global"] and dist.is_available() and dist.is_initialized():
         dist.all_reduce(count)
         world = dist.get_world_size()
     return total * world / count.clamp(min=1.0)

@@ -24,6 +24,7 @@ from pipeline.io import atomic_write_json
 from pipeline.store import FeatureStore
 from vl_models.data.dataset import DataConfig, PretrainDataset
 from vl_models.data.sampler import ResumableSampler
+from vl_models.eval.evaluate import evaluate
 from vl_models.models.configuration import LxmertConfig, ViLBERTConfig, load_config
 from vl_models.models.modeling_lxmert import LxmertForPreTraining
 from vl_models.models.modeling_vilbert import ViLBERTForPreTraining
@@ -54,6 +55,7 @@ class TrainConfig:
     device: str = "cpu"
     amp: str = "none"  # none | bf16 | fp16 (fp16 with a GradScaler, CUDA only)
     checkpoint_every: int = 500
+    eval_every: int = 0  # steps between validation passes (0: only at the end)
     log_every: int = 10
     resume: bool = False
     stop_at: Optional[int] = None  # end this invocation at this step (the schedule still spans `steps`)
@@ -96,6 +98,12 @@ def run(cfg: TrainConfig, on_step: Optional[Callable[[int, dict], None]] = None)
     data = PretrainDataset(Path(cfg.mixture), [Path(s) for s in cfg.stores], Path(cfg.vocab), DataConfig(
         model=kind, max_text=cfg.max_text or (36 if kind == "vilbert" else 20), max_regions=cfg.max_regions, seed=cfg.seed))
     sampler = ResumableSampler(len(data), rank, world, cfg.seed)
+    try:
+        val = PretrainDataset(Path(cfg.mixture), [Path(s) for s in cfg.stores], Path(cfg.vocab),
+                              replace(data.cfg, split="val", mismatch_prob=0.5))
+    except ConfigError:
+        val = None
+        log.info("%s has no val split: no validation", cfg.mixture)
     optimizer = make_optimizer(model, cfg.optimizer, cfg.lr, cfg.weight_decay)
     scaler = torch.amp.GradScaler("cuda", enabled=cfg.amp == "fp16")
     step = 0
@@ -151,6 +159,11 @@ def run(cfg: TrainConfig, on_step: Optional[Callable[[int, dict], None]] = None)
                 f.write(json.dumps(metrics) + "\n")
             if on_step:
                 on_step(step, metrics)
+        if val is not None and distributed.is_main() and ((cfg.eval_every and step % cfg.eval_every == 0) or step == end):
+            scores = evaluate(kind, model, val, device)
+            with open(out / "metrics.jsonl", "a") as f:
+                f.write(json.dumps({"step": step, **scores}) + "\n")
+            metrics = {**metrics, **scores}
         if distributed.is_main() and (step % cfg.checkpoint_every == 0 or step == end):
             checkpoint.save(out, step, {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
                                         "scaler": scaler.state_dict(),

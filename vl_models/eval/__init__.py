@@ -1,0 +1,1 @@
+"""Evaluation during and after pretraining."""
