@@ -25,7 +25,8 @@ from pipeline import __version__
 from pipeline.datasets import ReaderOptions
 from pipeline.detect.config import DetectorConfig
 from pipeline.detect.extractor import RegionFeatureExtractor, SelectionConfig
-from pipeline.detect.weights import WEIGHT_SOURCES, file_sha256, load_detector
+from pipeline.detect.weights import WEIGHT_SOURCES, load_detector
+from pipeline.io import sha256_file
 from pipeline.download.fetch import FetchConfig
 from pipeline.download.images import ImageConfig, ImageError, load_rgb
 from pipeline.download.shard import ShardJob, fetch_rows, shard_stats
@@ -266,7 +267,7 @@ def run_extract(cfg: ExtractConfig, on_progress: Optional[Callable[[ExtractProgr
     given = None
     if cfg.given_boxes is not None:
         given = read_given_boxes(cfg.given_boxes)
-        provenance["box_policy"] = f"given boxes from {Path(cfg.given_boxes).name} (sha256 {file_sha256(Path(cfg.given_boxes))[:16]})"
+        provenance["box_policy"] = f"given boxes from {Path(cfg.given_boxes).name} (sha256 {sha256_file(Path(cfg.given_boxes))[:16]})"
     writer = FeatureStoreWriter(
         cfg.out, backend=cfg.backend, shard_size=10**12, resume=True, feature_dim=det_cfg.res5_channels,
         dtype=cfg.dtype, cls_prob=cfg.cls_prob, attr_prob=cfg.attr_prob if det_cfg.num_attributes else "none",

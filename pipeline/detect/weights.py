@@ -25,7 +25,6 @@ to index 0 here, our canonical convention.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -38,6 +37,7 @@ from pipeline.detect.boxes import cell_anchors
 from pipeline.detect.config import DetectorConfig
 from pipeline.detect.model import VGDetector
 from pipeline.errors import ConfigError, UnsafePickleError
+from pipeline.io import sha256_file
 from pipeline.safe_pickle import safe_loads
 
 log = logging.getLogger(__name__)
@@ -64,14 +64,6 @@ class LoadReport:
     identity_norm_stats: int = 0
     dropped: list[str] = field(default_factory=list)
     attributes: bool = True
-
-
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(1 << 22):
-            h.update(block)
-    return h.hexdigest()
 
 
 def detect_layout(path: Path) -> str:
@@ -131,7 +123,7 @@ def load_detector(path: Path, cfg: DetectorConfig, layout: Optional[str] = None)
     if not has_attr and cfg.num_attributes:
         cfg = replace(cfg, num_attributes=0)
     model = VGDetector(cfg)
-    report = LoadReport(str(path), layout, file_sha256(path), len(tensors), attributes=has_attr)
+    report = LoadReport(str(path), layout, sha256_file(path), len(tensors), attributes=has_attr)
     expected = model.state_dict()
 
     for key in [k for k in tensors if k.endswith(".num_batches_tracked")]:

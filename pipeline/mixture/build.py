@@ -26,7 +26,6 @@ same inputs and spec give byte-identical outputs. Output folder: ``items.arrow``
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import shutil
 from collections import Counter, defaultdict
@@ -39,7 +38,7 @@ import yaml
 
 from pipeline import __version__
 from pipeline.errors import ConfigError
-from pipeline.io import atomic_write_json, commit_path, tmp_path_for
+from pipeline.io import atomic_write_json, commit_path, sha256_file, tmp_path_for
 from pipeline.mixture.answers import answer_table
 from pipeline.mixture.sources import (
     ImageIds, TextItem, read_coco_captions, read_gqa, read_lxmert, read_vg_regions, read_vgqa, read_vqa,
@@ -161,14 +160,6 @@ def _iter_source(spec: MixtureSpec, src: SourceSpec) -> Iterator[tuple[str, Text
                 yield src.name, TextItem(result.image_id, text.text, "caption")
 
 
-def _file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(1 << 22):
-            h.update(block)
-    return h.hexdigest()
-
-
 def build_mixture(spec: MixtureSpec, out: Path, stores: tuple[Path, ...] = (), drop_missing: bool = False,
                   progress: Optional[Callable[[int], None]] = None) -> dict:
     """Build the mixture into `out`; returns the manifest."""
@@ -266,7 +257,7 @@ def build_mixture(spec: MixtureSpec, out: Path, stores: tuple[Path, ...] = (), d
         "format": "vlprep-mixture", "schema_version": MIXTURE_SCHEMA_VERSION, "name": spec.name,
         "producer": f"vlprep {__version__} build-mixture",
         "spec": spec.raw,
-        "inputs": [{"path": str(p), "bytes": p.stat().st_size, "sha256": _file_sha256(p)} for p in spec.all_files()],
+        "inputs": [{"path": str(p), "bytes": p.stat().st_size, "sha256": sha256_file(p)} for p in spec.all_files()],
         "counts": {name: dict(sorted(c.items())) for name, c in stats.items()},
         "totals": dict(sorted(sum((Counter({k: v for k, v in c.items() if "/" in k}) for c in stats.values()), Counter()).items())),
         "images": {name: len(v) for name, v in images.items()},

@@ -15,7 +15,7 @@ from image_server import ImageServer, write_tsv
 from PIL import Image
 
 from pipeline.detect.config import DetectorConfig
-from pipeline.detect.weights import file_sha256
+from pipeline.io import sha256_file
 from pipeline.store import FeatureStore, verify_store
 
 TINY = DetectorConfig.load("tiny")
@@ -42,7 +42,7 @@ def test_extract_downloads_and_fills_a_verified_store(tmp_path, server, weights)
     store = FeatureStore.open(out)
     assert len(store) == len(GOOD)
     prov = store.manifest.provenance
-    assert prov["detector"] == "tiny" and prov["weights_sha256"] == file_sha256(weights)
+    assert prov["detector"] == "tiny" and prov["weights_sha256"] == sha256_file(weights)
     assert prov["box_policy"].startswith("butd boxes=5-12") and prov["weights_layout"] == "d2-pickle"
     assert store.manifest.layout.cls_dim == TINY.num_classes + 1 and store.manifest.layout.attr_dim == TINY.num_attributes + 1
     for rec in store:

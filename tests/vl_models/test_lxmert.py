@@ -8,14 +8,19 @@ from vl_models.models.modeling_lxmert import LxmertModel
 from vl_models.models.weights import export_hf, load_lxmert
 
 
-def hf_tiny() -> transformers.LxmertModel:
+def hf_config() -> transformers.LxmertConfig:
+    """transformers' config for our lxmert-tiny."""
     cfg = load_config("lxmert-tiny")
-    hf_cfg = transformers.LxmertConfig(
+    return transformers.LxmertConfig(
         vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, num_attention_heads=cfg.num_attention_heads,
         intermediate_size=cfg.intermediate_size, l_layers=cfg.l_layers, x_layers=cfg.x_layers, r_layers=cfg.r_layers,
         max_position_embeddings=cfg.max_position_embeddings, num_qa_labels=cfg.num_qa_labels,
         num_object_labels=cfg.num_object_labels, num_attr_labels=cfg.num_attr_labels,
     )
+
+
+def hf_tiny() -> transformers.LxmertModel:
+    hf_cfg = hf_config()
     torch.manual_seed(0)
     model = transformers.LxmertModel(hf_cfg).eval()
     with torch.no_grad():  # make every parameter matter (HF zero-initializes biases)
@@ -91,12 +96,7 @@ def test_pretraining_heads_match_transformers():
     from vl_models.models.weights import load_lxmert_pretraining
 
     cfg = load_config("lxmert-tiny")
-    hf_cfg = transformers.LxmertConfig(
-        vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, num_attention_heads=cfg.num_attention_heads,
-        intermediate_size=cfg.intermediate_size, l_layers=cfg.l_layers, x_layers=cfg.x_layers, r_layers=cfg.r_layers,
-        max_position_embeddings=cfg.max_position_embeddings, num_qa_labels=cfg.num_qa_labels,
-        num_object_labels=cfg.num_object_labels, num_attr_labels=cfg.num_attr_labels,
-    )
+    hf_cfg = hf_config()
     torch.manual_seed(0)
     hf = transformers.LxmertForPreTraining(hf_cfg).eval()
     with torch.no_grad():

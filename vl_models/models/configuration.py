@@ -46,10 +46,7 @@ class LxmertConfig:
 
     @classmethod
     def from_json(cls, obj: dict) -> "LxmertConfig":
-        unknown = set(obj) - {f.name for f in fields(cls)} - {"model_type"}
-        if unknown:
-            raise ConfigError(f"unknown LXMERT config keys: {', '.join(sorted(unknown))}")
-        return cls(**{k: v for k, v in obj.items() if k != "model_type"})
+        return _from_json(cls, obj)
 
 
 @dataclass(frozen=True)
@@ -104,10 +101,15 @@ class ViLBERTConfig:
 
     @classmethod
     def from_json(cls, obj: dict) -> "ViLBERTConfig":
-        unknown = set(obj) - {f.name for f in fields(cls)} - {"model_type"}
-        if unknown:
-            raise ConfigError(f"unknown ViLBERT config keys: {', '.join(sorted(unknown))}")
-        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in obj.items() if k != "model_type"})
+        return _from_json(cls, obj)
+
+
+def _from_json(cls, obj: dict):
+    """A config dataclass from its JSON form (lists become tuples; unknown keys are an error)."""
+    unknown = set(obj) - {f.name for f in fields(cls)} - {"model_type"}
+    if unknown:
+        raise ConfigError(f"unknown {cls.__name__} keys: {', '.join(sorted(unknown))}")
+    return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in obj.items() if k != "model_type"})
 
 
 def load_config(name_or_path: Union[str, Path]) -> Union[LxmertConfig, "ViLBERTConfig"]:

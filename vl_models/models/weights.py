@@ -63,25 +63,23 @@ def check_keys(expected: dict[str, torch.Tensor], state: dict[str, torch.Tensor]
         raise ConfigError(f"checkpoint does not match {what}:\n  " + "\n  ".join(parts))
 
 
-def load_lxmert(source: Union[Path, dict], cfg: LxmertConfig) -> LxmertModel:
-    """An `LxmertModel` for `cfg` filled from a checkpoint path or a state dict."""
+def _load_strict(source: Union[Path, dict], model, what: str):
     state = read_state_dict(source) if not isinstance(source, dict) else source
     state = {_normalize(k): v for k, v in state.items() if _normalize(k) not in _DROPPABLE}
-    model = LxmertModel(cfg)
-    check_keys(model.state_dict(), state, f"LXMERT config {cfg.name!r}")
+    check_keys(model.state_dict(), state, what)
     model.load_state_dict(state, strict=True)
     return model
+
+
+def load_lxmert(source: Union[Path, dict], cfg: LxmertConfig) -> LxmertModel:
+    """An `LxmertModel` for `cfg` filled from a checkpoint path or a state dict."""
+    return _load_strict(source, LxmertModel(cfg), f"LXMERT config {cfg.name!r}")
 
 
 def load_vilbert(source: Union[Path, dict], cfg: ViLBERTConfig) -> ViLBERTModel:
     """A `ViLBERTModel` filled from a vilbert-multi-task checkpoint's ``bert.*`` tensors
     (or our own state dict). Task and pretraining heads are loaded with their tasks."""
-    state = read_state_dict(source) if not isinstance(source, dict) else source
-    state = {_normalize(k): v for k, v in state.items() if _normalize(k) not in _DROPPABLE}
-    model = ViLBERTModel(cfg)
-    check_keys(model.state_dict(), state, f"ViLBERT config {cfg.name!r}")
-    model.load_state_dict(state, strict=True)
-    return model
+    return _load_strict(source, ViLBERTModel(cfg), f"ViLBERT config {cfg.name!r}")
 
 
 def load_lxmert_pretraining(source: Union[Path, dict], cfg: LxmertConfig) -> LxmertForPreTraining:
