@@ -7,7 +7,7 @@ import json
 import os
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Union
 
 TMP_PREFIX = ".tmp-"
 
@@ -86,3 +86,20 @@ def disk_bytes(path: Path) -> int:
     if path.is_dir():
         return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
     return path.stat().st_size
+
+
+def read_named_json(name_or_path: Union[str, Path], folder: Path, what: str) -> dict:
+    """A JSON config given by name (``folder/<name>.json``) or by path; a missing one is a
+    ConfigError listing the known names."""
+    from pipeline.errors import ConfigError
+
+    path = Path(name_or_path)
+    if not path.suffix:
+        path = folder / f"{name_or_path}.json"
+    if not path.exists():
+        known = ", ".join(p.stem for p in sorted(folder.glob("*.json")))
+        raise ConfigError(f"no {what} config {name_or_path!r} (known: {known}, or a .json path)")
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise ConfigError(f"{path}: invalid JSON: {err}") from err

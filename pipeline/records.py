@@ -269,13 +269,9 @@ def pad_regions(
 # Source items (dataset readers -> downloader) and image records (downloader ->
 # image shards -> extractor).
 
-SOURCE_SCHEMA_VERSION = 1
-TEXT_KINDS = ("caption", "question", "statement", "description")
-
-
 @dataclass(frozen=True)
 class Text:
-    kind: str  # one of TEXT_KINDS
+    kind: str  # caption | question | statement
     text: str
 
 

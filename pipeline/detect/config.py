@@ -7,12 +7,12 @@ for tests and the embedded demo.
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Union
 
 from pipeline.errors import ConfigError
+from pipeline.io import read_named_json
 
 CONFIG_DIR = Path(__file__).parent / "configs"
 
@@ -80,10 +80,4 @@ class DetectorConfig:
 
     @classmethod
     def load(cls, name_or_path: Union[str, Path]) -> "DetectorConfig":
-        path = Path(name_or_path)
-        if not path.suffix:
-            path = CONFIG_DIR / f"{name_or_path}.json"
-        if not path.exists():
-            known = ", ".join(p.stem for p in sorted(CONFIG_DIR.glob("*.json")))
-            raise ConfigError(f"no detector config {name_or_path!r} (known: {known}, or a .json path)")
-        return cls.from_json(json.loads(path.read_text()))
+        return cls.from_json(read_named_json(name_or_path, CONFIG_DIR, "detector"))

@@ -300,7 +300,7 @@ def run_extract(cfg: ExtractConfig, on_progress: Optional[Callable[[ExtractProgr
         turn = [0]
 
         def submit(number: int, work, attempt: int) -> None:
-            rows = (download.remote(work, cfg.fetch, cfg.image, cfg.threads, str(cfg.keep_images or "") or None)
+            rows = (download.remote(work, cfg.fetch, cfg.image, cfg.threads, str(cfg.keep_images) if cfg.keep_images else None)
                     if isinstance(work, ShardJob) else work)
             actor = actors[turn[0] % len(actors)]
             turn[0] += 1

@@ -93,8 +93,6 @@ class Progress:
     ok: int = 0
     bytes: int = 0
     skipped_items: int = 0  # in shards complete before this run
-    shards_done: int = 0
-    shards_total: int = 0
     started: float = field(default_factory=time.time)
 
 
@@ -187,7 +185,6 @@ def run_download(cfg: DownloadConfig, on_progress: Optional[Callable[[Progress],
 
     def count_items() -> None:  # for the progress bar's total and ETA, beside the real work
         total = sum(1 for r in read_items(cfg.dataset, cfg.inputs, cfg.reader) if not isinstance(r, Malformed))
-        progress.shards_total = -(-total // cfg.shard_size)
         progress.total_items = total
 
     threading.Thread(target=count_items, daemon=True).start()
@@ -213,7 +210,6 @@ def run_download(cfg: DownloadConfig, on_progress: Optional[Callable[[Progress],
                 job, attempt = in_flight.pop(ref)
                 try:
                     stats = ray.get(ref)
-                    progress.shards_done += 1
                     log.debug("shard %s done at %.2f s (%.2f s in the task)", stats["shard"], time.time() - run_started,
                               stats["duration_s"])
                 except Exception as err:  # a shard error: retried, then reported
@@ -233,7 +229,6 @@ def run_download(cfg: DownloadConfig, on_progress: Optional[Callable[[Progress],
             previous = done.get(job.number)
             if previous is not None:
                 if not (cfg.retry_failed and previous.get("transient_failures")):
-                    progress.shards_done += 1
                     progress.skipped_items += previous["count"]
                     continue
                 job = ShardJob(job.number, (), retry_failed=True)

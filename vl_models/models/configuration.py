@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Union
 
 from pipeline.errors import ConfigError
+from pipeline.io import read_named_json
 
 CONFIG_DIR = Path(__file__).parent / "model_configs"
 
@@ -113,14 +113,8 @@ def _from_json(cls, obj: dict):
 
 
 def load_config(name_or_path: Union[str, Path]) -> Union[LxmertConfig, "ViLBERTConfig"]:
-    path = Path(name_or_path)
-    if not path.suffix:
-        path = CONFIG_DIR / f"{name_or_path}.json"
-    if not path.exists():
-        known = ", ".join(p.stem for p in sorted(CONFIG_DIR.glob("*.json")))
-        raise ConfigError(f"no model config {name_or_path!r} (known: {known}, or a .json path)")
-    obj = json.loads(path.read_text())
+    obj = read_named_json(name_or_path, CONFIG_DIR, "model")
     kinds = {"lxmert": LxmertConfig, "vilbert": ViLBERTConfig}
     if obj.get("model_type") not in kinds:
-        raise ConfigError(f"{path}: model_type must be one of {', '.join(kinds)}")
+        raise ConfigError(f"{name_or_path}: model_type must be one of {', '.join(kinds)}")
     return kinds[obj["model_type"]].from_json(obj)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 
-import torch
 import torch.distributed as dist
 
 
@@ -21,11 +20,3 @@ def init(device: str) -> None:
 
 def is_main() -> bool:
     return world()[0] == 0
-
-
-def all_reduce_mean(value: torch.Tensor) -> torch.Tensor:
-    if dist.is_initialized():
-        value = value.clone()
-        dist.all_reduce(value)
-        value /= dist.get_world_size()
-    return value
