@@ -7,7 +7,10 @@ import io
 import numpy as np
 from PIL import Image
 
+from pipeline.records import RegionFeatures, labels_from_probs
+
 DISTINCT = 64
+BOXES, DIM, CLASSES, ATTRS = 36, 2048, 1601, 401  # a bottom-up-attention record at BUTD settings
 
 
 def make_jpegs(count: int = DISTINCT) -> list[bytes]:
@@ -26,3 +29,22 @@ def make_jpegs(count: int = DISTINCT) -> list[bytes]:
         Image.fromarray(np.clip(base, 0, 255).astype(np.uint8)).save(buf, "JPEG", quality=90)
         out.append(buf.getvalue())
     return out
+
+
+def vg_like_record(i: int) -> RegionFeatures:
+    """Image `COCO_train2014_<i>`: 36 random boxes with 2048-d features, a 1601-class
+    cls_prob and the object / attribute labels the VG detector would give."""
+    rng = np.random.default_rng(i)
+    w, h = 640, 480
+    x1, y1 = rng.uniform(0, 320, BOXES), rng.uniform(0, 240, BOXES)
+    boxes = np.stack([x1, y1, x1 + rng.uniform(1, 320, BOXES), y1 + rng.uniform(1, 240, BOXES)], 1).astype(np.float32)
+    cls_prob = rng.random((BOXES, CLASSES), np.float32)
+    cls_prob /= cls_prob.sum(1, keepdims=True)
+    objects_id, objects_conf = labels_from_probs(cls_prob)
+    return RegionFeatures(
+        image_id=f"COCO_train2014_{i:012d}", image_h=h, image_w=w, boxes=boxes,
+        features=rng.random((BOXES, DIM), np.float32) * 4,
+        objects_id=objects_id, objects_conf=objects_conf,
+        attrs_id=rng.integers(0, ATTRS - 1, BOXES), attrs_conf=rng.random(BOXES, np.float32),
+        cls_prob=cls_prob,
+    )

@@ -39,28 +39,10 @@ import lmdb
 import numpy as np
 import pyarrow
 
-from pipeline.records import RegionFeatures, labels_from_probs
+from common import BOXES, CLASSES, DIM, vg_like_record as make_record
+
+from pipeline.records import RegionFeatures
 from pipeline.store import FeatureStore, FeatureStoreWriter
-
-BOXES, DIM, CLASSES, ATTRS = 36, 2048, 1601, 401
-
-
-def make_record(i: int) -> RegionFeatures:
-    rng = np.random.default_rng(i)
-    w, h = 640, 480
-    x1, y1 = rng.uniform(0, 320, BOXES), rng.uniform(0, 240, BOXES)
-    boxes = np.stack([x1, y1, x1 + rng.uniform(1, 320, BOXES), y1 + rng.uniform(1, 240, BOXES)], 1).astype(np.float32)
-    cls_prob = rng.random((BOXES, CLASSES), np.float32)
-    cls_prob /= cls_prob.sum(1, keepdims=True)
-    objects_id, objects_conf = labels_from_probs(cls_prob)
-    return RegionFeatures(
-        image_id=f"COCO_train2014_{i:012d}", image_h=h, image_w=w, boxes=boxes,
-        features=rng.random((BOXES, DIM), np.float32) * 4,
-        objects_id=objects_id, objects_conf=objects_conf,
-        attrs_id=rng.integers(0, ATTRS - 1, BOXES), attrs_conf=rng.random(BOXES, np.float32),
-        cls_prob=cls_prob,
-    )
-
 
 def b64(a, dtype) -> bytes:
     return base64.b64encode(np.ascontiguousarray(a, dtype).tobytes())

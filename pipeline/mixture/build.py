@@ -220,7 +220,7 @@ def build_mixture(spec: MixtureSpec, out: Path, stores: tuple[Path, ...] = (), d
                 if item.kind == "question" and item.answers is not None:
                     kept = sorted((index[a], s) for a, s in item.answers.items() if a in index)
                     answer_ids, answer_scores = [i for i, _ in kept], [s for _, s in kept]
-                    if split == "train":
+                    if split == "train" and item.answers:  # all answers may normalize away ("the")
                         answered += 1
                         best = max(item.answers.items(), key=lambda kv: (kv[1], kv[0]))[0]
                         covered += best in index

@@ -173,6 +173,17 @@ def test_shipped_specs_parse(tmp_path):
             MixtureSpec.load(path, root=tmp_path)
 
 
+def test_question_whose_answers_all_normalize_away(tmp_path, root):
+    """Annotators answering only "the" / "a": the question is kept, with no answers."""
+    path = root / "vqa/v2_mscoco_train2014_annotations.json"
+    annotations = json.loads(path.read_text())
+    annotations["annotations"][1]["answers"] = [{"answer": a} for a in ["the", "a", "A."] * 3 + ["an"]]
+    dump(path, annotations)
+    build_mixture(MixtureSpec.load(root / "spec.yaml"), tmp_path / "mix")
+    row = next(r for r in items(tmp_path / "mix") if r["text"] == "How many giraffes?")
+    assert row["answer_ids"] == [] and row["answer_scores"] == []
+
+
 def test_conceptual_captions_mixture(tmp_path):
     (tmp_path / "cc").mkdir()
     (tmp_path / "cc" / "Train_GCC-training.tsv").write_text("a dog\thttp://x/1\na cat\thttp://x/2\n")

@@ -1,14 +1,18 @@
-"""A learning test: captions are a function of the region features (a colour word <-> a
-feature dimension), so training image-text alignment must lift held-out alignment accuracy
-and caption->image retrieval far above chance. The alignment objective is isolated with the
-configurable task weights (with MLM and the region loss at full weight, the tiny model stays
-on the alignment plateau for longer than a CI-sized run)."""
+"""Learning tests: the text is a function of the region features (a colour word <-> a
+feature dimension), so training must lift held-out accuracy far above chance.
+
+ViLBERT: image-text alignment (and caption -> image retrieval) from alignment alone (with MLM
+and the region loss at full weight, the tiny model stays on the alignment plateau for longer
+than a CI-sized run). LXMERT, all five tasks on: image QA ("what color is the object?")
+through the cross-modality layers, and masked-object classification. (LXMERT-tiny's matching head, an XOR of word and image colour read
+from additive [CLS] states, does not leave chance in a CI-sized run from scratch.)"""
 
 import json
 
 import numpy as np
 import yaml
 from conftest import VOCAB
+
 from pipeline.mixture.build import MixtureSpec, build_mixture
 from pipeline.records import RegionFeatures
 from pipeline.store import write_records
@@ -16,38 +20,71 @@ from vl_models.tasks.pretrain import TaskConfig
 from vl_models.train.trainer import TrainConfig, run
 
 COLORS = ["red", "green", "blue", "yellow", "purple", "orange"]
+N, VAL_FROM = 96, 80
 
 
-def test_alignment_is_learned(tmp_path):
-    model = "vilbert-tiny"
+def colour_store(tmp_path, name) -> list[int]:
+    """N images whose 3 regions carry colour c in feature dimension c; `name(i)` is image i's id."""
     rng = np.random.default_rng(0)
-    n = 96
-    concepts = rng.integers(0, len(COLORS), n)
-    lines, records = [], []
+    concepts = [int(c) for c in rng.integers(0, len(COLORS), N)]
+    records = []
     for i, c in enumerate(concepts):
-        split = "val" if i >= 80 else "train"
-        lines.append((split, f"a {COLORS[c]} object\thttp://img.example/{i}.jpg\n"))
-    for split in ("train", "val"):
-        (tmp_path / f"{split}.tsv").write_text("".join(line for s, line in lines if s == split))
-    for i, c in enumerate(concepts):
-        split, row = ("val", i - 80) if i >= 80 else ("train", i)
         boxes = np.array([[10, 10, 50, 50], [60, 10, 120, 80], [5, 70, 90, 120]], np.float32)
         feats = rng.normal(0, 0.3, (3, 16)).astype(np.float32)
         feats[:, c] += 3.0
         cls = np.full((3, 7), 0.01, np.float32)
         cls[:, c + 1] = 0.94
-        records.append(RegionFeatures(f"cc3m-{split}-{row:08d}", 128, 128, boxes, feats, cls_prob=cls,
+        records.append(RegionFeatures(name(i), 128, 128, boxes, feats, cls_prob=cls,
                                       objects_id=np.full(3, c), objects_conf=np.full(3, 0.94, np.float32),
                                       attrs_id=np.zeros(3, np.int64), attrs_conf=np.full(3, 0.5, np.float32)))
     write_records(tmp_path / "feats", records, feature_dim=16, dtype="float32", attr_prob="none")
+    return concepts
+
+
+def train(tmp_path, model, weights, steps) -> dict:
+    return run(TrainConfig(model=model, stores=(str(tmp_path / "feats"),), mixture=str(tmp_path / "mix"),
+                           out=str(tmp_path / "run"), vocab=str(VOCAB), steps=20000, stop_at=steps, batch_size=32,
+                           lr=1e-3, warmup=0, checkpoint_every=10000, log_every=100, max_regions=3, max_text=8, seed=0,
+                           task=TaskConfig(weights=weights)))
+
+
+def test_vilbert_alignment_is_learned(tmp_path):
+    def name(i):
+        return f"cc3m-val-{i - VAL_FROM:08d}" if i >= VAL_FROM else f"cc3m-train-{i:08d}"
+
+    concepts = colour_store(tmp_path, name)
+    for split, rows in (("train", range(VAL_FROM)), ("val", range(VAL_FROM, N))):
+        (tmp_path / f"{split}.tsv").write_text("".join(f"a {COLORS[concepts[i]]} object\thttp://img.example/{i}.jpg\n"
+                                                       for i in rows))
     (tmp_path / "spec.yaml").write_text(yaml.safe_dump({"name": "colors", "answers": {"top_k": 0}, "sources": [
         {"name": "cc", "kind": "conceptual_captions", "files": ["train.tsv"]},
         {"name": "cc_val", "kind": "conceptual_captions", "files": ["val.tsv"], "split": "val"}]}))
     build_mixture(MixtureSpec.load(tmp_path / "spec.yaml"), tmp_path / "mix", stores=(tmp_path / "feats",))
-    cfg = TrainConfig(model=model, stores=(str(tmp_path / "feats"),), mixture=str(tmp_path / "mix"),
-                      out=str(tmp_path / "run"), vocab=str(VOCAB), steps=20000, stop_at=700, batch_size=32, lr=1e-3,
-                      warmup=0, checkpoint_every=10000, log_every=100, max_regions=3, max_text=8, seed=0,
-                      task=TaskConfig(weights={"mlm": 0.0, "region": 0.0}))
-    last = run(cfg)
+    last = train(tmp_path, "vilbert-tiny", {"mlm": 0.0, "region": 0.0}, steps=700)
     assert last["eval_alignment_acc"] > 0.75, json.dumps(last)  # chance: 0.5
     assert last["eval_retrieval_R@5"] > 0.5, json.dumps(last)  # 16 images: chance R@5 = 0.31
+
+
+def test_lxmert_qa_is_learned(tmp_path):
+    """VQA-format questions on COCO-named images; the held-out images are the val split."""
+    def name(i):
+        return f"COCO_train2014_{i + 1:012d}"
+
+    concepts = colour_store(tmp_path, name)
+    (tmp_path / "heldout.txt").write_text("".join(name(i) + "\n" for i in range(VAL_FROM, N)))
+    (tmp_path / "captions_train2014.json").write_text(json.dumps({
+        "images": [{"id": i + 1, "file_name": name(i) + ".jpg"} for i in range(N)],
+        "annotations": [{"image_id": i + 1, "caption": f"a {COLORS[c]} object"} for i, c in enumerate(concepts)]}))
+    (tmp_path / "v2_OpenEnded_mscoco_train2014_questions.json").write_text(json.dumps({"questions": [
+        {"image_id": i + 1, "question": "what color is the object?", "question_id": i + 1} for i in range(N)]}))
+    (tmp_path / "v2_mscoco_train2014_annotations.json").write_text(json.dumps({"annotations": [
+        {"question_id": i + 1, "answers": [{"answer": COLORS[c]}] * 10} for i, c in enumerate(concepts)]}))
+    (tmp_path / "spec.yaml").write_text(yaml.safe_dump({"name": "colors-qa", "answers": {"top_k": 10},
+                                                        "heldout": ["heldout.txt"], "sources": [
+        {"name": "mscoco", "kind": "coco_captions", "files": ["captions_train2014.json"]},
+        {"name": "vqa", "kind": "vqa", "files": ["v2_OpenEnded_mscoco_train2014_questions.json",
+                                                  "v2_mscoco_train2014_annotations.json"]}]}))
+    build_mixture(MixtureSpec.load(tmp_path / "spec.yaml"), tmp_path / "mix", stores=(tmp_path / "feats",))
+    last = train(tmp_path, "lxmert-tiny", {}, steps=500)  # all five tasks at weight 1
+    assert last["eval_qa_score"] > 0.6, json.dumps(last)  # chance: 1/6
+    assert last["eval_obj_acc"] > 0.5, json.dumps(last)  # masked regions' object labels; chance: 1/6

@@ -23,13 +23,13 @@ def test_region_kl_normalized_by_masked_count_and_safe():
     logits = torch.randn(2, 4, 6)
     target = torch.softmax(torch.randn(2, 4, 6), -1)
     none = torch.zeros(2, 4, dtype=torch.bool)
-    assert region_kl(logits, target, none)[0].item() == 0.0
+    assert region_kl(logits[none], target[none])[0].item() == 0.0
     sel = none.clone()
     sel[0, 2] = sel[1, 0] = True
-    loss, _ = region_kl(logits, target, sel)
+    loss, _ = region_kl(logits[sel], target[sel])
     manual = sum(F.kl_div(F.log_softmax(logits[i, j], -1), target[i, j], reduction="sum") for i, j in ((0, 2), (1, 0))) / 2
     torch.testing.assert_close(loss, manual)
-    perfect, _ = region_kl(torch.log(target), target, sel)
+    perfect, _ = region_kl(torch.log(target)[sel], target[sel])
     assert perfect.abs().item() < 1e-6
 
 
@@ -42,12 +42,14 @@ def test_lxmert_visual_weighting_modes():
         features=torch.rand(b, n, 8, generator=g), selected=torch.tensor([[1, 0, 0, 0], [0, 1, 0, 0]], dtype=torch.bool),
         real=torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1]], dtype=torch.bool))
     obj, attr, feat = torch.randn(b, n, 5, generator=g), torch.randn(b, n, 3, generator=g), torch.rand(b, n, 8, generator=g)
-    conf, _ = lxmert_visual(obj, attr, feat, t, "confidence")
-    masked, _ = lxmert_visual(obj, attr, feat, t, "masked")
+    conf, _ = lxmert_visual(obj, attr, feat[t.selected], t, "confidence")
+    masked, _ = lxmert_visual(obj, attr, feat[t.selected], t, "masked")
     ce = F.cross_entropy(obj.reshape(-1, 5), t.obj_ids.reshape(-1), reduction="none")
     torch.testing.assert_close(conf["obj"], (ce * (t.obj_conf * t.real).reshape(-1)).mean() * 6.67)
     torch.testing.assert_close(masked["obj"], (ce * t.selected.float().reshape(-1)).mean() * 6.67)
     torch.testing.assert_close(conf["feat"], masked["feat"])  # features: masked boxes in both modes
+    l1 = F.smooth_l1_loss(feat, t.features, reduction="none").mean(-1)
+    torch.testing.assert_close(conf["feat"], (l1 * t.selected).mean() * 6.67)
 
 
 def test_pair_labels_qa_and_total():

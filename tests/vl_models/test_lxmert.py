@@ -4,7 +4,7 @@ import transformers
 
 from pipeline.errors import ConfigError
 from vl_models.models.configuration import LxmertConfig, load_config
-from vl_models.models.modeling_lxmert import LxmertModel
+from vl_models.models.modeling_lxmert import LxmertForPreTraining, LxmertModel
 from vl_models.models.weights import export_hf, load_lxmert
 
 
@@ -68,6 +68,26 @@ def test_export_to_hf_layout_round_trips(tmp_path):
     assert (a.pooled_output - b.pooled_output).abs().max() <= 1e-5
     again = load_lxmert(tmp_path / "hf", load_config("lxmert-tiny"))
     for (k, x), (_, y) in zip(ours.state_dict().items(), again.state_dict().items()):
+        assert torch.equal(x, y), k
+
+
+def test_pretraining_model_exports_to_transformers(tmp_path):
+    from vl_models.models.weights import load_lxmert_pretraining
+
+    torch.manual_seed(4)
+    cfg = load_config("lxmert-tiny")
+    ours = LxmertForPreTraining(cfg).eval()
+    export_hf(ours, tmp_path / "hf")
+    hf = transformers.LxmertForPreTraining.from_pretrained(tmp_path / "hf").eval()
+    ids, feats, pos, mask, vmask = inputs()
+    with torch.no_grad():
+        a = ours(ids, feats, pos, attention_mask=mask, visual_attention_mask=vmask)
+        b = hf(input_ids=ids, visual_feats=feats, visual_pos=pos, attention_mask=mask, visual_attention_mask=vmask)
+    for x, y in ((a.lm_logits, b.prediction_logits), (a.matched_logits, b.cross_relationship_score),
+                 (a.answer_logits, b.question_answering_score)):
+        assert (x - y).abs().max() <= 1e-4
+    again = load_lxmert_pretraining(tmp_path / "hf", cfg)
+    for (k, x), y in zip(ours.state_dict().items(), again.state_dict().values()):
         assert torch.equal(x, y), k
 
 

@@ -5,6 +5,7 @@ import torch
 from conftest import VOCAB
 from helpers import REPO
 
+from pipeline.errors import ConfigError
 from vl_models.train.trainer import TrainConfig, run
 
 
@@ -24,6 +25,7 @@ def test_pretraining_runs_and_writes_a_run_folder(data, tmp_path, model):
     keys = {"loss_mlm", "loss_alignment", "loss_region"} if model == "vilbert-tiny" else {
         "loss_mlm", "loss_matching", "loss_obj", "loss_attr", "loss_feat", "loss_qa"}
     assert keys <= set(rows[-1]) and all(torch.isfinite(torch.tensor(r[k])) for r in rows for k in keys)
+    assert rows[-1]["peak_rss_mb"] > 50 and 0 <= rows[-1]["data_wait_fraction"] < 1 and rows[-1]["samples_per_s"] > 0
     assert (tmp_path / "run" / "checkpoints" / "latest").read_text() == "step_0000004.pt"
     cfg = json.loads((tmp_path / "run" / "config.json").read_text())
     assert cfg["kind"] == model.split("-")[0] and cfg["train"]["steps"] == 4
@@ -39,6 +41,39 @@ def test_resume_continues_bit_exactly(data, tmp_path):
     b = torch.load(split / "run" / "checkpoints" / "step_0000006.pt", weights_only=True)["model"]
     for key in a:
         assert torch.equal(a[key], b[key]), key
+
+
+def test_init_from_a_checkpoint(data, tmp_path):
+    """--init: a later run starts from an earlier run's weights (lr 0: stays there)."""
+    run(config(data, tmp_path / "first", "lxmert-tiny", steps=2))
+    first = tmp_path / "first" / "run" / "checkpoints" / "step_0000002.pt"
+    run(config(data, tmp_path / "second", "lxmert-tiny", steps=1, lr=0.0, init=str(first)))
+    a = torch.load(first, weights_only=True)["model"]
+    b = torch.load(tmp_path / "second" / "run" / "checkpoints" / "step_0000001.pt", weights_only=True)["model"]
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+    with pytest.raises(ConfigError, match="does not match"):
+        run(config(data, tmp_path / "third", "vilbert-tiny", steps=1, init=str(first)))
+
+
+def no_dropout_config(tmp_path) -> str:
+    """lxmert-tiny with dropout off (DDP and compiled runs draw dropout masks differently)."""
+    cfg = json.loads((REPO / "vl_models" / "models" / "model_configs" / "lxmert-tiny.json").read_text())
+    cfg.update(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, name="lxmert-tiny-nodrop")
+    (tmp_path / "nodrop.json").write_text(json.dumps(cfg))
+    return str(tmp_path / "nodrop.json")
+
+
+def test_compiled_backbone_trains_like_eager(data, tmp_path):
+    """`--compile`: same losses as eager (to float tolerance), same checkpoint keys."""
+    model = no_dropout_config(tmp_path)
+    eager = run(config(data, tmp_path / "eager", model, steps=2))
+    compiled = run(config(data, tmp_path / "compiled", model, steps=2, compile=True))
+    for key in ("loss_mlm", "loss_matching", "loss_obj", "loss_feat"):
+        assert compiled[key] == pytest.approx(eager[key], rel=1e-3, abs=1e-4), key
+    a = torch.load(tmp_path / "eager" / "run" / "checkpoints" / "step_0000002.pt", weights_only=True)["model"]
+    b = torch.load(tmp_path / "compiled" / "run" / "checkpoints" / "step_0000002.pt", weights_only=True)["model"]
+    assert a.keys() == b.keys()
 
 
 def test_cli_pretrain(data, tmp_path):
@@ -59,10 +94,7 @@ def test_torchrun_two_processes_match_one_process(data, tmp_path):
     import subprocess
     import sys
 
-    cfg = json.loads((REPO / "vl_models" / "models" / "model_configs" / "lxmert-tiny.json").read_text())
-    cfg.update(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, name="lxmert-tiny-nodrop")
-    (tmp_path / "nodrop.json").write_text(json.dumps(cfg))
-    common = ["-m", "vl_models.cli", "pretrain", "--model", str(tmp_path / "nodrop.json"), "--shards", str(data / "feats"),
+    common = ["-m", "vl_models.cli", "pretrain", "--model", no_dropout_config(tmp_path), "--shards", str(data / "feats"),
               "--mixture", str(data / "mix"), "--vocab", str(VOCAB), "--steps", "3", "--lr", "1e-2", "--warmup", "1",
               "--optimizer", "sgd"]
     torchrun = shutil.which("torchrun")

@@ -103,6 +103,32 @@ def test_multitask_style_checkpoint_loads_strictly(tmp_path):
         load_vilbert(state, cfg)
 
 
+def test_multitask_checkpoint_with_pretraining_and_task_heads(tmp_path):
+    """multi_task_model.bin layout (DataParallel-saved): bert.*, cls.*, and task heads."""
+    from vl_models.models.modeling_vilbert import ViLBERTForPreTraining
+    from vl_models.models.weights import load_vilbert_pretraining
+
+    cfg = load_config("vilbert-tiny")
+    torch.manual_seed(2)
+    model = ViLBERTForPreTraining(cfg)
+    state = {f"module.{k}": v for k, v in model.state_dict().items()}
+    bi = cfg.bi_hidden_size
+    heads = {"vil_prediction.logit_fc.0.weight": torch.randn(2 * bi, bi), "vil_prediction.logit_fc.3.bias": torch.randn(7),
+             "vision_logit.weight": torch.randn(1, cfg.v_hidden_size), "linguisic_logit.weight": torch.randn(1, cfg.hidden_size)}
+    state.update({f"module.{k}": v for k, v in heads.items()})
+    torch.save(state, tmp_path / "multi_task_model.bin")
+    loaded, got_heads = load_vilbert_pretraining(tmp_path / "multi_task_model.bin", cfg)
+    for (k, a), b in zip(model.state_dict().items(), loaded.state_dict().values()):
+        assert torch.equal(a, b), k
+    assert sorted(got_heads) == ["linguisic_logit", "vil_prediction", "vision_logit"]
+    assert torch.equal(got_heads["vil_prediction"]["logit_fc.3.bias"], heads["vil_prediction.logit_fc.3.bias"])
+    state["module.vil_unknown.weight"] = torch.zeros(1)
+    del state["module.cls.bi_seq_relationship.bias"]
+    with pytest.raises(ConfigError, match="missing: cls.bi_seq_relationship.bias") as err:
+        load_vilbert_pretraining(state, cfg)
+    assert "unexpected: vil_unknown.weight" in str(err.value)
+
+
 def test_pretraining_heads_shapes_and_tying():
     from vl_models.models.modeling_vilbert import ViLBERTForPreTraining
 
@@ -113,6 +139,13 @@ def test_pretraining_heads_shapes_and_tying():
     out = model(ids, feat, loc, attention_mask=mask, image_attention_mask=vmask)
     assert out.lm_logits.shape == (2, 7, cfg.vocab_size) and out.region_logits.shape == (2, 5, cfg.v_target_size)
     assert out.alignment_logits.shape == (2, 2)
+    at = torch.zeros(2, 7, dtype=torch.bool)
+    at[0, 2] = at[1, 1] = True
+    regions = torch.zeros(2, 5, dtype=torch.bool)
+    regions[1, 3] = True
+    packed = model(ids, feat, loc, attention_mask=mask, image_attention_mask=vmask, lm_positions=at, region_positions=regions)
+    torch.testing.assert_close(packed.lm_logits, out.lm_logits[at])  # decoded only where asked
+    torch.testing.assert_close(packed.region_logits, out.region_logits[regions])
     names = set(model.state_dict())
     assert {"bert.encoder.c_layer.0.biOutput.q_dense1.weight", "cls.imagePredictions.decoder.weight",
             "cls.bi_seq_relationship.weight"} <= names

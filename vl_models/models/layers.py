@@ -19,6 +19,11 @@ def sdpa_mask(mask: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
     return None if mask is None else mask.bool()[:, None, None, :]
 
 
+def at_positions(hidden: torch.Tensor, positions: Optional[torch.Tensor]) -> torch.Tensor:
+    """(B, T, H) states -> (M, H) at the True entries of a (B, T) mask (all of them if None)."""
+    return hidden if positions is None else hidden[positions]
+
+
 class MultiHeadAttention(nn.Module):
     """`heads`-head attention of `hidden` (q_dim) over `context` (kv_dim) in `inner` dims."""
 

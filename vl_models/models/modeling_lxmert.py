@@ -23,7 +23,7 @@ from torch import nn
 from vl_models.models.configuration import LxmertConfig
 from vl_models.models.layers import (
     Intermediate, MultiHeadAttention, ResidualOutput, SelfAttentionBlock, TextEmbeddings, TransformerLayer,
-    init_bert_weights, sdpa_mask,
+    at_positions, init_bert_weights, sdpa_mask,
 )
 
 
@@ -143,11 +143,11 @@ class LxmertModel(nn.Module):
 
 @dataclass
 class LxmertPreTrainingOutput:
-    lm_logits: torch.Tensor  # (B, L, vocab)
+    lm_logits: torch.Tensor  # (B, L, vocab), or (M, vocab) at `lm_positions`
     matched_logits: torch.Tensor  # (B, 2); index 1 = the text matches the image
     obj_logits: torch.Tensor  # (B, N, num_object_labels)
     attr_logits: torch.Tensor  # (B, N, num_attr_labels)
-    feat_pred: torch.Tensor  # (B, N, visual_feat_dim)
+    feat_pred: torch.Tensor  # (B, N, visual_feat_dim), or (M, visual_feat_dim) at `feat_positions`
     answer_logits: torch.Tensor  # (B, num_qa_labels)
     model: LxmertModelOutput
 
@@ -217,15 +217,23 @@ class LxmertForPreTraining(nn.Module):
         for head in (self.cls, self.obj_predict_head, self.answer_head):
             head.apply(lambda m: init_bert_weights(m, cfg.initializer_range) if not isinstance(m, nn.Embedding) else None)
         self.cls.predictions.decoder.weight = self.lxmert.embeddings.word_embeddings.weight
+        # The lookup's gradient (a few rows) is added into the tied decoder's dense one instead of
+        # a zero-filled vocab x hidden copy of its own (~6 % of an LXMERT-base CPU step).
+        self.lxmert.embeddings.word_embeddings.sparse = True
 
     def forward(self, input_ids, visual_feats, visual_pos, attention_mask=None, visual_attention_mask=None,
-                token_type_ids=None) -> LxmertPreTrainingOutput:
+                token_type_ids=None, lm_positions: Optional[torch.Tensor] = None,
+                feat_positions: Optional[torch.Tensor] = None) -> LxmertPreTrainingOutput:
+        """``lm_positions`` (B, L) / ``feat_positions`` (B, N) boolean: decode the masked LM
+        and the feature regression only there (row-major order), as training needs; the
+        30k-word LM decoder over every token is the single largest head."""
         out = self.lxmert(input_ids, visual_feats, visual_pos, attention_mask, visual_attention_mask, token_type_ids)
         visual = self.obj_predict_head.transform(out.vision_output)
         decoders = self.obj_predict_head.decoder_dict
         return LxmertPreTrainingOutput(
-            lm_logits=self.cls.predictions(out.language_output),
+            lm_logits=self.cls.predictions(at_positions(out.language_output, lm_positions)),
             matched_logits=self.cls.seq_relationship(out.pooled_output),
-            obj_logits=decoders["obj"](visual), attr_logits=decoders["attr"](visual), feat_pred=decoders["feat"](visual),
+            obj_logits=decoders["obj"](visual), attr_logits=decoders["attr"](visual),
+            feat_pred=decoders["feat"](at_positions(visual, feat_positions)),
             answer_logits=self.answer_head.logit_fc(out.pooled_output), model=out,
         )

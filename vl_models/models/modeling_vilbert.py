@@ -31,7 +31,7 @@ from torch import nn
 
 from vl_models.models.configuration import ViLBERTConfig
 from vl_models.models.layers import (
-    Intermediate, ResidualOutput, TextEmbeddings, TransformerLayer, attend, init_bert_weights, sdpa_mask,
+    Intermediate, ResidualOutput, TextEmbeddings, TransformerLayer, at_positions, attend, init_bert_weights, sdpa_mask,
 )
 
 
@@ -182,8 +182,8 @@ class ViLBERTModel(nn.Module):
 
 @dataclass
 class ViLBERTPreTrainingOutput:
-    lm_logits: torch.Tensor  # (B, L, vocab)
-    region_logits: torch.Tensor  # (B, N, v_target_size): log-probabilities are taken by the loss
+    lm_logits: torch.Tensor  # (B, L, vocab), or (M, vocab) at `lm_positions`
+    region_logits: torch.Tensor  # (B, N, v_target_size) or (M, ...) at `region_positions`; log-probs taken by the loss
     alignment_logits: torch.Tensor  # (B, 2); index 0 = aligned (the reference's convention)
     model: ViLBERTModelOutput
 
@@ -240,13 +240,19 @@ class ViLBERTForPreTraining(nn.Module):
         self.cls = ViLBERTPreTrainingHeads(cfg, self.bert.embeddings.word_embeddings)
         self.cls.apply(lambda m: init_bert_weights(m, cfg.initializer_range) if not isinstance(m, nn.Embedding) else None)
         self.cls.predictions.decoder.weight = self.bert.embeddings.word_embeddings.weight
+        # The lookup's gradient (a few rows) is added into the tied decoder's dense one instead of
+        # a zero-filled vocab x hidden copy of its own (~6 % of an LXMERT-base CPU step).
+        self.bert.embeddings.word_embeddings.sparse = True
 
     def forward(self, input_ids, image_feat, image_loc, attention_mask=None, image_attention_mask=None,
-                token_type_ids=None) -> ViLBERTPreTrainingOutput:
+                token_type_ids=None, lm_positions: Optional[torch.Tensor] = None,
+                region_positions: Optional[torch.Tensor] = None) -> ViLBERTPreTrainingOutput:
+        """``lm_positions`` (B, L) / ``region_positions`` (B, N) boolean: decode only there
+        (row-major order), as training needs."""
         out = self.bert(input_ids, image_feat, image_loc, attention_mask, image_attention_mask, token_type_ids)
         return ViLBERTPreTrainingOutput(
-            lm_logits=self.cls.predictions(out.text_output),
-            region_logits=self.cls.imagePredictions(out.vision_output),
+            lm_logits=self.cls.predictions(at_positions(out.text_output, lm_positions)),
+            region_logits=self.cls.imagePredictions(at_positions(out.vision_output, region_positions)),
             alignment_logits=self.cls.bi_seq_relationship(out.pooled_output),
             model=out,
         )

@@ -6,8 +6,11 @@ airsplay/lxmert ``.pth`` files (``module.`` and ``bert.`` prefixes stripped, as 
 conversion does). Writes our model as an HF ``LxmertModel`` folder (config.json +
 pytorch_model.bin) that `transformers` loads. A load that leaves a parameter unfilled or a
 tensor unused fails listing the keys; the position-id buffer some HF versions store is
-the only key dropped, by name. ViLBERT: vilbert-multi-task ``bert.*`` tensors, and its text
-stream initialized from an HF ``BertModel`` (e.g. MiniLM, BERT-base).
+the only key dropped, by name. ViLBERT: vilbert-multi-task checkpoints (``bert.*`` backbone,
+``cls.*`` pretraining heads, and the fine-tuned task heads ``vil_prediction`` & co, handed
+back by name for the tasks that use them), and its text stream initialized from an HF
+``BertModel`` (e.g. MiniLM, BERT-base). `init_pretraining` picks the right loader for a
+`vltrain pretrain --init` checkpoint.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import torch
 from pipeline.errors import ConfigError
 from vl_models.models.configuration import LxmertConfig, ViLBERTConfig
 from vl_models.models.modeling_lxmert import LxmertForPreTraining, LxmertModel
-from vl_models.models.modeling_vilbert import ViLBERTModel
+from vl_models.models.modeling_vilbert import ViLBERTForPreTraining, ViLBERTModel
 
 _DROPPABLE = ("embeddings.position_ids",)
 
@@ -82,6 +85,50 @@ def load_vilbert(source: Union[Path, dict], cfg: ViLBERTConfig) -> ViLBERTModel:
     return _load_strict(source, ViLBERTModel(cfg), f"ViLBERT config {cfg.name!r}")
 
 
+# vilbert-multi-task's `VILBertForVLTasks` heads (VQA, GQA, NLVR2, retrieval/VCR, SNLI-VE,
+# RefCOCO, and the text-side logit; "linguisic" is the reference's spelling).
+VILBERT_TASK_HEADS = ("vil_prediction", "vil_prediction_gqa", "vil_binary_prediction", "vil_logit",
+                      "vil_tri_prediction", "vision_logit", "linguisic_logit")
+
+
+def load_vilbert_pretraining(source: Union[Path, dict], cfg: ViLBERTConfig
+                             ) -> tuple[ViLBERTForPreTraining, dict[str, dict[str, torch.Tensor]]]:
+    """`ViLBERTForPreTraining` from a vilbert-multi-task checkpoint (``pretrained_model.bin``:
+    ``bert.*`` + ``cls.*``; a fine-tuned ``multi_task_model.bin`` adds task heads), strictly.
+    Task-head tensors come back grouped by head, e.g. ``{"vil_prediction": {"logit_fc.0.weight":
+    ...}}``; any other stray key is an error. Alignment keeps the reference's 0 = aligned."""
+    state = read_state_dict(source) if not isinstance(source, dict) else source
+    state = {k[len("module."):] if k.startswith("module.") else k: v for k, v in state.items()}
+    heads: dict[str, dict[str, torch.Tensor]] = {}
+    model_state = {}
+    for key, value in state.items():
+        head = key.split(".", 1)[0]
+        if head in VILBERT_TASK_HEADS:
+            heads.setdefault(head, {})[key.split(".", 1)[1]] = value
+        elif key not in ("bert." + k for k in _DROPPABLE):
+            model_state[key] = value
+    model = ViLBERTForPreTraining(cfg)
+    check_keys(model.state_dict(), model_state, f"ViLBERT pretraining model {cfg.name!r}")
+    model.load_state_dict(model_state, strict=True)
+    return model, heads
+
+
+def init_pretraining(model, source: Path) -> str:
+    """Fill a pretraining model from a checkpoint, strictly; returns what was loaded. LXMERT:
+    an HF `LxmertForPreTraining` or original ``.pth``. ViLBERT: a vilbert-multi-task
+    checkpoint, or an HF `BertModel` for the text stream only (the paper's initialization)."""
+    if isinstance(model, LxmertForPreTraining):
+        model.load_state_dict(load_lxmert_pretraining(source, model.cfg).state_dict())
+        return "LXMERT pretraining checkpoint"
+    state = read_state_dict(source)
+    if any(".c_layer." in k or ".v_layer." in k for k in state):
+        loaded, heads = load_vilbert_pretraining(state, model.cfg)
+        model.load_state_dict(loaded.state_dict())
+        return "ViLBERT checkpoint" + (f" (task heads not used in pretraining: {', '.join(heads)})" if heads else "")
+    left_out = init_vilbert_text_from_bert(model.bert, state)
+    return "BERT text stream" + (f" (left out: {', '.join(left_out)})" if left_out else "")
+
+
 def load_lxmert_pretraining(source: Union[Path, dict], cfg: LxmertConfig) -> LxmertForPreTraining:
     """`LxmertForPreTraining` from an HF `LxmertForPreTraining` checkpoint or an original
     airsplay ``.pth`` (``module.`` stripped, ``bert.`` read as ``lxmert.``), strictly."""
@@ -116,12 +163,14 @@ def init_vilbert_text_from_bert(model: ViLBERTModel, source: Union[Path, dict]) 
     return left_out
 
 
-def export_hf(model: LxmertModel, folder: Path) -> None:
-    """Write `model` as a transformers `LxmertModel` folder."""
+def export_hf(model: Union[LxmertModel, LxmertForPreTraining], folder: Path) -> None:
+    """Write `model` as a transformers `LxmertModel` (or, with its heads,
+    `LxmertForPreTraining`) folder: config.json + pytorch_model.bin."""
     cfg = model.cfg
     folder.mkdir(parents=True, exist_ok=True)
+    architecture = "LxmertForPreTraining" if isinstance(model, LxmertForPreTraining) else "LxmertModel"
     hf_config = {
-        "model_type": "lxmert", "architectures": ["LxmertModel"], "vocab_size": cfg.vocab_size,
+        "model_type": "lxmert", "architectures": [architecture], "vocab_size": cfg.vocab_size,
         "hidden_size": cfg.hidden_size, "num_attention_heads": cfg.num_attention_heads,
         "intermediate_size": cfg.intermediate_size, "l_layers": cfg.l_layers, "x_layers": cfg.x_layers,
         "r_layers": cfg.r_layers, "visual_feat_dim": cfg.visual_feat_dim, "visual_pos_dim": cfg.visual_pos_dim,
@@ -129,6 +178,7 @@ def export_hf(model: LxmertModel, folder: Path) -> None:
         "hidden_dropout_prob": cfg.hidden_dropout_prob, "attention_probs_dropout_prob": cfg.attention_probs_dropout_prob,
         "initializer_range": cfg.initializer_range, "num_qa_labels": cfg.num_qa_labels,
         "num_object_labels": cfg.num_object_labels, "num_attr_labels": cfg.num_attr_labels, "hidden_act": "gelu",
+        "tie_word_embeddings": True,
     }
     (folder / "config.json").write_text(json.dumps(hf_config, indent=2))
     torch.save({k: v.contiguous() for k, v in model.state_dict().items()}, folder / "pytorch_model.bin")

@@ -66,12 +66,12 @@ def _classification(logits: torch.Tensor, labels: torch.Tensor, name: str) -> tu
     return loss, {f"{name}_acc": acc}
 
 
-def region_kl(logits: torch.Tensor, target_prob: torch.Tensor, selected: torch.Tensor) -> tuple[torch.Tensor, dict]:
-    """ViLBERT's masked-region loss: KL(detector distribution || predicted), summed over
-    classes, over the selected regions, divided by their number (0 when none)."""
+def region_kl(logits: torch.Tensor, target_prob: torch.Tensor) -> tuple[torch.Tensor, dict]:
+    """ViLBERT's masked-region loss over the (M, C) masked regions: KL(detector
+    distribution || predicted), summed over classes, divided by M (0 when M = 0)."""
     log_pred = F.log_softmax(logits.float(), dim=-1)
     kl = F.kl_div(log_pred, target_prob.float(), reduction="none").sum(-1)
-    loss = global_mean((kl * selected).sum(), selected.sum())
+    loss = global_mean(kl.sum(), torch.tensor(kl.shape[0], device=kl.device))
     return loss, {"region_kl": loss.item()}
 
 
@@ -104,8 +104,8 @@ def lxmert_visual(obj_logits, attr_logits, feat_pred, t: LxmertVisualTargets,
         on = t.selected.reshape(-1)
         metrics[f"{name}_acc"] = ((logits.reshape(-1, logits.shape[-1]).argmax(-1) == ids.reshape(-1))[on].float().mean().item()
                                   if on.any() else float("nan"))
-    l1 = F.smooth_l1_loss(feat_pred.float(), t.features.float(), reduction="none").mean(-1)
-    losses["feat"] = (l1 * sel).mean() * VISUAL_LOSS_NORMALIZER
+    l1 = F.smooth_l1_loss(feat_pred.float(), t.features[t.selected].float(), reduction="none").mean(-1)
+    losses["feat"] = l1.sum() / t.selected.numel() * VISUAL_LOSS_NORMALIZER  # = mean over all boxes of l1 * sel
     return losses, metrics
 
 

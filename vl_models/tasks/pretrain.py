@@ -3,6 +3,8 @@ weighted losses and metrics out.
 
 ViLBERT: masked LM + masked-region KL to the detector's distribution + image-text
 alignment (label 0 = aligned: the dataset's ``matched`` is converted here).
+The masked LM, masked-region and feature-regression heads are decoded at the masked
+positions only (the models' ``*_positions`` arguments).
 LXMERT: masked LM + matching (1 = matched) + object / attribute classification + feature
 regression + image QA (matched question items only, from `qa_from_epoch` on).
 """
@@ -26,17 +28,19 @@ class TaskConfig:
 def pretrain_losses(kind: str, model, batch: dict, cfg: TaskConfig, epoch: int) -> tuple[torch.Tensor, dict, dict]:
     """(total loss, per-task losses, metrics) for one batch."""
     if kind == "vilbert":
+        lm_at, regions_at = batch["lm_labels"] != -1, batch["region_targets"].bool()
         out = model(batch["input_ids"], batch["visual_feats"], batch["visual_pos"], batch["attention_mask"],
-                    batch["visual_mask"])
-        mlm, m1 = L.masked_lm(out.lm_logits, batch["lm_labels"])
-        region, m2 = L.region_kl(out.region_logits, batch["region_prob"], batch["region_targets"])
+                    batch["visual_mask"], lm_positions=lm_at, region_positions=regions_at)
+        mlm, m1 = L.masked_lm(out.lm_logits, batch["lm_labels"][lm_at])
+        region, m2 = L.region_kl(out.region_logits, batch["region_prob"][regions_at])
         align, m3 = L.pair_classification(out.alignment_logits, 1 - batch["matched"], "alignment")
         losses = {"mlm": mlm, "region": region, "alignment": align}
         metrics = {**m1, **m2, **m3}
     elif kind == "lxmert":
+        lm_at = batch["lm_labels"] != -1
         out = model(batch["input_ids"], batch["visual_feats"], batch["visual_pos"], batch["attention_mask"],
-                    batch["visual_mask"])
-        mlm, m1 = L.masked_lm(out.lm_logits, batch["lm_labels"])
+                    batch["visual_mask"], lm_positions=lm_at, feat_positions=batch["region_selected"].bool())
+        mlm, m1 = L.masked_lm(out.lm_logits, batch["lm_labels"][lm_at])
         matched, m2 = L.pair_classification(out.matched_logits, batch["matched"], "matching")
         targets = L.LxmertVisualTargets(
             obj_ids=batch["obj_ids"], obj_conf=batch["obj_conf"], attr_ids=batch["attr_ids"], attr_conf=batch["attr_conf"],

@@ -28,11 +28,47 @@ def lr_at(step: int, base_lr: float, warmup: int, total: int) -> float:
     return base_lr * max(0.0, (total - step) / (total - warmup))
 
 
+class BertAdam(torch.optim.Optimizer):
+    """LXMERT's BertAdam: Adam moments *without* bias correction, and weight decay added to
+    the update (``p -= lr * (m / (sqrt(v) + eps) + wd * p)``). The learning rate comes from
+    the caller's schedule (our `lr_at` is BertAdam's ``warmup_linear``); gradient clipping
+    is the trainer's global-norm clip, as LXMERT's training loop does."""
+
+    def __init__(self, params, lr: float, betas=(0.9, 0.999), eps: float = 1e-6, weight_decay: float = 0.01):
+        super().__init__(params, {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay})
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for group in self.param_groups:
+            beta1, beta2 = group["betas"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if not state:
+                    state["exp_avg"], state["exp_avg_sq"] = torch.zeros_like(p), torch.zeros_like(p)
+                m, v = state["exp_avg"], state["exp_avg_sq"]
+                m.mul_(beta1).add_(p.grad, alpha=1 - beta1)
+                v.mul_(beta2).addcmul_(p.grad, p.grad, value=1 - beta2)
+                update = m / (v.sqrt() + group["eps"])
+                if group["weight_decay"]:
+                    update.add_(p, alpha=group["weight_decay"])
+                p.add_(update, alpha=-group["lr"])
+
+
+OPTIMIZERS = ("adamw", "bertadam", "sgd")
+
+
 def make_optimizer(model: nn.Module, name: str, lr: float, weight_decay: float, betas=(0.9, 0.999), eps: float = 1e-6):
-    """AdamW (default) or SGD with momentum 0.9, over the decay / no-decay groups."""
-    groups = param_groups(model, weight_decay)
+    """``adamw`` (default; fused kernel, no decay on bias/LayerNorm), ``bertadam`` (LXMERT's
+    optimizer: decay on *all* parameters, as the reference) or ``sgd`` (momentum 0.9)."""
     if name == "adamw":
-        return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps)
+        groups = param_groups(model, weight_decay)
+        fused = all(p.dtype.is_floating_point for g in groups for p in g["params"])
+        return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps, fused=fused)
+    if name == "bertadam":
+        every = [p for group in param_groups(model, weight_decay) for p in group["params"]]
+        return BertAdam(every, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
     if name == "sgd":
-        return torch.optim.SGD(groups, lr=lr, momentum=0.9)
-    raise ValueError(f"optimizer must be adamw or sgd, got {name!r}")
+        return torch.optim.SGD(param_groups(model, weight_decay), lr=lr, momentum=0.9)
+    raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {name!r}")

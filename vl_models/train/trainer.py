@@ -28,6 +28,7 @@ from vl_models.eval.evaluate import evaluate
 from vl_models.models.configuration import LxmertConfig, ViLBERTConfig, load_config
 from vl_models.models.modeling_lxmert import LxmertForPreTraining
 from vl_models.models.modeling_vilbert import ViLBERTForPreTraining
+from vl_models.models.weights import init_pretraining
 from vl_models.tasks.pretrain import TaskConfig, pretrain_losses
 from vl_models.train import checkpoint, distributed
 from vl_models.train.optim import lr_at, make_optimizer
@@ -54,6 +55,8 @@ class TrainConfig:
     workers: int = 0
     device: str = "cpu"
     amp: str = "none"  # none | bf16 | fp16 (fp16 with a GradScaler, CUDA only)
+    init: Optional[str] = None  # start from a checkpoint (see `weights.init_pretraining`); ignored on resume
+    compile: bool = False  # torch.compile the backbone (the heads decode at data-dependent positions)
     checkpoint_every: int = 500
     eval_every: int = 0  # steps between validation passes (0: only at the end)
     log_every: int = 10
@@ -94,6 +97,8 @@ def run(cfg: TrainConfig, on_step: Optional[Callable[[int, dict], None]] = None)
     answers = json.loads((Path(cfg.mixture) / "answers.json").read_text())["answers"]
     torch.manual_seed(cfg.seed)
     kind, mcfg, model = build_model(cfg, len(answers))
+    if cfg.init and not cfg.resume:
+        log.info("initialized from %s: %s", cfg.init, init_pretraining(model, Path(cfg.init)))
     model.to(device)
     data = PretrainDataset(Path(cfg.mixture), [Path(s) for s in cfg.stores], Path(cfg.vocab), DataConfig(
         model=kind, max_text=cfg.max_text or (36 if kind == "vilbert" else 20), max_regions=cfg.max_regions, seed=cfg.seed))
@@ -116,6 +121,12 @@ def run(cfg: TrainConfig, on_step: Optional[Callable[[int, dict], None]] = None)
         step = state["step"]
         checkpoint.set_rng_state(state["rng"])
         log.info("resumed %s at step %d", out, step)
+    if world > 1 or cfg.compile:  # DDP and the compiler expect sparse-flagged embeddings' grads sparse
+        for module in model.modules():
+            if isinstance(module, torch.nn.Embedding):
+                module.sparse = False
+    if cfg.compile:
+        (model.lxmert if kind == "lxmert" else model.bert).compile()  # in place: checkpoint keys unchanged
     # ViLBERT's q_dense1/2 exist in its checkpoints but take no part in the forward pass.
     wrapped = (torch.nn.parallel.DistributedDataParallel(model, find_unused_parameters=kind == "vilbert")
                if world > 1 else model)
@@ -154,7 +165,7 @@ def run(cfg: TrainConfig, on_step: Optional[Callable[[int, dict], None]] = None)
             elapsed = time.perf_counter() - started
             metrics = {"step": step, "epoch": sampler.epoch, "lr": optimizer.param_groups[0]["lr"], **sums,
                        "samples_per_s": step * cfg.batch_size * cfg.grad_accum * world / max(elapsed, 1e-9),
-                       "data_wait_fraction": waited / max(elapsed, 1e-9)}
+                       "data_wait_fraction": waited / max(elapsed, 1e-9), **_memory(device)}
             with open(out / "metrics.jsonl", "a") as f:
                 f.write(json.dumps(metrics) + "\n")
             if on_step:
@@ -170,6 +181,16 @@ def run(cfg: TrainConfig, on_step: Optional[Callable[[int, dict], None]] = None)
                                         "sampler": {**sampler.state_dict(), "position": consumed["position"]},
                                         "config": cfg.to_json(), "model_config": mcfg.to_json()})
     return metrics
+
+
+def _memory(device: str) -> dict:
+    """Peak resident memory of this process (MB), and peak allocated GPU memory on CUDA."""
+    import resource
+
+    out = {"peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+    if device.startswith("cuda"):
+        out["peak_gpu_mb"] = torch.cuda.max_memory_allocated(device) / 2**20
+    return out
 
 
 def _batches(data: PretrainDataset, sampler: ResumableSampler, cfg: TrainConfig, consumed: dict):
