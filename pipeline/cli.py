@@ -450,6 +450,46 @@ def build_mixture(
                  f"{manifest['answers']['questions_best_answer_covered']}; report: {out / 'report.md'}")
 
 
+@app.command("make-shapes")
+@_errors_exit
+def make_shapes(
+    out: Path = typer.Option(..., help="Folder to write (created; an earlier shapes world there is replaced)."),
+    n_images: int = typer.Option(..., help="Images in all, train and val together (at least 1)."),
+    seed: int = typer.Option(0, help="Random seed: the same seed writes byte-identical files."),
+    val_fraction: float = typer.Option(0.1, help="Fraction of the images in the val split, in [0, 1)."),
+    base_url: str = typer.Option("http://127.0.0.1:8000", help="URL the folder is served at; image URLs are BASE_URL/images/NAME."),
+    textures: bool = typer.Option(True, "--textures/--no-textures", help="Draw some shapes striped (else all plain)."),
+) -> None:
+    """Write the shapes world: a deterministic synthetic vision-and-language data set
+    (1-6 coloured shapes per 256 px image) with true captions, VQA questions, referring
+    expressions and NLVR2 statements, in the official formats our readers take.
+
+    Written into OUT (image i of split s is `images/shapes_<s>_<i:08d>.jpg`, s = train | val):
+
+    - `images/*.jpg`: the images (JPEG, quality 90)
+    - `Train_GCC-training.tsv`, `Validation_GCC-1.1.0-Validation.tsv`: Conceptual Captions TSVs (one row per image, URL under --base-url)
+    - `annotations/captions_{train,val}2014.json`: COCO captions (all captions of each image)
+    - `annotations/v2_OpenEnded_mscoco_{train,val}2014_questions.json`, `v2_mscoco_{train,val}2014_annotations.json`: VQA v2 (10 answers each)
+    - `image_map.tsv`: `COCO_<s>2014_<id>` to `cc3m-<s>-<i>`, the ids the CC extraction gives the images
+    - `annotations/refexp_{train,val}.json`: referring expressions with their target boxes
+    - `annotations/nlvr2_{train,dev}.json`: NLVR2 statements about image pairs (JSON lines)
+    - `annotations/scenes_{train,val}.json`, `objects.txt`, `attributes.txt`: detector ground truth and vocabularies
+    - `summary.json`: counts per split and text kind, written last (marks a complete world)
+
+    Example: vlprep make-shapes --out shapes_world --n-images 2000 --seed 0
+    """
+    from pipeline.datasets.shapes import write_world
+
+    with _progress("drawing shapes", n_images) as advance:
+        summary = write_world(out, n_images, seed, val_fraction=val_fraction, base_url=base_url, textures=textures,
+                              progress=advance)
+    for split, counts in summary["splits"].items():
+        stdout.print(f"{split}: {counts['images']:,} images, {counts['objects']:,} objects, {counts['captions']:,} "
+                     f"captions, {counts['questions']:,} questions, {counts['refexps']:,} referring expressions, "
+                     f"{counts['nlvr2_statements']:,} NLVR2 statements")
+    stdout.print(f"shapes world (seed {seed}) -> {out}")
+
+
 @app.command()
 def datasets() -> None:
     """List the dataset readers `vlprep download --dataset` accepts."""
