@@ -80,6 +80,7 @@ class MixtureSpec:
     name: str
     sources: tuple[SourceSpec, ...]
     image_data: Optional[Path] = None
+    image_map: Optional[Path] = None  # TSV: image id in the annotation files <TAB> id in the feature stores
     heldout: tuple[Path, ...] = ()
     drop: tuple[Path, ...] = ()
     drop_coco_test: bool = True
@@ -109,6 +110,7 @@ class MixtureSpec:
         spec = cls(
             name=str(raw.get("name", Path(path).stem)), sources=tuple(sources),
             image_data=resolve(raw["image_data"]) if raw.get("image_data") else None,
+            image_map=resolve(raw["image_map"]) if raw.get("image_map") else None,
             heldout=tuple(resolve(p) for p in raw.get("heldout", [])), drop=tuple(resolve(p) for p in raw.get("drop", [])),
             drop_coco_test=bool(raw.get("drop_coco_test", True)),
             top_k=int(top_k or (raw.get("answers") or {}).get("top_k", 9500)), raw=raw,
@@ -120,7 +122,7 @@ class MixtureSpec:
 
     def all_files(self) -> list[Path]:
         files = [f for s in self.sources for f in s.files] + list(self.heldout) + list(self.drop)
-        return files + ([self.image_data] if self.image_data else [])
+        return files + [p for p in (self.image_data, self.image_map) if p]
 
 
 def _read_ids(paths) -> set[str]:
@@ -165,7 +167,8 @@ def build_mixture(spec: MixtureSpec, out: Path, stores: tuple[Path, ...] = (), d
     """Build the mixture into `out`; returns the manifest."""
     from pipeline.store import FeatureStore
 
-    ids = ImageIds(spec.image_data, [f for s in spec.sources if s.kind == "coco_captions" for f in s.files])
+    ids = ImageIds(spec.image_data, [f for s in spec.sources if s.kind == "coco_captions" for f in s.files],
+                   spec.image_map)
     heldout, dropped = _read_ids(spec.heldout), _read_ids(spec.drop)
     feature_stores = [FeatureStore.open(p) for p in stores]
 

@@ -53,9 +53,12 @@ def coco_stem(split: str, image_id: int) -> str:
 
 
 class ImageIds:
-    """VG id -> COCO stem for VG images that are also COCO images."""
+    """VG id -> COCO stem for VG images that are also COCO images; then, with an image map
+    (``source id <TAB> store key`` lines), annotation ids -> the ids the feature stores use
+    (e.g. COCO-style question files over images extracted from a Conceptual-Captions TSV)."""
 
-    def __init__(self, image_data: Optional[Path], coco_files: list[Path]):
+    def __init__(self, image_data: Optional[Path], coco_files: list[Path], image_map: Optional[Path] = None):
+        self.aliases = read_image_map(image_map) if image_map else {}
         stems: dict[int, str] = {}
         for path in coco_files:
             for i, img in enumerate(_load(path).get("images", [])):
@@ -76,7 +79,20 @@ class ImageIds:
         self.coco_images = set(stems.values())
 
     def canonical(self, item: TextItem) -> str:
-        return self.vg_to_coco.get(item.vg_id, item.image) if item.vg_id is not None else item.image
+        image = self.vg_to_coco.get(item.vg_id, item.image) if item.vg_id is not None else item.image
+        return self.aliases.get(image, image)
+
+
+def read_image_map(path: Path) -> dict[str, str]:
+    aliases = {}
+    for lineno, line in enumerate(Path(path).read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        parts = line.split("\t")
+        if len(parts) != 2 or not all(p.strip() for p in parts):
+            raise ConfigError(f"{path}:{lineno}: an image map line is 'source id<TAB>store key'")
+        aliases[parts[0].strip()] = parts[1].strip()
+    return aliases
 
 
 def read_coco_captions(path: Path) -> Iterator[TextItem]:

@@ -184,6 +184,21 @@ def test_question_whose_answers_all_normalize_away(tmp_path, root):
     assert row["answer_ids"] == [] and row["answer_scores"] == []
 
 
+def test_image_map_renames_annotation_ids_to_store_keys(tmp_path, root):
+    (root / "map.tsv").write_text("COCO_train2014_000000000009\tcc3m-train-00000007\n\n")
+    spec = yaml.safe_load((root / "spec.yaml").read_text())
+    (root / "spec.yaml").write_text(yaml.safe_dump({**spec, "image_map": "map.tsv"}))
+    build_mixture(MixtureSpec.load(root / "spec.yaml"), tmp_path / "mix")
+    rows = items(tmp_path / "mix")
+    renamed = [r for r in rows if r["image_id"] == "cc3m-train-00000007"]
+    assert {r["source"] for r in renamed} == {"mscoco", "vg", "vqa", "gqa"}  # captions, VG regions via coco_id, questions
+    assert all(r["store_key"] == "cc3m-train-00000007" for r in renamed)
+    assert not any(r["image_id"] == "COCO_train2014_000000000009" for r in rows)
+    (root / "map.tsv").write_text("COCO_train2014_000000000009 cc3m\n")
+    with pytest.raises(ConfigError, match="map.tsv:1"):
+        build_mixture(MixtureSpec.load(root / "spec.yaml"), tmp_path / "mix2")
+
+
 def test_conceptual_captions_mixture(tmp_path):
     (tmp_path / "cc").mkdir()
     (tmp_path / "cc" / "Train_GCC-training.tsv").write_text("a dog\thttp://x/1\na cat\thttp://x/2\n")
