@@ -80,9 +80,8 @@ def run_demo(cfg: DemoConfig, say: Callable[[str], None] = log.info) -> dict:
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     vocab = Path(cfg.vocab) if cfg.vocab else default_vocab()
-    report: dict = {"config": {**asdict(cfg), "out": str(out), "n_images": cfg.preset("n_images"),
-                               "steps": cfg.preset("steps")}, "stages": {}}
-    report["config"] = {k: str(v) if isinstance(v, Path) else v for k, v in report["config"].items()}
+    settings = {**asdict(cfg), "n_images": cfg.preset("n_images"), "steps": cfg.preset("steps")}
+    report: dict = {"config": {k: str(v) if isinstance(v, Path) else v for k, v in settings.items()}, "stages": {}}
 
     def stage(name: str, message: str):
         say(f"[{len(report['stages']) + 1}/6] {message}")
@@ -204,15 +203,14 @@ def _evaluate(cfg: DemoConfig, kind: str, out: Path, vocab: Path) -> dict:
     answers = json.loads((out / "mixture" / "answers.json").read_text())["answers"]
     val = PretrainDataset(out / "mixture", [out / "features"], vocab, DataConfig(
         model=kind, max_text=tcfg.max_text, max_regions=tcfg.max_regions, split="val", mismatch_prob=0.5, seed=cfg.seed))
-    result = {}
+    kinds = val.table.column("kind").to_numpy(zero_copy_only=False)
+    result = {"retrieval_images": min(RETRIEVAL_IMAGES, len({val.images[r] for r in val.rows if kinds[r] == "caption"}))}
     for name in ("untrained", "pretrained"):
         torch.manual_seed(cfg.seed)
         _, _, model = build_model(tcfg, len(answers))
         if name == "pretrained":
             model.load_state_dict(checkpoint.load_latest(out / "runs" / kind)["model"])
         scores = evaluate(kind, model, val, retrieval_images=RETRIEVAL_IMAGES)
-        result["retrieval_images"] = min(RETRIEVAL_IMAGES, len({val.images[r] for r in val.rows
-                                                                 if val.table.column("kind")[int(r)].as_py() == "caption"}))
         result[name] = {k[5:]: round(v, 4) for k, v in scores.items()
                         if k.startswith("eval_retrieval") or k in ("eval_qa_score", "eval_alignment_acc",
                                                                     "eval_matching_acc", "eval_mlm_acc")}

@@ -88,3 +88,22 @@ def write_hf_bin(path: Path, weights: dict[str, np.ndarray], cfg: DetectorConfig
             state[key.replace("running_var", "num_batches_tracked")] = torch.tensor(0)
     state["proposal_generator.anchor_generator.cell_anchors.0"] = cell_anchors(cfg.anchor_sizes, cfg.anchor_ratios)
     torch.save(state, path)
+
+
+def two_box_scene(rng: np.random.Generator, attributes_per_box: int | None = None):
+    """A 160x200 image with a red (class 1) and a blue (class 2) rectangle and its
+    `DetectionTarget`: one attribute per box (its colour, 1-D), or `attributes_per_box`
+    of them ((2, K): colour, a size-like 3 + class, and 6)."""
+    from pipeline.detect.training import DetectionTarget
+
+    img = np.full((160, 200, 3), 235, np.uint8)
+    boxes, classes, attrs = [], [], []
+    for cls, color in ((1, (220, 30, 30)), (2, (30, 30, 220))):
+        x1, y1 = rng.integers(0, 110), rng.integers(0, 80)
+        w, h = rng.integers(40, 80), rng.integers(40, 70)
+        img[y1:y1 + h, x1:x1 + w] = color
+        boxes.append([x1, y1, x1 + w, y1 + h])
+        classes.append(cls)
+        attrs.append(cls if attributes_per_box is None else [cls, 3 + cls, 6][:attributes_per_box])
+    attributes = np.array(attrs) if attributes_per_box is None else np.array(attrs).reshape(2, attributes_per_box)
+    return img, DetectionTarget(np.array(boxes, np.float32), np.array(classes), attributes)

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from detector_layouts import two_box_scene
 
 from pipeline.detect.config import DetectorConfig
 from pipeline.detect.model import VGDetector
@@ -78,25 +79,12 @@ def test_attribute_loss_several_per_box():
     assert torch.equal(attribute_loss(logits, one), F.cross_entropy(logits, one))
 
 
-def _tiny_scene(rng, k):
-    img = np.full((160, 200, 3), 235, np.uint8)
-    boxes, classes, attrs = [], [], []
-    for cls, color in ((1, (220, 30, 30)), (2, (30, 30, 220))):
-        x1, y1 = rng.integers(0, 110), rng.integers(0, 80)
-        w, h = rng.integers(40, 80), rng.integers(40, 70)
-        img[y1:y1 + h, x1:x1 + w] = color
-        boxes.append([x1, y1, x1 + w, y1 + h])
-        classes.append(cls)
-        attrs.append([cls, 3 + cls, 6][:k])
-    return img, DetectionTarget(np.array(boxes, np.float32), np.array(classes), np.array(attrs).reshape(2, k))
-
-
 def test_detection_losses_with_one_and_several_attributes():
     cfg = DetectorConfig.load("tiny")
     torch.manual_seed(0)
     model = VGDetector(cfg).train()
     rng = np.random.default_rng(0)
-    one = [_tiny_scene(rng, 1) for _ in range(2)]
+    one = [two_box_scene(rng, 1) for _ in range(2)]
     flat = [DetectionTarget(t.boxes, t.classes, t.attributes[:, 0]) for _, t in one]
     images = [img for img, _ in one]
     a = detection_losses(model, images, flat, rpn_batch=64, roi_batch=32, seed=1)
@@ -104,7 +92,7 @@ def test_detection_losses_with_one_and_several_attributes():
     for key in a:  # (N,) and (N, 1) attributes: the same losses
         torch.testing.assert_close(a[key], b[key])
     rng = np.random.default_rng(0)
-    three = [_tiny_scene(rng, 3) for _ in range(2)]
+    three = [two_box_scene(rng, 3) for _ in range(2)]
     c = detection_losses(model, [img for img, _ in three], [t for _, t in three], rpn_batch=64, roi_batch=32, seed=1)
     assert all(torch.isfinite(v) for v in c.values()) and c["attr"] > 0
     c["attr"].backward()
