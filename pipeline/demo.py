@@ -4,8 +4,12 @@
 2. `vlprep extract --dataset conceptual_captions` on its CC-style TSVs through the real
    download path, with the committed tiny shapes detector, into a feature store;
 3. `vlprep build-mixture`: COCO-style captions + VQA-style questions (renamed to the store's
-   ids by the world's image map), held-out scenes as the val split;
-4. `vltrain pretrain` of tiny ViLBERT and LXMERT;
+   ids by the world's image map), held-out scenes as the val split — LXMERT's mixture; ViLBERT's
+   has the captions alone, as Conceptual Captions has;
+4. `vltrain pretrain` of small ViLBERT and LXMERT (64 wide, from scratch). Their image-text
+   alignment / matching loss counts from a third of the run on (`TaskConfig.from_step`): on
+   from step 0, the head makes its logits constant before the streams carry anything and stays
+   at chance;
 5. zero-shot caption -> image retrieval on held-out scenes for the pretrained models and the
    same models untrained, and LXMERT's QA score;
 6. `report.json`, `report.md`, `scenes.png` (detections, as `vlprep show` draws them) and
@@ -27,11 +31,14 @@ from typing import Callable, Optional
 log = logging.getLogger(__name__)
 
 PRESETS = {  # images in the world, optimizer steps per model
-    "full": {"n_images": 2000, "steps": 1500},
-    "quick": {"n_images": 400, "steps": 300},
+    "full": {"n_images": 2000, "steps": 2500},
+    "quick": {"n_images": 400, "steps": 1200},
 }
-MODELS = {"vilbert": "vilbert-tiny", "lxmert": "lxmert-tiny"}
+MODELS = {"vilbert": "vilbert-small", "lxmert": "lxmert-small"}
+MIXTURES = {"vilbert": "mixture_captions", "lxmert": "mixture"}
+PAIR_TASK = {"vilbert": "alignment", "lxmert": "matching"}  # the head that scores retrieval
 RETRIEVAL_IMAGES = 40
+RETRIEVAL_CAPTIONS = 5  # queries per image: up to this many of its captions
 
 
 @dataclass(frozen=True)
@@ -107,8 +114,9 @@ def run_demo(cfg: DemoConfig, say: Callable[[str], None] = log.info) -> dict:
     finally:
         server.shutdown()
 
-    entry = stage("mixture", "vlprep build-mixture (captions + questions)")
-    report["mixture"] = _mixture(world, out / "features", out / "mixture")
+    entry = stage("mixture", "vlprep build-mixture (captions + questions; captions alone)")
+    report["mixture"] = {name: _mixture(world, out / "features", out / name, captions_only=name == MIXTURES["vilbert"])
+                         for name in sorted(set(MIXTURES.values()))}
     done(entry)
 
     entry = stage("pretrain", f"vltrain pretrain: {', '.join(MODELS.values())}, {cfg.preset('steps')} steps each")
@@ -145,36 +153,42 @@ def _extract(cfg: DemoConfig, world: Path, store: Path) -> dict:
     return {k: summary[k] for k in ("images", "extracted", "failures", "shards_failed", "malformed_rows")}
 
 
-def mixture_spec(world: Path) -> dict:
+def mixture_spec(world: Path, captions_only: bool = False) -> dict:
     """Captions (COCO-style JSON) and questions (VQA-style JSON) of the world; val2014 = held out."""
     a = world / "annotations"
-    return {"name": "shapes-demo", "image_map": str(world / "image_map.tsv"), "answers": {"top_k": 100}, "sources": [
+    spec = {"name": "shapes-demo", "image_map": str(world / "image_map.tsv"), "answers": {"top_k": 100}, "sources": [
         {"name": "captions", "kind": "coco_captions", "files": [str(a / "captions_train2014.json")]},
         {"name": "captions_val", "kind": "coco_captions", "files": [str(a / "captions_val2014.json")], "split": "val"},
         {"name": "vqa", "kind": "vqa", "files": [str(a / "v2_OpenEnded_mscoco_train2014_questions.json"),
                                                  str(a / "v2_mscoco_train2014_annotations.json")]},
         {"name": "vqa_val", "kind": "vqa", "split": "val", "files": [
             str(a / "v2_OpenEnded_mscoco_val2014_questions.json"), str(a / "v2_mscoco_val2014_annotations.json")]}]}
+    if captions_only:
+        spec["sources"] = [s for s in spec["sources"] if s["kind"] == "coco_captions"]
+    return spec
 
 
-def _mixture(world: Path, store: Path, mix: Path) -> dict:
+def _mixture(world: Path, store: Path, mix: Path, captions_only: bool) -> dict:
     import yaml
 
     from pipeline.mixture.build import MixtureSpec, build_mixture
 
-    spec_path = mix.parent / "mixture_spec.yaml"
-    spec_path.write_text(yaml.safe_dump(mixture_spec(world), sort_keys=False))
+    spec_path = mix.parent / f"{mix.name}_spec.yaml"
+    spec_path.write_text(yaml.safe_dump(mixture_spec(world, captions_only), sort_keys=False))
     manifest = build_mixture(MixtureSpec.load(spec_path), mix, stores=(store,), drop_missing=True)
     return {"totals": manifest["totals"], "answers": len(json.loads((mix / "answers.json").read_text())["answers"])}
 
 
 def _train_config(cfg: DemoConfig, kind: str, out: Path, vocab: Path, steps: int):
+    from vl_models.tasks.pretrain import TaskConfig
     from vl_models.train.trainer import TrainConfig
 
-    return TrainConfig(model=MODELS[kind], stores=(str(out / "features"),), mixture=str(out / "mixture"),
+    pair = PAIR_TASK[kind]
+    return TrainConfig(model=MODELS[kind], stores=(str(out / "features"),), mixture=str(out / MIXTURES[kind]),
                        out=str(out / "runs" / kind), vocab=str(vocab), steps=steps, batch_size=32, lr=1e-3,
                        warmup=max(1, steps // 20), checkpoint_every=max(1, steps // 2), eval_every=steps,
-                       log_every=max(1, steps // 60), max_text=24, max_regions=20, seed=cfg.seed, resume=True)
+                       log_every=max(1, steps // 60), max_text=24, max_regions=20, seed=cfg.seed, resume=True,
+                       task=TaskConfig(weights={pair: 3.0}, from_step={pair: steps // 3}))
 
 
 def _pretrain(cfg: DemoConfig, kind: str, out: Path, vocab: Path, say: Callable[[str], None]) -> dict:
@@ -200,8 +214,9 @@ def _evaluate(cfg: DemoConfig, kind: str, out: Path, vocab: Path) -> dict:
     from vl_models.train.trainer import build_model
 
     tcfg = _train_config(cfg, kind, out, vocab, cfg.preset("steps"))
-    answers = json.loads((out / "mixture" / "answers.json").read_text())["answers"]
-    val = PretrainDataset(out / "mixture", [out / "features"], vocab, DataConfig(
+    mixture = out / MIXTURES[kind]
+    answers = json.loads((mixture / "answers.json").read_text())["answers"]
+    val = PretrainDataset(mixture, [out / "features"], vocab, DataConfig(
         model=kind, max_text=tcfg.max_text, max_regions=tcfg.max_regions, split="val", mismatch_prob=0.5, seed=cfg.seed))
     kinds = val.table.column("kind").to_numpy(zero_copy_only=False)
     result = {"retrieval_images": min(RETRIEVAL_IMAGES, len({val.images[r] for r in val.rows if kinds[r] == "caption"}))}
@@ -210,7 +225,7 @@ def _evaluate(cfg: DemoConfig, kind: str, out: Path, vocab: Path) -> dict:
         _, _, model = build_model(tcfg, len(answers))
         if name == "pretrained":
             model.load_state_dict(checkpoint.load_latest(out / "runs" / kind)["model"])
-        scores = evaluate(kind, model, val, retrieval_images=RETRIEVAL_IMAGES)
+        scores = evaluate(kind, model, val, retrieval_images=RETRIEVAL_IMAGES, captions_per_image=RETRIEVAL_CAPTIONS)
         result[name] = {k[5:]: round(v, 4) for k, v in scores.items()
                         if k.startswith("eval_retrieval") or k in ("eval_qa_score", "eval_alignment_acc",
                                                                     "eval_matching_acc", "eval_mlm_acc")}
@@ -251,8 +266,9 @@ def markdown(report: dict) -> str:
     lines += [f"| {name} | {s['seconds']:.1f} |" for name, s in report["stages"].items()]
     ext = report["extract"]
     lines += ["", f"Extraction: {ext['extracted']} of {ext['images']} images (failures: {ext['failures'] or 'none'}); "
-              f"mixture: {report['mixture']['totals']}.", "",
-              f"Zero-shot caption -> image retrieval over {n} held-out scenes, one caption each "
+              "mixtures: " + "; ".join(f"{name} {m['totals']}" for name, m in report["mixture"].items()) + ".", "",
+              f"Zero-shot caption -> image retrieval over {n} held-out scenes, queried with "
+              f"{next(iter(ev.values()))['pretrained'].get('retrieval_queries', n)} of their captions "
               f"(chance R@1 = {1 / n:.3f}):", "",
               "| model | R@1 | R@5 | R@10 | QA score |", "|---|---:|---:|---:|---:|"]
     for kind, rows in ev.items():

@@ -75,11 +75,11 @@ def assert_same_record(a: RegionFeatures, b: RegionFeatures, exact: bool = True)
             np.testing.assert_allclose(x.astype(np.float32), y.astype(np.float32), rtol=1e-3, atol=1e-3, err_msg=name)
 
 
-def run_cli(*args: str, cwd: Optional[Path] = None, check: bool = False) -> subprocess.CompletedProcess:
+def run_cli(*args: str, cwd: Optional[Path] = None, check: bool = False, timeout: int = 300) -> subprocess.CompletedProcess:
     """Run `python -m pipeline.cli ...` in a real subprocess."""
     proc = subprocess.run(
         [sys.executable, "-m", "pipeline.cli", *map(str, args)],
-        capture_output=True, text=True, cwd=cwd or REPO, timeout=300,
+        capture_output=True, text=True, cwd=cwd or REPO, timeout=timeout,
         env={**__import__("os").environ, "COLUMNS": "200", "NO_COLOR": "1"},
     )
     if check and proc.returncode != 0:

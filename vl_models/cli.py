@@ -19,7 +19,7 @@ out = Console()
 
 @app.command()
 def pretrain(
-    model: str = typer.Option(..., help="Model config: lxmert-base, lxmert-tiny, vilbert-base[-2|4|8coattn], vilbert-tiny, or a JSON path."),
+    model: str = typer.Option(..., help="Model config: lxmert-base, lxmert-small, lxmert-tiny, vilbert-base[-2|4|8coattn], vilbert-small, vilbert-tiny, or a JSON path (small: 64 wide, the demo's; tiny: 32 wide, for tests)."),
     shards: List[Path] = typer.Option(..., "--shards", help="Feature store(s) with the images' region features (repeatable)."),
     mixture: Path = typer.Option(..., help="Mixture folder from `vlprep build-mixture`."),
     out: Path = typer.Option(..., help="Run folder: config.json, metrics.jsonl, checkpoints/."),
@@ -43,6 +43,8 @@ def pretrain(
     stop_at: int = typer.Option(0, help="End this invocation at this step (0: run to --steps); resume later."),
     visual_weighting: str = typer.Option("confidence", help="LXMERT obj/attr losses: confidence (reference) or masked."),
     qa_from_epoch: int = typer.Option(0, help="LXMERT: train image QA from this epoch on."),
+    weight: List[str] = typer.Option([], "--weight", help="TASK=W: a task's loss weight (default 1; repeatable). Tasks: ViLBERT mlm, region, alignment; LXMERT mlm, matching, obj, attr, feat, qa."),
+    task_from: List[str] = typer.Option([], "--task-from", help="TASK=STEP: a task's loss counts from this step on (repeatable). Small models from scratch: e.g. alignment=1000, so the alignment head does not collapse to constant logits before the streams have learned anything."),
 ) -> None:
     """Pretrain ViLBERT or LXMERT on feature stores and a mixture, with all of the
     model's pretraining tasks. Runs on one CPU, or with torchrun on many processes/GPUs.
@@ -60,7 +62,9 @@ def pretrain(
                       init=str(init) if init else None,
                       checkpoint_every=checkpoint_every, eval_every=eval_every, seed=seed, resume=resume,
                       stop_at=stop_at or None,
-                      task=TaskConfig(visual_weighting=visual_weighting, qa_from_epoch=qa_from_epoch))
+                      task=TaskConfig(visual_weighting=visual_weighting, qa_from_epoch=qa_from_epoch,
+                                      weights=_pairs(weight, "--weight", float),
+                                      from_step=_pairs(task_from, "--task-from", int)))
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     columns = [TextColumn("pretraining"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
@@ -131,6 +135,20 @@ def preview_batch(
             table.add_row(name, str(tuple(value.shape)), str(value.dtype))
     out.print(table)
     out.print(f"real slots per image: {batch.num_boxes.tolist()}")
+
+
+def _pairs(items: List[str], flag: str, convert) -> dict:
+    """["alignment=1000", ...] -> {"alignment": 1000, ...}; a malformed item is a usage error."""
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        try:
+            out[key.strip()] = convert(value)
+        except ValueError:
+            sep = ""
+        if not sep or not key.strip():
+            raise typer.BadParameter(f"{item!r}: expected TASK={convert.__name__.upper()}", param_hint=flag)
+    return out
 
 
 def main() -> None:

@@ -127,3 +127,53 @@ def test_validation_metrics_and_plot(data, tmp_path):
     from PIL import Image
 
     assert Image.open(tmp_path / "run" / "curves.png").size[0] > 1000
+
+
+def test_evaluation_samples_every_source_of_the_split(data, tmp_path):
+    """The val split lists its captions before its questions; a capped evaluation still scores QA."""
+    from vl_models.data.dataset import DataConfig, PretrainDataset
+    from vl_models.eval.evaluate import evaluate
+    from vl_models.train.trainer import build_model
+
+    cfg = config(data, tmp_path, "lxmert-tiny")
+    val = PretrainDataset(data / "mix", [data / "feats"], VOCAB, DataConfig(model="lxmert", split="val", max_text=12,
+                                                                               max_regions=10, mismatch_prob=0.0))
+    kinds = list(val.table.column("kind").to_numpy(zero_copy_only=False)[val.rows])
+    assert kinds.index("question") >= 3, kinds  # the first three items are captions
+    answers = json.loads((data / "mix" / "answers.json").read_text())["answers"]
+    _, _, model = build_model(cfg, len(answers))
+    scores = evaluate("lxmert", model, val, max_items=3)
+    assert 0.0 <= scores["eval_qa_score"] <= 1.0 and "eval_matching_acc" in scores
+
+
+def test_a_task_counts_from_its_start_step(data, tmp_path):
+    from vl_models.tasks.pretrain import TaskConfig
+    from vl_models.train.trainer import build_model
+
+    cfg = config(data, tmp_path, "vilbert-tiny", steps=4, checkpoint_every=1, weight_decay=0.0,
+                 task=TaskConfig(from_step={"alignment": 3}))
+    run(cfg)
+    torch.manual_seed(cfg.seed)
+    _, _, fresh = build_model(cfg, len(json.loads((data / "mix" / "answers.json").read_text())["answers"]))
+    head = "cls.bi_seq_relationship.weight"  # used by the alignment loss alone
+    saved = {s: torch.load(tmp_path / "run" / "checkpoints" / f"step_{s:07d}.pt", weights_only=True)["model"][head]
+             for s in (3, 4)}
+    assert torch.equal(saved[3], fresh.state_dict()[head])  # steps 0-2: weight 0, so no update
+    assert not torch.equal(saved[4], saved[3])  # step 3 on: it trains
+
+
+def test_task_names_and_cli_pairs_are_checked():
+    import typer
+
+    from vl_models.cli import _pairs
+    from vl_models.tasks.pretrain import TaskConfig
+
+    assert TaskConfig(weights={"mlm": 2.0}, from_step={"alignment": 5}).weights_at(4) == {"mlm": 2.0, "alignment": 0.0}
+    assert TaskConfig(from_step={"alignment": 5}).weights_at(5) == {} == TaskConfig(from_step={"qa": 9}).weights_at(None)
+    with pytest.raises(ConfigError, match="vilbert has no task.*matching"):
+        TaskConfig(from_step={"matching": 5}).check("vilbert")
+    TaskConfig(weights={"matching": 3.0}, from_step={"matching": 5}).check("lxmert")
+    assert _pairs(["alignment=1000", "mlm = 2"], "--task-from", int) == {"alignment": 1000, "mlm": 2}
+    for bad in ("alignment", "alignment=x", "=3"):
+        with pytest.raises(typer.BadParameter, match="expected TASK=INT"):
+            _pairs([bad], "--task-from", int)

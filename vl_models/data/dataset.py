@@ -62,15 +62,18 @@ class PretrainDataset(torch.utils.data.Dataset):
                 return store.get(key)
         raise KeyError(f"image {key!r} is in no feature store (build the mixture with --stores to catch this)")
 
-    def pair(self, text_row: int, image_row: int) -> dict:
-        """An unmasked example of one item's text with another item's image (retrieval)."""
-        cfg = self.cfg
-        enc = self.tokenizer.encode(self.table.column("text")[text_row].as_py(), cfg.max_text)
-        vilbert = cfg.model == "vilbert"
-        batch = pad_regions([self._record(self.images[image_row])], cfg.max_regions,
+    def text(self, row: int) -> dict:
+        """One item's text, unmasked."""
+        enc = self.tokenizer.encode(self.table.column("text")[row].as_py(), self.cfg.max_text)
+        return {"input_ids": enc.ids, "attention_mask": enc.mask}
+
+    def image(self, row: int) -> dict:
+        """One item's image regions, unmasked."""
+        vilbert = self.cfg.model == "vilbert"
+        batch = pad_regions([self._record(self.images[row])], self.cfg.max_regions,
                             position="5d" if vilbert else "4d", img_token=vilbert)
-        return {"input_ids": enc.ids, "attention_mask": enc.mask, "visual_feats": batch.features[0],
-                "visual_pos": batch.positions[0], "visual_mask": batch.mask[0].astype(np.int64)}
+        return {"visual_feats": batch.features[0], "visual_pos": batch.positions[0],
+                "visual_mask": batch.mask[0].astype(np.int64)}
 
     def __getitem__(self, i: int) -> dict:
         cfg = self.cfg

@@ -13,9 +13,18 @@ from vl_models.tasks.losses import local_means
 from vl_models.tasks.pretrain import TaskConfig, pretrain_losses
 
 
+def pair_heads(kind: str, model, batch: dict):
+    """The model's outputs with the token / region decoders skipped (no positions to decode)."""
+    no_tokens = torch.zeros_like(batch["attention_mask"], dtype=torch.bool)
+    no_regions = torch.zeros_like(batch["visual_mask"], dtype=torch.bool)
+    positions = {"lm_positions": no_tokens, ("region_positions" if kind == "vilbert" else "feat_positions"): no_regions}
+    return model(batch["input_ids"], batch["visual_feats"], batch["visual_pos"], batch["attention_mask"],
+                 batch["visual_mask"], **positions)
+
+
 def alignment_scores(kind: str, model, batch: dict) -> torch.Tensor:
     """Higher = the text matches the image (ViLBERT: class 0 = aligned; LXMERT: 1 = matched)."""
-    out = model(batch["input_ids"], batch["visual_feats"], batch["visual_pos"], batch["attention_mask"], batch["visual_mask"])
+    out = pair_heads(kind, model, batch)
     logits = out.alignment_logits if kind == "vilbert" else out.matched_logits
     probs = torch.softmax(logits.float(), dim=-1)
     return probs[:, 0] if kind == "vilbert" else probs[:, 1]
@@ -23,16 +32,18 @@ def alignment_scores(kind: str, model, batch: dict) -> torch.Tensor:
 
 @torch.no_grad()
 def evaluate(kind: str, model, data: PretrainDataset, device: str = "cpu", batch_size: int = 32,
-             max_items: int = 512, retrieval_images: int = 50) -> dict:
+             max_items: int = 512, retrieval_images: int = 50, captions_per_image: int = 1) -> dict:
     was_training = model.training
     model.eval()
     collate = torch.utils.data.default_collate
-    n = min(len(data), max_items)
+    # Evenly spaced over the split, so every source (captions, questions) is represented
+    # whatever order the mixture lists them in.
+    items = np.unique(np.linspace(0, len(data) - 1, min(len(data), max_items)).round().astype(int))
     sums: dict = {}
     batches = 0
     qa_pred, qa_ids, qa_scores = [], [], []
-    for start in range(0, n, batch_size):
-        idx = list(range(start, min(n, start + batch_size)))
+    for start in range(0, len(items), batch_size):
+        idx = [int(i) for i in items[start:start + batch_size]]
         batch = {k: v.to(device) for k, v in collate([data[i] for i in idx]).items()}
         with local_means():  # evaluation runs on rank 0 alone
             _, _, metrics = pretrain_losses(kind, model, batch, TaskConfig(), epoch=10**6)
@@ -41,8 +52,7 @@ def evaluate(kind: str, model, data: PretrainDataset, device: str = "cpu", batch
                 sums[k] = sums.get(k, 0.0) + v
         batches += 1
         if kind == "lxmert":
-            out = model(batch["input_ids"], batch["visual_feats"], batch["visual_pos"], batch["attention_mask"],
-                        batch["visual_mask"])
+            out = pair_heads(kind, model, batch)
             for j, i in enumerate(idx):
                 row = int(data.rows[i])
                 ids = data.table.column("answer_ids")[row].as_py()
@@ -53,29 +63,33 @@ def evaluate(kind: str, model, data: PretrainDataset, device: str = "cpu", batch
     result = {f"eval_{k}": v / batches for k, v in sums.items()}
     if qa_pred:
         result["eval_qa_score"] = vqa_score(np.array(qa_pred), qa_ids, qa_scores)
-    result.update(retrieval(kind, model, data, device, retrieval_images))
+    result.update(retrieval(kind, model, data, device, retrieval_images, captions_per_image))
     if was_training:
         model.train()
     return result
 
 
-def retrieval(kind: str, model, data: PretrainDataset, device: str, limit: int) -> dict:
-    """Caption -> image R@K over up to `limit` images, one caption each."""
+def retrieval(kind: str, model, data: PretrainDataset, device: str, limit: int, captions_per_image: int = 1) -> dict:
+    """Caption -> image R@K over the first `limit` images of the split, each queried with up
+    to `captions_per_image` of its captions (the first ones)."""
     kinds = data.table.column("kind").to_numpy(zero_copy_only=False)
-    chosen: dict[str, int] = {}
+    captions: dict[str, list[int]] = {}
     for row in data.rows:
         image = data.images[row]
-        if kinds[row] == "caption" and image not in chosen:
-            chosen[image] = int(row)
-            if len(chosen) == limit:
-                break
-    rows = list(chosen.values())
-    if len(rows) < 2:
+        if kinds[row] != "caption" or len(captions.get(image, ())) == captions_per_image:
+            continue
+        if image not in captions and len(captions) == limit:
+            continue
+        captions.setdefault(image, []).append(int(row))
+    image_rows = [rows[0] for rows in captions.values()]
+    if len(image_rows) < 2:
         return {}
+    queries = [(row, target) for target, rows in enumerate(captions.values()) for row in rows]
     collate = torch.utils.data.default_collate
-    scores = np.zeros((len(rows), len(rows)), np.float32)
-    for qi, text_row in enumerate(rows):
-        pairs = [data.pair(text_row, image_row) for image_row in rows]
-        batch = {k: v.to(device) for k, v in collate(pairs).items()}
-        scores[qi] = alignment_scores(kind, model, batch).cpu().numpy()
-    return {f"eval_retrieval_{k}": v for k, v in recall_at_k(scores, np.arange(len(rows))).items()}
+    images = {k: v.to(device) for k, v in collate([data.image(row) for row in image_rows]).items()}
+    scores = np.zeros((len(queries), len(image_rows)), np.float32)
+    for qi, (text_row, _) in enumerate(queries):
+        text = {k: v.to(device).expand(len(image_rows), -1) for k, v in collate([data.text(text_row)]).items()}
+        scores[qi] = alignment_scores(kind, model, {**text, **images}).cpu().numpy()
+    recalls = recall_at_k(scores, np.array([t for _, t in queries]))
+    return {"eval_retrieval_queries": len(queries), **{f"eval_retrieval_{k}": v for k, v in recalls.items()}}

@@ -12,10 +12,15 @@ regression + image QA (matched question items only, from `qa_from_epoch` on).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Optional
 
 import torch
 
+from pipeline.errors import ConfigError
 from vl_models.tasks import losses as L
+
+
+TASKS = {"vilbert": ("mlm", "region", "alignment"), "lxmert": ("mlm", "matching", "obj", "attr", "feat", "qa")}
 
 
 @dataclass(frozen=True)
@@ -23,10 +28,25 @@ class TaskConfig:
     weights: dict = field(default_factory=dict)  # per-loss weight, default 1
     visual_weighting: str = "confidence"  # LXMERT obj/attr: "confidence" (reference) or "masked"
     qa_from_epoch: int = 0  # LXMERT QA switched on from this epoch (the paper: second half)
+    # A loss counts from this optimizer step on (weight 0 before; still computed, so DDP ranks
+    # stay in step). Small models trained from scratch need it for alignment / matching: switched
+    # on at step 0, the head's fastest way down is to make its logits constant, and it stays there.
+    from_step: dict = field(default_factory=dict)
+
+    def check(self, kind: str) -> None:
+        unknown = (set(self.weights) | set(self.from_step)) - set(TASKS[kind])
+        if unknown:
+            raise ConfigError(f"{kind} has no task(s) {sorted(unknown)}; its tasks: {', '.join(TASKS[kind])}")
+
+    def weights_at(self, step: Optional[int]) -> dict:
+        """Loss weights at optimizer step `step` (None: every task on, as in evaluation)."""
+        off = {k: 0.0 for k, start in self.from_step.items() if step is not None and step < start}
+        return {**self.weights, **off}
 
 
-def pretrain_losses(kind: str, model, batch: dict, cfg: TaskConfig, epoch: int) -> tuple[torch.Tensor, dict, dict]:
-    """(total loss, per-task losses, metrics) for one batch."""
+def pretrain_losses(kind: str, model, batch: dict, cfg: TaskConfig, epoch: int,
+                    step: Optional[int] = None) -> tuple[torch.Tensor, dict, dict]:
+    """(total loss, per-task losses, metrics) for one batch at optimizer step `step`."""
     if kind == "vilbert":
         lm_at, regions_at = batch["lm_labels"] != -1, batch["region_targets"].bool()
         out = model(batch["input_ids"], batch["visual_feats"], batch["visual_pos"], batch["attention_mask"],
@@ -51,4 +71,4 @@ def pretrain_losses(kind: str, model, batch: dict, cfg: TaskConfig, epoch: int) 
         metrics = {**m1, **m2, **m3, **m4}
     else:
         raise ValueError(f"unknown model kind {kind!r}")
-    return L.total(losses, cfg.weights), losses, metrics
+    return L.total(losses, cfg.weights_at(step)), losses, metrics

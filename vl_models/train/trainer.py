@@ -97,6 +97,7 @@ def run(cfg: TrainConfig, on_step: Optional[Callable[[int, dict], None]] = None)
     answers = json.loads((Path(cfg.mixture) / "answers.json").read_text())["answers"]
     torch.manual_seed(cfg.seed)
     kind, mcfg, model = build_model(cfg, len(answers))
+    cfg.task.check(kind)
     if cfg.init and not cfg.resume:
         log.info("initialized from %s: %s", cfg.init, init_pretraining(model, Path(cfg.init)))
     model.to(device)
@@ -151,7 +152,7 @@ def run(cfg: TrainConfig, on_step: Optional[Callable[[int, dict], None]] = None)
             batch = {k: v.to(device) for k, v in next(batches).items()}
             waited += time.perf_counter() - t0
             with autocast:
-                loss, losses, task_metrics = pretrain_losses(kind, wrapped, batch, cfg.task, sampler.epoch)
+                loss, losses, task_metrics = pretrain_losses(kind, wrapped, batch, cfg.task, sampler.epoch, step)
             scaler.scale(loss / cfg.grad_accum).backward()
             for k, v in {**{f"loss_{k}": float(v.detach()) for k, v in losses.items()}, **task_metrics}.items():
                 sums[k] = sums.get(k, 0.0) + v / cfg.grad_accum
