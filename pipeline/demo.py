@@ -35,7 +35,8 @@ PRESETS = {  # images in the world, optimizer steps per model
     "quick": {"n_images": 400, "steps": 1200},
 }
 MODELS = {"vilbert": "vilbert-small", "lxmert": "lxmert-small"}
-MIXTURES = {"vilbert": "mixture_captions", "lxmert": "mixture"}
+MIXTURE_KINDS = {"mixture_captions": ("coco_captions",), "mixture_captions_qa": ("coco_captions", "vqa")}
+MIXTURES = {"vilbert": "mixture_captions", "lxmert": "mixture_captions_qa"}  # ViLBERT: captions alone, as CC
 PAIR_TASK = {"vilbert": "alignment", "lxmert": "matching"}  # the head that scores retrieval
 RETRIEVAL_IMAGES = 40
 RETRIEVAL_CAPTIONS = 5  # queries per image: up to this many of its captions
@@ -114,9 +115,8 @@ def run_demo(cfg: DemoConfig, say: Callable[[str], None] = log.info) -> dict:
     finally:
         server.shutdown()
 
-    entry = stage("mixture", "vlprep build-mixture (captions + questions; captions alone)")
-    report["mixture"] = {name: _mixture(world, out / "features", out / name, captions_only=name == MIXTURES["vilbert"])
-                         for name in sorted(set(MIXTURES.values()))}
+    entry = stage("mixtures", "vlprep build-mixture (captions + questions; captions alone)")
+    report["mixtures"] = {name: _mixture(world, out / "features", out / name, kinds) for name, kinds in MIXTURE_KINDS.items()}
     done(entry)
 
     entry = stage("pretrain", f"vltrain pretrain: {', '.join(MODELS.values())}, {cfg.preset('steps')} steps each")
@@ -153,8 +153,9 @@ def _extract(cfg: DemoConfig, world: Path, store: Path) -> dict:
     return {k: summary[k] for k in ("images", "extracted", "failures", "shards_failed", "malformed_rows")}
 
 
-def mixture_spec(world: Path, captions_only: bool = False) -> dict:
-    """Captions (COCO-style JSON) and questions (VQA-style JSON) of the world; val2014 = held out."""
+def mixture_spec(world: Path, kinds: tuple[str, ...] = ("coco_captions", "vqa")) -> dict:
+    """Captions (COCO-style JSON) and questions (VQA-style JSON) of the world, the sources of
+    the given kinds; val2014 = held out."""
     a = world / "annotations"
     spec = {"name": "shapes-demo", "image_map": str(world / "image_map.tsv"), "answers": {"top_k": 100}, "sources": [
         {"name": "captions", "kind": "coco_captions", "files": [str(a / "captions_train2014.json")]},
@@ -163,18 +164,17 @@ def mixture_spec(world: Path, captions_only: bool = False) -> dict:
                                                  str(a / "v2_mscoco_train2014_annotations.json")]},
         {"name": "vqa_val", "kind": "vqa", "split": "val", "files": [
             str(a / "v2_OpenEnded_mscoco_val2014_questions.json"), str(a / "v2_mscoco_val2014_annotations.json")]}]}
-    if captions_only:
-        spec["sources"] = [s for s in spec["sources"] if s["kind"] == "coco_captions"]
+    spec["sources"] = [s for s in spec["sources"] if s["kind"] in kinds]
     return spec
 
 
-def _mixture(world: Path, store: Path, mix: Path, captions_only: bool) -> dict:
+def _mixture(world: Path, store: Path, mix: Path, kinds: tuple[str, ...]) -> dict:
     import yaml
 
     from pipeline.mixture.build import MixtureSpec, build_mixture
 
     spec_path = mix.parent / f"{mix.name}_spec.yaml"
-    spec_path.write_text(yaml.safe_dump(mixture_spec(world, captions_only), sort_keys=False))
+    spec_path.write_text(yaml.safe_dump(mixture_spec(world, kinds), sort_keys=False))
     manifest = build_mixture(MixtureSpec.load(spec_path), mix, stores=(store,), drop_missing=True)
     return {"totals": manifest["totals"], "answers": len(json.loads((mix / "answers.json").read_text())["answers"])}
 
@@ -266,7 +266,7 @@ def markdown(report: dict) -> str:
     lines += [f"| {name} | {s['seconds']:.1f} |" for name, s in report["stages"].items()]
     ext = report["extract"]
     lines += ["", f"Extraction: {ext['extracted']} of {ext['images']} images (failures: {ext['failures'] or 'none'}); "
-              "mixtures: " + "; ".join(f"{name} {m['totals']}" for name, m in report["mixture"].items()) + ".", "",
+              "mixtures: " + "; ".join(f"{name} {m['totals']}" for name, m in report["mixtures"].items()) + ".", "",
               f"Zero-shot caption -> image retrieval over {n} held-out scenes, queried with "
               f"{next(iter(ev.values()))['pretrained'].get('retrieval_queries', n)} of their captions "
               f"(chance R@1 = {1 / n:.3f}):", "",

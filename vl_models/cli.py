@@ -44,7 +44,7 @@ def pretrain(
     visual_weighting: str = typer.Option("confidence", help="LXMERT obj/attr losses: confidence (reference) or masked."),
     qa_from_epoch: int = typer.Option(0, help="LXMERT: train image QA from this epoch on."),
     weight: List[str] = typer.Option([], "--weight", help="TASK=W: a task's loss weight (default 1; repeatable). Tasks: ViLBERT mlm, region, alignment; LXMERT mlm, matching, obj, attr, feat, qa."),
-    task_from: List[str] = typer.Option([], "--task-from", help="TASK=STEP: a task's loss counts from this step on (repeatable). Small models from scratch: e.g. alignment=1000, so the alignment head does not collapse to constant logits before the streams have learned anything."),
+    task_from: List[str] = typer.Option([], "--task-from", help="TASK=N: a task's loss is off for the first N optimizer steps (repeatable). Small models from scratch: e.g. alignment=1000, so the alignment head does not collapse to constant logits before the streams have learned anything."),
 ) -> None:
     """Pretrain ViLBERT or LXMERT on feature stores and a mixture, with all of the
     model's pretraining tasks. Runs on one CPU, or with torchrun on many processes/GPUs.
@@ -143,11 +143,12 @@ def _pairs(items: List[str], flag: str, convert) -> dict:
     for item in items:
         key, sep, value = item.partition("=")
         try:
+            if not sep or not key.strip() or key.strip() in out:
+                raise ValueError
             out[key.strip()] = convert(value)
         except ValueError:
-            sep = ""
-        if not sep or not key.strip():
-            raise typer.BadParameter(f"{item!r}: expected TASK={convert.__name__.upper()}", param_hint=flag)
+            raise typer.BadParameter(f"{item!r}: expected TASK={convert.__name__.upper()}, each task once",
+                                     param_hint=flag) from None
     return out
 
 

@@ -174,6 +174,10 @@ def test_task_names_and_cli_pairs_are_checked():
         TaskConfig(from_step={"matching": 5}).check("vilbert")
     TaskConfig(weights={"matching": 3.0}, from_step={"matching": 5}).check("lxmert")
     assert _pairs(["alignment=1000", "mlm = 2"], "--task-from", int) == {"alignment": 1000, "mlm": 2}
-    for bad in ("alignment", "alignment=x", "=3"):
+    for bad in (["alignment"], ["alignment=x"], ["=3"], ["mlm=1", "mlm=2"]):
         with pytest.raises(typer.BadParameter, match="expected TASK=INT"):
-            _pairs([bad], "--task-from", int)
+            _pairs(bad, "--task-from", int)
+    for bad in (TaskConfig(weights={"mlm": float("nan")}), TaskConfig(weights={"mlm": -1.0}),
+                TaskConfig(from_step={"mlm": -5})):
+        with pytest.raises(ConfigError, match="finite and >= 0"):
+            bad.check("vilbert")

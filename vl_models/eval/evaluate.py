@@ -76,9 +76,9 @@ def retrieval(kind: str, model, data: PretrainDataset, device: str, limit: int, 
     captions: dict[str, list[int]] = {}
     for row in data.rows:
         image = data.images[row]
-        if kinds[row] != "caption" or len(captions.get(image, ())) == captions_per_image:
+        if kinds[row] != "caption" or len(captions.get(image, ())) >= captions_per_image:
             continue
-        if image not in captions and len(captions) == limit:
+        if image not in captions and len(captions) >= limit:
             continue
         captions.setdefault(image, []).append(int(row))
     image_rows = [rows[0] for rows in captions.values()]

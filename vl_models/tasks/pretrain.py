@@ -11,6 +11,7 @@ regression + image QA (matched question items only, from `qa_from_epoch` on).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -28,15 +29,20 @@ class TaskConfig:
     weights: dict = field(default_factory=dict)  # per-loss weight, default 1
     visual_weighting: str = "confidence"  # LXMERT obj/attr: "confidence" (reference) or "masked"
     qa_from_epoch: int = 0  # LXMERT QA switched on from this epoch (the paper: second half)
-    # A loss counts from this optimizer step on (weight 0 before; still computed, so DDP ranks
-    # stay in step). Small models trained from scratch need it for alignment / matching: switched
-    # on at step 0, the head's fastest way down is to make its logits constant, and it stays there.
+    # {task: N}: the task's loss is off (weight 0) for the first N optimizer steps. It is still
+    # computed, so DDP ranks stay in step; weight decay still applies to its head meanwhile.
+    # Small models trained from scratch need it for alignment / matching: switched on at step 0,
+    # the head's fastest way down is to make its logits constant, and it stays there.
     from_step: dict = field(default_factory=dict)
 
     def check(self, kind: str) -> None:
         unknown = (set(self.weights) | set(self.from_step)) - set(TASKS[kind])
         if unknown:
             raise ConfigError(f"{kind} has no task(s) {sorted(unknown)}; its tasks: {', '.join(TASKS[kind])}")
+        bad = {k: v for k, v in self.weights.items() if not math.isfinite(v) or v < 0}
+        bad.update({k: v for k, v in self.from_step.items() if v < 0})
+        if bad:
+            raise ConfigError(f"task weights must be finite and >= 0 and start steps >= 0: {bad}")
 
     def weights_at(self, step: Optional[int]) -> dict:
         """Loss weights at optimizer step `step` (None: every task on, as in evaluation)."""
@@ -46,7 +52,8 @@ class TaskConfig:
 
 def pretrain_losses(kind: str, model, batch: dict, cfg: TaskConfig, epoch: int,
                     step: Optional[int] = None) -> tuple[torch.Tensor, dict, dict]:
-    """(total loss, per-task losses, metrics) for one batch at optimizer step `step`."""
+    """(total loss, per-task losses, metrics) for one batch. `step`: the number of optimizer
+    steps taken so far, for `cfg.from_step`; None (evaluation) counts every task."""
     if kind == "vilbert":
         lm_at, regions_at = batch["lm_labels"] != -1, batch["region_targets"].bool()
         out = model(batch["input_ids"], batch["visual_feats"], batch["visual_pos"], batch["attention_mask"],
