@@ -181,3 +181,9 @@ def test_task_names_and_cli_pairs_are_checked():
                 TaskConfig(from_step={"mlm": -5})):
         with pytest.raises(ConfigError, match="finite and >= 0"):
             bad.check("vilbert")
+
+
+def test_resume_refuses_a_run_of_another_model(data, tmp_path):
+    run(config(data, tmp_path, "vilbert-tiny", steps=2))
+    with pytest.raises(ConfigError, match="holds a run of model 'vilbert-tiny', not 'vilbert-small'"):
+        run(config(data, tmp_path, "vilbert-small", steps=4, resume=True))

@@ -115,6 +115,9 @@ def run(cfg: TrainConfig, on_step: Optional[Callable[[int, dict], None]] = None)
     step = 0
     state = checkpoint.load_latest(out) if cfg.resume else None
     if state is not None:
+        if type(mcfg).from_json(state["model_config"]) != mcfg:
+            raise ConfigError(f"{out} holds a run of model {state['model_config'].get('name')!r}, not {mcfg.name!r}: "
+                              "resume with the same model, or use another --out")
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         scaler.load_state_dict(state["scaler"])
