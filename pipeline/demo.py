@@ -140,10 +140,9 @@ def _extract(cfg: DemoConfig, world: Path, store: Path) -> dict:
     from pipeline.detect.boxes import BoxCount
     from pipeline.detect.extractor import SelectionConfig
     from pipeline.detect.run import ExtractConfig, run_extract
+    from pipeline.detect.weights import shapes_tiny_weights
     from pipeline.download.fetch import FetchConfig
 
-    if cfg.weights is None:
-        from pipeline.detect.weights import shapes_tiny_weights
     summary = run_extract(ExtractConfig(
         out=store, dataset="conceptual_captions",
         inputs=(world / "Train_GCC-training.tsv", world / "Validation_GCC-1.1.0-Validation.tsv"),
@@ -218,14 +217,14 @@ def _evaluate(cfg: DemoConfig, kind: str, out: Path, vocab: Path) -> dict:
     answers = json.loads((mixture / "answers.json").read_text())["answers"]
     val = PretrainDataset(mixture, [out / "features"], vocab, DataConfig(
         model=kind, max_text=tcfg.max_text, max_regions=tcfg.max_regions, split="val", mismatch_prob=0.5, seed=cfg.seed))
-    kinds = val.table.column("kind").to_numpy(zero_copy_only=False)
-    result = {"retrieval_images": min(RETRIEVAL_IMAGES, len({val.images[r] for r in val.rows if kinds[r] == "caption"}))}
+    result = {}
     for name in ("untrained", "pretrained"):
         torch.manual_seed(cfg.seed)
         _, _, model = build_model(tcfg, len(answers))
         if name == "pretrained":
             model.load_state_dict(checkpoint.load_latest(out / "runs" / kind)["model"])
         scores = evaluate(kind, model, val, retrieval_images=RETRIEVAL_IMAGES, captions_per_image=RETRIEVAL_CAPTIONS)
+        result["retrieval_images"] = scores.pop("eval_retrieval_images", 0)  # 0: under two images to rank
         result[name] = {k[5:]: round(v, 4) for k, v in scores.items()
                         if k.startswith("eval_retrieval") or k in ("eval_qa_score", "eval_alignment_acc",
                                                                     "eval_matching_acc", "eval_mlm_acc")}

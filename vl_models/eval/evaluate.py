@@ -92,4 +92,5 @@ def retrieval(kind: str, model, data: PretrainDataset, device: str, limit: int, 
         text = {k: v.to(device).expand(len(image_rows), -1) for k, v in collate([data.text(text_row)]).items()}
         scores[qi] = alignment_scores(kind, model, {**text, **images}).cpu().numpy()
     recalls = recall_at_k(scores, np.array([t for _, t in queries]))
-    return {"eval_retrieval_queries": len(queries), **{f"eval_retrieval_{k}": v for k, v in recalls.items()}}
+    return {"eval_retrieval_images": len(image_rows), "eval_retrieval_queries": len(queries),
+            **{f"eval_retrieval_{k}": v for k, v in recalls.items()}}
