@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import json
 import time
 from contextlib import contextmanager
@@ -18,9 +17,9 @@ from rich.markdown import Markdown
 from rich.table import Table
 
 from pipeline import __version__
-from pipeline.errors import ConfigError, StoreError
+from pipeline.errors import ConfigError
 from pipeline.log import console as err_console
-from pipeline.log import cli_app
+from pipeline.log import cli_app, named_errors
 
 app = cli_app(
     "vlprep",
@@ -30,23 +29,6 @@ app = cli_app(
     "See docs/store-format.md.",
 )
 stdout = Console()
-
-
-def _errors_exit(fn):
-    """Turn the project's named errors into a one-line message and an exit code."""
-
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        try:
-            return fn(*args, **kwargs)
-        except ConfigError as err:
-            err_console.print(f"[red]error:[/red] {err}")
-            raise typer.Exit(2)
-        except (StoreError, ValueError) as err:
-            err_console.print(f"[red]error:[/red] {err}")
-            raise typer.Exit(1)
-
-    return wrapper
 
 
 @contextmanager
@@ -61,7 +43,7 @@ def _progress(description: str, total: Optional[int] = None) -> Iterator:
 
 
 @app.command()
-@_errors_exit
+@named_errors
 def inspect(
     store: Path = typer.Argument(..., help="Feature store directory."),
     as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
@@ -103,7 +85,7 @@ def inspect(
 
 
 @app.command()
-@_errors_exit
+@named_errors
 def verify(
     store: Path = typer.Argument(..., help="Feature store directory."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
@@ -134,7 +116,7 @@ def verify(
 
 
 @app.command("import")
-@_errors_exit
+@named_errors
 def import_(
     paths: List[Path] = typer.Argument(..., metavar="SRC... DEST", help="Source files/folders, then the store to write."),
     fmt: str = typer.Option(..., "--from", help="Source format: lxmert-tsv, butd-tsv, vilbert-lmdb, mmf-npy."),
@@ -185,7 +167,7 @@ def import_(
 
 
 @app.command("export")
-@_errors_exit
+@named_errors
 def export(
     store: Path = typer.Argument(..., help="Feature store directory."),
     dest: Path = typer.Argument(..., help="Output file (TSV formats) or folder (mmf-npy)."),
@@ -227,7 +209,7 @@ def _print_outcomes(summary: dict) -> None:
 
 
 @app.command()
-@_errors_exit
+@named_errors
 def download(
     dataset: str = typer.Option(..., help="Reader: conceptual_captions, url_list, coco, visual_genome, nlvr2, flickr30k, folder."),
     inputs: List[Path] = typer.Option(..., "--input", help="Input file or folder (repeatable)."),
@@ -316,7 +298,7 @@ def download(
 
 
 @app.command()
-@_errors_exit
+@named_errors
 def extract(
     out: Path = typer.Option(..., help="Feature store to write (created or resumed)."),
     dataset: Optional[str] = typer.Option(None, help="Reader of --input files (download and extract in one job)."),
@@ -392,7 +374,7 @@ def extract(
 
 
 @app.command()
-@_errors_exit
+@named_errors
 def show(
     store: Path = typer.Argument(..., help="Feature store directory."),
     image_id: str = typer.Argument(..., help="The image's id in the store."),
@@ -420,7 +402,7 @@ def show(
 
 
 @app.command("build-mixture")
-@_errors_exit
+@named_errors
 def build_mixture(
     spec: Path = typer.Option(..., help="Mixture spec (YAML), e.g. data_manifests/mixtures/lxmert.yaml."),
     out: Path = typer.Option(..., help="Output folder (items.arrow, answers.json, manifest.json, report.md)."),
@@ -452,7 +434,7 @@ def build_mixture(
 
 
 @app.command("make-shapes")
-@_errors_exit
+@named_errors
 def make_shapes(
     out: Path = typer.Option(..., help="Folder to write (created; an earlier shapes world there is replaced)."),
     n_images: int = typer.Option(..., help="Images in all, train and val together (at least 1)."),
@@ -492,7 +474,7 @@ def make_shapes(
 
 
 @app.command()
-@_errors_exit
+@named_errors
 def demo(
     out: Path = typer.Option(Path("vlprep_demo"), help="Folder for everything the demo writes (a rerun with the same settings resumes)."),
     quick: bool = typer.Option(False, "--quick", help="About 3 minutes on 2 cores: 400 scenes, 1,200 steps per model (what CI runs)."),

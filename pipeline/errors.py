@@ -1,10 +1,40 @@
-"""The project's named errors. Each names what is wrong and where."""
+"""The project's named errors, and the exit code each one gives on the command line.
+
+Each error names what is wrong and where. Both CLIs turn them into one line on stderr
+and the exit code below (`exit_code`); the README's "Exit codes" table lists them.
+
+    0   done
+    1   the run finished, but part of the work failed (failure rate above
+        --max-failure-rate, shards failed, rows skipped, verify found problems)
+    2   invalid invocation, configuration or input: nothing was done (ConfigError)
+    3   data on disk is missing, truncated or corrupt (StoreError, CheckpointError)
+    4   training stopped itself: the loss became NaN or infinite (DivergedError)
+    74  the disk is full (or another I/O failure while writing)
+    75  another process is writing the same output right now (BusyError): retry later
+"""
 
 from __future__ import annotations
 
+import errno
 
-class ConfigError(ValueError):
+EXIT_FAILURES = 1
+EXIT_CONFIG = 2
+EXIT_DATA = 3
+EXIT_DIVERGED = 4
+EXIT_IO = 74  # sysexits EX_IOERR
+EXIT_BUSY = 75  # sysexits EX_TEMPFAIL: try again later
+
+
+class VlprepError(Exception):
+    """Base of the named errors; `exit_code` is what the CLIs exit with."""
+
+    exit_code = EXIT_FAILURES
+
+
+class ConfigError(VlprepError, ValueError):
     """A configuration or invocation problem, raised before any work starts."""
+
+    exit_code = EXIT_CONFIG
 
 
 class InvalidRecordError(ValueError):
@@ -17,9 +47,55 @@ class InvalidRecordError(ValueError):
         super().__init__(f"image {image_id!r}: field {field!r}: {reason}")
 
 
-class StoreError(RuntimeError):
+class DataError(VlprepError, RuntimeError):
+    """Data on disk is missing, truncated or corrupt."""
+
+    exit_code = EXIT_DATA
+
+
+class StoreError(DataError):
     """A feature store on disk is missing, incomplete or corrupt."""
+
+
+class CheckpointError(DataError):
+    """A training checkpoint (or its `latest` pointer) is missing, truncated or corrupt."""
+
+
+class DivergedError(VlprepError, RuntimeError):
+    """Training produced a non-finite loss; nothing non-finite was checkpointed."""
+
+    exit_code = EXIT_DIVERGED
+
+
+class RunFailedError(VlprepError, RuntimeError):
+    """A run finished, but too much of its work failed (the outputs are kept: rerun to retry)."""
+
+    exit_code = EXIT_FAILURES
+
+
+class BusyError(VlprepError, RuntimeError):
+    """Another process holds the output's write lock."""
+
+    exit_code = EXIT_BUSY
 
 
 class UnsafePickleError(ValueError):
     """A pickle asked for something other than numpy arrays and plain values."""
+
+
+def exit_code(err: BaseException) -> int | None:
+    """The CLI exit code for an error we can name in one line; None for the others (a
+    bug: let its traceback show)."""
+    if isinstance(err, VlprepError):
+        return err.exit_code
+    if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
+        return EXIT_IO
+    return None
+
+
+def describe(err: BaseException) -> str:
+    """One line naming the error (disk-full errors name the file being written)."""
+    if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
+        where = f" writing {err.filename}" if err.filename else ""
+        return f"disk full{where}: {err.strerror or err}; free space and rerun (finished work is kept)"
+    return str(err)

@@ -1,15 +1,20 @@
-"""Filesystem helpers: atomic writes, durable renames, checksums, sizes."""
+"""Filesystem helpers: atomic writes, durable renames, checksums, sizes, write locks."""
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
 import shutil
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Union
+from typing import Any, Iterator, Union
+
+from pipeline.errors import BusyError
 
 TMP_PREFIX = ".tmp-"
+LOCK_FILE = ".vlprep.lock"
 
 
 def fsync_dir(path: Path) -> None:
@@ -103,3 +108,26 @@ def read_named_json(name_or_path: Union[str, Path], folder: Path, what: str) -> 
         return json.loads(path.read_text())
     except json.JSONDecodeError as err:
         raise ConfigError(f"{path}: invalid JSON: {err}") from err
+
+
+@contextmanager
+def exclusive_lock(directory: Path, what: str = "output") -> Iterator[None]:
+    """Hold an exclusive write lock on `directory` (flock on `directory/.vlprep.lock`,
+    created with the directory if needed) for the duration of the block. A second writer
+    gets `BusyError` at once, naming the holder's pid. The kernel drops the lock when the
+    holder exits, however it exits: a killed writer never leaves a stale lock."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    fd = os.open(directory / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 64, 0).decode("ascii", "replace").strip() or "unknown"
+            raise BusyError(f"{directory}: another process (pid {holder}) is writing this {what}; "
+                            "wait for it to finish, or write elsewhere") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        yield
+    finally:
+        os.close(fd)  # releases the lock

@@ -1,14 +1,19 @@
-"""CLI plumbing shared by `vlprep` and `vltrain`: the Typer app with its logging flags.
+"""CLI plumbing shared by `vlprep` and `vltrain`: the Typer app with its logging flags,
+and the one mapping of named errors to a one-line message and an exit code.
 Library code only calls logging.getLogger(__name__)."""
 
 from __future__ import annotations
 
+import functools
 import logging
 
 import typer
 
 from rich.console import Console
 from rich.logging import RichHandler
+from rich.markup import escape
+
+from pipeline.errors import EXIT_FAILURES, describe, exit_code
 
 console = Console(stderr=True)
 
@@ -41,3 +46,23 @@ def cli_app(name: str, help: str) -> typer.Typer:
         setup_logging(verbose, quiet)
 
     return app
+
+
+def named_errors(fn):
+    """Decorate a command: a named error (see `pipeline.errors`) becomes one line on
+    stderr and its exit code; anything else is a bug and keeps its traceback."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except Exception as err:
+            code = exit_code(err)
+            if code is None and isinstance(err, ValueError):  # a bad value reached a library check
+                code = EXIT_FAILURES
+            if code is None:
+                raise
+            console.print(f"[red]error:[/red] {escape(describe(err))}")
+            raise typer.Exit(code) from None
+
+    return wrapper

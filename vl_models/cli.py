@@ -1,5 +1,5 @@
-"""The `vltrain` command line. Training commands arrive with the trainer; what exists
-today shows how the trainer will see a feature store."""
+"""The `vltrain` command line: flags -> a config -> run(cfg). Named errors become one
+line and an exit code (`pipeline.log.named_errors`)."""
 
 from __future__ import annotations
 
@@ -10,14 +10,14 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from pipeline.errors import StoreError
-from pipeline.log import cli_app
+from pipeline.log import cli_app, named_errors
 
 app = cli_app("vltrain", "Train ViLBERT- and LXMERT-style models on vlprep feature stores.")
 out = Console()
 
 
 @app.command()
+@named_errors
 def pretrain(
     model: str = typer.Option(..., help="Model config: lxmert-base, lxmert-small, lxmert-tiny, vilbert-base[-2|4|8coattn], vilbert-small, vilbert-tiny, or a JSON path (small: 64 wide, the demo's; tiny: 32 wide, for tests)."),
     shards: List[Path] = typer.Option(..., "--shards", help="Feature store(s) with the images' region features (repeatable)."),
@@ -51,7 +51,6 @@ def pretrain(
 
     Example: vltrain pretrain --model lxmert-base --shards coco_feats --shards vg_feats --mixture lxmert_mix --vocab vocab.txt --out runs/lxmert
     """
-    from pipeline.errors import ConfigError
     from vl_models.tasks.pretrain import TaskConfig
     from vl_models.train.trainer import TrainConfig, run
 
@@ -69,24 +68,21 @@ def pretrain(
 
     columns = [TextColumn("pretraining"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
                TimeElapsedColumn(), TimeRemainingColumn()]
-    try:
-        with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
-            task = bar.add_task("steps", total=steps, info="")
+    with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
+        task = bar.add_task("steps", total=steps, info="")
 
-            def update(step: int, metrics: dict) -> None:
-                loss = sum(v for k, v in metrics.items() if k.startswith("loss_"))
-                bar.update(task, completed=step, info=f"loss {loss:.3f}, {metrics['samples_per_s']:.1f} samples/s")
+        def update(step: int, metrics: dict) -> None:
+            loss = sum(v for k, v in metrics.items() if k.startswith("loss_"))
+            bar.update(task, completed=step, info=f"loss {loss:.3f}, {metrics['samples_per_s']:.1f} samples/s")
 
-            last = run(cfg, on_step=update)
-    except (ConfigError, StoreError) as err:
-        Console(stderr=True).print(f"[red]error:[/red] {err}")
-        raise typer.Exit(2)
+        last = run(cfg, on_step=update)
     shown = {k: round(v, 4) for k, v in last.items() if k.startswith(("loss_", "eval_"))}
     Console().print(f"done: step {last.get('step')} -> {out}")
     Console().print(shown)
 
 
 @app.command()
+@named_errors
 def plot(
     run_dir: Path = typer.Argument(..., help="Run folder with metrics.jsonl."),
     output: Path = typer.Option(None, "-o", "--output", help="PNG to write (default RUN/curves.png)."),
@@ -102,6 +98,7 @@ def plot(
 
 
 @app.command("preview-batch")
+@named_errors
 def preview_batch(
     store: Path = typer.Argument(..., help="Feature store directory."),
     batch_size: int = typer.Option(4, help="Images in the batch."),
@@ -116,12 +113,7 @@ def preview_batch(
 
     if position not in ("4d", "5d"):
         raise typer.BadParameter("position must be 4d or 5d")
-    try:
-        store_obj = FeatureStore.open(store)
-    except StoreError as err:
-        Console(stderr=True).print(f"[red]error:[/red] {err}")
-        raise typer.Exit(1)
-    with store_obj:
+    with FeatureStore.open(store) as store_obj:
         count = min(batch_size, len(store_obj))
         if count == 0:
             Console(stderr=True).print(f"[red]error:[/red] {store} holds no records")
