@@ -62,7 +62,7 @@ def named_errors(fn):
                 code = EXIT_FAILURES
             if code is None:
                 raise
-            console.print(f"[red]error:[/red] {escape(describe(err))}")
+            console.print(f"[red]error:[/red] {escape(describe(err))}", soft_wrap=True)  # one greppable line
             raise typer.Exit(code) from None
 
     return wrapper

@@ -1,0 +1,89 @@
+"""Named errors: one exit code each on both CLIs; the write lock that turns a second
+writer away at once."""
+
+from __future__ import annotations
+
+import errno
+import subprocess
+import sys
+
+import pytest
+from typer.testing import CliRunner
+
+from pipeline.cli import app as vlprep
+from pipeline.errors import (
+    EXIT_BUSY, EXIT_CONFIG, EXIT_DATA, EXIT_DIVERGED, EXIT_IO, BusyError, CheckpointError, ConfigError,
+    DivergedError, StoreError, describe, exit_code,
+)
+from pipeline.io import LOCK_FILE, exclusive_lock
+from vl_models.cli import app as vltrain
+
+
+@pytest.mark.parametrize("err, code", [
+    (ConfigError("x"), EXIT_CONFIG),
+    (StoreError("x"), EXIT_DATA),
+    (CheckpointError("x"), EXIT_DATA),
+    (DivergedError("x"), EXIT_DIVERGED),
+    (BusyError("x"), EXIT_BUSY),
+    (OSError(errno.ENOSPC, "No space left on device", "shards/00003.arrow"), EXIT_IO),
+    (OSError(errno.ENOENT, "No such file"), None),
+    (KeyError("a bug"), None),
+])
+def test_exit_codes(err, code):
+    assert exit_code(err) == code
+
+
+def test_disk_full_names_the_file():
+    line = describe(OSError(errno.ENOSPC, "No space left on device", "/data/feats/shards/00003.arrow"))
+    assert line.startswith("disk full writing /data/feats/shards/00003.arrow")
+
+
+def test_not_a_store_is_a_data_error_on_both_clis(tmp_path):
+    """A folder without a manifest: one line naming it, exit 3 (it was 1 on vlprep and a
+    traceback-free 1 on vltrain before the mapping was shared)."""
+    result = CliRunner().invoke(vlprep, ["inspect", str(tmp_path)])
+    assert result.exit_code == EXIT_DATA, result.output
+    assert "is not a feature store" in result.output
+    result = CliRunner().invoke(vltrain, ["preview-batch", str(tmp_path)])
+    assert result.exit_code == EXIT_DATA, result.output
+    assert "is not a feature store" in result.output
+
+
+def test_markup_in_messages_is_printed_verbatim(tmp_path):
+    folder = tmp_path / "[red]x[red]"
+    folder.mkdir()
+    result = CliRunner().invoke(vlprep, ["inspect", str(folder)])
+    assert result.exit_code == EXIT_DATA
+    assert "[red]x[red]" in result.output
+
+
+def test_lock_turns_a_second_writer_away_at_once(tmp_path):
+    with exclusive_lock(tmp_path, "feature store"):
+        child = subprocess.run(
+            [sys.executable, "-c", f"from pipeline.io import exclusive_lock\nwith exclusive_lock({str(tmp_path)!r}): pass"],
+            capture_output=True, text=True, timeout=60,
+        )
+        assert child.returncode != 0
+        assert "BusyError" in child.stderr and "is writing this output" in child.stderr
+        with pytest.raises(BusyError, match="another process"):  # a second open file in this process, too
+            with exclusive_lock(tmp_path):
+                pass
+    with exclusive_lock(tmp_path):  # released on exit
+        pass
+    assert (tmp_path / LOCK_FILE).exists()
+
+
+def test_lock_of_a_killed_holder_is_released(tmp_path):
+    holder = subprocess.Popen(
+        [sys.executable, "-c", f"import time\nfrom pipeline.io import exclusive_lock\n"
+                               f"with exclusive_lock({str(tmp_path)!r}):\n    print('held', flush=True)\n    time.sleep(60)"],
+        stdout=subprocess.PIPE, text=True,
+    )
+    assert holder.stdout.readline().strip() == "held"
+    with pytest.raises(BusyError, match=f"pid {holder.pid}"):
+        with exclusive_lock(tmp_path):
+            pass
+    holder.kill()
+    holder.wait()
+    with exclusive_lock(tmp_path):
+        pass
