@@ -154,7 +154,9 @@ def _extract(cfg: DemoConfig, world: Path, store: Path) -> dict:
 
 def mixture_spec(world: Path, kinds: tuple[str, ...] = ("coco_captions", "vqa")) -> dict:
     """Captions (COCO-style JSON) and questions (VQA-style JSON) of the world, the sources of
-    the given kinds; val2014 = held out."""
+    the given kinds; val2014 = held out. File paths are absolute: the spec loads wherever it is
+    written (relative ones would be taken relative to the spec's folder)."""
+    world = Path(world).absolute()
     a = world / "annotations"
     spec = {"name": "shapes-demo", "image_map": str(world / "image_map.tsv"), "answers": {"top_k": 100}, "sources": [
         {"name": "captions", "kind": "coco_captions", "files": [str(a / "captions_train2014.json")]},

@@ -1,20 +1,26 @@
-"""Filesystem helpers: atomic writes, durable renames, checksums, sizes, write locks."""
+"""Filesystem helpers: atomic writes, durable renames, checksums, sizes, write locks, and the
+one way a command replaces an output folder (`replacing_output`): only a folder it wrote."""
 
 from __future__ import annotations
 
 import fcntl
 import hashlib
 import json
+import logging
 import os
+import re
 import shutil
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator, Union
+from typing import Any, Callable, Iterable, Iterator, Optional, Union
 
-from pipeline.errors import BusyError
+from pipeline.errors import BusyError, ConfigError
 
+log = logging.getLogger(__name__)
 TMP_PREFIX = ".tmp-"
+ASIDE_SUFFIX = ".old"
 LOCK_FILE = ".vlprep.lock"
+OUTPUT_MARKER = ".vlprep-output.json"  # {"kind": ...}: in every folder `replacing_output` wrote
 
 
 def fsync_dir(path: Path) -> None:
@@ -41,21 +47,28 @@ def tmp_path_for(final: Path) -> Path:
     return final.with_name(f"{TMP_PREFIX}{final.name}.{os.getpid()}")
 
 
-def commit_path(tmp: Path, final: Path) -> None:
-    """Durably move a finished temporary file/directory to its final name."""
-    fsync_tree(tmp)
+def commit_path(tmp: Path, final: Path, replace_dir: bool = False) -> None:
+    """Durably move a finished temporary file/directory to its final name. A file replaces
+    a file atomically. An existing directory at `final` is replaced only when the caller
+    owns it by construction and says so (`replace_dir`, e.g. a store rewriting a shard in
+    its own shards/ folder; swapped in by rename-aside, rename, delete); otherwise
+    FileExistsError. Replace a user-named output folder with `replacing_output`, which
+    checks that it is ours."""
     if final.is_dir() and not final.is_symlink():
-        if not tmp.is_dir():
-            raise IsADirectoryError(f"{final} is a directory; refusing to replace it with a file")
-        shutil.rmtree(final)  # a directory shard (LMDB) being rewritten
+        if not (replace_dir and tmp.is_dir()):
+            raise FileExistsError(f"{final} is an existing directory; refusing to replace it")
+        _swap_in(tmp, final)
+        return
+    fsync_tree(tmp)
     os.replace(tmp, final)
     fsync_dir(final.parent)
 
 
 def remove_path(path: Path) -> None:
-    if path.is_dir():
+    """Delete a file, a symbolic link (never its target) or a directory tree, if present."""
+    if path.is_dir() and not path.is_symlink():
         shutil.rmtree(path, ignore_errors=True)
-    elif path.exists():
+    elif path.exists() or path.is_symlink():
         path.unlink()
 
 
@@ -118,16 +131,156 @@ def exclusive_lock(directory: Path, what: str = "output") -> Iterator[None]:
     holder exits, however it exits: a killed writer never leaves a stale lock."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    fd = os.open(directory / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    with _flock(directory / LOCK_FILE, directory, what):
+        yield
+
+
+@contextmanager
+def output_lock(out: Path, what: str = "output") -> Iterator[None]:
+    """`exclusive_lock` for an output that is replaced as a whole (a folder renamed into
+    place, a file): the lock file lies beside it (`.<name>.vlprep.lock` in its parent, which
+    is created if needed), so it outlives every replacement and locks this output alone."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with _flock(out.parent / f".{out.name}.vlprep.lock", out, what):
+        yield
+
+
+@contextmanager
+def _flock(lock_file: Path, guarded: Path, what: str) -> Iterator[None]:
+    fd = os.open(lock_file, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = os.pread(fd, 64, 0).decode("ascii", "replace").strip() or "unknown"
-            raise BusyError(f"{directory}: another process (pid {holder}) is writing this {what}; "
+            raise BusyError(f"{guarded}: another process (pid {holder}) is writing this {what}; "
                             "wait for it to finish, or write elsewhere") from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, str(os.getpid()).encode(), 0)
         yield
     finally:
         os.close(fd)  # releases the lock
+
+
+# -- replacing an output: only one we wrote -----------------------------------------
+
+
+def output_kind(directory: Path) -> Optional[str]:
+    """The kind in `directory`'s ownership marker, or None when it has none (or a broken one)."""
+    try:
+        kind = json.loads((Path(directory) / OUTPUT_MARKER).read_text()).get("kind")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return kind if isinstance(kind, str) else None
+
+
+def _overlaps(a: Path, b: Path) -> bool:
+    return a == b or a in b.parents or b in a.parents
+
+
+def check_output(out: Path, kind: str, inputs: Iterable[Path] = (), flag: str = "--out", what: Optional[str] = None,
+                 folder: Optional[bool] = True, also_ours: Optional[Callable[[Path], bool]] = None) -> None:
+    """Refuse, with a ConfigError naming `out` and why, an output path that a command must
+    not write or replace. Call it before any work.
+
+    Refused: ``.``, ``..``, the current folder or any folder above it, the filesystem root;
+    a symbolic link; a path that is, holds or lies inside one of `inputs`; when `out` exists:
+    a file where a folder is written (`folder` True) or a folder where a file is written
+    (`folder` False), and a non-empty folder that is not ours: neither marked as a `kind`
+    output (`OUTPUT_MARKER`, written by `replacing_output`) nor accepted by `also_ours`
+    (for outputs of versions before the marker). `what` names the writer in messages
+    (e.g. "vlprep build-mixture")."""
+    out = Path(out)
+    what = what or f"a {kind}"
+    where = f"{flag} {out}"
+    if out.is_symlink():
+        raise ConfigError(f"{where} is a symbolic link; give the real path of a new or empty folder")
+    resolved = out.resolve()
+    cwd = Path.cwd().resolve()
+    if out.name in ("", ".", "..") or resolved == cwd or resolved in cwd.parents:
+        raise ConfigError(f"{where} is the current folder or a folder above it ({resolved}); "
+                          "name a new folder for the output")
+    for path in inputs:
+        if _overlaps(resolved, Path(path).resolve()):
+            raise ConfigError(f"{where} overlaps the input {path}; write the output elsewhere")
+    if not out.exists():
+        return
+    if not out.is_dir():
+        if folder:
+            raise ConfigError(f"{where} exists and is not a folder; choose a new or empty folder")
+        return
+    if folder is False:
+        raise ConfigError(f"{where} is a folder; give a file path")
+    entries = sorted(p.name for p in out.iterdir())
+    if entries and output_kind(out) != kind and not (also_ours and also_ours(out)):
+        listed = ", ".join(entries[:5]) + (", ..." if len(entries) > 5 else "")
+        raise ConfigError(f"{where} holds files not written by {what} ({listed}); it is not replaced: "
+                          "choose a new or empty folder, or remove it yourself")
+
+
+def _leftovers(out: Path) -> list[Path]:
+    """Temporary names of writers of `out` (`.tmp-<name>.<pid>`, `.tmp-<name>.<pid>.old`)."""
+    pattern = re.compile(rf"{re.escape(TMP_PREFIX + out.name)}\.\d+(?:{re.escape(ASIDE_SUFFIX)})?")
+    return sorted(p for p in out.parent.iterdir() if pattern.fullmatch(p.name)) if out.parent.is_dir() else []
+
+
+def _clean_leftovers(out: Path) -> None:
+    """Under the output's lock: put back the old copy a writer killed between its two
+    renames left aside (when `out` is missing), then remove every other leftover."""
+    leftovers = _leftovers(out)
+    asides = [p for p in leftovers if p.name.endswith(ASIDE_SUFFIX)]
+    if asides and not (out.exists() or out.is_symlink()):
+        newest = max(asides, key=lambda p: p.stat().st_mtime)
+        os.replace(newest, out)
+        log.warning("restored %s from %s, left by a writer killed while replacing it", out, newest.name)
+        leftovers.remove(newest)
+    for path in leftovers:
+        log.info("removing %s, left by a killed writer of %s", path.name, out)
+        remove_path(path)
+
+
+def _swap_in(tmp: Path, out: Path) -> None:
+    """Put the finished folder `tmp` at `out`: the old copy is renamed aside, `tmp` renamed
+    into place, then the old copy deleted. A crash leaves the old or the new copy at `out`
+    (or the old one aside, which `_clean_leftovers` puts back)."""
+    fsync_tree(tmp)
+    aside = None
+    if out.exists():
+        aside = out.with_name(f"{TMP_PREFIX}{out.name}.{os.getpid()}{ASIDE_SUFFIX}")
+        os.replace(out, aside)
+    os.replace(tmp, out)
+    fsync_dir(out.parent)
+    if aside is not None:
+        remove_path(aside)
+
+
+@contextmanager
+def replacing_output(out: Path, kind: str, inputs: Iterable[Path] = (), flag: str = "--out", what: Optional[str] = None,
+                     folder: Optional[bool] = True, also_ours: Optional[Callable[[Path], bool]] = None) -> Iterator[Path]:
+    """Write an output that replaces `out` as a whole. Before any work: `check_output` (same
+    arguments); then, holding `output_lock(out)` (a second writer gets BusyError), leftovers
+    of killed writers of `out` are cleaned and the block gets the temporary path to build
+    under (nothing is created there: the block makes a folder or a file). When the block
+    succeeds a folder is marked as a `kind` output and swapped in (rename aside, rename into
+    place, delete the old copy; ownership checked again), a file replaces a file atomically.
+    Whatever happens, the temporary path is gone afterwards."""
+    out = Path(out)
+    inputs = tuple(inputs)
+    check = dict(kind=kind, flag=flag, what=what, folder=folder, also_ours=also_ours)
+    check_output(out, inputs=inputs, **check)
+    with output_lock(out, "output"):
+        _clean_leftovers(out)
+        tmp = tmp_path_for(out)
+        try:
+            yield tmp
+            check_output(out, **check)  # the folder may have changed hands while we worked
+            if tmp.is_dir():
+                atomic_write_json(tmp / OUTPUT_MARKER, {"kind": kind})
+                _swap_in(tmp, out)
+            elif out.is_dir():
+                raise ConfigError(f"{flag} {out} is a folder, and this output is a file; give a file path")
+            else:
+                commit_path(tmp, out)
+        finally:
+            remove_path(tmp)

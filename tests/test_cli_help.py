@@ -43,4 +43,4 @@ def test_vltrain_preview_batch(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "(3, 11, 16)" in proc.stdout and "(3, 11, 5)" in proc.stdout and "real slots per image" in proc.stdout
     proc = _run("vltrain", "preview-batch", str(tmp_path))
-    assert proc.returncode == 1 and "not a feature store" in proc.stderr
+    assert proc.returncode == 3 and "not a feature store" in proc.stderr

@@ -20,6 +20,7 @@ Layout written by `write_world` (split s = train | val; image i is 0-based withi
     image_map.tsv                                   COCO_<s>2014_<i+1:012d><TAB>cc3m-<s>-<i:08d>
     objects.txt, attributes.txt                     detector vocabularies
     summary.json                                    counts, seed, vocab; written last
+    .vlprep-output.json                             ownership marker: a later run may replace this folder
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ import numpy as np
 from PIL import Image, ImageDraw
 
 from pipeline.errors import ConfigError
-from pipeline.io import atomic_write_json, remove_path, remove_stale_tmp
+from pipeline.io import atomic_write_json, replacing_output
 
 SHAPES = ("circle", "square", "triangle", "diamond", "star")
 COLORS = ("red", "green", "blue", "yellow", "purple", "orange", "white", "gray")
@@ -685,8 +686,7 @@ class _Split:
 
 SPLITS = (_Split("train", 0, "train2014", "train", "Train_GCC-training.tsv"),
           _Split("val", 1, "val2014", "dev", "Validation_GCC-1.1.0-Validation.tsv"))
-WORLD_ENTRIES = {"images", "annotations", "image_map.tsv", "objects.txt", "attributes.txt", "summary.json",
-                 *(s.tsv for s in SPLITS)}
+WORLD_KIND = "shapes world"  # the ownership marker's kind (pipeline.io.replacing_output)
 STREAM_SCENE, STREAM_TEXT, STREAM_PAIR = 0, 1, 2
 
 
@@ -728,20 +728,12 @@ def write_cc_tsvs(world_dir: Path, base_url: str) -> None:
         (world_dir / split.tsv).write_text("".join(rows), encoding="utf-8")
 
 
-def _prepare_out(out: Path) -> None:
-    if out.exists() and not out.is_dir():
-        raise ConfigError(f"{out} exists and is not a folder")
-    if out.is_dir():
-        remove_stale_tmp(out)  # a killed run's summary.json in the making
-        unknown = sorted(p.name for p in out.iterdir() if p.name not in WORLD_ENTRIES)
-        if unknown:
-            raise ConfigError(f"{out} holds files that are not part of a shapes world ({', '.join(unknown[:5])}); "
-                              "choose an empty or new folder")
-        remove_path(out / "summary.json")  # first: the world is incomplete from now on
-        for name in WORLD_ENTRIES:
-            remove_path(out / name)
-    (out / "images").mkdir(parents=True)
-    (out / "annotations").mkdir()
+def _is_world(path: Path) -> bool:
+    """A complete world written before the ownership marker existed: its summary.json says so."""
+    try:
+        return json.loads((path / "summary.json").read_text()).get("name") == "shapes"
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def _write_split(out: Path, split: _Split, n: int, seed: int, base_url: str, textures: bool,
@@ -798,9 +790,11 @@ def write_world(out: Path, n_images: int, seed: int, val_fraction: float = 0.1, 
                 textures: bool = True, progress: Optional[Callable[[int], None]] = None) -> dict:
     """Write a complete shapes world into `out` (layout in the module docstring); returns the summary.
 
-    An earlier (complete or partial) shapes world in `out` is replaced; a folder holding
-    anything else is refused. summary.json is written last and marks a complete world.
-    `progress(1)` is called after each image.
+    The world is built under a temporary name beside `out` and renamed into place when
+    complete (`pipeline.io.replacing_output`): an earlier world in `out` is replaced; a
+    non-empty folder that is not a world, `.`, a folder above the current one or a symbolic
+    link is refused with a ConfigError before anything is written. summary.json is written
+    last. `progress(1)` is called after each image.
     """
     if n_images < 1:
         raise ConfigError(f"--n-images must be at least 1 (got {n_images})")
@@ -810,19 +804,20 @@ def write_world(out: Path, n_images: int, seed: int, val_fraction: float = 0.1, 
         raise ConfigError(f"--seed must be non-negative (got {seed})")
     if not base_url.startswith(("http://", "https://")):
         raise ConfigError(f"--base-url must start with http:// or https:// (got {base_url!r})")
-    out = Path(out)
-    _prepare_out(out)
-    sizes = _split_sizes(n_images, val_fraction)
-    splits = {s.name: _write_split(out, s, sizes[s.name], seed, base_url, textures, progress) for s in SPLITS}
-    write_cc_tsvs(out, base_url)
-    (out / "image_map.tsv").write_text("".join(
-        f"{coco_file_name(s.coco, i + 1)[:-4]}\tcc3m-{s.name}-{i:08d}\n" for s in SPLITS for i in range(sizes[s.name])))
-    (out / "objects.txt").write_text("".join(f"{n}\n" for n in object_names()))
-    (out / "attributes.txt").write_text("".join(f"{n}\n" for n in attribute_names()))
-    summary = {"name": "shapes", "seed": seed, "n_images": n_images, "val_fraction": val_fraction,
-               "textures": textures, "image_size": IMAGE_SIZE, "base_url": base_url, "splits": splits,
-               "vocab": {"objects": object_names(), "attributes": attribute_names()}}
-    atomic_write_json(out / "summary.json", summary)
+    with replacing_output(Path(out), WORLD_KIND, what="vlprep make-shapes", also_ours=_is_world) as tmp:
+        (tmp / "images").mkdir(parents=True)
+        (tmp / "annotations").mkdir()
+        sizes = _split_sizes(n_images, val_fraction)
+        splits = {s.name: _write_split(tmp, s, sizes[s.name], seed, base_url, textures, progress) for s in SPLITS}
+        write_cc_tsvs(tmp, base_url)
+        (tmp / "image_map.tsv").write_text("".join(
+            f"{coco_file_name(s.coco, i + 1)[:-4]}\tcc3m-{s.name}-{i:08d}\n" for s in SPLITS for i in range(sizes[s.name])))
+        (tmp / "objects.txt").write_text("".join(f"{n}\n" for n in object_names()))
+        (tmp / "attributes.txt").write_text("".join(f"{n}\n" for n in attribute_names()))
+        summary = {"name": "shapes", "seed": seed, "n_images": n_images, "val_fraction": val_fraction,
+                   "textures": textures, "image_size": IMAGE_SIZE, "base_url": base_url, "splits": splits,
+                   "vocab": {"objects": object_names(), "attributes": attribute_names()}}
+        atomic_write_json(tmp / "summary.json", summary)
     return summary
 
 

@@ -16,18 +16,28 @@ Spec (YAML, see data_manifests/mixtures/):
     heldout: [minival_ids.txt]       # one image id per line: those images form the val split
     drop: [test_ids.txt]             # images never used
     drop_coco_test: true
-    answers: {top_k: 9500}
+    answers: {top_k: 9500}           # 0: no answer table (captions only)
+
+The spec is checked against `SPEC_SCHEMA` (pipeline.schema): unknown keys, wrong types,
+``split`` other than train/val, ``repeat`` < 1, ``weight`` not finite and > 0, ``top_k`` < 0
+are ConfigErrors naming the file and the key.
 
 Items whose image is held out (or whose source says ``split: val``) go to the ``val``
-split; every other item is ``train``. Items are written in spec order, file order, so the
-same inputs and spec give byte-identical outputs. Output folder: ``items.arrow``,
-``answers.json``, ``manifest.json``, ``report.md`` (built under a temporary name).
+split; every other item is ``train``. Held-out and drop lists may name an image as the
+annotation files do (VG id, COCO file stem) or by its store key: they go through the same
+identity as the items, and the manifest counts how many of their ids matched an image (a
+held-out list matching none is an error). Annotations with a null or blank text, or a null
+answer, are skipped and counted per source and reason. Items are written in spec order,
+file order, so the same inputs and spec give byte-identical outputs. Output folder:
+``items.arrow``, ``answers.json``, ``manifest.json``, ``report.md``, built under a
+temporary name beside it and swapped in when complete; an existing folder is replaced only
+when it is an earlier mixture (`pipeline.io.replacing_output`).
 """
 
 from __future__ import annotations
 
+import json
 import logging
-import shutil
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,14 +48,17 @@ import yaml
 
 from pipeline import __version__
 from pipeline.errors import ConfigError
-from pipeline.io import atomic_write_json, commit_path, sha256_file, tmp_path_for
+from pipeline.io import atomic_write_json, replacing_output, sha256_file
 from pipeline.mixture.answers import answer_table
 from pipeline.mixture.sources import (
-    ImageIds, TextItem, read_coco_captions, read_gqa, read_lxmert, read_vg_regions, read_vgqa, read_vqa,
+    ImageIds, Read, Skip, TextItem, read_coco_captions, read_gqa, read_lxmert, read_vg_regions, read_vgqa, read_vqa,
 )
+from pipeline.schema import Field, Schema
 
 log = logging.getLogger(__name__)
 KINDS = ("coco_captions", "vg_regions", "vqa", "gqa", "vgqa", "lxmert", "conceptual_captions")
+SPLITS = ("train", "val")
+FORMAT = "vlprep-mixture"  # manifest.json's "format", and the output folder's ownership kind
 MIXTURE_SCHEMA_VERSION = 1
 ITEMS_SCHEMA = pa.schema(
     [
@@ -63,6 +76,27 @@ ITEMS_SCHEMA = pa.schema(
     metadata={"vlprep.mixture_schema_version": str(MIXTURE_SCHEMA_VERSION)},
 )
 BATCH = 8192
+LISTED_EXAMPLES = 20
+
+SOURCE_SCHEMA = Schema({
+    "name": Field(str),  # default: the kind
+    "kind": Field(str, required=True, choices=KINDS),
+    "files": Field(str, many=True, required=True),
+    "split": Field(str, choices=SPLITS),  # val: every item of the source is val
+    "repeat": Field(int, default=1, ge=1),
+    "weight": Field(float, default=1.0, gt=0),
+})
+SPEC_SCHEMA = Schema({
+    "name": Field(str),  # default: the spec file's stem
+    "root": Field(str),
+    "image_data": Field(str),
+    "image_map": Field(str),
+    "sources": Field(SOURCE_SCHEMA, many=True, required=True),
+    "heldout": Field(str, many=True, default=()),
+    "drop": Field(str, many=True, default=()),
+    "drop_coco_test": Field(bool, default=True),
+    "answers": Field(Schema({"top_k": Field(int, default=9500, ge=0)})),
+})
 
 
 @dataclass(frozen=True)
@@ -86,6 +120,7 @@ class MixtureSpec:
     drop_coco_test: bool = True
     top_k: int = 9500
     raw: dict = field(default_factory=dict)
+    path: Optional[Path] = None  # the spec file (an input: the output may not overlap it)
 
     @classmethod
     def load(cls, path: Path, root: Optional[Path] = None, top_k: Optional[int] = None) -> "MixtureSpec":
@@ -93,47 +128,53 @@ class MixtureSpec:
             raw = yaml.safe_load(Path(path).read_text())
         except (OSError, yaml.YAMLError) as err:
             raise ConfigError(f"{path}: cannot read the mixture spec: {err}") from err
-        if not isinstance(raw, dict) or not raw.get("sources"):
-            raise ConfigError(f"{path}: a mixture spec needs a name and a list of sources")
-        base = Path(root or raw.get("root") or Path(path).parent)
+        spec = SPEC_SCHEMA.validate(raw, str(path))
+        if top_k is not None and top_k < 0:
+            raise ConfigError(f"--top-k must be >= 0 (got {top_k})")
+        base = Path(root or spec["root"] or Path(path).parent)
         resolve = lambda p: Path(p) if Path(p).is_absolute() else base / p  # noqa: E731
-        sources = []
-        for i, s in enumerate(raw["sources"]):
-            if not isinstance(s, dict) or s.get("kind") not in KINDS or not s.get("files"):
-                raise ConfigError(f"{path}: sources[{i}] needs kind (one of {', '.join(KINDS)}) and files")
+        sources: list[SourceSpec] = []
+        for i, s in enumerate(spec["sources"]):
             if s["kind"] == "vqa" and len(s["files"]) % 2:
                 raise ConfigError(f"{path}: sources[{i}] (vqa) lists questions/annotations files in pairs")
-            if int(s.get("repeat", 1)) < 1 or float(s.get("weight", 1.0)) <= 0:
-                raise ConfigError(f"{path}: sources[{i}]: repeat must be >= 1 and weight > 0")
-            sources.append(SourceSpec(s.get("name", s["kind"]), s["kind"], tuple(resolve(f) for f in s["files"]),
-                                      s.get("split"), int(s.get("repeat", 1)), float(s.get("weight", 1.0))))
-        spec = cls(
-            name=str(raw.get("name", Path(path).stem)), sources=tuple(sources),
-            image_data=resolve(raw["image_data"]) if raw.get("image_data") else None,
-            image_map=resolve(raw["image_map"]) if raw.get("image_map") else None,
-            heldout=tuple(resolve(p) for p in raw.get("heldout", [])), drop=tuple(resolve(p) for p in raw.get("drop", [])),
-            drop_coco_test=bool(raw.get("drop_coco_test", True)),
-            top_k=int(top_k or (raw.get("answers") or {}).get("top_k", 9500)), raw=raw,
+            name = s["name"] or s["kind"]
+            if any(other.name == name for other in sources):
+                raise ConfigError(f"{path}: sources[{i}]: the name {name!r} is taken by another source; "
+                                  "give each source its own name (it is part of the item uids)")
+            sources.append(SourceSpec(name, s["kind"], tuple(resolve(f) for f in s["files"]), s["split"], s["repeat"],
+                                      s["weight"]))
+        mixture = cls(
+            name=spec["name"] or Path(path).stem, sources=tuple(sources),
+            image_data=resolve(spec["image_data"]) if spec["image_data"] else None,
+            image_map=resolve(spec["image_map"]) if spec["image_map"] else None,
+            heldout=tuple(resolve(p) for p in spec["heldout"]), drop=tuple(resolve(p) for p in spec["drop"]),
+            drop_coco_test=spec["drop_coco_test"],
+            top_k=top_k if top_k is not None else spec["answers"]["top_k"], raw=raw, path=Path(path),
         )
-        missing = [str(p) for p in spec.all_files() if not p.exists()]
+        missing = [str(p) for p in mixture.all_files() if not p.exists()]
         if missing:
             raise ConfigError(f"{path}: input files not found: {', '.join(missing[:10])}")
-        return spec
+        return mixture
 
     def all_files(self) -> list[Path]:
         files = [f for s in self.sources for f in s.files] + list(self.heldout) + list(self.drop)
         return files + [p for p in (self.image_data, self.image_map) if p]
 
 
-def _read_ids(paths) -> set[str]:
-    ids = set()
-    for path in paths:
-        ids.update(line.strip() for line in Path(path).read_text().splitlines() if line.strip())
-    return ids
+def _read_id_list(path: Path, ids: ImageIds) -> dict[str, str]:
+    """Held-out or drop list, one image id a line: id as written -> canonical id."""
+    raw = (line.strip() for line in Path(path).read_text().splitlines())
+    return {image: ids.canonical_id(image) for image in raw if image}
 
 
-def _iter_source(spec: MixtureSpec, src: SourceSpec) -> Iterator[tuple[str, TextItem]]:
-    """(source name, item) in file order."""
+def _list_matches(path: Path, listed: dict[str, str], seen: set[str]) -> dict:
+    unmatched = sorted(image for image, canonical in listed.items() if canonical not in seen)
+    return {"path": str(path), "ids": len(listed), "matched": len(listed) - len(unmatched), "unmatched": len(unmatched),
+            "unmatched_examples": unmatched[:LISTED_EXAMPLES]}
+
+
+def _iter_source(spec: MixtureSpec, src: SourceSpec) -> Iterator[tuple[str, Read]]:
+    """(source name, item or skip) in file order."""
     if src.kind == "coco_captions":
         for f in src.files:
             yield from ((src.name, it) for it in read_coco_captions(f))
@@ -162,39 +203,71 @@ def _iter_source(spec: MixtureSpec, src: SourceSpec) -> Iterator[tuple[str, Text
                 yield src.name, TextItem(result.image_id, text.text, "caption")
 
 
+def _is_mixture(path: Path) -> bool:
+    """A mixture written before the ownership marker existed: its manifest.json says so."""
+    try:
+        return json.loads((path / "manifest.json").read_text()).get("format") == FORMAT
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
 def build_mixture(spec: MixtureSpec, out: Path, stores: tuple[Path, ...] = (), drop_missing: bool = False,
                   progress: Optional[Callable[[int], None]] = None) -> dict:
-    """Build the mixture into `out`; returns the manifest."""
+    """Build the mixture into `out`; returns the manifest.
+
+    Before any work: every store must exist, and `out` must be a new or empty folder or an
+    earlier mixture (not `.`, a folder above the current one, a symbolic link, or a folder
+    overlapping the spec, its input files or the stores): ConfigError otherwise. The build
+    holds a lock beside `out` (a second build of the same `out` gets BusyError), removes the
+    temporary folders of killed builds of `out`, and removes its own on any failure."""
     from pipeline.store import FeatureStore
 
+    missing_stores = [str(p) for p in stores if not Path(p).exists()]
+    if missing_stores:
+        raise ConfigError(f"--stores: not found: {', '.join(missing_stores)}")
+    inputs = ([spec.path] if spec.path else []) + spec.all_files() + [Path(p) for p in stores]
+    with replacing_output(Path(out), FORMAT, inputs=inputs, what="vlprep build-mixture", also_ours=_is_mixture) as tmp:
+        tmp.mkdir()
+        return _build(spec, tmp, stores, [FeatureStore.open(p) for p in stores], drop_missing, progress)
+
+
+def _build(spec: MixtureSpec, tmp: Path, stores: tuple[Path, ...], feature_stores: list, drop_missing: bool,
+           progress: Optional[Callable[[int], None]]) -> dict:
     ids = ImageIds(spec.image_data, [f for s in spec.sources if s.kind == "coco_captions" for f in s.files],
                    spec.image_map)
-    heldout, dropped = _read_ids(spec.heldout), _read_ids(spec.drop)
-    feature_stores = [FeatureStore.open(p) for p in stores]
+    heldout_lists = {p: _read_id_list(p, ids) for p in spec.heldout}
+    drop_lists = {p: _read_id_list(p, ids) for p in spec.drop}
+    heldout = {c for listed in heldout_lists.values() for c in listed.values()}
+    dropped = {c for listed in drop_lists.values() for c in listed.values()}
+    listed = heldout | dropped
+
+    def has_features(image: str) -> bool:
+        return not feature_stores or any(image in s for s in feature_stores)
 
     def split_of(src: SourceSpec, image: str) -> Optional[str]:
         if image in dropped or (spec.drop_coco_test and image.startswith("COCO_test")):
             return None
         return "val" if (src.split == "val" or image in heldout) else "train"
 
-    # Pass 1: answer counts over training questions (only QA sources are read).
+    # Pass 1: answer counts over the training questions that will be written (QA sources only).
     counts: Counter = Counter()
     for src in spec.sources:
         if src.kind not in ("vqa", "gqa", "vgqa", "lxmert"):
             continue
         for _, item in _iter_source(spec, src):
-            if item.answers and split_of(src, ids.canonical(item)) == "train":
+            if isinstance(item, Skip) or not item.answers:
+                continue
+            image = ids.canonical(item)
+            if split_of(src, image) == "train" and (has_features(image) or not drop_missing):
                 counts.update(a for a, s in item.answers.items() if s > 0)
     table = answer_table(counts, spec.top_k)
     index = {a: i for i, a in enumerate(table)}
 
     # Pass 2: items.
-    tmp = tmp_path_for(out)
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
-    stats = defaultdict(Counter)  # (source) -> split/kind counts
+    stats = defaultdict(Counter)  # source -> split/kind counts
+    skipped = defaultdict(Counter)  # source -> reason -> count
     images = defaultdict(set)  # source -> canonical image ids
+    seen: set[str] = set()  # the listed (held-out / drop) images that the annotations name
     missing: dict[str, int] = {}
     answered = covered = 0
     score_total = score_covered = 0.0
@@ -209,12 +282,17 @@ def build_mixture(spec: MixtureSpec, out: Path, stores: tuple[Path, ...] = (), d
         for src in spec.sources:
             per_image = Counter()
             for name, item in _iter_source(spec, src):
+                if isinstance(item, Skip):
+                    skipped[name][item.reason] += 1
+                    continue
                 image = ids.canonical(item)
+                if image in listed:
+                    seen.add(image)
                 split = split_of(src, image)
                 if split is None:
                     stats[name]["dropped"] += 1
                     continue
-                if feature_stores and not any(image in s for s in feature_stores):
+                if not has_features(image):
                     missing[image] = missing.get(image, 0) + 1
                     if drop_missing:
                         stats[name]["missing_features"] += 1
@@ -250,21 +328,28 @@ def build_mixture(spec: MixtureSpec, out: Path, stores: tuple[Path, ...] = (), d
                     progress(1)
         flush()
     if missing and not drop_missing:
-        shutil.rmtree(tmp)
-        examples = ", ".join(sorted(missing)[:20])
+        examples = ", ".join(sorted(missing)[:LISTED_EXAMPLES])
         raise ConfigError(f"{len(missing)} images have no features in the given stores (e.g. {examples}); "
                           "extract them, or pass --drop-missing to leave their items out")
+    heldout_matches = [_list_matches(p, listed, seen) for p, listed in heldout_lists.items()]
+    drop_matches = [_list_matches(p, listed, seen) for p, listed in drop_lists.items()]
+    _check_lists(heldout_matches, drop_matches)
+    for name, reasons in skipped.items():
+        log.warning("%s: skipped %s", name, ", ".join(f"{n:,} x {reason}" for reason, n in sorted(reasons.items())))
 
     groups = _identity_groups(images, ids)
     manifest = {
-        "format": "vlprep-mixture", "schema_version": MIXTURE_SCHEMA_VERSION, "name": spec.name,
+        "format": FORMAT, "schema_version": MIXTURE_SCHEMA_VERSION, "name": spec.name,
         "producer": f"vlprep {__version__} build-mixture",
         "spec": spec.raw,
         "inputs": [{"path": str(p), "bytes": p.stat().st_size, "sha256": sha256_file(p)} for p in spec.all_files()],
         "counts": {name: dict(sorted(c.items())) for name, c in stats.items()},
         "totals": dict(sorted(sum((Counter({k: v for k, v in c.items() if "/" in k}) for c in stats.values()), Counter()).items())),
+        "skipped": {name: dict(sorted(c.items())) for name, c in skipped.items()},
         "images": {name: len(v) for name, v in images.items()},
         "identity_groups": groups,
+        "heldout": heldout_matches,
+        "drop": drop_matches,
         "answers": {"table_size": len(table), "top_k": spec.top_k, "distinct_train_answers": len(counts),
                     "questions_best_answer_covered": round(covered / answered, 4) if answered else None,
                     "score_mass_covered": round(score_covered / score_total, 4) if score_total else None},
@@ -275,8 +360,23 @@ def build_mixture(spec: MixtureSpec, out: Path, stores: tuple[Path, ...] = (), d
     atomic_write_json(tmp / "answers.json", {"answers": table, "counts": [counts[a] for a in table]})
     atomic_write_json(tmp / "manifest.json", manifest)
     (tmp / "report.md").write_text(render_report(manifest))
-    commit_path(tmp, out)
     return manifest
+
+
+def _check_lists(heldout: list[dict], drop: list[dict]) -> None:
+    """A held-out list that matches no image is an error (its images would all reach train);
+    unmatched ids of any list are a warning."""
+    for entry in heldout:
+        if not entry["matched"]:
+            examples = ", ".join(entry["unmatched_examples"][:5])
+            raise ConfigError(f"{entry['path']}: none of its {entry['ids']} ids names an image of the mixture "
+                              f"(e.g. {examples}); list the annotation files' image ids (COCO file stems, VG ids) "
+                              "or the store keys")
+    for what, entries in (("held-out", heldout), ("drop", drop)):
+        for entry in entries:
+            if entry["unmatched"]:
+                log.warning("%s list %s: %d of its %d ids match no image (e.g. %s)", what, entry["path"],
+                            entry["unmatched"], entry["ids"], ", ".join(entry["unmatched_examples"][:5]))
 
 
 def _identity_groups(images: dict[str, set], ids: ImageIds) -> dict:
@@ -311,6 +411,17 @@ def render_report(m: dict) -> str:
               f"training answers (top {a['top_k']:,})",
               f"- training questions whose best answer is in the table: {a['questions_best_answer_covered']}",
               f"- answer score mass covered: {a['score_mass_covered']}"]
+    reasons = sorted({r for c in m["skipped"].values() for r in c})
+    if reasons:
+        lines += ["", "## Skipped annotations", "", "| source | " + " | ".join(reasons) + " |", "|---" * (len(reasons) + 1) + "|"]
+        for name, c in m["skipped"].items():
+            lines.append(f"| {name} | " + " | ".join(f"{c.get(r, 0):,}" for r in reasons) + " |")
+    if m["heldout"] or m["drop"]:
+        lines += ["", "## Held-out and drop lists", ""]
+        for what in ("heldout", "drop"):
+            for e in m[what]:
+                lines.append(f"- {what} `{e['path']}`: {e['matched']:,} of {e['ids']:,} ids matched an image"
+                             + (f" (unmatched e.g. {', '.join(e['unmatched_examples'][:5])})" if e["unmatched"] else ""))
     mf = m["missing_features"]
     if m["stores"]:
         lines += ["", "## Features", "", f"- stores: {', '.join(m['stores'])}",

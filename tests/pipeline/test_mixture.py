@@ -1,4 +1,5 @@
 import json
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -241,3 +242,323 @@ def test_shipped_lxmert_spec_builds_from_fixtures(tmp_path, root):
     manifest = build_mixture(MixtureSpec.load(spec, root=data), tmp_path / "mix")
     assert manifest["totals"] == {"train/caption": 6, "train/question": 5, "val/caption": 1, "val/question": 2}
     assert manifest["answers"]["top_k"] == 9500 and manifest["answers"]["table_size"] == 5  # food pizza 2 1 yes
+
+
+# ----------------------------------------------------------------------------- hardening (issue 12)
+
+
+def edit_spec(root, **changes):
+    """Rewrite root/spec.yaml with top-level keys changed (None removes a key)."""
+    spec = yaml.safe_load((root / "spec.yaml").read_text())
+    for key, value in changes.items():
+        if value is None:
+            spec.pop(key, None)
+        else:
+            spec[key] = value
+    (root / "spec.yaml").write_text(yaml.safe_dump(spec))
+    return spec
+
+
+def tree(path):
+    """Every file under `path` (relative name -> bytes), to show nothing was touched."""
+    return {str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}
+
+
+def test_out_onto_a_folder_with_user_files_is_refused(tmp_path, root):
+    mine = tmp_path / "thesis"
+    (mine / "chapters").mkdir(parents=True)
+    (mine / "chapters" / "one.tex").write_text("my work")
+    before = tree(mine)
+    with pytest.raises(ConfigError, match=r"thesis.*not written by vlprep build-mixture.*chapters"):
+        build_mixture(MixtureSpec.load(root / "spec.yaml"), mine)
+    assert tree(mine) == before
+
+
+def test_out_onto_a_feature_store_is_refused(tmp_path, root):
+    write_records(tmp_path / "feats", [make_record(np.random.default_rng(0), "COCO_train2014_000000000009", feature_dim=8)],
+                  feature_dim=8)
+    before = tree(tmp_path / "feats")
+    with pytest.raises(ConfigError, match="feats"):
+        build_mixture(MixtureSpec.load(root / "spec.yaml"), tmp_path / "feats")
+    assert tree(tmp_path / "feats") == before
+
+
+@pytest.mark.parametrize("out", ["..", "."])
+def test_out_onto_the_current_folder_or_its_parent_is_refused(tmp_path, root, monkeypatch, out):
+    sub = tmp_path / "work" / "sub"
+    sub.mkdir(parents=True)
+    (tmp_path / "work" / "notes.txt").write_text("keep me")
+    (sub / "draft.txt").write_text("keep me too")
+    monkeypatch.chdir(sub)
+    before = tree(tmp_path / "work")
+    with pytest.raises(ConfigError, match="current folder"):
+        build_mixture(MixtureSpec.load(root / "spec.yaml"), Path(out))
+    assert tree(tmp_path / "work") == before
+
+
+def test_out_onto_the_specs_folder_is_refused(tmp_path, root):
+    before = tree(root)
+    with pytest.raises(ConfigError, match=r"spec\.yaml"):
+        build_mixture(MixtureSpec.load(root / "spec.yaml"), root)
+    assert tree(root) == before
+
+
+def test_out_onto_a_symlink_or_a_file_is_refused(tmp_path, root):
+    (tmp_path / "real").mkdir()
+    (tmp_path / "real" / "x.txt").write_text("x")
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    with pytest.raises(ConfigError, match="symbolic link"):
+        build_mixture(MixtureSpec.load(root / "spec.yaml"), tmp_path / "link")
+    (tmp_path / "file").write_text("f")
+    with pytest.raises(ConfigError, match="not a folder"):
+        build_mixture(MixtureSpec.load(root / "spec.yaml"), tmp_path / "file")
+    assert (tmp_path / "real" / "x.txt").read_text() == "x" and (tmp_path / "file").read_text() == "f"
+
+
+def test_cli_out_parent_folder_exits_2_and_deletes_nothing(tmp_path, root):
+    sub = tmp_path / "work" / "sub"
+    sub.mkdir(parents=True)
+    (tmp_path / "work" / "notes.txt").write_text("keep me")
+    proc = run_cli("build-mixture", "--spec", root / "spec.yaml", "--out", "..", cwd=sub)
+    assert proc.returncode == 2, proc.stderr
+    assert "error:" in proc.stderr and "Traceback" not in proc.stderr
+    assert (tmp_path / "work" / "notes.txt").read_text() == "keep me" and sub.is_dir()
+
+
+def test_out_onto_an_earlier_mixture_or_an_empty_folder(tmp_path, root):
+    spec = MixtureSpec.load(root / "spec.yaml")
+    (tmp_path / "empty").mkdir()
+    build_mixture(spec, tmp_path / "empty")
+    assert (tmp_path / "empty" / "items.arrow").exists()
+    build_mixture(spec, tmp_path / "mix")
+    (tmp_path / "mix" / "items.arrow").write_bytes(b"old")
+    build_mixture(spec, tmp_path / "mix")  # an earlier mixture is replaced
+    assert items(tmp_path / "mix") == items(tmp_path / "empty")
+    # a mixture written before the ownership marker existed (manifest.json only) is ours too
+    (tmp_path / "mix" / ".vlprep-output.json").unlink()
+    build_mixture(spec, tmp_path / "mix")
+    assert items(tmp_path / "mix") == items(tmp_path / "empty")
+    leftovers = [p.name for p in tmp_path.iterdir() if p.name.startswith(".tmp-")]
+    assert leftovers == []
+
+
+def test_missing_stores_path_is_a_config_error(tmp_path, root):
+    proc = run_cli("build-mixture", "--spec", root / "spec.yaml", "--out", tmp_path / "mix", "--stores", tmp_path / "nope")
+    assert proc.returncode == 2 and "--stores" in proc.stderr and "nope" in proc.stderr, proc.stderr
+    assert not (tmp_path / "mix").exists()
+
+
+# -- item 13: specs are validated against a schema
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda s: s.update(heldot=["minival_ids.txt"]), r"spec\.yaml: unknown key 'heldot' \(did you mean 'heldout'\?\)"),
+    (lambda s: s.update(imagemap="map.tsv"), r"unknown key 'imagemap' \(did you mean 'image_map'\?\)"),
+    (lambda s: s.update(answers={"topk": 5}), r"answers: unknown key 'topk' \(did you mean 'top_k'\?\)"),
+    (lambda s: s["sources"][2].update(topk=5), r"sources\[2\]: unknown key 'topk'"),
+    (lambda s: s["sources"][3].update(split="validation"), r"sources\[3\]\.split: must be one of train, val \(got 'validation'\)"),
+    (lambda s: s.update(answers={"top_k": -1}), r"answers\.top_k: must be >= 0 \(got -1\)"),
+    (lambda s: s["sources"][0].update(weight=float("nan")), r"sources\[0\]\.weight: must be a finite number"),
+    (lambda s: s["sources"][0].update(weight=float("inf")), r"sources\[0\]\.weight: must be a finite number"),
+    (lambda s: s["sources"][0].update(weight=0), r"sources\[0\]\.weight: must be > 0"),
+    (lambda s: s["sources"][0].update(repeat="abc"), r"sources\[0\]\.repeat: must be an integer \(got 'abc'\)"),
+    (lambda s: s["sources"][0].update(repeat=0), r"sources\[0\]\.repeat: must be >= 1"),
+    (lambda s: s["sources"][0].update(repeat=True), r"sources\[0\]\.repeat: must be an integer"),
+    (lambda s: s["sources"][0].update(files="coco/captions_train2014.json"), r"sources\[0\]\.files: must be a list of strings"),
+    (lambda s: s["sources"][0].update(kind="coco"), r"sources\[0\]\.kind: must be one of coco_captions, "),
+    (lambda s: s.update(heldout="minival_ids.txt"), r"heldout: must be a list of strings"),
+    (lambda s: s.update(drop_coco_test="yes"), r"drop_coco_test: must be true or false"),
+    (lambda s: s.pop("sources"), r"missing required key 'sources'"),
+])
+def test_spec_is_validated_with_the_key_and_file_named(root, change, message):
+    spec = yaml.safe_load((root / "spec.yaml").read_text())
+    change(spec)
+    (root / "spec.yaml").write_text(yaml.safe_dump(spec))
+    with pytest.raises(ConfigError, match=message):
+        MixtureSpec.load(root / "spec.yaml")
+
+
+def test_spec_lists_every_problem_at_once(root):
+    spec = yaml.safe_load((root / "spec.yaml").read_text())
+    spec["sources"][1]["file"] = spec["sources"][1].pop("files")
+    spec["sources"][4]["repeat"] = -2
+    (root / "spec.yaml").write_text(yaml.safe_dump(spec))
+    with pytest.raises(ConfigError) as err:
+        MixtureSpec.load(root / "spec.yaml")
+    text = str(err.value)
+    assert "sources[1]: unknown key 'file' (did you mean 'files'?)" in text
+    assert "sources[1]: missing required key 'files'" in text and "sources[4].repeat: must be >= 1" in text
+
+
+def test_top_k_zero_and_the_cli_override(tmp_path, root):
+    assert MixtureSpec.load(root / "spec.yaml", top_k=0).top_k == 0  # 0: no answer table (captions only)
+    with pytest.raises(ConfigError, match="--top-k"):
+        MixtureSpec.load(root / "spec.yaml", top_k=-1)
+
+
+def test_schema_helper_on_its_own():
+    from pipeline.schema import Field, Schema
+
+    item = Schema({"name": Field(str, required=True), "n": Field(int, default=3, ge=1),
+                   "tags": Field(str, many=True, default=()), "mode": Field(str, choices=("a", "b"))})
+    outer = Schema({"items": Field(item, many=True, required=True), "scale": Field(float, gt=0, default=1.0)})
+    got = outer.validate({"items": [{"name": "x"}, {"name": "y", "n": 5, "tags": ["t"], "mode": "b"}]}, "f.yaml")
+    assert got == {"items": ({"name": "x", "n": 3, "tags": (), "mode": None},
+                             {"name": "y", "n": 5, "tags": ("t",), "mode": "b"}), "scale": 1.0}
+    with pytest.raises(ConfigError, match=r"f\.yaml: items\[1\]\.tags: must be a list of strings \(got a string\)"):
+        outer.validate({"items": [{"name": "x"}, {"name": "y", "tags": "t"}]}, "f.yaml")
+    with pytest.raises(ConfigError, match=r"f\.yaml: must be a mapping"):
+        outer.validate(["x"], "f.yaml")
+
+
+# -- item 14: image map duplicates, empty and null texts and answers
+
+
+def test_image_map_duplicate_id_with_another_target_is_refused(tmp_path, root):
+    (root / "map.tsv").write_text("COCO_train2014_000000000009\tcc-7\n"
+                                  "COCO_train2014_000000000025\tcc-8\n"
+                                  "COCO_train2014_000000000009\tcc-7\n"  # the same line again: accepted
+                                  "COCO_train2014_000000000009\tcc-9\n")
+    edit_spec(root, image_map="map.tsv")
+    with pytest.raises(ConfigError, match=r"map\.tsv:4: .*'COCO_train2014_000000000009'.*'cc-9'.*line 1.*'cc-7'"):
+        build_mixture(MixtureSpec.load(root / "spec.yaml"), tmp_path / "mix")
+    (root / "map.tsv").write_text("COCO_train2014_000000000009\tcc-7\nCOCO_train2014_000000000009\tcc-7\n")
+    build_mixture(MixtureSpec.load(root / "spec.yaml"), tmp_path / "mix")
+    assert any(r["image_id"] == "cc-7" for r in items(tmp_path / "mix"))
+
+
+def test_empty_and_null_texts_and_answers_are_skipped_and_counted(tmp_path, root):
+    path = root / "coco/captions_train2014.json"
+    coco = json.loads(path.read_text())
+    coco["annotations"] += [{"image_id": 25, "caption": "   "}, {"image_id": 25, "caption": None}, {"image_id": 25, "caption": ""}]
+    dump(path, coco)
+    dump(root / "vg/region_descriptions.json", [
+        {"id": 1, "regions": [{"phrase": "red   plate", "image_id": 1}, {"phrase": None, "image_id": 1}]},
+        {"id": 3, "regions": [{"phrase": "a tall tree", "image_id": 3}, {"phrase": " \n", "image_id": 3}]}])
+    dump(root / "vg/question_answers.json", [
+        {"id": 4, "qas": [{"question": "How many birds?", "answer": "Two.", "image_id": 4},
+                          {"question": "What colour?", "answer": None, "image_id": 4},
+                          {"question": None, "answer": "red", "image_id": 4}]},
+        {"id": 2, "qas": [{"question": "What animal?", "answer": "A dog", "image_id": 2}]}])
+    path = root / "vqa/v2_mscoco_train2014_annotations.json"
+    vqa = json.loads(path.read_text())
+    vqa["annotations"][1]["answers"][0]["answer"] = None  # one annotator's answer is null: the others count
+    dump(path, vqa)
+    dump(root / "gqa/train_balanced_questions.json", {"q1": {"imageId": "3", "question": "Is the tree tall?", "answer": "Yes"},
+                                                      "q2": {"imageId": "1", "question": "Is there a fork?", "answer": None}})
+    manifest = build_mixture(MixtureSpec.load(root / "spec.yaml"), tmp_path / "mix")
+    rows = items(tmp_path / "mix")
+    assert all(r["text"].strip() and r["text"] != "None" for r in rows)
+    assert manifest["skipped"] == {"mscoco": {"empty text": 2, "null text": 1}, "vg": {"empty text": 1, "null text": 1},
+                                   "gqa": {"null answer": 1}, "visual7w": {"null answer": 1, "null text": 1}}
+    assert manifest["counts"]["vqa"] == {"train/question": 2}
+    giraffes = next(r for r in rows if r["text"] == "How many giraffes?")
+    assert len(giraffes["answer_ids"]) >= 1
+    report = (tmp_path / "mix" / "report.md").read_text()
+    assert "## Skipped annotations" in report and "| mscoco | 2 | 0 | 1 |" in report
+
+
+# -- item 15: held-out and drop lists
+
+
+def test_heldout_and_drop_ids_given_as_vg_ids_match_renamed_images(tmp_path, root):
+    (root / "gqa_heldout.txt").write_text("1\n")  # VG 1 is COCO_train2014_...09: GQA names it by its VG id
+    (root / "drop.txt").write_text("2\n")  # VG 2 is COCO_val2014_...42
+    edit_spec(root, heldout=["minival_ids.txt", "gqa_heldout.txt"], drop=["drop.txt"])
+    manifest = build_mixture(MixtureSpec.load(root / "spec.yaml"), tmp_path / "mix")
+    rows = items(tmp_path / "mix")
+    nine = [r for r in rows if r["image_id"] == "COCO_train2014_000000000009"]
+    assert {r["source"] for r in nine} == {"mscoco", "vg", "vqa", "gqa"} and {r["split"] for r in nine} == {"val"}
+    assert not any(r["image_id"] == "COCO_val2014_000000000042" for r in rows)
+    assert manifest["heldout"] == [
+        {"path": str(root / "minival_ids.txt"), "ids": 1, "matched": 1, "unmatched": 0, "unmatched_examples": []},
+        {"path": str(root / "gqa_heldout.txt"), "ids": 1, "matched": 1, "unmatched": 0, "unmatched_examples": []}]
+    assert manifest["drop"] == [{"path": str(root / "drop.txt"), "ids": 1, "matched": 1, "unmatched": 0,
+                                 "unmatched_examples": []}]
+
+
+def test_heldout_list_matching_nothing_is_an_error_and_partial_matches_are_counted(tmp_path, root, caplog):
+    (root / "minival_ids.txt").write_text("COCO_val2014_000000000042\nCOCO_val2014_000000099999\n")
+    with caplog.at_level("WARNING"):
+        manifest = build_mixture(MixtureSpec.load(root / "spec.yaml"), tmp_path / "mix")
+    assert manifest["heldout"][0] == {"path": str(root / "minival_ids.txt"), "ids": 2, "matched": 1, "unmatched": 1,
+                                      "unmatched_examples": ["COCO_val2014_000000099999"]}
+    assert "minival_ids.txt" in caplog.text and "1 of its 2 ids match no image" in caplog.text
+    (root / "minival_ids.txt").write_text("val_000042\nval_000043\n")
+    with pytest.raises(ConfigError, match=r"minival_ids\.txt: none of its 2 ids .*val_000042"):
+        build_mixture(MixtureSpec.load(root / "spec.yaml"), tmp_path / "mix2")
+    assert not (tmp_path / "mix2").exists() and not list(tmp_path.glob(".tmp-*"))
+
+
+def test_drop_missing_counts_answers_after_dropping(tmp_path, root):
+    rng = np.random.default_rng(0)
+    have = ["COCO_train2014_000000000009", "COCO_train2014_000000000025", "COCO_val2014_000000000042", "3"]
+    write_records(tmp_path / "feats", [make_record(rng, i, feature_dim=8) for i in have], feature_dim=8)
+    manifest = build_mixture(MixtureSpec.load(root / "spec.yaml"), tmp_path / "mix", stores=(tmp_path / "feats",),
+                             drop_missing=True)
+    table = json.loads((tmp_path / "mix" / "answers.json").read_text())
+    counts = dict(zip(table["answers"], table["counts"]))
+    assert counts["2"] == 1  # VQA's "How many giraffes?"; image 4's "How many birds?" ("Two.") is dropped
+    assert manifest["answers"]["distinct_train_answers"] == 5  # food pizza 2 1 yes
+
+
+# -- item 16: temporary folders of failed and killed builds
+
+
+def test_a_failed_build_removes_its_temporary_folder(tmp_path, root):
+    (root / "vg" / "region_descriptions.json").write_text('[{"id": 1, "regions": [{"phrase": "x"}]}, {"id": 2, "regions": ]')
+    with pytest.raises(ConfigError, match="invalid JSON"):
+        build_mixture(MixtureSpec.load(root / "spec.yaml"), tmp_path / "mix")
+    assert not (tmp_path / "mix").exists()
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".tmp-")] == []
+
+
+def test_killed_build_leftovers_are_removed_and_a_second_writer_is_refused(tmp_path, root):
+    """A build blocked reading its input (a FIFO) holds the out's lock: a second build of the
+    same out exits 75 at once; after SIGKILL the next build removes the killed one's temp folder."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    fifo_root = tmp_path / "fifo"
+    fifo_root.mkdir()
+    os.mkfifo(fifo_root / "regions.json")
+    (fifo_root / "spec.yaml").write_text(yaml.safe_dump(
+        {"name": "blocked", "sources": [{"name": "vg", "kind": "vg_regions", "files": ["regions.json"]}]}))
+    from helpers import REPO
+
+    blocked = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "build-mixture", "--spec", str(fifo_root / "spec.yaml"),
+                                "--out", str(tmp_path / "mix")], cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 60
+        while not list(tmp_path.glob(".tmp-mix.*")):
+            assert blocked.poll() is None, blocked.stderr.read()
+            assert time.monotonic() < deadline, "the blocked build never made its temporary folder"
+            time.sleep(0.05)
+        second = run_cli("build-mixture", "--spec", root / "spec.yaml", "--out", tmp_path / "mix")
+        assert second.returncode == 75 and "another process" in second.stderr, second.stderr
+        assert list(tmp_path.glob(".tmp-mix.*"))  # the live build's folder was left alone
+    finally:
+        blocked.send_signal(signal.SIGKILL)
+        blocked.wait()
+    assert list(tmp_path.glob(".tmp-mix.*"))  # SIGKILL runs no cleanup
+    run_cli("build-mixture", "--spec", root / "spec.yaml", "--out", tmp_path / "mix", check=True)
+    assert (tmp_path / "mix" / "items.arrow").exists()
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".tmp-")] == []
+
+
+def test_demo_spec_for_a_relative_out_folder_loads(tmp_path, monkeypatch):
+    """`vlprep demo` (default --out vlprep_demo, relative) writes its mixture spec beside the
+    world: the file paths in it must not be taken relative to the spec's folder twice."""
+    from pipeline.datasets.shapes import write_world
+    from pipeline.demo import mixture_spec
+
+    monkeypatch.chdir(tmp_path)
+    world = Path("vlprep_demo") / "world"
+    write_world(world, 4, 0, val_fraction=0.25)
+    spec_path = Path("vlprep_demo") / "lxmert_mix_spec.yaml"
+    spec_path.write_text(yaml.safe_dump(mixture_spec(world)))
+    manifest = build_mixture(MixtureSpec.load(spec_path), Path("vlprep_demo") / "lxmert_mix")
+    assert manifest["totals"]["train/caption"] > 0 and manifest["totals"]["val/question"] > 0
