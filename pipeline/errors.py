@@ -88,14 +88,14 @@ def exit_code(err: BaseException) -> int | None:
     bug: let its traceback show)."""
     if isinstance(err, VlprepError):
         return err.exit_code
-    if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
+    if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO):
         return EXIT_IO
     return None
 
 
 def describe(err: BaseException) -> str:
     """One line naming the error (disk-full errors name the file being written)."""
-    if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
+    if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
         where = f" writing {err.filename}" if err.filename else ""
         return f"disk full{where}: {err.strerror or err}; free space and rerun (finished work is kept)"
     return str(err)

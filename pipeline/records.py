@@ -24,6 +24,8 @@ from pipeline.errors import InvalidRecordError
 
 REGION_SCHEMA_VERSION = 1
 FLOAT16_MAX = 65504.0
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+INT32_MAX = 2**31 - 1  # image sizes and label ids are stored as int32
 # Boxes may sit this many pixels outside the image (float rounding in legacy files).
 BOX_TOLERANCE_PX = 0.01
 MAX_IMAGE_ID_BYTES = 1024
@@ -103,7 +105,8 @@ def validate_record(
     """Raise `InvalidRecordError` naming the image and field if `rec` must not be stored.
 
     `prob_dims` maps ``cls_prob``/``attr_prob`` to the expected width (None: any).
-    `float16` checks that float arrays survive a float16 cast (|x| <= 65504).
+    `float16` checks that float arrays survive a float16 cast (|x| <= 65504); wider
+    float arrays must always fit float32. Sizes and label ids must fit int32, as stored.
     """
     iid = rec.image_id
     if not isinstance(iid, str) or not iid:
@@ -116,6 +119,8 @@ def validate_record(
         value = getattr(rec, name)
         if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value <= 0:
             raise InvalidRecordError(iid, name, f"must be a positive integer, got {value!r}")
+        if value > INT32_MAX:
+            raise InvalidRecordError(iid, name, f"must be below 2**31 (stored as int32), got {value!r}")
 
     def array(name: str, ndim: int, kind: str) -> np.ndarray:
         a = getattr(rec, name)
@@ -127,6 +132,8 @@ def validate_record(
             raise InvalidRecordError(iid, name, f"has dtype {a.dtype}")
         if a.dtype.kind == "f" and not np.isfinite(a).all():
             raise InvalidRecordError(iid, name, "contains NaN or infinite values")
+        if a.dtype.kind == "f" and a.dtype.itemsize > 4 and a.size and np.abs(a).max() > FLOAT32_MAX:
+            raise InvalidRecordError(iid, name, "values exceed the float32 range")
         return a
 
     boxes = array("boxes", 2, "f")
@@ -163,7 +170,7 @@ def validate_record(
         for name, a in ((id_name, ids), (conf_name, conf)):
             if a.shape[0] != n:
                 raise InvalidRecordError(iid, name, f"has {a.shape[0]} entries but num_boxes={n}")
-        if (ids < 0).any() or (ids > np.iinfo(np.int32).max).any():
+        if (ids < 0).any() or (ids > INT32_MAX).any():
             raise InvalidRecordError(iid, id_name, "ids must lie in [0, 2**31)")
         _check_probability(iid, conf_name, conf)
 

@@ -3,7 +3,9 @@
 It admits numpy arrays, numpy scalars/dtypes and plain Python values (dict, list, str,
 numbers, ...) and nothing else: any other global — `os.system`, `builtins.eval`,
 `subprocess.Popen`, arbitrary classes — raises `UnsafePickleError` before it is resolved,
-so a hostile payload cannot run code. We never write pickles for our own data.
+so a hostile payload cannot run code. We never write pickles for our own data; exports
+to the legacy formats that are pickles by definition (vilbert-lmdb, mmf-npy's `_info.npy`)
+go through `legacy_dumps`, which names numpy's globals so that every numpy loads them.
 """
 
 from __future__ import annotations
@@ -74,6 +76,30 @@ def safe_loads(data: bytes | memoryview, *, encoding: str = "ASCII") -> Any:
         raise
     except Exception as err:  # truncated or malformed pickles raise many types
         raise UnsafePickleError(f"not a readable pickle: {type(err).__name__}: {err}") from err
+
+
+class _Numpy1Pickler(pickle._Pickler):
+    """numpy 2 pickles arrays through `numpy._core.multiarray`, which numpy < 1.26 cannot
+    import (the code that reads legacy formats often runs such a numpy); numpy 1.x wrote
+    `numpy.core.multiarray`, which numpy 2 still loads without a warning (numpy/core/
+    multiarray.py keeps `_reconstruct` and `scalar` for old pickles). Writes the latter."""
+
+    def save_global(self, obj: Any, name: str | None = None) -> None:
+        module = getattr(obj, "__module__", None) or ""
+        if module.startswith("numpy._core.") and self.proto < 4:
+            old = "numpy.core." + module[len("numpy._core."):]
+            self.write(pickle.GLOBAL + f"{old}\n{name or obj.__name__}\n".encode())
+            self.memoize(obj)
+            return
+        super().save_global(obj, name)
+
+
+def legacy_dumps(obj: Any) -> bytes:
+    """Pickle numpy arrays and plain values as Python 3.6 and numpy 1.x did (protocol 3,
+    `numpy.core.multiarray._reconstruct`): loadable by plain `pickle.loads` under any numpy."""
+    buf = io.BytesIO()
+    _Numpy1Pickler(buf, protocol=3).dump(obj)
+    return buf.getvalue()
 
 
 def safe_load_npy_object(data: bytes) -> Any:

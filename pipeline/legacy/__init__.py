@@ -5,9 +5,9 @@ and writer. Field specs are in each module's docstring and in docs/store-format.
 """
 
 from pipeline.legacy.base import LegacyFormat
-from pipeline.legacy.mmf_npy import read_mmf_npy, write_mmf_npy
+from pipeline.legacy.mmf_npy import check_mmf_ids, read_mmf_npy, write_mmf_npy
 from pipeline.legacy.tsv import read_butd_tsv, read_lxmert_tsv, write_butd_tsv, write_lxmert_tsv
-from pipeline.legacy.vilbert_lmdb import read_vilbert_lmdb
+from pipeline.legacy.vilbert_lmdb import check_vilbert_ids, read_vilbert_lmdb, write_vilbert_lmdb
 
 FORMATS: dict[str, LegacyFormat] = {
     f.name: f
@@ -16,10 +16,11 @@ FORMATS: dict[str, LegacyFormat] = {
                      read_lxmert_tsv, write_lxmert_tsv),
         LegacyFormat("butd-tsv", "bottom-up-attention TSV: 6 fields, or 7 with cls_prob (ViLBERT)",
                      read_butd_tsv, write_butd_tsv),
-        LegacyFormat("vilbert-lmdb", "ViLBERT/MMF LMDB of pickled dicts plus a 'keys' entry (import only)",
-                     read_vilbert_lmdb, None, needs_pickle=True),
+        LegacyFormat("vilbert-lmdb", "ViLBERT/MMF LMDB of pickled dicts plus a 'keys' entry; export as "
+                     "vilbert-multi-task's convert_to_lmdb.py writes it",
+                     read_vilbert_lmdb, write_vilbert_lmdb, needs_pickle=True, check_ids=check_vilbert_ids),
         LegacyFormat("mmf-npy", "MMF folder of <id>.npy features and <id>_info.npy dicts",
-                     read_mmf_npy, write_mmf_npy, needs_pickle=True),
+                     read_mmf_npy, write_mmf_npy, needs_pickle=True, check_ids=check_mmf_ids),
     )
 }
 

@@ -1,19 +1,26 @@
-"""Shared pieces of the legacy-format adapters: skipped rows, array decoding, registry."""
+"""Shared pieces of the legacy-format adapters: rows and skipped rows, array decoding, registry.
+
+A reader yields, per source row, either a `Row` (the record and where it came from) or a
+`Skipped` (where, a short kind, the reason). Any bad value in a row must become a
+`RowError` in the decoder (hence a `Skipped`), never an exception that stops the import.
+"""
 
 from __future__ import annotations
 
 import base64
 import binascii
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Optional, Sequence, Union
 
 import numpy as np
 
-from pipeline.errors import ConfigError
+from pipeline.errors import ConfigError, UnsafePickleError
 from pipeline.records import RegionFeatures, labels_from_probs
 
 if TYPE_CHECKING:
+    from pipeline.store import FeatureStore
     from pipeline.store.layout import StoreLayout
 
 # Number of columns of a bottom-up-attention (Visual Genome) class table with background.
@@ -40,7 +47,42 @@ class RowError(ValueError):
         super().__init__(f"{kind}: {detail}")
 
 
-ReadResult = Union[RegionFeatures, Skipped]
+@dataclass(frozen=True)
+class Row:
+    """A decoded source row: the record, and where it came from (for the import report)."""
+
+    location: str
+    record: RegionFeatures
+
+
+ReadResult = Union[Row, Skipped]
+
+# What numpy, int() and friends raise on a bad value.
+_BAD_VALUE_ERRORS = (TypeError, ValueError, OverflowError, AttributeError, IndexError, KeyError, EOFError)
+
+
+@contextmanager
+def row_errors() -> Iterator[None]:
+    """Turn any exception a bad value raises while one row is decoded into a `RowError`."""
+    try:
+        yield
+    except RowError:
+        raise
+    except UnsafePickleError as err:
+        raise RowError("refused pickle", str(err)) from err
+    except UnicodeDecodeError as err:
+        raise RowError("bad utf-8", str(err)) from err
+    except _BAD_VALUE_ERRORS as err:
+        raise RowError("bad value", f"{type(err).__name__}: {err}") from err
+
+
+def decode_row(location: str, decode: Callable[[], RegionFeatures]) -> ReadResult:
+    """One source row: the record `decode()` returns as a `Row`, or why not as a `Skipped`."""
+    try:
+        with row_errors():
+            return Row(location, decode())
+    except RowError as err:
+        return Skipped(location, err.kind, err.detail)
 
 
 def pickle_refusal(fmt: str) -> ConfigError:
@@ -64,6 +106,9 @@ class LegacyFormat:
     # write(records, dest, store layout) -> number of records written
     write: Optional[Callable[[Iterable[RegionFeatures], Path, "StoreLayout"], int]] = None
     needs_pickle: bool = False
+    # check_ids(store): raise ConfigError naming the ids the format cannot hold; run
+    # before anything is written
+    check_ids: Optional[Callable[["FeatureStore"], None]] = None
 
 
 def decode_array(field: str, value: Union[str, bytes], dtype, num: int, width: Optional[int] = None) -> np.ndarray:
@@ -97,11 +142,19 @@ def encode_array(arr: np.ndarray, dtype) -> str:
     return base64.b64encode(np.ascontiguousarray(arr, np.dtype(dtype).newbyteorder("<")).tobytes()).decode("ascii")
 
 
-def parse_int(field: str, text: Union[str, bytes, int]) -> int:
+def parse_int(field: str, value) -> int:
+    """An integer from text, an int or an integral float; anything else (a bool, NaN,
+    3.5, "12abc", an array) is a RowError."""
+    if isinstance(value, (bool, np.bool_)):
+        raise RowError("bad integer", f"field {field}: {value!r}")
+    if isinstance(value, (float, np.floating)) and not float(value).is_integer():
+        raise RowError("bad integer", f"field {field}: {value!r}")
+    if isinstance(value, np.ndarray) and value.shape == () and value.dtype.kind in "iu":
+        value = value.item()
     try:
-        return int(text)
-    except (TypeError, ValueError) as err:
-        raise RowError("bad integer", f"field {field}: {text!r}") from err
+        return int(value)
+    except (TypeError, ValueError, OverflowError) as err:
+        raise RowError("bad integer", f"field {field}: {value!r}") from err
 
 
 def with_background_first(cls_prob: np.ndarray) -> np.ndarray:
@@ -113,10 +166,12 @@ def with_background_first(cls_prob: np.ndarray) -> np.ndarray:
 
 def record_with_derived_labels(rec_fields: dict) -> RegionFeatures:
     """Fill objects_id/objects_conf from cls_prob when the source has no explicit labels."""
-    if rec_fields.get("objects_id") is None and rec_fields.get("cls_prob") is not None:
-        rec_fields["objects_id"], rec_fields["objects_conf"] = labels_from_probs(rec_fields["cls_prob"])
-    if rec_fields.get("attrs_id") is None and rec_fields.get("attr_prob") is not None:
-        rec_fields["attrs_id"], rec_fields["attrs_conf"] = labels_from_probs(rec_fields["attr_prob"])
+    for ids, conf, prob in (("objects_id", "objects_conf", "cls_prob"), ("attrs_id", "attrs_conf", "attr_prob")):
+        table = rec_fields.get(prob)
+        if rec_fields.get(ids) is None and table is not None:
+            if table.ndim != 2 or table.shape[1] < 2:
+                raise RowError("bad array", f"field {prob}: shape {table.shape}, needs a background column and a class")
+            rec_fields[ids], rec_fields[conf] = labels_from_probs(table)
     return RegionFeatures(**rec_fields)
 
 
@@ -124,7 +179,7 @@ def safe_relative_path(image_id: str) -> Path:
     """A path for `image_id` under an export folder; refuses ids that would escape it."""
     parts = image_id.split("/")
     if any(p in ("", ".", "..") or "\\" in p for p in parts):
-        raise ValueError(f"image id {image_id!r} cannot be used as a file name (empty, '.', '..' or '\\' parts)")
+        raise ConfigError(f"image id {image_id!r} cannot be used as a file name (empty, '.', '..' or '\\' parts)")
     return Path(*parts)
 
 
@@ -138,17 +193,50 @@ _ALIASES = {
 }
 
 
+def _numeric(field: str, value) -> np.ndarray:
+    """`value` as a numeric numpy array (a RowError for text, objects, ragged lists)."""
+    try:
+        arr = np.asarray(value)
+    except (TypeError, ValueError) as err:
+        raise RowError("bad array", f"field {field}: {err}") from err
+    if arr.dtype.kind not in "fiu":
+        raise RowError("bad array", f"field {field}: dtype {arr.dtype}, expected numbers")
+    return arr
+
+
 def _as_matrix(field: str, value, num: int, width: Optional[int]) -> np.ndarray:
     """A decoded float32 (num, width) array from a numpy array or a base64 string."""
     if isinstance(value, (str, bytes)):
         return decode_array(field, value, np.float32, num, width)
-    arr = np.asarray(value)
-    if arr.dtype.kind not in "fiu":
-        raise RowError("bad array", f"field {field}: dtype {arr.dtype}")
-    arr = arr.astype(np.float32, copy=False)
+    arr = _numeric(field, value).astype(np.float32, copy=False)
     if arr.size == 0 or arr.size % num or (width is not None and arr.size != num * width):
         raise RowError("num_boxes mismatch", f"field {field}: {arr.size} values for num_boxes={num}")
     return arr.reshape(num, -1)
+
+
+def _as_ids(field: str, value, num: int) -> np.ndarray:
+    """(num,) int64 label ids from integers (or integral floats)."""
+    arr = _numeric(field, value).reshape(-1)
+    if arr.size != num:
+        raise RowError("num_boxes mismatch", f"field {field}: {arr.size} values for num_boxes={num}")
+    if arr.dtype.kind == "f" and not (np.isfinite(arr).all() and (arr == np.round(arr)).all()):
+        raise RowError("bad array", f"field {field}: ids must be integers")
+    if arr.dtype.kind == "u" and arr.size and arr.max() > np.iinfo(np.int64).max:
+        raise RowError("bad array", f"field {field}: ids beyond int64")
+    return arr.astype(np.int64)
+
+
+def _image_id(raw, default_id: str) -> str:
+    if raw is None:
+        return default_id
+    if isinstance(raw, bytes):
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise RowError("bad image id", f"not UTF-8: {raw[:40]!r} ({err.reason})") from None
+    if isinstance(raw, (str, int, np.integer, np.str_)) and not isinstance(raw, (bool, np.bool_)):
+        return str(raw)
+    raise RowError("bad image id", f"a {type(raw).__name__}: {raw!r:.80}")
 
 
 def record_from_dict(obj: dict, default_id: str, features=None) -> RegionFeatures:
@@ -157,24 +245,33 @@ def record_from_dict(obj: dict, default_id: str, features=None) -> RegionFeature
     `features` overrides the dict's (MMF keeps them in a separate `.npy`). A 1-d
     `cls_prob` (MMF's frcnn script) is the objects' confidence vector; a 2-d one with
     1600 columns has no background and gets a zero background column prepended.
+    Any bad value is a `RowError` (the row is skipped with the reason).
     """
     if not isinstance(obj, dict):
         raise RowError("not a dict", f"value is a {type(obj).__name__}")
+    with row_errors():
+        return _record_from_dict(obj, default_id, features)
 
+
+def _record_from_dict(obj: dict, default_id: str, features) -> RegionFeatures:
     def pick(name: str):
         for key in _ALIASES.get(name, (name,)):
             if obj.get(key) is not None:
                 return obj[key]
         return None
 
-    raw_id = pick("image_id")
-    image_id = default_id if raw_id is None else raw_id.decode() if isinstance(raw_id, bytes) else str(raw_id)
+    image_id = _image_id(pick("image_id"), default_id)
     boxes_value, feats_value = pick("boxes"), pick("features") if features is None else features
     for name, value in (("image_h", pick("image_h")), ("image_w", pick("image_w")), ("boxes", boxes_value), ("features", feats_value)):
         if value is None:
             raise RowError("missing field", f"no {name}")
     num = pick("num_boxes")
-    n = parse_int("num_boxes", num) if num is not None else int(np.asarray(boxes_value).size // 4)
+    if num is not None:
+        n = parse_int("num_boxes", num)
+    elif isinstance(boxes_value, (str, bytes)):
+        raise RowError("missing field", "no num_boxes for base64 boxes")
+    else:
+        n = int(_numeric("boxes", boxes_value).size // 4)
     if n < 1:
         raise RowError("bad num_boxes", f"num_boxes={n}")
     fields: dict = dict(
@@ -186,7 +283,7 @@ def record_from_dict(obj: dict, default_id: str, features=None) -> RegionFeature
     )
     cls_prob = pick("cls_prob")
     if cls_prob is not None:
-        cls_prob = _as_matrix("cls_prob", cls_prob, n, None) if isinstance(cls_prob, (str, bytes)) else np.asarray(cls_prob)
+        cls_prob = _as_matrix("cls_prob", cls_prob, n, None) if isinstance(cls_prob, (str, bytes)) else _numeric("cls_prob", cls_prob)
         if cls_prob.ndim == 1:
             fields["objects_conf"] = _as_matrix("cls_prob", cls_prob, n, 1).reshape(n)
         else:
@@ -195,7 +292,7 @@ def record_from_dict(obj: dict, default_id: str, features=None) -> RegionFeature
         fields["attr_prob"] = _as_matrix("attr_prob", pick("attr_prob"), n, None)
     for ids, conf in (("objects_id", "objects_conf"), ("attrs_id", "attrs_conf")):
         if pick(ids) is not None:
-            fields[ids] = np.asarray(pick(ids)).astype(np.int64).reshape(-1)
+            fields[ids] = _as_ids(ids, pick(ids), n)
             if pick(conf) is not None:
                 fields[conf] = _as_matrix(conf, pick(conf), n, 1).reshape(n)
         if fields.get(ids) is not None and fields.get(conf) is None:

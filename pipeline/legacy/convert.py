@@ -10,7 +10,7 @@ from typing import Callable, Optional
 
 from pipeline import __version__
 from pipeline.errors import ConfigError, InvalidRecordError
-from pipeline.io import atomic_write_json, commit_path, remove_path, tmp_path_for
+from pipeline.io import atomic_write_json, check_output, replacing_output
 from pipeline.legacy import FORMATS
 from pipeline.legacy.base import ReadOptions, Skipped, pickle_refusal
 from pipeline.store import FeatureStore, FeatureStoreWriter
@@ -85,8 +85,11 @@ class ImportReport:
 
 def run_import(cfg: ImportConfig, progress: Progress = None) -> ImportReport:
     """Stream every row of the sources into the store at `cfg.dest` (resuming it if it
-    exists: ids already there are skipped). Bad rows are skipped with a reason; the
-    report is written to `<dest>/import_report.json`."""
+    exists: ids already there are skipped). Bad rows are skipped with their file:row
+    and a reason, and the good ones committed; the report is written to
+    `<dest>/import_report.json`, under the store's write lock, once every imported row is
+    committed. Any other error (a full disk, a second writer) propagates: the shards
+    committed so far stay, and a rerun resumes."""
     fmt = FORMATS[cfg.fmt]
     report = ImportReport()
     writer = FeatureStoreWriter(
@@ -104,13 +107,14 @@ def run_import(cfg: ImportConfig, progress: Progress = None) -> ImportReport:
                 report.add_skip(item)
                 continue
             try:
-                if writer.write(item):
+                if writer.write(item.record):
                     report.imported += 1
                 else:
                     report.already_present += 1
             except InvalidRecordError as err:
-                report.add_skip(Skipped(f"image {err.image_id!r}", "invalid record", f"{err.field}: {err.reason}"))
-    atomic_write_json(cfg.dest / IMPORT_REPORT, {"config": cfg.to_json(), **report.to_json()})
+                report.add_skip(Skipped(item.location, "invalid record", str(err)))
+        writer.commit_shard()
+        atomic_write_json(cfg.dest / IMPORT_REPORT, {"config": cfg.to_json(), **report.to_json()})
     return report
 
 
@@ -125,14 +129,29 @@ class ExportConfig:
         if self.fmt not in FORMATS or FORMATS[self.fmt].write is None:
             exportable = [n for n, f in FORMATS.items() if f.write]
             raise ConfigError(f"cannot export to {self.fmt!r}; known formats: {', '.join(exportable)}")
-        if self.dest.exists() and not self.overwrite:
+        if (self.dest.exists() or self.dest.is_symlink()) and not self.overwrite:
             raise ConfigError(f"{self.dest} exists; pass --overwrite to replace it")
+        check_output(self.dest, **self.output_check())
+
+    def output_check(self) -> dict:
+        """How DEST is checked before it is written or replaced (pipeline.io.check_output):
+        a file may replace a file; a folder only an earlier export to this format."""
+        return dict(kind=f"{self.fmt} export", inputs=(self.store,), flag="DEST",
+                    what=f"vlprep export --to {self.fmt}", folder=None)
 
 
 def run_export(cfg: ExportConfig, progress: Progress = None) -> int:
     """Write every record of the store to `cfg.dest` in the legacy format, float32, in
-    storage order. Built under a temporary name and renamed when complete."""
+    storage order. Built under a temporary name and renamed when complete; an existing DEST
+    (with --overwrite) is replaced only when it is a file or an earlier export to this format."""
     store = FeatureStore.open(cfg.store, dtype="float32")
+    check_ids = FORMATS[cfg.fmt].check_ids
+    if check_ids is not None:
+        try:
+            check_ids(store)  # ids the format cannot hold: refused before anything is written
+        except BaseException:
+            store.close()
+            raise
     for name in ("cls_prob", "attr_prob"):
         if store.layout.prob(name).mode == "topk":
             log.warning("%s is stored as %s: exported tables hold those values and zeros elsewhere", name, store.layout.prob(name))
@@ -143,11 +162,9 @@ def run_export(cfg: ExportConfig, progress: Progress = None) -> int:
                 progress(1)
             yield rec
 
-    tmp = tmp_path_for(cfg.dest)
     try:
-        count = FORMATS[cfg.fmt].write(records(), tmp, store.layout)
-        commit_path(tmp, cfg.dest)
+        with replacing_output(cfg.dest, **cfg.output_check()) as tmp:
+            count = FORMATS[cfg.fmt].write(records(), tmp, store.layout)
     finally:
-        remove_path(tmp)
         store.close()
     return count

@@ -8,7 +8,8 @@ butd-tsv (peteanderson80 `generate_tsv.py`), 6 fields, or 7 with ViLBERT's cls_p
     image_id, image_w, image_h, num_boxes, boxes, features[, cls_prob (float32 N x 1601)]
 
 Arrays are base64 of raw little-endian bytes. Rows are streamed; each is checked
-(field count, base64, byte lengths against num_boxes) and a bad row becomes a `Skipped`.
+(field count, base64, byte lengths against num_boxes) and a bad row becomes a `Skipped`
+naming ``file:line``.
 Written files end lines with CRLF, as Python's csv writer used by the extractors does.
 """
 
@@ -20,7 +21,7 @@ from typing import IO, Iterable, Iterator, Sequence
 import numpy as np
 
 from pipeline.legacy.base import (
-    ReadOptions, ReadResult, RowError, Skipped, decode_array, decode_vector, encode_array, parse_int,
+    ReadOptions, ReadResult, RowError, Skipped, decode_array, decode_row, decode_vector, encode_array, parse_int,
     record_with_derived_labels,
 )
 from pipeline.records import RegionFeatures
@@ -47,17 +48,16 @@ def _rows(paths: Sequence[Path]) -> Iterator[tuple[str, list[bytes], bool]]:
 
 def _read(paths: Sequence[Path], decode, counts: tuple[int, ...]) -> Iterator[ReadResult]:
     for location, fields, complete in _rows(paths):
-        try:
+
+        def decode_fields(fields=fields):
             if len(fields) not in counts:
                 raise RowError("wrong field count", f"expected {' or '.join(map(str, counts))} fields, found {len(fields)}")
-            yield decode(fields)
-        except UnicodeDecodeError as err:
-            yield Skipped(location, "bad utf-8", str(err))
-        except RowError as err:
-            if not complete:
-                yield Skipped(location, "truncated last line", f"no newline at end of file and {err}")
-            else:
-                yield Skipped(location, err.kind, err.detail)
+            return decode(fields)
+
+        result = decode_row(location, decode_fields)
+        if isinstance(result, Skipped) and not complete:
+            result = Skipped(location, "truncated last line", f"no newline at end of file and {result.kind}: {result.detail}")
+        yield result
 
 
 def _num_boxes(text: bytes) -> int:

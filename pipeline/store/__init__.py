@@ -4,10 +4,11 @@
 
     with FeatureStoreWriter("feats", backend="arrow", shard_size=1000) as w:
         w.write(record)                      # a pipeline.records.RegionFeatures
-    store = FeatureStore.open("feats")
-    rec = store.get("COCO_val2014_000000000042")
+    store = FeatureStore.open("feats")       # verify=True: check shard checksums on first use
+    rec = store["COCO_val2014_000000000042"]  # or store.get(...); `in`, len(), keys() too
 
-The on-disk format is documented in docs/store-format.md.
+One writer at a time (a second one gets BusyError); damage is a StoreError naming the
+shard. The on-disk format is documented in docs/store-format.md.
 """
 
 from pipeline.store.layout import ProbStorage, StoreLayout

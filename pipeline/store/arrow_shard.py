@@ -5,6 +5,11 @@ Schema: ``image_id: string, image_h: int32, image_w: int32, num_boxes: int32`` t
 (num_boxes * width values per row), null where an optional field is absent. The store
 layout is embedded as schema metadata so a shard file describes itself. Any Arrow tool
 can read the files; `ArrowShardReader` returns zero-copy numpy views into the map.
+
+On open the reader validates every batch (`RecordBatch.validate(full=True)`: offsets in
+bounds, UTF-8 ids) and checks each row's region counts against ``num_boxes``, so a
+damaged file is a `StoreError` naming the shard, never a wrong-shaped record or a raw
+Arrow/Unicode error. (Flipped bits inside the numbers need the checksum: see store.py.)
 """
 
 from __future__ import annotations
@@ -80,15 +85,20 @@ def _list_array(values: list[Optional[np.ndarray]], dtype: np.dtype) -> pa.Array
 
 class _Batch:
     """Views of one record batch: per column, region offsets (a list) and the values
-    shaped (regions, width), so a row is one slice."""
+    shaped (regions, width), so a row is one slice. Raises `_Damaged` when a column's
+    region counts disagree with ``num_boxes``."""
 
     def __init__(self, batch: pa.RecordBatch, cols: Sequence[Column]):
+        batch.validate(full=True)
         ids = batch.column("image_id")
         _, offsets, data = ids.buffers()
         self.id_data = memoryview(data).cast("B")  # format "B": compares with bytes by memcmp
         self.id_offsets = np.frombuffer(offsets, np.int32, len(ids) + 1, ids.offset * 4).tolist()
         self.image_h = batch.column("image_h").to_numpy().tolist()
         self.image_w = batch.column("image_w").to_numpy().tolist()
+        num_boxes = batch.column("num_boxes").to_numpy().astype(np.int64)
+        if (num_boxes < 1).any():
+            raise _Damaged("num_boxes", int(np.argmax(num_boxes < 1)))
         self.rows = batch.num_rows
         self.cols: list[tuple[str, Optional[list[int]], Optional[np.ndarray], Optional[list[bool]]]] = []
         for col in cols:
@@ -97,17 +107,20 @@ class _Batch:
             if col.width is None:  # probability width unknown: no record of the store has this table
                 self.cols.append((col.name, None, None, None))
                 continue
-            valid = None if arr.null_count == 0 else arr.is_valid().to_pylist()
+            valid = None if arr.null_count == 0 else arr.is_valid().to_numpy(zero_copy_only=False)
+            offsets = arr.offsets.to_numpy()
+            expected = num_boxes * col.width if valid is None else np.where(valid, num_boxes * col.width, 0)
+            if offsets[0] % col.width or not np.array_equal(np.diff(offsets), expected):
+                raise _Damaged(col.name, int(np.argmax(np.diff(offsets) != expected)))
             if col.width != 1:
                 values = values.reshape(-1, col.width)
-            offsets = (arr.offsets.to_numpy() // col.width).tolist()
-            self.cols.append((col.name, offsets, values, valid))
+            self.cols.append((col.name, (offsets // col.width).tolist(), values, None if valid is None else valid.tolist()))
 
     def id_bytes(self, row: int) -> memoryview:
         return self.id_data[self.id_offsets[row] : self.id_offsets[row + 1]]
 
     def image_id(self, row: int) -> str:
-        return bytes(self.id_bytes(row)).decode("utf-8")
+        return bytes(self.id_bytes(row)).decode("utf-8")  # valid UTF-8: checked by validate(full=True)
 
     def arrays(self, row: int) -> list[Optional[np.ndarray]]:
         return [
@@ -116,19 +129,33 @@ class _Batch:
         ]
 
 
+class _Damaged(Exception):
+    """A column of a batch disagrees with the rest (internal: becomes a StoreError)."""
+
+    def __init__(self, column: str, row: int):
+        super().__init__(f"column {column} of batch row {row} disagrees with num_boxes")
+
+
 class ArrowShardReader:
     def __init__(self, path: Path, layout: StoreLayout, out_dtype: Optional[np.dtype] = None):
         self._assemble = Assembler(layout, out_dtype)
         try:
             self._source = pa.memory_map(str(path), "r")
-            reader = pa.ipc.open_file(self._source)
-        except (OSError, pa.ArrowInvalid) as err:
+        except OSError as err:
             raise StoreError(f"shard {path.name}: cannot open Arrow file: {err}") from err
-        expected = arrow_schema(layout)
-        if not reader.schema.equals(expected, check_metadata=False):
-            raise StoreError(f"shard {path.name}: schema differs from the store layout: {reader.schema}")
-        cols = columns(layout)
-        self._batches = [_Batch(reader.get_batch(i), cols) for i in range(reader.num_record_batches)]
+        try:
+            reader = pa.ipc.open_file(self._source)
+            expected = arrow_schema(layout)
+            if not reader.schema.equals(expected, check_metadata=False):
+                raise StoreError(f"shard {path.name}: schema differs from the store layout: {reader.schema}")
+            cols = columns(layout)
+            self._batches = [_Batch(reader.get_batch(i), cols) for i in range(reader.num_record_batches)]
+        except (OSError, ValueError, pa.ArrowException, _Damaged) as err:  # ArrowInvalid is a ValueError
+            self._source.close()
+            raise StoreError(f"shard {path.name}: damaged Arrow file: {err}") from err
+        except StoreError:
+            self._source.close()
+            raise
         self._starts = [0]
         for batch in self._batches:
             self._starts.append(self._starts[-1] + batch.rows)

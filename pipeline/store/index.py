@@ -6,16 +6,17 @@
 A lookup touches ~1-2 slots of the memory-mapped file: O(1) without loading the store
 (or the index) into RAM, shared by every process through the page cache. Callers
 confirm the id stored at (shard, row), so hash collisions cannot return a wrong record.
-The file's metadata names the shards it covers and the hash function; an index that
-does not cover the manifest's shards, or used another hash, is stale and is rebuilt.
+The file's metadata holds the digest of the manifest's shard list it was built from
+(`Manifest.shards_digest`: names, row counts and checksums) and names the hash function;
+an index built for other shards (a stale one, or one copied from another store even
+with the same shard names), or with another hash, is rebuilt.
 """
 
 from __future__ import annotations
 
-import json
 import zlib
 from pathlib import Path
-from typing import Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -23,7 +24,7 @@ import pyarrow as pa
 from pipeline.io import commit_path, tmp_path_for
 
 INDEX_FILE = "index.arrow"
-_COVERS_KEY = b"vlprep.index.shards"
+_BINDING_KEY = b"vlprep.index.shards_digest"
 _HASH_KEY = b"vlprep.index.hash"
 HASH_NAME = "crc32|adler32<<32"
 
@@ -36,17 +37,18 @@ def id_hash(key: bytes) -> int:
 
 
 class IdIndex:
-    def __init__(self, hashes: np.ndarray, shards: np.ndarray, rows: np.ndarray, covers: Sequence[str], source=None):
+    def __init__(self, hashes: np.ndarray, shards: np.ndarray, rows: np.ndarray, binding: str, source=None):
         self._hashes, self._shards, self._rows = hashes, shards, rows
         # memoryviews index to Python ints without numpy scalar overhead
         self._h, self._s, self._r = (memoryview(a).cast("B").cast(a.dtype.char) for a in (hashes, shards, rows))
         self._mask = len(hashes) - 1
-        self.covers = tuple(covers)
+        self.binding = binding  # Manifest.shards_digest() of the shards indexed
         self._source = source  # keeps a memory map alive
 
     @classmethod
-    def build(cls, shard_ids: Sequence[Sequence[str]], covers: Sequence[str]) -> "IdIndex":
-        """Index the ids of each shard (in row order); `covers` names the shards."""
+    def build(cls, shard_ids: Sequence[Sequence[str]], binding: str) -> "IdIndex":
+        """Index the ids of each shard (in row order); `binding` is the manifest's
+        `shards_digest()` for those shards."""
         hashes = np.array([id_hash(i.encode("utf-8")) for ids in shard_ids for i in ids], np.uint64)
         shard = np.concatenate([np.full(len(ids), s, np.uint32) for s, ids in enumerate(shard_ids)] or [np.zeros(0, np.uint32)])
         row = np.concatenate([np.arange(len(ids), dtype=np.uint32) for ids in shard_ids] or [np.zeros(0, np.uint32)])
@@ -69,7 +71,7 @@ class IdIndex:
             placed[winners] = True
             pending = pending[~placed[pending]]
             pos[pending] = (pos[pending] + 1) & (size - 1)
-        return cls(table_h, table_s, table_r, covers)
+        return cls(table_h, table_s, table_r, binding)
 
     def candidates(self, key: bytes) -> list[tuple[int, int]]:
         """(shard, row) of every entry whose hash matches that of the id `key` (UTF-8)."""
@@ -91,7 +93,7 @@ class IdIndex:
     def write(self, directory: Path) -> None:
         table = pa.table(
             {"hash": self._hashes, "shard": self._shards, "row": self._rows},
-            metadata={_COVERS_KEY: json.dumps(list(self.covers)), _HASH_KEY: HASH_NAME},
+            metadata={_BINDING_KEY: self.binding, _HASH_KEY: HASH_NAME},
         )
         path = directory / INDEX_FILE
         tmp = tmp_path_for(path)
@@ -100,19 +102,20 @@ class IdIndex:
         commit_path(tmp, path)
 
     @classmethod
-    def read(cls, directory: Path) -> "IdIndex | None":
+    def read(cls, directory: Path) -> Optional["IdIndex"]:
+        """The index file, or None when it is missing, unreadable or of another hash."""
         path = directory / INDEX_FILE
         if not path.exists():
             return None
         try:
             source = pa.memory_map(str(path), "r")
             table = pa.ipc.open_file(source).read_all()
-            covers = json.loads(table.schema.metadata[_COVERS_KEY])
+            binding = table.schema.metadata[_BINDING_KEY].decode("ascii")
             if table.schema.metadata.get(_HASH_KEY) != HASH_NAME.encode():
                 return None  # written with another hash function: stale
             cols = [table.column(n).chunk(0).to_numpy() for n in ("hash", "shard", "row")]
-        except (OSError, pa.ArrowInvalid, KeyError, ValueError):
+        except (OSError, pa.ArrowInvalid, KeyError, TypeError, ValueError):
             return None  # unreadable index: treated as stale and rebuilt
         if len(cols[0]) & (len(cols[0]) - 1):
             return None
-        return cls(*cols, covers=covers, source=source)
+        return cls(*cols, binding=binding, source=source)

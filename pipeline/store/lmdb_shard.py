@@ -20,12 +20,16 @@ use the fixed little-endian binary layout below — no pickle, no base64:
                   little-endian values, each padded to a multiple of 8 bytes
 
 Writers batch many puts per transaction and grow the map on demand (starting small,
-doubling on MapFullError). Readers open the environment read-only with
-``lock=False, readahead=False`` in the process that reads (see `FeatureStore`).
+doubling on MapFullError); a failed write to disk is an `OSError` naming the file
+(LMDB reports a full disk as ENOSPC, or as EIO after a short write). Readers open the
+environment read-only with ``lock=False, readahead=False`` in the process that reads
+(see `FeatureStore`) and check every value's header against the store layout and its
+exact length, so a damaged value is a `StoreError` naming the shard and row.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import struct
 from pathlib import Path
@@ -35,7 +39,7 @@ import lmdb
 import numpy as np
 
 from pipeline.errors import StoreError
-from pipeline.records import RegionFeatures
+from pipeline.records import MAX_IMAGE_ID_BYTES, RegionFeatures
 from pipeline.store.columns import OPTIONAL_FIELDS, Assembler, columns, encode
 from pipeline.store.layout import StoreLayout
 
@@ -82,6 +86,34 @@ def encode_value(rec: RegionFeatures, layout: StoreLayout) -> bytes:
     return b"".join(parts)
 
 
+def write_error(path: Path, err: lmdb.Error) -> OSError:
+    """A failed LMDB write as an OSError naming `path`/data.mdb: ENOSPC for LMDB's
+    DiskError, else EIO (what LMDB reports after a short write: "filesystem full?" in
+    its source), so the CLI reports it in one line (exit 74)."""
+    if isinstance(err, lmdb.DiskError):
+        return OSError(errno.ENOSPC, f"{os.strerror(errno.ENOSPC)} (LMDB: {err})", str(path / "data.mdb"))
+    return OSError(errno.EIO, f"{os.strerror(errno.EIO)} (LMDB: {err}; after a short write this means the disk "
+                   "is full: free space and rerun, finished work is kept)", str(path / "data.mdb"))
+
+
+def put_all(env: lmdb.Environment, items: Sequence[tuple[bytes, bytes]], path: Path, append: bool = False) -> None:
+    """Put `items` in one write transaction, doubling the map while it is too small;
+    a failed write to disk is an OSError (`write_error`)."""
+    while True:
+        try:
+            with env.begin(write=True) as txn:
+                cursor = txn.cursor()
+                for key, value in items:
+                    cursor.put(key, value, append=append)
+            return
+        except lmdb.MapFullError:
+            env.set_mapsize(env.info()["map_size"] * 2)
+        except (lmdb.BadValsizeError, lmdb.KeyExistsError):
+            raise  # a bad key: a bug, not the disk
+        except lmdb.Error as err:  # the commit's write to disk failed
+            raise write_error(path, err) from err
+
+
 class LmdbShardWriter:
     def __init__(self, path: Path, layout: StoreLayout):
         self._layout = layout
@@ -91,20 +123,16 @@ class LmdbShardWriter:
 
     def add(self, records: Sequence[RegionFeatures]) -> None:
         items = [(row_key(self._rows + i), encode_value(r, self._layout)) for i, r in enumerate(records)]
-        while True:
-            try:
-                with self._env.begin(write=True) as txn:
-                    cursor = txn.cursor()
-                    for key, value in items:
-                        cursor.put(key, value, append=True)
-                break
-            except lmdb.MapFullError:
-                self._env.set_mapsize(self._env.info()["map_size"] * 2)
+        put_all(self._env, items, self._path, append=True)
         self._rows += len(records)
 
     def close(self) -> None:
-        self._env.sync(True)
-        self._env.close()
+        try:
+            self._env.sync(True)
+        except lmdb.Error as err:
+            raise write_error(self._path, err) from err
+        finally:
+            self._env.close()
         (self._path / "lock.mdb").unlink(missing_ok=True)  # readers use lock=False
 
 
@@ -148,45 +176,66 @@ class LmdbShardReader:
         self._assemble = Assembler(layout, out_dtype)
         self._name = path.name
         self._path = path
+        self._layout = layout
         self._env = _acquire_env(path)
-        # Shards are immutable once committed, so one long-lived read transaction is
-        # safe; values are returned as buffers into the map (zero-copy).
-        self._txn = self._env.begin(buffers=True)
-        self.rows = self._env.stat()["entries"]
+        try:
+            # Shards are immutable once committed, so one long-lived read transaction is
+            # safe; values are returned as buffers into the map (zero-copy).
+            self._txn = self._env.begin(buffers=True)
+            self.rows = self._env.stat()["entries"]
+        except lmdb.Error as err:
+            _release_env(path)
+            raise StoreError(f"shard {path.name}: damaged LMDB environment: {err}") from err
         self._cols = [(c, c.dtype.newbyteorder("<")) for c in columns(layout)]
         self._plans: dict[tuple, tuple[list, int]] = {}
+
+    def _damaged(self, row: int, what: str) -> StoreError:
+        return StoreError(f"shard {self._name}: row {row}: {what} (the shard is damaged)")
 
     def _value(self, row: int) -> memoryview:
         if not 0 <= row < self.rows:
             raise IndexError(row)
-        value = self._txn.get(row_key(row))
+        try:
+            value = self._txn.get(row_key(row))
+        except lmdb.Error as err:
+            raise self._damaged(row, f"LMDB: {err}") from err
         if value is None:
-            raise StoreError(f"shard {self._name}: row {row} is missing")
+            raise self._damaged(row, "missing")
         if len(value) < HEADER.size:
-            raise StoreError(f"shard {self._name}: row {row}: value shorter than its header")
+            raise self._damaged(row, "value shorter than its header")
         return value
 
     def _header(self, value: memoryview, row: int) -> tuple:
+        """The value's header, after checking it and the value's exact length."""
         header = HEADER.unpack_from(value, 0)
         if header[0] != MAGIC or header[1] != VALUE_VERSION:
-            raise StoreError(f"shard {self._name}: row {row}: bad magic/version {header[:2]}")
+            raise self._damaged(row, f"bad magic/version {header[:2]}")
+        layout = self._plan(header, row, len(value))[0]
+        if layout.itemsize != len(value):
+            raise self._damaged(row, f"value of {len(value)} bytes, its header describes {layout.itemsize}")
         return header
+
+    def _decode_id(self, value: memoryview, id_len: int, row: int) -> str:
+        try:
+            return bytes(value[HEADER.size : HEADER.size + id_len]).decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise self._damaged(row, f"image id is not UTF-8 ({err})") from None
 
     def image_id(self, row: int) -> str:
         value = self._value(row)
-        id_len = self._header(value, row)[9]
-        return bytes(value[HEADER.size : HEADER.size + id_len]).decode("utf-8")
+        return self._decode_id(value, self._header(value, row)[9], row)
 
     def image_ids(self) -> list[str]:
         return [self.image_id(r) for r in range(self.rows)]
 
-    def _plan(self, header: tuple) -> tuple[np.dtype, list[Optional[str]]]:
+    def _plan(self, header: tuple, row: int, size: int) -> tuple[np.dtype, list[Optional[str]]]:
         """A structured dtype laying out every present column of a value with this
         header (one view gives them all), and the field name per column (None when
-        absent)."""
+        absent). A header that cannot come from this store's layout is damage."""
         key = header[2:4] + header[6:10]
         plan = self._plans.get(key)
         if plan is None:
+            self._check_header(key, row, size)
             flags, n, feature_dim, cls_w, attr_w, id_len = key
             widths = {"cls_prob": cls_w, "attr_prob": attr_w}
             pos = HEADER.size + _pad8(id_len)
@@ -205,6 +254,26 @@ class LmdbShardReader:
             plan = self._plans[key] = (np.dtype({**fields, "itemsize": pos}), names)
         return plan
 
+    def _check_header(self, key: tuple, row: int, size: int) -> None:
+        flags, n, feature_dim, cls_w, attr_w, id_len = key
+        layout = self._layout
+        problems = []
+        if flags & ~sum(_FLAG_BITS.values()):
+            problems.append(f"unknown flags {flags:#x}")
+        if not 1 <= n <= size // 16:  # 16 bytes of box per region at least
+            problems.append(f"num_boxes {n} in a value of {size} bytes")
+        if feature_dim != layout.feature_dim:
+            problems.append(f"feature dim {feature_dim}, the store's is {layout.feature_dim}")
+        for name, width in (("cls_prob", cls_w), ("attr_prob", attr_w)):
+            storage = layout.prob(name)
+            want = storage.k if storage.mode == "topk" else layout.prob_dim(name) if storage.mode == "full" else 0
+            if width != (want if flags & _FLAG_BITS[name] else 0):
+                problems.append(f"{name} width {width}")
+        if not 0 < id_len <= MAX_IMAGE_ID_BYTES:
+            problems.append(f"image id length {id_len}")
+        if problems:
+            raise self._damaged(row, "header does not fit the store layout: " + ", ".join(problems))
+
     def record(self, row: int, expect: Optional[str] = None) -> Optional[RegionFeatures]:
         """The record at `row`; None if `expect` is given and is not its image id."""
         value = self._value(row)
@@ -213,14 +282,14 @@ class LmdbShardReader:
             self._header(value, row)  # raises, naming the shard and row
         stored_id = value[HEADER.size : HEADER.size + header[9]]
         if expect is None:
-            image_id = bytes(stored_id).decode("utf-8")
+            image_id = self._decode_id(value, header[9], row)
         elif stored_id == expect.encode("utf-8"):
             image_id = expect
         else:
             return None
-        layout, names = self._plan(header)
-        if layout.itemsize > len(value):
-            raise StoreError(f"shard {self._name}: row {row}: value truncated ({len(value)} of {layout.itemsize} bytes)")
+        layout, names = self._plan(header, row, len(value))
+        if layout.itemsize != len(value):
+            raise self._damaged(row, f"value of {len(value)} bytes, its header describes {layout.itemsize}")
         block = np.ndarray((), layout, value)
         arrays = [None if name is None else block[name] for name in names]
         return self._assemble(image_id, header[4], header[5], arrays)

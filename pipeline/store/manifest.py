@@ -7,6 +7,7 @@ manifest that lists exactly the shards that were complete.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from dataclasses import asdict, dataclass, field
@@ -53,6 +54,12 @@ class Manifest:
     @property
     def shard_names(self) -> list[str]:
         return [s.name for s in self.shards]
+
+    def shards_digest(self) -> str:
+        """sha256 over every shard's name, row count and checksum: what the id index is
+        bound to (an index built for other shards, even of the same names, is stale)."""
+        listing = [[s.name, s.rows, s.sha256] for s in self.shards]
+        return hashlib.sha256(json.dumps(listing).encode()).hexdigest()
 
     def dtypes(self) -> dict[str, str]:
         float_dtype = self.layout.dtype

@@ -10,25 +10,38 @@ A store is a directory::
 Readers open shards lazily and per process, so a `FeatureStore` may be created before
 a `DataLoader` forks its workers (or be pickled to Ray actors): each process maps the
 files itself and shares the page cache, never a per-worker copy of the data.
+
+Damage is a `StoreError` naming the shard, never a crash: opening a store checks every
+shard's size against the manifest (a truncated memory-mapped file would kill the reader
+with SIGBUS), readers check each record's structure, and with ``verify=True`` (or
+``VLPREP_VERIFY_SHARDS=1``) each shard's sha256 is checked once per process on first use,
+which also catches flipped bits inside the numbers.
+
+One writer at a time: `FeatureStoreWriter` holds the store's write lock (`.vlprep.lock`,
+see `pipeline.io.exclusive_lock`) from `open()` to `close()`; a second writer gets a
+`BusyError` at once, before it reads or removes anything.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Iterator, Optional, Sequence, Union
 
 import numpy as np
 
-from pipeline.errors import ConfigError
-from pipeline.io import commit_path, disk_bytes, remove_path, remove_stale_tmp, sha256_file, tmp_path_for
+from pipeline.errors import ConfigError, StoreError
+from pipeline.io import (
+    commit_path, disk_bytes, exclusive_lock, remove_path, remove_stale_tmp, sha256_file, tmp_path_for,
+)
 from pipeline.records import RegionFeatures, validate_record
 from pipeline.store import arrow_shard, lmdb_shard
-from pipeline.store.index import IdIndex
+from pipeline.store.index import INDEX_FILE, IdIndex, id_hash
 from pipeline.store.layout import ProbStorage, StoreLayout
-from pipeline.store.manifest import SHARDS_DIR, Manifest, ShardInfo, now_iso
+from pipeline.store.manifest import MANIFEST_FILE, SHARDS_DIR, Manifest, ShardInfo, now_iso
 
 log = logging.getLogger(__name__)
 
@@ -38,22 +51,56 @@ _BACKENDS = {
 }
 # Provenance keys that must agree between the runs that write one store.
 _PROVENANCE_KEYS = ("detector", "weights_sha256", "box_policy")
+# Set to "1" to check every shard's sha256 once per process on first use (FeatureStore(verify=None)).
+VERIFY_ENV = "VLPREP_VERIFY_SHARDS"
+LOCK_WHAT = "feature store"
 
 
 def shard_checksum_path(shard_path: Path) -> Path:
-    """The file whose sha256 the manifest records for a shard."""
+    """The file whose sha256 and size the manifest records for a shard (the Arrow file,
+    or an LMDB shard's data.mdb: its only file once committed)."""
     return shard_path / "data.mdb" if shard_path.is_dir() else shard_path
 
 
-def open_shard_reader(directory: Path, manifest: Manifest, index: int, out_dtype=None):
+def check_shard(directory: Path, info: ShardInfo, *, checksum: bool = False) -> Path:
+    """The shard's path, once its data file is present with the size the manifest records
+    (one stat: mapping a truncated file would crash its reader with SIGBUS) and, with
+    `checksum`, the recorded sha256 (reads the whole file). A `StoreError` names the shard."""
+    path = directory / SHARDS_DIR / info.name
+    data = shard_checksum_path(path)
+    where = f"{directory}: shard {info.name}"
+    advice = f"restore the shard, or re-create the store (`vlprep verify {directory}` checks all of it)"
+    try:
+        size = data.stat().st_size
+    except FileNotFoundError:
+        raise StoreError(f"{where} is missing ({data} not found); {advice}") from None
+    if size != info.bytes:
+        state = "truncated" if size < info.bytes else "changed since it was written"
+        raise StoreError(f"{where} is {state}: {size:,} bytes on disk, the manifest says {info.bytes:,}; {advice}")
+    if checksum:
+        digest = sha256_file(data)
+        if digest != info.sha256:
+            raise StoreError(f"{where} is corrupt: sha256 mismatch (file {digest[:12]}…, manifest "
+                             f"{info.sha256[:12]}…); {advice}")
+    return path
+
+
+def open_shard_reader(directory: Path, manifest: Manifest, index: int, out_dtype=None, *, checksum: bool = False):
+    """A reader of shard `index`, after `check_shard`."""
     _, _, reader_cls = _BACKENDS[manifest.layout.backend]
-    return reader_cls(directory / SHARDS_DIR / manifest.shards[index].name, manifest.layout, out_dtype)
+    info = manifest.shards[index]
+    reader = reader_cls(check_shard(directory, info, checksum=checksum), manifest.layout, out_dtype)
+    if reader.rows != info.rows:
+        reader.close()
+        raise StoreError(f"{directory}: shard {info.name} holds {reader.rows} records, the manifest says {info.rows}")
+    return reader
 
 
 def fresh_index(directory: Path, manifest: Manifest) -> Optional[IdIndex]:
-    """The store's index.arrow if it covers exactly the manifest's shards, else None."""
+    """The store's index.arrow if it was built for exactly the manifest's shards (names,
+    rows and checksums: `Manifest.shards_digest`), else None."""
     index = IdIndex.read(directory)
-    return index if index is not None and list(index.covers) == manifest.shard_names else None
+    return index if index is not None and index.binding == manifest.shards_digest() else None
 
 
 def build_index(directory: Path, manifest: Manifest) -> IdIndex:
@@ -62,7 +109,23 @@ def build_index(directory: Path, manifest: Manifest) -> IdIndex:
         reader = open_shard_reader(directory, manifest, i)
         ids.append(reader.image_ids())
         reader.close()
-    return IdIndex.build(ids, manifest.shard_names)
+    return IdIndex.build(ids, manifest.shards_digest())
+
+
+def verify_from_env() -> bool:
+    return os.environ.get(VERIFY_ENV, "").strip() == "1"
+
+
+@contextmanager
+def _naming(path: Path) -> Iterator[None]:
+    """Put the file's name into an OSError raised while writing it (Arrow's and
+    file.write's errors leave it out), so the one-line CLI message names it."""
+    try:
+        yield
+    except OSError as err:
+        if err.filename is None and err.errno is not None:
+            raise OSError(err.errno, err.strerror, str(path)) from err
+        raise
 
 
 @dataclass
@@ -80,27 +143,42 @@ class _ProcessState:
     """Open handles of one process (never shared across fork)."""
 
     pid: int
-    index: IdIndex
+    index: Optional[IdIndex] = None
     readers: dict = field(default_factory=dict)
 
 
 class FeatureStore:
-    """Read access to a feature store. Records are zero-copy, read-only views valid
-    while the store is open; pass ``dtype="float32"`` to get float32 copies of the
-    float16 features and probability tables."""
+    """Read access to a feature store, used like a read-only mapping from image id to
+    `RegionFeatures`: ``store[image_id]`` (or ``store.get``), ``image_id in store``,
+    ``len(store)``, ``store.keys()`` / ``store.ids()``; iterating yields the records in
+    storage order, and ``store.record_at(position)`` picks one by position.
 
-    def __init__(self, path: Union[str, Path], *, dtype: Optional[str] = None):
+    Records are zero-copy, read-only views valid while the store is open; pass
+    ``dtype="float32"`` to get float32 copies of the float16 features and probability
+    tables. Opening checks every shard's size against the manifest; ``verify=True``
+    (default: the ``VLPREP_VERIFY_SHARDS=1`` environment variable) also checks each
+    shard's sha256 once per process, on its first use. Damage raises `StoreError`."""
+
+    def __init__(self, path: Union[str, Path], *, dtype: Optional[str] = None, verify: Optional[bool] = None):
         self.path = Path(path)
         self.manifest = Manifest.read(self.path)
         self.layout = self.manifest.layout
         self._out_dtype = None if dtype is None else np.dtype(dtype)
+        self.verify = verify_from_env() if verify is None else bool(verify)
         self._state: Optional[_ProcessState] = None
         self._orphans: list[_ProcessState] = []
         self._starts = np.cumsum([0] + [s.rows for s in self.manifest.shards])
+        self.check_shards()
 
     @classmethod
-    def open(cls, path: Union[str, Path], *, dtype: Optional[str] = None) -> "FeatureStore":
-        return cls(path, dtype=dtype)
+    def open(cls, path: Union[str, Path], *, dtype: Optional[str] = None, verify: Optional[bool] = None) -> "FeatureStore":
+        return cls(path, dtype=dtype, verify=verify)
+
+    def check_shards(self, checksum: bool = False) -> None:
+        """Check every shard's presence and size (and, with `checksum`, its sha256) now;
+        `StoreError` names the first bad one."""
+        for info in self.manifest.shards:
+            check_shard(self.path, info, checksum=checksum)
 
     # -- per-process handles -------------------------------------------------
     def _process(self) -> _ProcessState:
@@ -110,47 +188,76 @@ class FeatureStore:
         if state is not None:
             # Inherited through fork: keep the parent's handles untouched, open our own.
             self._orphans.append(state)
-        index = fresh_index(self.path, self.manifest)
-        if index is None:
-            log.warning("%s: id index missing or stale; rebuilding it in memory", self.path)
-            index = build_index(self.path, self.manifest)
-        self._state = _ProcessState(os.getpid(), index)
-        return self._state
+        state = self._state = _ProcessState(os.getpid())
+        try:
+            index = fresh_index(self.path, self.manifest)
+            if index is None:
+                log.warning("%s: id index missing or stale; rebuilding it in memory", self.path)
+                shard_ids = [self._reader(i).image_ids() for i in range(len(self.manifest.shards))]
+                index = IdIndex.build(shard_ids, self.manifest.shards_digest())
+        except BaseException:
+            self.close()
+            raise
+        state.index = index
+        return state
 
     def _reader(self, shard: int):
         state = self._process()
         reader = state.readers.get(shard)
         if reader is None:
-            reader = state.readers[shard] = open_shard_reader(self.path, self.manifest, shard, self._out_dtype)
+            reader = state.readers[shard] = open_shard_reader(
+                self.path, self.manifest, shard, self._out_dtype, checksum=self.verify)
         return reader
 
     def __getstate__(self) -> dict:
-        return {"path": self.path, "dtype": None if self._out_dtype is None else self._out_dtype.name}
+        return {"path": self.path, "dtype": None if self._out_dtype is None else self._out_dtype.name,
+                "verify": self.verify}
 
     def __setstate__(self, state: dict) -> None:
-        self.__init__(state["path"], dtype=state["dtype"])
+        self.__init__(state["path"], dtype=state["dtype"], verify=state.get("verify"))
 
     # -- the API -------------------------------------------------------------
     def __len__(self) -> int:
         return self.manifest.num_records
 
-    def _locate(self, image_id: str) -> Optional[tuple[int, int]]:
-        key = image_id.encode("utf-8")
-        for shard, row in self._process().index.candidates(key):
-            if self._reader(shard).image_id(row) == image_id:
-                return shard, row
-        return None
+    def _check_entry(self, shard: int, row: int, key: bytes, stored: str) -> None:
+        """The index sent a lookup of `key` to a row holding another id, `stored`. A true
+        hash collision is harmless; an id that does not even hash like the index entry
+        means the shard or the index is damaged."""
+        if id_hash(stored.encode("utf-8")) != id_hash(key):
+            raise StoreError(
+                f"{self.path}: index.arrow puts image {key.decode('utf-8', 'replace')!r} at shard "
+                f"{self.manifest.shards[shard].name} row {row}, which holds {stored!r}: the shard or the "
+                f"index is corrupt; run `vlprep verify {self.path}`")
 
     def __contains__(self, image_id: object) -> bool:
-        return isinstance(image_id, str) and self._locate(image_id) is not None
+        if not isinstance(image_id, str):
+            return False
+        key = image_id.encode("utf-8")
+        for shard, row in self._process().index.candidates(key):
+            stored = self._reader(shard).image_id(row)
+            if stored == image_id:
+                return True
+            self._check_entry(shard, row, key, stored)
+        return False
 
     def get(self, image_id: str) -> RegionFeatures:
+        """The record of `image_id`; KeyError naming the id and the store if absent."""
+        if not isinstance(image_id, str):
+            raise KeyError(f"image ids are strings, got {image_id!r}; use record_at(position) for the "
+                           f"record at a position of the feature store {self.path}")
         state = self._process()
-        for shard, row in state.index.candidates(image_id.encode("utf-8")):
-            rec = (state.readers.get(shard) or self._reader(shard)).record(row, image_id)
+        key = image_id.encode("utf-8")
+        for shard, row in state.index.candidates(key):
+            reader = state.readers.get(shard) or self._reader(shard)
+            rec = reader.record(row, image_id)
             if rec is not None:
                 return rec
+            self._check_entry(shard, row, key, reader.image_id(row))
         raise KeyError(f"image {image_id!r} is not in the feature store {self.path}")
+
+    def __getitem__(self, image_id: str) -> RegionFeatures:
+        return self.get(image_id)
 
     def get_many(self, image_ids: Iterable[str]) -> list[RegionFeatures]:
         return [self.get(i) for i in image_ids]
@@ -159,6 +266,8 @@ class FeatureStore:
         """Image ids in storage order (shard by shard, row by row)."""
         for shard in range(len(self.manifest.shards)):
             yield from self._reader(shard).image_ids()
+
+    keys = ids  # the mapping spelling, for notebooks
 
     def record_at(self, position: int) -> RegionFeatures:
         """The record at a global position in storage order (0 <= position < len)."""
@@ -189,7 +298,10 @@ class FeatureStore:
         self.close()
 
     def __repr__(self) -> str:
-        return f"FeatureStore({str(self.path)!r}, backend={self.layout.backend}, records={len(self)})"
+        layout = self.layout
+        return (f"FeatureStore({str(self.path)!r}, backend={layout.backend}, records={len(self):,}, "
+                f"shards={len(self.manifest.shards)}, features={layout.feature_dim} x {layout.dtype}, "
+                f"cls_prob={layout.cls_prob}, attr_prob={layout.attr_prob})")
 
 
 class FeatureStoreWriter:
@@ -198,7 +310,13 @@ class FeatureStoreWriter:
     Reopening an existing store (``resume=True``) skips ids already present and
     continues with new shards; the requested layout must match the store's. Records
     are validated before they are accepted (`InvalidRecordError` names image and field).
-    Use as a context manager; leaving it commits the last, partial shard and the index.
+
+    `open()` takes the store's write lock (a second writer gets `BusyError` at once) and
+    only then removes what killed or failed writers left (temporary files, shards never
+    committed to the manifest). Use as a context manager: leaving it normally commits
+    the last, partial shard, the manifest and the index (`close`); leaving it with an
+    exception (`abort`) keeps the committed shards and discards the unfinished one, so
+    the exception (a full disk, say) is what propagates. Both release the lock.
     """
 
     def __init__(
@@ -234,40 +352,61 @@ class FeatureStoreWriter:
         self._buffer: list[RegionFeatures] = []
         self._shard: Optional[_OpenShard] = None
         self._run: dict = {}
+        self._lock: Optional[ExitStack] = None
 
     # -- lifecycle -----------------------------------------------------------
     def __enter__(self) -> "FeatureStoreWriter":
         self.open()
         return self
 
-    def __exit__(self, *exc) -> None:
-        self.close()
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
 
     def open(self) -> None:
+        """Take the write lock (`BusyError` if another process holds it), clean up after
+        killed writers, and read (or create) the manifest."""
+        lock = ExitStack()
+        lock.enter_context(exclusive_lock(self.path, LOCK_WHAT))
+        try:
+            self._open_locked()
+        except BaseException:
+            self._release()
+            lock.close()
+            raise
+        self._lock = lock
+
+    def _open_locked(self) -> None:
         shards_dir = self.path / SHARDS_DIR
-        if (self.path / "manifest.json").exists():
+        for stale in remove_stale_tmp(self.path) + remove_stale_tmp(shards_dir):
+            log.info("removed %s, left unfinished by a killed or failed writer", stale.name)
+        if (self.path / MANIFEST_FILE).exists():
             if not self.resume:
                 raise ConfigError(f"{self.path} already holds a feature store; resume it or choose another path")
             manifest = Manifest.read(self.path)
             self._check_compatible(manifest)
-            for stale in remove_stale_tmp(shards_dir):
-                log.info("removed unfinished shard %s left by a killed writer", stale.name)
             listed = set(manifest.shard_names)
-            for orphan in shards_dir.iterdir():
+            for orphan in sorted(shards_dir.iterdir()) if shards_dir.is_dir() else []:
                 if orphan.name not in listed:
                     log.info("removing %s: written but never committed to the manifest", orphan.name)
                     remove_path(orphan)
-            self._manifest = manifest
+            self._existing = FeatureStore(self.path)  # checks every shard's size
             if fresh_index(self.path, manifest) is None:
-                build_index(self.path, manifest).write(self.path)
-            self._existing = FeatureStore(self.path)
+                with _naming(self.path / INDEX_FILE):
+                    build_index(self.path, manifest).write(self.path)
+            self._manifest = manifest
             log.info("resuming %s: %d records in %d shards", self.path, len(self._existing), len(manifest.shards))
         else:
             shards_dir.mkdir(parents=True, exist_ok=True)
-            remove_stale_tmp(shards_dir)
             self._manifest = Manifest(layout=self._requested, provenance={**self._provenance, "config": self._config})
-            self._manifest.write(self.path)
+            self._write_manifest()
         self._run = {"started": now_iso(), "config": self._config, "producer": self._provenance.get("producer")}
+
+    def _write_manifest(self) -> None:
+        with _naming(self.path / MANIFEST_FILE):
+            self._manifest.write(self.path)
 
     def _check_compatible(self, manifest: Manifest) -> None:
         have, want = manifest.layout.storage_settings(), self._requested.storage_settings()
@@ -319,9 +458,11 @@ class FeatureStoreWriter:
             suffix, writer_cls, _ = _BACKENDS[self.layout.backend]
             final = self.path / SHARDS_DIR / f"{self._next_shard_number():05d}{suffix}"
             tmp = tmp_path_for(final)
-            self._shard = _OpenShard(tmp, final, writer_cls(tmp, self.layout))
+            with _naming(tmp):
+                self._shard = _OpenShard(tmp, final, writer_cls(tmp, self.layout))
         take = self._buffer[: self.shard_size - self._shard.rows]
-        self._shard.writer.add(take)
+        with _naming(self._shard.tmp):
+            self._shard.writer.add(take)
         self._shard.rows += len(take)
         self._buffer = self._buffer[len(take):]
         if self._shard.rows >= self.shard_size:
@@ -334,15 +475,16 @@ class FeatureStoreWriter:
 
     def _commit_shard(self) -> None:
         shard = self._shard
-        shard.writer.close()
-        commit_path(shard.tmp, shard.final)
+        with _naming(shard.tmp):
+            shard.writer.close()
+            commit_path(shard.tmp, shard.final)
         final, rows = shard.final, shard.rows
         info = ShardInfo(
             name=final.name, rows=rows, bytes=disk_bytes(final),
             sha256=sha256_file(shard_checksum_path(final)), created=now_iso(),
         )
         self._manifest.shards.append(info)
-        self._manifest.write(self.path)  # last: the shard exists for readers from here on
+        self._write_manifest()  # last: the shard exists for readers from here on
         self.written += rows
         self._shard = None
         log.debug("committed shard %s (%d records)", info.name, rows)
@@ -355,16 +497,51 @@ class FeatureStoreWriter:
             self._commit_shard()
 
     def close(self) -> None:
+        """Commit the last shard, the run record and the index, then release the lock
+        (also when committing fails: that error propagates, as in `abort`)."""
         if self._manifest is None:
             return
-        self.commit_shard()
-        self._run.update(finished=now_iso(), records_added=self.written, duplicates_skipped=self.skipped_duplicates)
-        self._manifest.runs.append(self._run)
-        self._manifest.write(self.path)
-        build_index(self.path, self._manifest).write(self.path)
+        try:
+            self.commit_shard()
+            self._run.update(finished=now_iso(), records_added=self.written, duplicates_skipped=self.skipped_duplicates)
+            self._manifest.runs.append(self._run)
+            self._write_manifest()
+            with _naming(self.path / INDEX_FILE):
+                build_index(self.path, self._manifest).write(self.path)
+        except BaseException:
+            self.abort()
+            raise
+        self._release()
+
+    def abort(self) -> None:
+        """Stop without committing anything more: the shards already in the manifest stay;
+        the unfinished shard and any other temporary file are removed (we hold the lock, so
+        none is another writer's). Cleanup errors are logged, never raised, so the error
+        that made us abort is the one the caller sees. Releases the lock."""
+        if self._manifest is None:
+            return
+        shard, self._shard = self._shard, None
+        if shard is not None:
+            with suppress(Exception):
+                shard.writer.close()
+        for directory in (self.path / SHARDS_DIR, self.path):
+            try:
+                for stale in remove_stale_tmp(directory):
+                    log.debug("removed unfinished %s", stale.name)
+            except OSError as err:
+                log.warning("could not remove the temporary files in %s: %s (the next writer will)", directory, err)
+        self._release()
+
+    def _release(self) -> None:
+        """Close the handles and release the write lock."""
         if self._existing is not None:
             self._existing.close()
+            self._existing = None
         self._manifest = None
+        self._buffer = []
+        if self._lock is not None:
+            self._lock.close()
+            self._lock = None
 
 
 def write_records(path: Union[str, Path], records: Sequence[RegionFeatures], **kwargs) -> FeatureStore:

@@ -9,10 +9,10 @@ from typing import Callable, Optional
 import numpy as np
 
 from pipeline.errors import InvalidRecordError, StoreError
-from pipeline.io import TMP_PREFIX, disk_bytes, sha256_file
+from pipeline.io import TMP_PREFIX
 from pipeline.records import RegionFeatures, validate_record
 from pipeline.store.manifest import SHARDS_DIR, Manifest
-from pipeline.store.store import FeatureStore, fresh_index, open_shard_reader, shard_checksum_path
+from pipeline.store.store import FeatureStore, check_shard, fresh_index, open_shard_reader
 
 
 def record_summary(rec: RegionFeatures) -> dict:
@@ -38,7 +38,8 @@ def record_summary(rec: RegionFeatures) -> dict:
 
 
 def describe_store(path: Path) -> dict:
-    """Everything `vlprep inspect` shows, as a JSON-able dict."""
+    """Everything `vlprep inspect` shows, as a JSON-able dict. A missing or truncated
+    shard is a `StoreError` naming it (opening the store checks every shard's size)."""
     store = FeatureStore.open(path)
     manifest = store.manifest
     info = manifest.to_json()
@@ -81,7 +82,9 @@ class VerifyReport:
 
 def verify_store(path: Path, on_record: Optional[Callable[[int], None]] = None) -> VerifyReport:
     """Check every shard's presence, size and sha256, its schema, every record's sanity,
-    id uniqueness and the id index. Shards whose checksum fails are not decoded."""
+    id uniqueness and the id index. Shards whose size or checksum is wrong are not decoded.
+    The write lock file (`.vlprep.lock`, in the store's root) is neither a problem nor a
+    warning."""
     report = VerifyReport(path)
     try:
         manifest = Manifest.read(path)
@@ -94,25 +97,14 @@ def verify_store(path: Path, on_record: Optional[Callable[[int], None]] = None) 
     shard_ids: list[list[tuple[int, str]]] = []  # (row, id) of each readable record
     for number, info in enumerate(manifest.shards):
         where = f"shard {info.name}"
-        shard_path = shards_dir / info.name
         shard_ids.append([])
-        if not shard_path.exists():
-            report.problems.append(f"{where}: missing from {shards_dir}")
-            continue
-        if disk_bytes(shard_path) != info.bytes:
-            report.problems.append(f"{where}: {disk_bytes(shard_path)} bytes on disk, manifest says {info.bytes}")
-        digest = sha256_file(shard_checksum_path(shard_path))
-        if digest != info.sha256:
-            report.problems.append(f"{where}: sha256 mismatch (file {digest[:12]}…, manifest {info.sha256[:12]}…); records not decoded")
-            continue
         try:
+            check_shard(path, info, checksum=True)
             reader = open_shard_reader(path, manifest, number)
         except StoreError as err:
-            report.problems.append(str(err))
+            report.problems.append(f"{err}; records not decoded")
             continue
         report.shards_checked += 1
-        if reader.rows != info.rows:
-            report.problems.append(f"{where}: holds {reader.rows} records, manifest says {info.rows}")
         for row in range(reader.rows):
             try:
                 rec = reader.record(row)

@@ -130,3 +130,33 @@ class RunsCode:
 
     def __reduce__(self):
         return (os.system, (f"touch {self.marker}",))
+
+
+def vilbert_features_reader(path: Path, image_id) -> dict:
+    """vilbert-multi-task vilbert/datasets/_image_features_reader.py
+    (`ImageFeaturesH5Reader.__getitem__`, not in memory), restated: plain pickle.loads, the
+    `keys` list looked up with list.index, features reshaped to (-1, 2048), the mean feature
+    prepended as the IMG token and 5-d locations."""
+    env = lmdb.open(str(path), max_readers=1, readonly=True, lock=False, readahead=False, meminit=False)
+    with env.begin(write=False) as txn:
+        image_ids = pickle.loads(txn.get("keys".encode()))
+        key = str(image_id).encode()
+        image_ids.index(key)
+        item = pickle.loads(txn.get(key))
+    env.close()
+    image_h, image_w = int(item["image_h"]), int(item["image_w"])
+    features = item["features"].reshape(-1, 2048)
+    boxes = item["boxes"].reshape(-1, 4)
+    num_boxes = features.shape[0]
+    g_feat = np.sum(features, axis=0) / num_boxes
+    features = np.concatenate([np.expand_dims(g_feat, axis=0), features], axis=0)
+    location = np.zeros((boxes.shape[0], 5), dtype=np.float32)
+    location[:, :4] = boxes
+    location[:, 4] = (location[:, 3] - location[:, 1]) * (location[:, 2] - location[:, 0]) / (float(image_w) * float(image_h))
+    location[:, 0] /= float(image_w)
+    location[:, 1] /= float(image_h)
+    location[:, 2] /= float(image_w)
+    location[:, 3] /= float(image_h)
+    location = np.concatenate([np.array([[0, 0, 1, 1, 1]], np.float32), location], axis=0)
+    return {"image_ids": image_ids, "item": item, "features": features, "num_boxes": num_boxes + 1,
+            "image_location": location}

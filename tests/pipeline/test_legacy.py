@@ -242,7 +242,273 @@ def test_cli_inspect_and_export(tmp_path, records):
     assert len(load_obj_tsv(tmp_path / "o.tsv")) == 7
     proc = run_cli("export", "--to", "lxmert-tsv", tmp_path / "s", tmp_path / "o.tsv")
     assert proc.returncode == 2 and "--overwrite" in proc.stderr
-    proc = run_cli("export", "--to", "vilbert-lmdb", tmp_path / "s", tmp_path / "x")
+    proc = run_cli("export", "--to", "nope", tmp_path / "s", tmp_path / "x")
     assert proc.returncode == 2 and "cannot export" in proc.stderr
     proc = run_cli("inspect", tmp_path)
-    assert proc.returncode == 1 and "not a feature store" in proc.stderr
+    assert proc.returncode == 3 and "not a feature store" in proc.stderr
+
+
+# -- hostile rows are skipped with file:row, good rows committed (issue 12 item 17) --
+
+def _b64(arr, dtype) -> bytes:
+    import base64
+
+    return base64.b64encode(np.ascontiguousarray(arr, dtype).tobytes())
+
+
+def _check_skips(report, dest: Path, source_name: str, good, kinds: dict) -> None:
+    assert report.imported == len(good) and dict(report.skipped_by_kind) == kinds, dict(report.skipped_by_kind)
+    assert all(line.startswith(source_name) for line in report.skipped_rows), report.skipped_rows
+    assert list(FeatureStore.open(dest).ids()) == [r.image_id for r in good]
+    saved = json.loads((dest / "import_report.json").read_text())
+    assert saved["skipped"] == sum(kinds.values()) and saved["imported"] == len(good)
+    assert verify_store(dest).ok
+
+
+def test_hostile_lxmert_rows_are_skipped_with_file_and_row(tmp_path, records):
+    src = tmp_path / "hostile.tsv"
+    good = records[:3]
+    write_lxmert_tsv(src, good)
+    base = src.read_bytes().split(b"\r\n")[0].split(b"\t")
+    n = int(base[7])
+
+    def row(**changes):
+        fields = list(base)
+        for index, value in changes.items():
+            fields[int(index[1:])] = value
+        fields[0] = b"hostile_%d" % len(lines)
+        return b"\t".join(fields)
+
+    lines: list[bytes] = []
+    for changes in (
+        {"f1": b"99999999999"},  # used to abort the run at flush time: "too large to fit in C integer type"
+        {"f2": b"-3"},
+        {"f1": b"12abc"},
+        {"f7": b"99999999999999999999"},
+        {"f7": b"0"},
+        {"f3": _b64(np.full(n, 2**40), np.int64)},
+        {"f9": _b64(np.full((n, D), 1e30), np.float32)},
+    ):
+        lines.append(row(**changes))
+    lines.append(b"\xff\xfe" + row()[len(b"hostile_7"):])
+    with open(src, "ab") as f:
+        for line in lines:
+            f.write(line + b"\r\n")
+    report = _import("lxmert-tsv", [src], tmp_path / "s")
+    _check_skips(report, tmp_path / "s", "hostile.tsv:", good, {
+        "invalid record": 4, "bad integer": 1, "num_boxes mismatch": 1, "bad num_boxes": 1, "bad utf-8": 1,
+    })
+    assert any(line.startswith("hostile.tsv:4: invalid record") and "image_h" in line and "2**31" in line
+               for line in report.skipped_rows), report.skipped_rows
+
+
+def test_hostile_butd_rows_are_skipped_with_file_and_row(tmp_path, records):
+    src = tmp_path / "hostile.tsv"
+    good = records[:2]
+    write_butd_tsv(src, good, with_cls_prob=True)
+    base = src.read_bytes().split(b"\r\n")[0].split(b"\t")
+    n = int(base[3])
+    hostile = []
+    for index, value in ((2, b"99999999999"), (6, _b64(np.full((n, C), -0.5), np.float32)), (3, b"abc"), (4, b"@@@@")):
+        fields = list(base)
+        fields[0], fields[index] = b"hostile_%d" % len(hostile), value
+        hostile.append(b"\t".join(fields))
+    with open(src, "ab") as f:
+        f.write(b"".join(h + b"\r\n" for h in hostile))
+    report = _import("butd-tsv", [src], tmp_path / "s")
+    _check_skips(report, tmp_path / "s", "hostile.tsv:", good,
+                 {"invalid record": 2, "bad integer": 1, "bad base64": 1})
+
+
+def test_hostile_vilbert_lmdb_values_are_skipped_with_key(tmp_path, records):
+    src = tmp_path / "hostile.lmdb"
+    good = records[:2]
+    write_vilbert_lmdb(src, good, "multitask")
+    r = records[2]
+    base = {"image_h": r.image_h, "image_w": r.image_w, "num_boxes": r.num_boxes,
+            "boxes": np.asarray(r.boxes, np.float32), "features": np.asarray(r.features, np.float32)}
+    hostile = {
+        b"objects_as_text": {**base, "objects": "abc", "objects_conf": np.zeros(r.num_boxes, np.float32)},
+        b"too_tall": {**base, "image_h": 99999999999},
+        b"nan_height": {**base, "image_h": float("nan")},
+        b"word_width": {**base, "image_w": "wide"},
+        b"not_a_dict": [1, 2, 3],
+        b"bad_base64": {**base, "boxes": "!!!"},
+        b"text_features": {**base, "features": [["a", "b"]]},
+        b"bytes_id": {**base, "image_id": b"\xff\xfe"},
+        b"dict_id": {**base, "image_id": {"x": 1}},
+        b"negative_boxes": {**base, "num_boxes": -1},
+        b"short_cls_prob": {**base, "cls_prob": np.zeros(r.num_boxes + 1, np.float32)},
+        b"bool_width": {**base, "image_w": True},
+    }
+    env = lmdb.open(str(src), map_size=1 << 28)
+    with env.begin(write=True) as txn:
+        for key, value in hostile.items():
+            txn.put(key, pickle.dumps({"image_id": key.decode(), **value} if isinstance(value, dict) and "image_id" not in value else value))
+        txn.put(b"keys", pickle.dumps([g.image_id.encode() for g in good] + list(hostile)))
+    env.close()
+    report = _import("vilbert-lmdb", [src], tmp_path / "s", trust_pickle=True)
+    _check_skips(report, tmp_path / "s", "hostile.lmdb key b'", good, {
+        "bad array": 2, "invalid record": 1, "bad integer": 3, "not a dict": 1, "bad base64": 1,
+        "bad image id": 2, "bad num_boxes": 1, "num_boxes mismatch": 1,
+    })
+
+
+def test_hostile_mmf_files_are_skipped_with_path(tmp_path, records):
+    src = tmp_path / "mmf"
+    good = records[:2]
+    write_mmf_npy(src, good)
+    r = records[2]
+    info = {"bbox": np.asarray(r.boxes, np.float32), "num_boxes": r.num_boxes, "image_width": r.image_w,
+            "image_height": r.image_h, "objects": np.zeros(r.num_boxes, np.int64),
+            "cls_prob": np.asarray(r.cls_prob, np.float32)[:, 1:]}
+    hostile = {
+        "objects_as_text": {**info, "objects": "abc"},
+        "too_tall": {**info, "image_height": 99999999999},
+        "a_list": [info],
+    }
+    for name, value in hostile.items():
+        np.save(src / f"{name}.npy", np.asarray(r.features, np.float32))
+        np.save(src / f"{name}_info.npy", np.array(value, dtype=object) if isinstance(value, list) else value, allow_pickle=True)
+    np.save(src / "object_features.npy", np.array([object()] * 2), allow_pickle=True)
+    np.save(src / "object_features_info.npy", info, allow_pickle=True)
+    report = _import("mmf-npy", [src], tmp_path / "s", trust_pickle=True)
+    _check_skips(report, tmp_path / "s", "", good, {"bad array": 1, "invalid record": 1, "not a dict": 1, "bad npy": 1})
+    assert sorted(line.split(":")[0] for line in report.skipped_rows) == [
+        "a_list_info.npy", "object_features_info.npy", "objects_as_text_info.npy", "too_tall_info.npy"]
+
+
+# -- export collisions (issue 12 item 7) ---------------------------------------
+
+@pytest.mark.parametrize("ids, words", [
+    (["img", "img_info"], "'img' and 'img_info' both write img_info.npy"),
+    (["a", "a.npy/b"], "'a' writes the file a.npy, which 'a.npy/b' needs as a folder"),
+])
+def test_mmf_export_refuses_colliding_ids_before_writing(tmp_path, ids, words):
+    from pipeline.store import write_records
+
+    recs = [r.__class__(**{**r.__dict__, "image_id": i}) for r, i in zip(make_records(len(ids), seed=31, feature_dim=8), ids)]
+    write_records(tmp_path / "s", recs, feature_dim=8)
+    with pytest.raises(ConfigError, match=words):
+        run_export(ExportConfig("mmf-npy", tmp_path / "s", tmp_path / "out"))
+    assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".tmp-*"))
+    proc = run_cli("export", "--to", "mmf-npy", tmp_path / "s", tmp_path / "out")
+    assert proc.returncode == 2 and "collide" in proc.stderr
+
+
+def test_mmf_round_trip_of_an_id_ending_in_info(tmp_path):
+    """`x_info` writes x_info.npy (features) and x_info_info.npy: the importer must not take
+    the features file for the info file of an image `x`."""
+    from pipeline.store import write_records
+
+    recs = [r.__class__(**{**r.__dict__, "image_id": i}) for r, i in zip(make_records(2, seed=32, feature_dim=8), ["x_info", "y"])]
+    write_records(tmp_path / "s", recs, feature_dim=8, dtype="float32")
+    run_export(ExportConfig("mmf-npy", tmp_path / "s", tmp_path / "out"))
+    report = _import("mmf-npy", [tmp_path / "out"], tmp_path / "t", dtype="float32", feature_dim=8, trust_pickle=True)
+    assert (report.imported, report.skipped) == (2, 0), report.skipped_rows
+    _stores_equal(tmp_path / "s", tmp_path / "t")
+
+
+# -- vilbert-lmdb export (issue 12 item 23) --------------------------------------
+
+def _pickle_globals(data: bytes) -> set[str]:
+    import pickletools
+
+    found, strings = set(), []
+    for op, arg, _ in pickletools.genops(data):
+        if op.name == "GLOBAL":
+            found.add(arg.replace(" ", "."))
+        elif op.name in ("SHORT_BINUNICODE", "BINUNICODE", "UNICODE"):
+            strings.append(arg)
+        elif op.name == "STACK_GLOBAL":
+            found.add(".".join(strings[-2:]))
+    return found
+
+
+def test_vilbert_lmdb_export_loads_in_vilbert_multi_task_and_round_trips(tmp_path):
+    from legacy_files import vilbert_features_reader
+
+    from pipeline.store import write_records
+
+    recs = make_records(5, seed=33, feature_dim=D, cls_dim=None, attr_dim=None, labels=False)
+    write_records(tmp_path / "s", recs, dtype="float32", shard_size=2)
+    run_export(ExportConfig("vilbert-lmdb", tmp_path / "s", tmp_path / "feats.lmdb"))
+
+    for rec in recs:
+        got = vilbert_features_reader(tmp_path / "feats.lmdb", rec.image_id)
+        assert got["image_ids"] == [r.image_id.encode() for r in recs]
+        assert sorted(got["item"]) == ["boxes", "features", "image_h", "image_id", "image_w", "num_boxes"]
+        assert got["item"]["image_id"] == rec.image_id and type(got["item"]["image_h"]) is int
+        assert got["item"]["features"].dtype == np.float32 and got["item"]["boxes"].dtype == np.float32
+        np.testing.assert_array_equal(got["features"][1:], rec.features)
+        assert got["num_boxes"] == rec.num_boxes + 1
+        np.testing.assert_allclose(got["image_location"][1:], rec.spatial5(), rtol=1e-6)
+    env = lmdb.open(str(tmp_path / "feats.lmdb"), readonly=True, lock=False)
+    with env.begin() as txn:
+        names = set().union(*(_pickle_globals(bytes(v)) for _, v in txn.cursor()))
+    env.close()
+    assert names <= {"numpy.core.multiarray._reconstruct", "numpy.ndarray", "numpy.dtype"}, names  # numpy 1.x loads these
+
+    report = _import("vilbert-lmdb", [tmp_path / "feats.lmdb"], tmp_path / "back", dtype="float32", trust_pickle=True)
+    assert (report.imported, report.skipped) == (5, 0)
+    _stores_equal(tmp_path / "s", tmp_path / "back")
+
+
+def test_vilbert_lmdb_export_refuses_an_image_id_named_keys(tmp_path):
+    from pipeline.store import write_records
+
+    recs = make_records(2, seed=34, feature_dim=8)
+    write_records(tmp_path / "s", [recs[0], recs[1].__class__(**{**recs[1].__dict__, "image_id": "keys"})], feature_dim=8)
+    with pytest.raises(ConfigError, match="'keys'.*the list of keys"):
+        run_export(ExportConfig("vilbert-lmdb", tmp_path / "s", tmp_path / "out.lmdb"))
+    assert not (tmp_path / "out.lmdb").exists()
+
+
+# -- disk full during import (issue 12, "raw tracebacks") --------------------------
+
+def _limit_file_size(limit: int):
+    import resource
+    import signal
+
+    def apply() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # writes past the limit fail with EFBIG instead
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.RLIM_INFINITY))
+
+    return apply
+
+
+@pytest.mark.parametrize("backend", ["arrow", "lmdb"])
+def test_disk_full_during_import_keeps_the_committed_shards_and_exits_74(tmp_path, backend):
+    import os
+    import subprocess
+    import sys
+
+    from helpers import REPO
+
+    rng = np.random.default_rng(35)
+    from helpers import make_record
+
+    recs = [make_record(rng, f"small_{i}", num_boxes=2, feature_dim=D, cls_dim=None, attr_dim=None, labels=True) for i in range(4)]
+    recs += [make_record(rng, f"large_{i}", num_boxes=60, feature_dim=D, cls_dim=None, attr_dim=None, labels=True) for i in range(3)]
+    src = tmp_path / "feats.tsv"
+    write_lxmert_tsv(src, recs)
+    args = [sys.executable, "-m", "pipeline.cli", "import", "--from", "lxmert-tsv", "--backend", backend,
+            "--shard-size", "2", str(src), str(tmp_path / "s")]
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "COLUMNS": "200", "NO_COLOR": "1"}
+    proc = subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True, timeout=120,
+                          preexec_fn=_limit_file_size(200_000))  # two small shards fit, a large one does not
+    assert proc.returncode == 74, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "shards/.tmp-00002" in lines[0] and "rerun" in lines[0], lines
+    assert "disk full" in lines[0] or "Input/output error" in lines[0]
+
+    store = FeatureStore.open(tmp_path / "s")
+    assert list(store.ids()) == [r.image_id for r in recs[:4]]  # the committed shards stay
+    assert not list((tmp_path / "s").rglob(".tmp-*"))  # the half-written shard was removed
+    report = verify_store(tmp_path / "s")
+    assert report.ok and all("index.arrow" in w for w in report.warnings), report
+
+    proc = subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)  # space freed: rerun
+    assert proc.returncode == 0 and "already present 4" in proc.stdout, proc.stderr
+    assert list(FeatureStore.open(tmp_path / "s").ids()) == [r.image_id for r in recs]
+    assert verify_store(tmp_path / "s").ok

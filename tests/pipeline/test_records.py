@@ -63,6 +63,13 @@ def test_valid_record_passes(rng):
         (dict(cls_prob=np.full((3, 5), -0.1, np.float32)), "cls_prob", "[0, 1]"),
         (dict(cls_prob=np.full((3, 9), 0.1, np.float32)), "cls_prob", "columns"),
         (dict(attr_prob=np.full((2, 5), 0.1, np.float32)), "attr_prob", "rows"),
+        # Stored as int32 (Arrow) / uint32 (LMDB): a larger value used to fail at flush time,
+        # aborting a whole import with "too large to fit in C integer type".
+        (dict(image_h=99999999999), "image_h", "2**31"),
+        (dict(image_w=np.uint64(2**31)), "image_w", "2**31"),
+        (dict(image_h=True), "image_h", "positive integer"),
+        (dict(objects_id=np.full(3, 2**40, np.int64), objects_conf=np.zeros(3, np.float32)), "objects_id", "2**31"),
+        (dict(attrs_id=np.full(3, 2**32, np.uint64), attrs_conf=np.zeros(3, np.float32)), "attrs_id", "2**31"),
     ],
 )
 def test_invalid_records_name_image_and_field(change, field, words):
@@ -72,6 +79,13 @@ def test_invalid_records_name_image_and_field(change, field, words):
     assert info.value.field == field
     assert words in str(info.value)
     assert repr(rec.image_id) in str(info.value)
+
+
+def test_float64_values_beyond_float32_are_refused_for_a_float32_store():
+    """They would be stored as inf, silently."""
+    rec = replace(_simple(), features=np.full((3, 4), 1e300, np.float64))
+    with pytest.raises(InvalidRecordError, match="features.*float32 range"):
+        validate_record(rec, feature_dim=4)
 
 
 def test_feature_dim_checked():

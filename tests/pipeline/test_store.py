@@ -9,9 +9,9 @@ import time
 import numpy as np
 import pytest
 import torch
-from helpers import REPO, assert_same_record, make_record, make_records
+from helpers import REPO, assert_same_record, make_record, make_records, run_cli
 
-from pipeline.errors import ConfigError, InvalidRecordError, StoreError
+from pipeline.errors import BusyError, ConfigError, InvalidRecordError, StoreError
 from pipeline.records import RegionFeatures
 from pipeline.store import FeatureStore, FeatureStoreWriter, verify_store, write_records
 from pipeline.store.index import INDEX_FILE, IdIndex
@@ -147,14 +147,14 @@ def test_stale_index_is_rebuilt_in_memory(tmp_path, backend, caplog):
 
 def test_index_handles_hash_collisions_by_checking_ids():
     ids = [[f"id{i}" for i in range(50)], [f"x{i}" for i in range(30)]]
-    index = IdIndex.build(ids, ["a", "b"])
+    index = IdIndex.build(ids, "digest")
     assert len(index) == 80
     for shard, names in enumerate(ids):
         for row, name in enumerate(names):
             assert (shard, row) in list(index.candidates(name.encode()))
     assert list(index.candidates(b"absent")) == []
     # Force every id into one probe chain: lookups must still find each one.
-    crowded = IdIndex(index._hashes, index._shards, index._rows, index.covers)
+    crowded = IdIndex(index._hashes, index._shards, index._rows, index.binding)
     crowded._mask = len(index._hashes) - 1
     assert all(any(True for _ in crowded.candidates(n.encode())) for n in ids[0])
 
@@ -268,3 +268,266 @@ def test_verify_checks_each_record_even_when_checksums_agree(tmp_path):
     report = verify_store(tmp_path / "s")
     assert not report.ok
     assert report.problems == [f"shard 00000.lmdb row 2: image {recs[2].image_id!r}: field 'features': contains NaN or infinite values"]
+
+
+# -- one writer at a time (issue 12 item 2) -----------------------------------
+
+HOLDING_WRITER = """
+import sys, time
+from pathlib import Path
+sys.path.insert(0, {tests!r})
+from helpers import make_records
+from pipeline.store import FeatureStoreWriter
+ready, go = Path({ready!r}), Path({go!r})
+with FeatureStoreWriter({path!r}, backend={backend!r}, shard_size=20, feature_dim=32, batch_rows=5) as w:
+    for i, rec in enumerate(make_records(60, seed=21)):
+        w.write(rec)
+        if i == 44:  # two shards committed, five records in the third's temporary file
+            ready.touch()
+            while not go.exists():
+                time.sleep(0.01)
+"""
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_second_writer_is_refused_at_once_and_the_store_stays_intact(tmp_path, backend):
+    from legacy_files import write_lxmert_tsv
+
+    path, ready, go = tmp_path / "s", tmp_path / "ready", tmp_path / "go"
+    script = HOLDING_WRITER.format(tests=str(REPO / "tests"), path=str(path), backend=backend, ready=str(ready), go=str(go))
+    proc = subprocess.Popen([sys.executable, "-c", script], cwd=REPO)
+    try:
+        deadline = time.time() + 60
+        while not ready.exists() and proc.poll() is None and time.time() < deadline:
+            time.sleep(0.01)
+        assert ready.exists(), "the first writer made no progress"
+        live = list((path / "shards").glob(".tmp-*"))
+        assert len(live) == 1
+
+        with pytest.raises(BusyError, match=rf"another process \(pid {proc.pid}\) is writing this feature store"):
+            FeatureStoreWriter(path, backend=backend, shard_size=20, feature_dim=32).open()
+        src = tmp_path / "more.tsv"
+        write_lxmert_tsv(src, make_records(3, seed=22))
+        cli = run_cli("import", "--from", "lxmert-tsv", "--backend", backend, "--feature-dim", "32", src, path)
+        assert cli.returncode == 75 and "another process" in cli.stderr and len(cli.stderr.strip().splitlines()) == 1
+        assert live[0].exists()  # the live temporary shard was left alone
+    finally:
+        go.touch()
+        proc.wait(timeout=60)
+    assert proc.returncode == 0
+
+    recs = make_records(60, seed=21)
+    report = verify_store(path)
+    assert report.ok and report.records_checked == 60 and not report.warnings, report
+    assert (path / ".vlprep.lock").exists()  # neither a problem nor a warning for verify
+    with FeatureStoreWriter(path, backend=backend, shard_size=20, feature_dim=32) as writer:  # a rerun works
+        assert not any(writer.write(r) for r in recs)
+    assert list(FeatureStore.open(path).ids()) == [r.image_id for r in recs]
+
+
+def test_a_failing_writer_discards_its_unfinished_shard_and_releases_the_lock(tmp_path):
+    path = tmp_path / "s"
+    recs = make_records(12, seed=23)
+    with pytest.raises(RuntimeError, match="producer failed"):
+        with FeatureStoreWriter(path, shard_size=5, feature_dim=32, batch_rows=1) as writer:
+            for rec in recs[:7]:
+                writer.write(rec)
+            raise RuntimeError("producer failed")
+    assert list(FeatureStore.open(path).ids()) == [r.image_id for r in recs[:5]]  # the committed shard stays
+    assert not list(path.rglob(".tmp-*"))
+    with FeatureStoreWriter(path, shard_size=5, feature_dim=32) as writer:  # the lock was released
+        for rec in recs:
+            writer.write(rec)
+    assert list(FeatureStore.open(path).ids()) == [r.image_id for r in recs]
+    assert verify_store(path).ok
+
+
+# -- truncated shards, checksums, bit flips (issue 12 item 5) -------------------
+
+READER_SCRIPT = """
+import sys
+from pipeline.errors import StoreError
+from pipeline.store import FeatureStore
+for action in ("iterate", "get", "record_at"):
+    try:
+        store = FeatureStore.open(sys.argv[1])
+        if action == "iterate":
+            sum(1 for _ in store)
+        elif action == "get":
+            store.get(sys.argv[2])
+        else:
+            store.record_at(len(store) - 1)
+        print(action, "read without error")
+    except StoreError as err:
+        print(action, "StoreError:", err)
+"""
+
+
+def _data_file(store, shard: str):
+    path = store / "shards" / shard
+    return path / "data.mdb" if path.is_dir() else path
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_truncated_shard_is_a_store_error_naming_it_not_sigbus(tmp_path, backend):
+    recs = make_records(30, seed=24, feature_dim=256)
+    write_records(tmp_path / "s", recs, backend=backend, shard_size=15, feature_dim=256)
+    shard = f"00001.{backend}"
+    data = _data_file(tmp_path / "s", shard)
+    os.truncate(data, data.stat().st_size // 2)
+    proc = subprocess.run([sys.executable, "-c", READER_SCRIPT, tmp_path / "s", recs[-1].image_id],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, (proc.returncode, proc.stderr)  # not -7 (SIGBUS)
+    lines = proc.stdout.strip().splitlines()
+    assert len(lines) == 3 and all("StoreError:" in line and shard in line and "truncated" in line for line in lines), lines
+    cli = run_cli("inspect", tmp_path / "s")
+    assert cli.returncode == 3 and shard in cli.stderr and "truncated" in cli.stderr
+
+
+def _flip(path, offset: int, mask: int = 0x80) -> None:
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        byte = f.read(1)[0]
+        f.seek(offset)
+        f.write(bytes([byte ^ mask]))
+
+
+def _arrow_buffer_offset(path, column: str, buffer: int) -> int:
+    """File offset of one buffer of the first record batch's column."""
+    import pyarrow as pa
+
+    with pa.memory_map(str(path)) as source:
+        base = source.read_buffer(1).address
+        source.seek(0)
+        batch = pa.ipc.open_file(source).get_batch(0)
+        return batch.column(column).buffers()[buffer].address - base
+
+
+def _lmdb_value_offsets(path, image_id: str) -> list[int]:
+    """File offsets of every copy of a record's value header in data.mdb."""
+    from pipeline.store.lmdb_shard import HEADER
+
+    data = path.read_bytes()
+    needle = HEADER.pack(b"VLRF", 1, 0, 0, 0, 0, 0, 0, 0, len(image_id.encode()), 0)[:6]  # magic + version
+    found = []
+    start = data.find(image_id.encode())
+    while start != -1:
+        header = start - HEADER.size
+        assert data[header : header + 6] == needle
+        found.append(header)
+        start = data.find(image_id.encode(), start + 1)
+    assert found
+    return found
+
+
+def _read_all_ways(store, image_id: str, position: int) -> list[str]:
+    """The exception type each read path raises (or 'ok')."""
+    outcomes = []
+    for read in (lambda: store.get(image_id), lambda: store[image_id], lambda: list(store),
+                 lambda: store.record_at(position), lambda: list(store.ids())):
+        try:
+            read()
+            outcomes.append("ok")
+        except Exception as err:  # noqa: BLE001 - the point is which type
+            outcomes.append(type(err).__name__)
+    return outcomes
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("region", ["image id", "structure", "count"])
+def test_bit_flips_that_reach_a_reader_are_store_errors(tmp_path, backend, region):
+    recs = make_records(6, seed=25)
+    recs[2] = make_record(np.random.default_rng(0), recs[2].image_id, num_boxes=5)  # odd N: flipping bit 0 shrinks it
+    write_records(tmp_path / "s", recs, backend=backend, shard_size=6, feature_dim=32)
+    data = _data_file(tmp_path / "s", f"00000.{backend}")
+    target = recs[2]
+    if backend == "arrow":
+        if region == "image id":
+            offset = _arrow_buffer_offset(data, "image_id", 2) + len("".join(r.image_id for r in recs[:2]))
+        elif region == "structure":  # the list offset where row 2's features start
+            offset = _arrow_buffer_offset(data, "features", 1) + 4 * 2 + 3
+        else:  # the sign bit of row 2's num_boxes
+            offset = _arrow_buffer_offset(data, "num_boxes", 1) + 4 * 2 + 3
+        _flip(data, offset)
+    else:
+        from pipeline.store.lmdb_shard import HEADER
+
+        offset, mask = {"image id": (HEADER.size, 0x80), "structure": (8, 0x01), "count": (8 + 3, 0x80)}[region]
+        for header in _lmdb_value_offsets(data, target.image_id):
+            _flip(data, header + offset, mask)  # num_boxes 5 -> 4, or + 2**31
+    outcomes = _read_all_ways(FeatureStore.open(tmp_path / "s"), target.image_id, 2)
+    assert outcomes == ["StoreError"] * 5, outcomes
+    with pytest.raises(StoreError, match=f"00000.{backend}"):
+        FeatureStore.open(tmp_path / "s").get(target.image_id)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_checksums_are_verified_once_per_shard_on_first_use_when_asked(tmp_path, backend, monkeypatch):
+    recs = make_records(12, seed=26)
+    write_records(tmp_path / "s", recs, backend=backend, shard_size=6, feature_dim=32, dtype="float32")
+    data = _data_file(tmp_path / "s", f"00001.{backend}")
+    if backend == "arrow":
+        offset = _arrow_buffer_offset(data, "features", 3) + 16  # a feature value of shard 1
+    else:
+        from pipeline.store.lmdb_shard import HEADER
+
+        offset = _lmdb_value_offsets(data, recs[8].image_id)[0] + HEADER.size + 16 + recs[8].num_boxes * 16
+    _flip(data, offset, 0x01)  # a float's low mantissa bit: only a checksum can tell
+
+    plain = FeatureStore.open(tmp_path / "s")
+    assert plain.get(recs[8].image_id).image_id == recs[8].image_id  # not verified: reads a slightly different value
+    checked = FeatureStore.open(tmp_path / "s", verify=True)
+    assert checked.get(recs[0].image_id).image_id == recs[0].image_id  # shard 0 is intact
+    with pytest.raises(StoreError, match=rf"shard 00001\.{backend}.*sha256"):
+        checked.get(recs[8].image_id)
+    monkeypatch.setenv("VLPREP_VERIFY_SHARDS", "1")
+    from_env = FeatureStore.open(tmp_path / "s")
+    with pytest.raises(StoreError, match=rf"shard 00001\.{backend}.*sha256"):
+        list(from_env)
+    assert len(pickle.loads(pickle.dumps(from_env, 0)).get_many([recs[0].image_id])) == 1
+    # once per process: shard 0, verified on first use, is not hashed again
+    shard0 = _data_file(tmp_path / "s", f"00000.{backend}")
+    _flip(shard0, shard0.stat().st_size // 2, 0x01)
+    assert checked.get(recs[1].image_id).image_id == recs[1].image_id
+
+
+# -- the id index is bound to the manifest (issue 12 item 6) --------------------
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_foreign_index_with_the_same_shard_names_is_rebuilt_not_trusted(tmp_path, backend, caplog):
+    kwargs = dict(backend=backend, shard_size=5, feature_dim=32)
+    mine, other = make_records(10, seed=27), make_records(10, seed=28)
+    write_records(tmp_path / "mine", mine, **kwargs)
+    write_records(tmp_path / "other", other, **kwargs)
+    (tmp_path / "mine" / INDEX_FILE).write_bytes((tmp_path / "other" / INDEX_FILE).read_bytes())
+
+    store = FeatureStore.open(tmp_path / "mine")
+    assert all(r.image_id in store for r in mine) and other[0].image_id not in store
+    assert_same_record(mine[7], store.get(mine[7].image_id), exact=False)
+    assert "stale" in caplog.text
+    assert any("index.arrow" in w for w in verify_store(tmp_path / "mine").warnings)
+    with FeatureStoreWriter(tmp_path / "mine", **kwargs) as writer:  # a resumed import
+        assert not any(writer.write(r) for r in mine)
+    store = FeatureStore.open(tmp_path / "mine")
+    assert len(store) == 10 and list(store.ids()) == [r.image_id for r in mine]
+    report = verify_store(tmp_path / "mine")
+    assert report.ok and not report.warnings
+
+
+# -- a store in a notebook (issue 12 item 23) ------------------------------------
+
+def test_a_store_behaves_like_a_read_only_mapping(tmp_path):
+    recs = make_records(7, seed=29)
+    store = write_records(tmp_path / "s", recs, shard_size=3, feature_dim=32)
+    assert len(store) == 7 and recs[4].image_id in store and "nope" not in store
+    assert_same_record(recs[4], store[recs[4].image_id], exact=False)
+    assert list(store.keys()) == [r.image_id for r in recs]
+    assert [r.image_id for r in store] == [r.image_id for r in recs]  # iteration yields records
+    with pytest.raises(KeyError, match=rf"'nope'.*{tmp_path / 's'}"):
+        store["nope"]
+    with pytest.raises(KeyError, match="record_at"):
+        store[3]  # ids are strings; positions go through record_at
+    assert store.record_at(3).image_id == recs[3].image_id
+    text = repr(store)
+    for part in (str(tmp_path / "s"), "arrow", "records=7", "shards=3", "features=32", "float16"):
+        assert part in text, text
