@@ -81,10 +81,22 @@ def remove_stale_tmp(directory: Path) -> list[Path]:
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write `data` to a temporary name and rename it to `path`. On failure (a full disk)
+    the temporary file is removed, `path` keeps its old content, and an OSError that did
+    not name a file names `path`."""
     tmp = tmp_path_for(path)
-    with open(tmp, "wb") as f:
-        f.write(data)
-    commit_path(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+        commit_path(tmp, path)
+    except OSError as err:
+        remove_path(tmp)
+        if err.filename is None and err.errno is not None:
+            raise OSError(err.errno, err.strerror, str(path)) from err
+        raise
+    except BaseException:
+        remove_path(tmp)
+        raise
 
 
 def atomic_write_json(path: Path, obj: Any) -> None:

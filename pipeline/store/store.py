@@ -399,6 +399,10 @@ class FeatureStoreWriter:
             self._manifest = manifest
             log.info("resuming %s: %d records in %d shards", self.path, len(self._existing), len(manifest.shards))
         else:
+            leftovers = sorted(p.name for p in shards_dir.iterdir()) if shards_dir.is_dir() else []
+            if leftovers:  # a new store writes its manifest first: shards without one are not ours to reuse
+                raise StoreError(f"{shards_dir} holds {', '.join(leftovers[:5])} but {self.path} has no "
+                                 f"{MANIFEST_FILE}; move them away or write the store elsewhere")
             shards_dir.mkdir(parents=True, exist_ok=True)
             self._manifest = Manifest(layout=self._requested, provenance={**self._provenance, "config": self._config})
             self._write_manifest()

@@ -221,3 +221,29 @@ def test_make_shapes_replaces_an_earlier_world_even_one_without_the_marker(tmp_p
     (tmp_path / "w" / "images" / "extra.jpg").write_bytes(b"x")
     write_world(tmp_path / "w", 2, 0)
     assert tree(tmp_path / "w") == first
+
+
+def test_atomic_write_that_fails_leaves_the_old_file_and_no_temporary(tmp_path):
+    """A write past the file-size limit (as a full disk): the old content stays, the
+    temporary file is removed, and the error names the file being written."""
+    import subprocess
+    import sys
+
+    target = tmp_path / "metrics.json"
+    target.write_text("old")
+    child = subprocess.run([sys.executable, "-c", f"""
+import resource, signal
+from pathlib import Path
+from pipeline.io import atomic_write_bytes
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (1000, 1000))
+try:
+    atomic_write_bytes(Path({str(target)!r}), b"x" * 5000)
+except OSError as err:
+    print(err.errno, err.filename)
+"""], capture_output=True, text=True, timeout=60)
+    assert child.returncode == 0, child.stderr
+    number, name = child.stdout.split()
+    assert int(number) == 27 and name == str(target)  # EFBIG, the final name
+    assert target.read_text() == "old"
+    assert [p.name for p in tmp_path.iterdir()] == ["metrics.json"]

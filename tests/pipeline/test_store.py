@@ -531,3 +531,13 @@ def test_a_store_behaves_like_a_read_only_mapping(tmp_path):
     text = repr(store)
     for part in (str(tmp_path / "s"), "arrow", "records=7", "shards=3", "features=32", "float16"):
         assert part in text, text
+
+
+def test_shards_without_a_manifest_are_not_overwritten(tmp_path):
+    """A folder whose manifest.json is gone but whose shards remain is not a store a writer
+    may start afresh in: its shards would be overwritten one by one."""
+    write_records(tmp_path / "s", make_records(3), backend="lmdb", shard_size=2, feature_dim=32)
+    (tmp_path / "s" / "manifest.json").unlink()
+    with pytest.raises(StoreError, match="00000.lmdb.*has no manifest.json"):
+        write_records(tmp_path / "s", make_records(3, seed=1), backend="lmdb", feature_dim=32)
+    assert sorted(p.name for p in (tmp_path / "s" / "shards").iterdir()) == ["00000.lmdb", "00001.lmdb"]
