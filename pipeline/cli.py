@@ -49,7 +49,8 @@ def inspect(
     as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
 ) -> None:
     """Summarize a feature store: counts, dims, dtypes, backend, bytes on disk and per
-    image, provenance, and one sample record."""
+    image, provenance, and one sample record. Exits 3 naming the shard when one is
+    missing or truncated (every shard's size is checked against the manifest)."""
     from pipeline.store import describe_store
 
     info = describe_store(store)
@@ -92,7 +93,8 @@ def verify(
 ) -> None:
     """Check a store completely: every shard's size and sha256, its schema, every
     record's shapes, finiteness, boxes and probabilities, id uniqueness and the id
-    index. Exits 1 naming each bad shard or record."""
+    index. Exits 1 naming each bad shard or record. Warnings (exit 0): an index that
+    readers must rebuild, leftovers of a killed writer; the write lock file is neither."""
     from pipeline.store import verify_store
     from pipeline.store.manifest import Manifest
 
@@ -135,9 +137,11 @@ def import_(
     store, skipping ids already in it).
 
     Every row is checked (field count, base64, array lengths against num_boxes, finite
-    values, boxes inside the image, probabilities in [0,1]); bad rows are skipped and
-    listed in DEST/import_report.json, and the command exits 1 if any row was skipped
-    unless --allow-skips.
+    values, sizes and ids within int32, boxes inside the image, probabilities in [0,1]);
+    bad rows are skipped and listed with file:row and reason in DEST/import_report.json,
+    the good rows are committed, and the command exits 1 if any row was skipped unless
+    --allow-skips. Another process writing DEST: exit 75 at once; disk full: exit 74,
+    the committed shards are kept and a rerun resumes.
 
     Example: vlprep import --from lxmert-tsv train2014_obj36.tsv val2014_obj36.tsv coco_feats
     """
@@ -161,21 +165,25 @@ def import_(
     for line in report.skipped_rows[:10]:
         stdout.print(f"    {line}")
     if report.skipped and not cfg.allow_skips:
-        err_console.print(f"[red]error:[/red] {report.skipped} rows skipped (see {cfg.dest}/import_report.json); "
-                          "rerun with --allow-skips to accept that")
-        raise typer.Exit(1)
+        from pipeline.errors import RunFailedError
+
+        raise RunFailedError(f"{report.skipped} rows skipped (see {cfg.dest}/import_report.json); "
+                             "rerun with --allow-skips to accept that")
 
 
 @app.command("export")
 @named_errors
 def export(
     store: Path = typer.Argument(..., help="Feature store directory."),
-    dest: Path = typer.Argument(..., help="Output file (TSV formats) or folder (mmf-npy)."),
-    fmt: str = typer.Option(..., "--to", help="Target format: lxmert-tsv, butd-tsv, mmf-npy."),
+    dest: Path = typer.Argument(..., help="Output file (TSV formats) or folder (mmf-npy, vilbert-lmdb)."),
+    fmt: str = typer.Option(..., "--to", help="Target format: lxmert-tsv, butd-tsv, mmf-npy, vilbert-lmdb."),
     overwrite: bool = typer.Option(False, help="Replace DEST if it exists."),
 ) -> None:
     """Export a store to a format the reference code reads (float32, same field order
-    and encoding as the original extractors).
+    and encoding as the original extractors). vilbert-lmdb is the LMDB that
+    vilbert-multi-task's script/convert_to_lmdb.py writes. Image ids the format cannot
+    hold (mmf-npy: ids whose files collide, such as `img` and `img_info`; vilbert-lmdb:
+    an id `keys`) are refused with exit 2 before anything is written.
 
     Example: vlprep export --to lxmert-tsv coco_feats val2014_obj36.tsv
     """
@@ -196,7 +204,11 @@ def _rate(value: float, unit: str = "") -> str:
 
 
 def _print_outcomes(summary: dict) -> None:
-    """Failure counts per reason and malformed inputs; exit 1 if a shard failed for good."""
+    """Failure counts per reason and malformed inputs; exit 1 (`RunFailedError`) when the
+    summary's verdict is "failed" (shards failed for good, every item failed, or more than
+    --max-failure-rate of them)."""
+    from pipeline.errors import RunFailedError
+
     for kind, count in list(summary["failures"].items())[:15]:
         stdout.print(f"  [yellow]failed[/yellow] {count:,} x {kind}")
     if summary.get("malformed_rows"):
@@ -204,8 +216,8 @@ def _print_outcomes(summary: dict) -> None:
                      f"(e.g. {summary['malformed_examples'][0]})")
     for shard, reason in summary["shards_failed"].items():
         err_console.print(f"[red]shard {shard} failed:[/red] {reason}")
-    if summary["shards_failed"]:
-        raise typer.Exit(1)
+    if summary["verdict"] != "ok":
+        raise RunFailedError(summary["verdict_reason"])
 
 
 @app.command()
@@ -217,9 +229,14 @@ def download(
     shard_size: int = typer.Option(1000, help="Items per shard (the unit of work, retry and resume)."),
     workers: int = typer.Option(2, help="CPUs of the local Ray cluster (ignored with --ray-address)."),
     threads: int = typer.Option(32, help="Download threads inside each shard task."),
-    ray_address: Optional[str] = typer.Option(None, help="Join this Ray cluster instead of starting one."),
+    ray_address: Optional[str] = typer.Option(
+        None, help="Join this Ray cluster instead of starting one (--out and the inputs must be on storage every node sees)."),
     shard_retries: int = typer.Option(2, help="Retries of a shard whose task failed, before reporting it."),
-    retry_failed: bool = typer.Option(False, help="Re-attempt items of finished shards that failed for transient reasons."),
+    retry_failed: bool = typer.Option(
+        False, help="Re-attempt failed items of finished shards: transient failures, and refusals the changed "
+                    "options now allow (e.g. private address with --allow-private-network, too large with a larger --max-bytes)."),
+    max_failure_rate: float = typer.Option(
+        0.5, help="Exit 1 when more than this fraction of the folder's items failed (or all did)."),
     connect_timeout: float = typer.Option(10.0, help="Seconds to connect."),
     read_timeout: float = typer.Option(10.0, help="Seconds without data before a read fails."),
     deadline: float = typer.Option(30.0, help="Seconds for a whole request, redirects included."),
@@ -249,8 +266,10 @@ def download(
     Each shard of --shard-size items is one Ray task with --threads download threads.
     Every item ends up as a row: the stored image, or status "failed" with a named
     reason. Rerunning the same command skips complete shards; a killed run loses
-    nothing; --retry-failed re-attempts transient failures. A summary is printed and
-    written to OUT/summary.json.
+    nothing; --retry-failed re-attempts transient failures and refusals that changed
+    options now allow. A summary is printed and written to OUT/summary.json; the command
+    exits 1 when more than --max-failure-rate of the folder's items failed (or all did),
+    and 75 at once when another process is writing OUT.
 
     Example: vlprep download --dataset conceptual_captions --input Validation_GCC-1.1.0-Validation.tsv --out cc_val_images
     """
@@ -265,7 +284,7 @@ def download(
         raise ConfigError(f"--resample must be one of {', '.join(RESAMPLE)}")
     cfg = DownloadConfig(
         dataset=dataset, inputs=tuple(inputs), out=out, shard_size=shard_size, workers=workers, threads=threads,
-        ray_address=ray_address, shard_retries=shard_retries, retry_failed=retry_failed,
+        ray_address=ray_address, shard_retries=shard_retries, retry_failed=retry_failed, max_failure_rate=max_failure_rate,
         reader=ReaderOptions(split=split, url_col=url_col, caption_col=caption_col or None, id_col=id_col,
                              images_root=images_root),
         fetch=FetchConfig(
@@ -303,7 +322,8 @@ def extract(
     out: Path = typer.Option(..., help="Feature store to write (created or resumed)."),
     dataset: Optional[str] = typer.Option(None, help="Reader of --input files (download and extract in one job)."),
     inputs: List[Path] = typer.Option([], "--input", help="Input file or folder for --dataset (repeatable)."),
-    images: Optional[Path] = typer.Option(None, help="Extract from image shards, an image folder or img2dataset output."),
+    images: Optional[Path] = typer.Option(
+        None, help="Extract from image shards, an image folder or img2dataset output (files, webdataset or parquet)."),
     weights: Optional[Path] = typer.Option(None, help="Detector weights: a detectron2 .pkl or an HF pytorch_model.bin."),
     random_weights: bool = typer.Option(False, help="Use an untrained detector (smoke runs; stamped into provenance)."),
     detector: str = typer.Option("vg-r101", help="Detector config: vg-r101, tiny, or a JSON path."),
@@ -324,8 +344,15 @@ def extract(
     shard_size: int = typer.Option(1000, help="Images per shard (the unit of work, retry and resume)."),
     workers: int = typer.Option(2, help="CPUs of the local Ray cluster (ignored with --ray-address)."),
     threads: int = typer.Option(16, help="Download threads per shard task."),
-    ray_address: Optional[str] = typer.Option(None, help="Join this Ray cluster instead of starting one."),
+    ray_address: Optional[str] = typer.Option(
+        None, help="Join this Ray cluster instead of starting one (--out, the inputs, --images, --weights, "
+                   "--keep-images and --given-boxes must be on storage every node sees)."),
     shard_retries: int = typer.Option(2, help="Retries of a failed shard before it is reported."),
+    retry_failed: bool = typer.Option(
+        False, help="Re-attempt the failed images of finished shards: transient failures, detector errors, and "
+                    "refusals the changed options now allow (e.g. private address with --allow-private-network)."),
+    max_failure_rate: float = typer.Option(
+        0.5, help="Exit 1 when more than this fraction of the store's images failed (or all did)."),
     deadline: float = typer.Option(30.0, help="Seconds for a whole image request."),
     max_bytes: int = typer.Option(32 << 20, help="Largest image download accepted (bytes)."),
     allow_private_network: bool = typer.Option(False, help="Allow URLs resolving to private/loopback addresses."),
@@ -337,8 +364,10 @@ def extract(
     With --dataset, images are downloaded and fed to the detector in one streaming Ray
     job (download tasks on CPUs, one detector actor per GPU or CPU actors); with
     --images, they are read from image shards, a folder or img2dataset output. Rerunning
-    resumes: finished shards are skipped. Every failed image is listed with its reason in
-    OUT/extract/NNNNN_stats.json; the summary is in OUT/extract_summary.json.
+    resumes: finished shards are skipped; --retry-failed re-attempts their failed images
+    that may now succeed. Every failed image is listed with its reason in
+    OUT/extract/NNNNN_stats.json; the summary is in OUT/extract_summary.json. Exits 1 when
+    more than --max-failure-rate of the images failed (or all did).
 
     Example: vlprep extract --dataset conceptual_captions --input Validation_GCC-1.1.0-Validation.tsv --weights faster_rcnn_from_caffe_attr.pkl --boxes 36 --out cc_val_feats
     """
@@ -353,8 +382,8 @@ def extract(
         detector=detector, selection=SelectionConfig(policy, BoxCount.parse(boxes), conf_thresh=conf_thresh),
         batch_size=batch_size, device=device, fp16=fp16, actors=actors, backend=backend, dtype=dtype,
         cls_prob=cls_prob, attr_prob=attr_prob, shard_size=shard_size, workers=workers, threads=threads,
-        ray_address=ray_address, shard_retries=shard_retries, keep_images=keep_images, given_boxes=given_boxes,
-        reader=ReaderOptions(),
+        ray_address=ray_address, shard_retries=shard_retries, retry_failed=retry_failed,
+        max_failure_rate=max_failure_rate, keep_images=keep_images, given_boxes=given_boxes, reader=ReaderOptions(),
         fetch=FetchConfig(deadline=deadline, max_bytes=max_bytes, allow_private_network=allow_private_network,
                           allowed_networks=tuple(allow_network), user_agent_token=user_agent_token),
     )
@@ -405,7 +434,7 @@ def show(
 @named_errors
 def build_mixture(
     spec: Path = typer.Option(..., help="Mixture spec (YAML), e.g. data_manifests/mixtures/lxmert.yaml."),
-    out: Path = typer.Option(..., help="Output folder (items.arrow, answers.json, manifest.json, report.md)."),
+    out: Path = typer.Option(..., help="Output folder (items.arrow, answers.json, manifest.json, report.md): new, empty, or an earlier mixture (replaced)."),
     root: Optional[Path] = typer.Option(None, help="Folder the spec's relative file paths are under (overrides its root)."),
     stores: List[Path] = typer.Option([], "--stores", help="Feature stores every image must be in (repeatable)."),
     drop_missing: bool = typer.Option(False, help="Leave out items whose image has no features, instead of failing."),
@@ -417,10 +446,18 @@ def build_mixture(
     Images are named once across sources (VG images also in COCO take their COCO name);
     held-out images (e.g. LXMERT's minival) form the val split and never reach train;
     answers are normalized as the VQA evaluation and LXMERT do, with soft scores and a
-    top-K answer table. Same inputs and spec give byte-identical items.
+    top-K answer table. Same inputs and spec give byte-identical items. Annotations with a
+    null or blank text, or a null answer, are skipped and counted (manifest.json, report.md).
+
+    OUT is built under a temporary name beside it and swapped in when complete. An existing
+    OUT is replaced only when it is an earlier mixture; a folder of other files, `.`, a folder
+    above the current one, a symbolic link or a folder holding the spec or an input is
+    refused (exit 2) before any work. A second build of the same OUT exits 75.
 
     Example: vlprep build-mixture --spec data_manifests/mixtures/lxmert.yaml --root /data --out lxmert_mix --stores coco_feats --stores vg_feats
     """
+    from collections import Counter
+
     from pipeline.mixture.build import MixtureSpec
     from pipeline.mixture.build import build_mixture as run_build
 
@@ -429,6 +466,9 @@ def build_mixture(
         manifest = run_build(mixture, out, tuple(stores), drop_missing, progress=advance)
     totals = ", ".join(f"{k} {v:,}" for k, v in manifest["totals"].items())
     stdout.print(f"mixture {manifest['name']!r} -> {out}: {totals}")
+    skipped = sum((Counter(reasons) for reasons in manifest["skipped"].values()), Counter())
+    if skipped:
+        stdout.print("skipped " + ", ".join(f"{n:,} x {reason}" for reason, n in sorted(skipped.items())))
     stdout.print(f"answer table {manifest['answers']['table_size']:,} answers; best-answer coverage "
                  f"{manifest['answers']['questions_best_answer_covered']}; report: {out / 'report.md'}")
 
@@ -436,7 +476,7 @@ def build_mixture(
 @app.command("make-shapes")
 @named_errors
 def make_shapes(
-    out: Path = typer.Option(..., help="Folder to write (created; an earlier shapes world there is replaced)."),
+    out: Path = typer.Option(..., help="Folder to write (created; an earlier shapes world there is replaced, a folder of other files refused)."),
     n_images: int = typer.Option(..., help="Images in all, train and val together (at least 1)."),
     seed: int = typer.Option(0, help="Random seed: the same seed writes byte-identical files."),
     val_fraction: float = typer.Option(0.1, help="Fraction of the images in the val split, in [0, 1)."),

@@ -19,12 +19,14 @@ shard complete). Columns (`IMAGE_SHARD_SCHEMA`, version `IMAGE_SHARD_VERSION`):
     attempts, http_status, final_url          how it was fetched
 
 `iter_images(source)` reads our shard folders, plain image folders, and img2dataset's
-output (webdataset ``.tar`` or ``.parquet``), yielding `ImageItem`s with the bytes.
+output (``files``: its default, shard folders of images beside metadata parquets;
+webdataset ``.tar``; ``parquet``), yielding `ImageItem`s with the bytes.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import tarfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,10 +35,12 @@ from typing import Iterator, Optional
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from pipeline.datasets.base import replace_surrogates
 from pipeline.errors import ConfigError
 from pipeline.io import atomic_write_json, commit_path, tmp_path_for
 from pipeline.records import SourceItem, Text
 
+log = logging.getLogger(__name__)
 IMAGE_SHARD_VERSION = 1
 IMAGE_SHARD_SCHEMA = pa.schema(
     [
@@ -65,6 +69,7 @@ IMAGE_SHARD_SCHEMA = pa.schema(
     metadata={"vlprep.image_shard_version": str(IMAGE_SHARD_VERSION)},
 )
 STATS_SUFFIX = "_stats.json"
+IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")  # of images in img2dataset output
 
 
 def shard_name(number: int) -> str:
@@ -94,7 +99,10 @@ def write_shard(out: Path, number: int, rows: list[dict], stats: dict) -> None:
     file, last, which marks the shard done."""
     final = out / f"{shard_name(number)}.parquet"
     tmp = tmp_path_for(final)
-    table = pa.Table.from_pylist(rows, schema=IMAGE_SHARD_SCHEMA)
+    try:
+        table = pa.Table.from_pylist(rows, schema=IMAGE_SHARD_SCHEMA)
+    except UnicodeEncodeError:  # a file name with bytes that are not UTF-8: written with U+FFFD
+        table = pa.Table.from_pylist([replace_surrogates(row) for row in rows], schema=IMAGE_SHARD_SCHEMA)
     # JPEG/PNG bytes do not compress: only the metadata columns are zstd-compressed.
     codecs = {name: ("none" if name == "image" else "zstd") for name in IMAGE_SHARD_SCHEMA.names}
     pq.write_table(table, tmp, compression=codecs, row_group_size=256)
@@ -129,8 +137,8 @@ class ImageItem:
 
 
 def iter_images(source: Path) -> Iterator[ImageItem]:
-    """Successful images from our shard folder, an img2dataset output folder
-    (webdataset tars or parquet), or a plain folder of image files."""
+    """Successful images from our shard folder, an img2dataset output folder (files,
+    webdataset tars or parquet), or a plain folder of image files."""
     source = Path(source)
     if not source.exists():
         raise ConfigError(f"image source not found: {source}")
@@ -141,9 +149,13 @@ def iter_images(source: Path) -> Iterator[ImageItem]:
         return
     tars = [f for f in files if f.suffix == ".tar"]
     parquets = [f for f in files if f.suffix == ".parquet"]
+    shard_folders = [f.with_suffix("") for f in parquets if f.with_suffix("").is_dir()]
     if tars:
         for tar in tars:
             yield from _iter_webdataset(tar)
+    elif shard_folders:
+        for folder in shard_folders:
+            yield from _iter_img2dataset_files(folder)
     elif parquets:
         for parquet in parquets:
             yield from _iter_img2dataset_parquet(parquet)
@@ -196,8 +208,25 @@ def _iter_webdataset(path: Path) -> Iterator[ImageItem]:
                 yield item
 
 
+def _iter_img2dataset_files(folder: Path) -> Iterator[ImageItem]:
+    """img2dataset --output_format files (its default): a shard folder ``NNNNN/`` of
+    <key>.jpg (or .png/.webp), <key>.txt (caption) and <key>.json (metadata) per
+    successful sample, beside ``NNNNN.parquet`` (metadata only)."""
+    for path in sorted(folder.iterdir()):
+        if path.suffix.lower().lstrip(".") not in IMAGE_EXTENSIONS or not path.is_file():
+            continue
+        caption, meta_file = path.with_suffix(".txt"), path.with_suffix(".json")
+        texts = (Text("caption", caption.read_text(encoding="utf-8", errors="replace")),) if caption.is_file() else ()
+        try:
+            meta = json.loads(meta_file.read_text(encoding="utf-8", errors="replace")) if meta_file.is_file() else {}
+        except json.JSONDecodeError:
+            log.warning("%s: not valid JSON; its image is read without metadata", meta_file)
+            meta = {}
+        yield ImageItem(path.stem, path.read_bytes(), texts, meta if isinstance(meta, dict) else {})
+
+
 def _webdataset_item(key: str, parts: dict[str, bytes]) -> Optional[ImageItem]:
-    data = next((parts[e] for e in ("jpg", "jpeg", "png", "webp") if e in parts), None)
+    data = next((parts[e] for e in IMAGE_EXTENSIONS if e in parts), None)
     if data is None:
         return None
     meta = json.loads(parts["json"]) if "json" in parts else {}

@@ -5,9 +5,11 @@ from __future__ import annotations
 import gzip
 import hashlib
 import io
+import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Callable, Iterator, Optional, Sequence, Union
+from typing import IO, Any, Callable, Iterator, Optional, Sequence, Union
 
 from pipeline.records import SourceItem
 
@@ -46,6 +48,29 @@ def open_text(path: Path) -> IO[str]:
     """A text file, transparently gunzipped when it ends in .gz; bad bytes are replaced."""
     raw = gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")
     return io.TextIOWrapper(raw, encoding="utf-8", errors="replace", newline="")
+
+
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def replace_surrogates(value: Any) -> Any:
+    """`value` (a string, or lists and dicts of them) with every surrogate code point (a
+    lone surrogate from JSON, an undecodable file-name byte) replaced by U+FFFD."""
+    if isinstance(value, str):
+        return _SURROGATE.sub("\ufffd", value)
+    if isinstance(value, list):
+        return [replace_surrogates(v) for v in value]
+    if isinstance(value, dict):
+        return {replace_surrogates(k): replace_surrogates(v) for k, v in value.items()}
+    return value
+
+
+def load_json(text: str) -> Any:
+    """`json.loads`, with lone surrogates (``\\ud800`` escapes: text no UTF-8 file can
+    hold) replaced by U+FFFD, as undecodable bytes are (`open_text`)."""
+    value = json.loads(text)
+    return replace_surrogates(value) if _SURROGATE_ESCAPE.search(text) else value
 
 
 def url_sha1(url: str) -> str:

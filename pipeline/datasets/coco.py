@@ -13,7 +13,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Iterator, Sequence
 
-from pipeline.datasets.base import Malformed, ReaderOptions, ReaderResult, base_name
+from pipeline.datasets.base import Malformed, ReaderOptions, ReaderResult, base_name, load_json
 from pipeline.errors import ConfigError
 from pipeline.records import SourceItem, Text
 
@@ -23,7 +23,7 @@ NAME = "coco"
 def read(paths: Sequence[Path], opts: ReaderOptions) -> Iterator[ReaderResult]:
     for path in paths:
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
+            data = load_json(path.read_text(encoding="utf-8"))
             images, annotations = data["images"], data["annotations"]
         except (json.JSONDecodeError, KeyError, TypeError) as err:
             raise ConfigError(f"{path}: not a COCO captions file ({type(err).__name__}: {err})") from err

@@ -1,12 +1,14 @@
 """Flickr30k: ``results_20130124.token`` (``<file>.jpg#<n> <TAB> caption``, five lines
 per image) plus the image folder users obtain from the dataset's request form.
 
-Items are local files: ``<images_root>/<file>``; ``images_root`` defaults to
-``flickr30k-images`` beside the token file. Ids are the file stem (``1000092795``).
+Items are local files: ``<images_root>/<file>`` as an absolute path (Ray workers on other
+nodes read it); ``images_root`` defaults to ``flickr30k-images`` beside the token file.
+Ids are the file stem (``1000092795``).
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Iterator, Sequence
 
@@ -18,7 +20,7 @@ NAME = "flickr30k"
 
 def read(paths: Sequence[Path], opts: ReaderOptions) -> Iterator[ReaderResult]:
     for path in paths:
-        root = opts.images_root or path.parent / "flickr30k-images"
+        root = Path(os.path.abspath(opts.images_root or path.parent / "flickr30k-images"))
         current, captions = None, []
 
         def flush():

@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 from typing import Iterator, Sequence
 
-from pipeline.datasets.base import Malformed, ReaderOptions, ReaderResult, open_text
+from pipeline.datasets.base import Malformed, ReaderOptions, ReaderResult, load_json, open_text
 from pipeline.records import SourceItem, Text
 
 NAME = "nlvr2"
@@ -28,7 +28,7 @@ def read(paths: Sequence[Path], opts: ReaderOptions) -> Iterator[ReaderResult]:
                     continue
                 where = f"{path.name}:{lineno}"
                 try:
-                    obj = json.loads(line)
+                    obj = load_json(line)
                 except json.JSONDecodeError as err:
                     yield Malformed(where, f"invalid JSON: {err.msg}")
                     continue

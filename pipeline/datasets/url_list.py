@@ -1,5 +1,6 @@
-"""Generic URL lists: .tsv / .csv (with a header row), .jsonl, .parquet (each .gz-able
-except parquet), with configurable url / caption / id columns.
+"""Generic URL lists: .tsv / .csv (with a header row), .jsonl, .parquet, and .txt (one URL
+a line, no header, blank lines skipped; as img2dataset reads them) — each .gz-able except
+parquet — with configurable url / caption / id columns.
 
 Ids are the id column's value when given, else ``<file stem>-<row>`` (0-based data row).
 """
@@ -12,14 +13,14 @@ import sys
 from pathlib import Path
 from typing import Iterator, Sequence
 
-from pipeline.datasets.base import Malformed, ReaderOptions, ReaderResult, base_name, open_text, url_sha1
+from pipeline.datasets.base import Malformed, ReaderOptions, ReaderResult, base_name, load_json, open_text, url_sha1
 from pipeline.errors import ConfigError
 from pipeline.records import SourceItem, Text
 
 NAME = "url_list"
 
 
-def _rows(path: Path) -> Iterator[tuple[str, object]]:
+def _rows(path: Path, url_col: str) -> Iterator[tuple[str, object]]:
     """(location, row dict or an error string) for each data row, streamed."""
     name = path.name[:-3] if path.name.endswith(".gz") else path.name
     if name.endswith(".parquet"):
@@ -32,19 +33,24 @@ def _rows(path: Path) -> Iterator[tuple[str, object]]:
                 yield f"{path.name}:row {row}", record
         return
     with open_text(path) as f:
+        if name.endswith(".txt"):
+            for lineno, line in enumerate(f, 1):
+                if line.strip():
+                    yield f"{path.name}:{lineno}", {url_col: line.strip()}
+            return
         if name.endswith(".jsonl") or name.endswith(".json"):
             for lineno, line in enumerate(f, 1):
                 if not line.strip():
                     continue
                 try:
-                    obj = json.loads(line)
+                    obj = load_json(line)
                 except json.JSONDecodeError as err:
                     yield f"{path.name}:{lineno}", f"invalid JSON: {err.msg}"
                     continue
                 yield f"{path.name}:{lineno}", obj if isinstance(obj, dict) else "not a JSON object"
             return
         if not (name.endswith(".tsv") or name.endswith(".csv")):
-            raise ConfigError(f"{path}: url_list reads .tsv, .csv, .jsonl or .parquet files (optionally .gz)")
+            raise ConfigError(f"{path}: url_list reads .tsv, .csv, .jsonl, .txt or .parquet files (optionally .gz)")
         csv.field_size_limit(sys.maxsize)
         reader = csv.reader(f, delimiter="\t" if name.endswith(".tsv") else ",")
         header = next(reader, None)
@@ -62,7 +68,7 @@ def read(paths: Sequence[Path], opts: ReaderOptions) -> Iterator[ReaderResult]:
     for path in paths:
         stem = base_name(path)
         data_row = 0
-        for where, row in _rows(path):
+        for where, row in _rows(path, opts.url_col):
             if isinstance(row, str):
                 yield Malformed(where, row)
                 continue

@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 from typing import Iterator, Sequence
 
-from pipeline.datasets.base import Malformed, ReaderOptions, ReaderResult
+from pipeline.datasets.base import Malformed, ReaderOptions, ReaderResult, load_json
 from pipeline.errors import ConfigError
 from pipeline.records import SourceItem
 
@@ -19,7 +19,7 @@ NAME = "visual_genome"
 def read(paths: Sequence[Path], opts: ReaderOptions) -> Iterator[ReaderResult]:
     for path in paths:
         try:
-            images = json.loads(path.read_text(encoding="utf-8"))
+            images = load_json(path.read_text(encoding="utf-8"))
         except json.JSONDecodeError as err:
             raise ConfigError(f"{path}: not valid JSON ({err})") from err
         if not isinstance(images, list):

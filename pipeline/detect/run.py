@@ -4,13 +4,23 @@ Input shards (the same deterministic shards as `vlprep download`, or chunks of a
 source for ``--images``) flow through CPU download tasks into detector actors (one per
 GPU with ``num_gpus=1``, or CPU actors), whose region features the driver writes through
 the feature-store writer: one store shard per input shard, committed before the shard's
-``extract/NNNNN_stats.json`` (the done-marker, which also lists every failed image and
-its reason). A rerun skips shards already done; an actor that dies is restarted by Ray
-and its task retried; a shard whose task fails is retried and then reported.
+``extract/NNNNN_stats.json`` (the done-marker, which also lists every failed image, its
+reason and whether it is transient). A rerun skips shards already done; an actor that
+dies is restarted by Ray and its task retried; a shard whose task fails is retried and
+then reported; one image that fails (an unexpected exception included) fails alone.
+
+``--retry-failed`` re-attempts the failed images of done shards that
+`failures.should_retry` selects: for ``--dataset`` the shard's items are derived again
+(deterministic shards) and only those are downloaded; for ``--images`` they are read
+from the source again. Their records go into the store as a new store shard, then the
+shard's stats file is rewritten (atomically): a retry killed in between is redone by the
+next one, and the store keeps one record per id. The summary judges the run
+(`failures.verdict`). Paths are made absolute in the config (workers on other nodes).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import time
@@ -26,13 +36,14 @@ from pipeline.datasets import ReaderOptions
 from pipeline.detect.config import DetectorConfig
 from pipeline.detect.extractor import RegionFeatureExtractor, SelectionConfig
 from pipeline.detect.weights import WEIGHT_SOURCES, load_detector
-from pipeline.io import sha256_file
-from pipeline.download.fetch import FetchConfig
+from pipeline.download.failures import Policy, policy_of, shard_failure, should_retry, verdict
+from pipeline.download.fetch import FetchConfig, redact_url
 from pipeline.download.images import ImageConfig, ImageError, load_rgb
+from pipeline.download.run import absolute, check_failure_rate
 from pipeline.download.shard import ShardJob, fetch_rows, shard_stats
 from pipeline.errors import ConfigError, InvalidRecordError
-from pipeline.image_shards import iter_images, shard_name, write_shard
-from pipeline.io import atomic_write_json
+from pipeline.image_shards import iter_images, read_shard_rows, shard_name, write_shard
+from pipeline.io import atomic_write_json, exclusive_lock, remove_stale_tmp, sha256_file
 
 log = logging.getLogger(__name__)
 EXTRACT_DIR = "extract"
@@ -62,6 +73,8 @@ class ExtractConfig:
     threads: int = 16
     ray_address: Optional[str] = None
     shard_retries: int = 2
+    retry_failed: bool = False
+    max_failure_rate: float = 0.5  # exit 1 above this failed fraction of the store's images
     keep_images: Optional[Path] = None
     given_boxes: Optional[Path] = None  # JSON/Arrow/Parquet of image_id -> boxes: extract exactly those
     seed: int = 0  # for --random-weights
@@ -70,6 +83,10 @@ class ExtractConfig:
     image: ImageConfig = ImageConfig()
 
     def __post_init__(self) -> None:
+        for name in ("out", "images", "weights", "keep_images", "given_boxes"):
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, absolute(getattr(self, name)))
+        object.__setattr__(self, "inputs", tuple(absolute(p) for p in self.inputs))
         if (self.images is None) == (self.dataset is None):
             raise ConfigError("give either --dataset with --input files, or --images")
         if self.dataset is not None and not self.inputs:
@@ -87,6 +104,7 @@ class ExtractConfig:
             raise ConfigError(f"given-boxes file not found: {self.given_boxes}")
         if self.device not in ("auto", "cpu") and not self.device.startswith("cuda"):
             raise ConfigError(f"device must be auto, cpu or cuda[:N], got {self.device!r}")
+        check_failure_rate(self.max_failure_rate)
 
     def to_json(self) -> dict:
         def plain(value):
@@ -173,7 +191,7 @@ class DetectorActor:
         ready = []
         for row in rows:
             if row["status"] != "ok":
-                failures.append(_failure(row, row["error_kind"], row.get("error") or ""))
+                failures.append(_failure(row, row["error_kind"], row.get("error") or "", bool(row.get("transient"))))
                 continue
             if self.given is not None and row["image_id"] not in self.given:
                 failures.append(_failure(row, "no given boxes", "the --given-boxes file has no boxes for this image"))
@@ -182,6 +200,9 @@ class DetectorActor:
                 ready.append((row, load_rgb(row["image"])))
             except ImageError as err:
                 failures.append(_failure(row, err.kind, err.detail))
+            except Exception as err:  # a bug must cost one image, not its shard
+                log.exception("image %s: unexpected error while decoding", row["image_id"])
+                failures.append(_failure(row, "internal error", f"{type(err).__name__}: {err}"))
         for start in range(0, len(ready), self.batch_size):
             batch = ready[start : start + self.batch_size]
             try:
@@ -202,25 +223,41 @@ class DetectorActor:
         return self.extractor(images, ids, given_boxes=given)
 
 
-def _failure(row: dict, kind: str, detail: str) -> dict:
-    return {"image_id": row["image_id"], "url": row.get("url"), "kind": kind, "detail": (detail or "")[:500]}
+def _failure(row: dict, kind: str, detail: str, transient: bool = False) -> dict:
+    url = row.get("url")
+    return {"image_id": row["image_id"], "url": redact_url(url) if url else None, "kind": kind,
+            "detail": (detail or "")[:500], "transient": transient}
 
 
 def _download_rows(job: ShardJob, fetch_cfg: FetchConfig, image_cfg: ImageConfig, threads: int,
                    keep_images: Optional[str]) -> list[dict]:
-    """Ray task: fetch a shard's images into rows (bytes stay in memory / the object store)."""
+    """Ray task: fetch a shard's images into rows (bytes stay in memory / the object store).
+    With `keep_images`, the rows are also written there as an image shard; a retry job's
+    rows replace theirs in the shard kept before (if none was, none is written: the folder
+    only holds whole shards)."""
     started = time.time()
     rows = fetch_rows(list(job.items), [True] * len(job.items), fetch_cfg, image_cfg, threads)
     downloaded = sum(r.pop("_downloaded", 0) for r in rows)
-    if keep_images:
-        write_shard(Path(keep_images), job.number, rows, shard_stats(job.number, rows, started, downloaded))
+    if not keep_images:
+        return rows
+    kept, earlier = rows, Path(keep_images) / f"{shard_name(job.number)}.parquet"
+    if job.retry_failed:
+        if not earlier.is_file():
+            return rows
+        fresh = {r["image_id"]: r for r in rows}
+        kept = [fresh.get(r["image_id"], r) for r in read_shard_rows(earlier)]
+    stats = shard_stats(job.number, kept, started, downloaded, policy_of(fetch_cfg, image_cfg),
+                        retried=len(rows) if job.retry_failed else 0)
+    write_shard(Path(keep_images), job.number, kept, stats)
     return rows
 
 
 def _image_source_shards(source: Path, size: int) -> Iterator[tuple[int, list[dict]]]:
     batch, number = [], 0
     for item in iter_images(source):
-        batch.append({"image_id": item.image_id, "status": "ok", "image": item.data, "url": item.meta.get("url")})
+        url = item.meta.get("url")
+        batch.append({"image_id": item.image_id, "status": "ok", "image": item.data,
+                      "url": redact_url(url) if isinstance(url, str) else None})
         if len(batch) == size:
             yield number, batch
             number, batch = number + 1, []
@@ -236,6 +273,12 @@ class ExtractProgress:
     started: float = field(default_factory=time.time)
 
 
+def retry_ids(stats: dict, policy: Policy) -> set[str]:
+    """Ids of a done shard's failed images that --retry-failed re-attempts under `policy`."""
+    return {f["image_id"] for f in stats["failed_images"]
+            if should_retry(f["kind"], bool(f.get("transient")), stats.get("policy"), policy)}
+
+
 def done_extract_shards(out: Path) -> dict[int, dict]:
     folder = out / EXTRACT_DIR
     done = {}
@@ -247,6 +290,15 @@ def done_extract_shards(out: Path) -> dict[int, dict]:
 
 
 def run_extract(cfg: ExtractConfig, on_progress: Optional[Callable[[ExtractProgress], None]] = None) -> dict:
+    """Run the extraction; returns the summary (also in `<out>/extract_summary.json`) with
+    its verdict. The store's writer holds its lock; a --keep-images folder is locked too."""
+    with contextlib.ExitStack() as locks:
+        if cfg.keep_images:
+            locks.enter_context(exclusive_lock(cfg.keep_images, "image-shard folder"))
+        return _run_extract(cfg, on_progress)
+
+
+def _run_extract(cfg: ExtractConfig, on_progress: Optional[Callable[[ExtractProgress], None]]) -> dict:
     import ray
 
     from pipeline.download.run import shard_jobs
@@ -273,11 +325,13 @@ def run_extract(cfg: ExtractConfig, on_progress: Optional[Callable[[ExtractProgr
         dtype=cfg.dtype, cls_prob=cfg.cls_prob, attr_prob=cfg.attr_prob if det_cfg.num_attributes else "none",
         provenance=provenance, config=cfg.to_json(),
     )
-    writer.open()
+    writer.open()  # takes the store's write lock: from here on, temporary files left behind are a killed run's
     (cfg.out / EXTRACT_DIR).mkdir(exist_ok=True)
-    if cfg.keep_images:
-        Path(cfg.keep_images).mkdir(parents=True, exist_ok=True)
+    for folder in (cfg.out / EXTRACT_DIR, cfg.keep_images):
+        for stale in remove_stale_tmp(folder) if folder else ():
+            log.info("removed %s left by a killed run", stale)
     done = done_extract_shards(cfg.out)
+    policy = policy_of(cfg.fetch, cfg.image)
     progress = ExtractProgress()
     failed_shards: dict[str, str] = {}
     counts: Counter = Counter()
@@ -296,30 +350,32 @@ def run_extract(cfg: ExtractConfig, on_progress: Optional[Callable[[ExtractProgr
         actors = [actor_cls.remote(det_cfg.to_json(), str(cfg.weights) if cfg.weights else None, cfg.seed,
                                    cfg.selection, device, cfg.fp16, cfg.batch_size, given_ref) for _ in range(n_actors)]
         download = ray.remote(num_cpus=1, max_retries=3)(_download_rows)
-        in_flight: dict = {}  # ref -> (number, attempt, rows or ShardJob)
+        in_flight: dict = {}  # ref -> (number, attempt, rows or ShardJob, stats of the shard being retried)
         turn = [0]
 
-        def submit(number: int, work, attempt: int) -> None:
+        def submit(number: int, work, attempt: int, retrying: Optional[dict]) -> None:
             rows = (download.remote(work, cfg.fetch, cfg.image, cfg.threads, str(cfg.keep_images) if cfg.keep_images else None)
                     if isinstance(work, ShardJob) else work)
             actor = actors[turn[0] % len(actors)]
             turn[0] += 1
-            in_flight[actor.extract.remote(number, rows)] = (number, attempt, work)
+            in_flight[actor.extract.remote(number, rows)] = (number, attempt, work, retrying)
 
         def collect(timeout: float) -> None:
             ready, _ = ray.wait(list(in_flight), num_returns=1, timeout=timeout)
             for ref in ready:
-                number, attempt, work = in_flight.pop(ref)
+                number, attempt, work, retrying = in_flight.pop(ref)
                 try:
                     result = ray.get(ref)
-                except Exception as err:
+                except Exception as err:  # retried, then reported (a full disk stops the run)
+                    reason = shard_failure(err)
                     if attempt < cfg.shard_retries:
-                        log.warning("shard %05d failed (%s); retrying", number, err)
-                        submit(number, work, attempt + 1)
+                        log.warning("shard %05d failed (%s); retrying", number, reason)
+                        submit(number, work, attempt + 1, retrying)
                     else:
-                        failed_shards[shard_name(number)] = f"{type(err).__name__}: {err}"[:1000]
+                        failed_shards[shard_name(number)] = reason
+                        log.error("shard %05d failed %d times: %s", number, attempt + 1, reason)
                     continue
-                _commit(cfg, writer, result, progress, counts)
+                _commit(cfg, writer, result, progress, policy, retrying)
             if on_progress:
                 on_progress(progress)
 
@@ -328,16 +384,25 @@ def run_extract(cfg: ExtractConfig, on_progress: Optional[Callable[[ExtractProgr
         else:
             source = ((job.number, job) for job in shard_jobs(_as_download_cfg(cfg), malformed, counts))
         for number, work in source:
-            if number in done:
-                progress.shards_done += 1
-                continue
+            retrying = done.get(number)
+            if retrying is not None:
+                ids = retry_ids(retrying, policy) if cfg.retry_failed else set()
+                if not ids:
+                    progress.shards_done += 1
+                    continue
+                work = (ShardJob(number, tuple(i for i in work.items if i.image_id in ids), retry_failed=True)
+                        if isinstance(work, ShardJob) else [r for r in work if r["image_id"] in ids])
             while len(in_flight) >= 2 * len(actors) + 1:
                 collect(timeout=0.2)
-            submit(number, work, 0)
+            submit(number, work, 0, retrying)
         while in_flight:
             collect(timeout=0.2)
-    finally:
+    except BaseException:
+        writer.abort()  # keeps the committed shards; the error that stopped us is the one shown
+        raise
+    else:
         writer.close()
+    finally:
         if started_ray:
             ray.shutdown()
     summary = _summarize(cfg, failed_shards, malformed, counts)
@@ -352,8 +417,11 @@ def _as_download_cfg(cfg: ExtractConfig):
                           reader=cfg.reader, fetch=cfg.fetch, image=cfg.image)
 
 
-def _commit(cfg: ExtractConfig, writer, result: dict, progress: ExtractProgress, counts: Counter) -> None:
-    """Write a shard's records, commit them as one store shard, then its stats (done-marker)."""
+def _commit(cfg: ExtractConfig, writer, result: dict, progress: ExtractProgress, policy: Policy,
+            retrying: Optional[dict] = None) -> None:
+    """Write a shard's records, commit them as one store shard, then its stats (done-marker).
+    For a retry (`retrying`: the shard's stats so far) the stats are merged: the retried
+    images' old failures are replaced by this outcome."""
     written = present = 0
     failed_images = list(result["failures"])
     for rec in result["records"]:
@@ -364,14 +432,22 @@ def _commit(cfg: ExtractConfig, writer, result: dict, progress: ExtractProgress,
                 present += 1
         except InvalidRecordError as err:  # e.g. a given box outside its image
             failed_images.append({"image_id": rec.image_id, "url": None, "kind": "invalid record",
-                                  "detail": f"{err.field}: {err.reason}"})
+                                  "detail": f"{err.field}: {err.reason}", "transient": False})
     writer.commit_shard()
+    attempted = len(result["records"]) + len(result["failures"])
+    stats = {"shard": shard_name(result["number"]), "count": attempted, "extracted": written,
+             "already_present": present, "retried": 0}
+    if retrying is not None:
+        redone = {rec.image_id for rec in result["records"]} | {f["image_id"] for f in result["failures"]}
+        failed_images = [f for f in retrying["failed_images"] if f["image_id"] not in redone] + failed_images
+        stats.update(count=retrying["count"], extracted=retrying["extracted"] + written,
+                     already_present=retrying["already_present"] + present,
+                     retried=retrying.get("retried", 0) + attempted)
     failures = Counter(f["kind"] for f in failed_images)
-    stats = {"shard": shard_name(result["number"]), "count": len(result["records"]) + len(result["failures"]),
-             "extracted": written, "already_present": present, "failures": dict(failures.most_common()),
-             "failed_images": failed_images, "finished": time.time()}
+    stats.update(failures=dict(failures.most_common()), failed_images=failed_images, policy=policy,
+                 finished=time.time())
     atomic_write_json(cfg.out / EXTRACT_DIR / f"{shard_name(result['number'])}_stats.json", stats)
-    progress.images += stats["count"]
+    progress.images += attempted
     progress.extracted += written
     progress.shards_done += 1
 
@@ -381,14 +457,17 @@ def _summarize(cfg: ExtractConfig, failed_shards: dict, malformed: list[str], co
     failures: Counter = Counter()
     for stats in shards.values():
         failures.update(stats["failures"])
+    images = sum(s["count"] for s in shards.values())
+    extracted = sum(s["extracted"] + s["already_present"] for s in shards.values())
     return {
         "store": str(cfg.out),
         "shards_done": len(shards),
         "shards_failed": failed_shards,
-        "images": sum(s["count"] for s in shards.values()),
-        "extracted": sum(s["extracted"] + s["already_present"] for s in shards.values()),
+        "images": images,
+        "extracted": extracted,
         "failures": dict(failures.most_common()),
         "malformed_rows": counts["malformed"],
         "malformed_examples": malformed,
+        **verdict(images, extracted, failures, failed_shards, cfg.max_failure_rate),
         "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }

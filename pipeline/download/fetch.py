@@ -4,10 +4,14 @@ Per request: connect and read timeouts and a total deadline; a byte cap enforced
 streaming; manual redirects (each hop re-checked, a limit, loops detected); retries with
 exponential backoff for transient failures (timeouts, resets, 429/5xx, honoring
 Retry-After) and none for other 4xx; a per-host concurrency cap; a user-agent token;
-``X-Robots-Tag`` opt-outs. Only http/https. Host names are resolved here and the
-connection goes to the checked address (no second lookup to race), and by default
-loopback, private, link-local, multicast and reserved addresses are refused before any
-connection is made.
+``X-Robots-Tag`` opt-outs. Only http/https. Every URL (and every redirect target) is
+checked and normalized first (`parse_url`): a URL no request can be made for is an
+"invalid url", non-ASCII host names are IDNA-encoded and non-ASCII paths percent-encoded
+as browsers do. Host names are resolved here and the connection goes to the checked
+address (no second lookup to race), and by default loopback, private, link-local,
+multicast and reserved addresses, also when embedded in an IPv6 transition address, are
+refused before any connection is made. Credentials in a URL are never sent and never
+written (`redact_url`).
 """
 
 from __future__ import annotations
@@ -16,18 +20,26 @@ import functools
 import http.client
 import ipaddress
 import random
+import re
 import socket
 import ssl
 import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Iterator, Optional
-from urllib.parse import urljoin, urlsplit
+from typing import Iterator, Optional, Union
+from urllib.parse import quote, urljoin, urlsplit, urlunsplit
 
 from pipeline import __version__
+from pipeline.errors import ConfigError
 
 CHUNK = 1 << 16
+_SPACE_OR_CONTROL = re.compile(r"[\x00-\x20\x7f]")
+_HOST_NAME = re.compile(r"[a-z0-9_.-]+")  # after IDNA encoding
+_PRINTABLE_ASCII = "".join(chr(c) for c in range(0x21, 0x7F))  # kept as they are by percent-encoding
+_NAT64 = ipaddress.ip_network("64:ff9b::/96")  # RFC 6052 well-known prefix: IPv4 in the last 32 bits
+_NAT64_LOCAL = ipaddress.ip_network("64:ff9b:1::/48")  # RFC 8215 local-use prefix: never public
+_IPV4_COMPATIBLE = ipaddress.ip_network("::/96")  # deprecated IPv4-compatible addresses
 
 
 @dataclass(frozen=True)
@@ -45,6 +57,15 @@ class FetchConfig:
     disallowed_directives: tuple[str, ...] = ("noai", "noimageai")
     allow_private_network: bool = False
     allowed_networks: tuple[str, ...] = ()  # CIDRs allowed even when private networks are refused
+
+    def __post_init__(self) -> None:
+        canonical = []
+        for net in self.allowed_networks:
+            try:
+                canonical.append(str(ipaddress.ip_network(net.strip(), strict=False)))
+            except ValueError as err:
+                raise ConfigError(f"--allow-network {net!r} is not a network (CIDR such as 10.0.0.0/8): {err}") from err
+        object.__setattr__(self, "allowed_networks", tuple(canonical))
 
     @property
     def user_agent(self) -> str:
@@ -86,17 +107,106 @@ class HostLimiter:
             yield
 
 
+def _embedded_ipv4(addr: Union[ipaddress.IPv4Address, ipaddress.IPv6Address]) -> Optional[ipaddress.IPv4Address]:
+    """The IPv4 address an IPv6 transition address leads to: IPv4-mapped (::ffff:0:0/96),
+    IPv4-compatible (::/96), NAT64 (64:ff9b::/96) or 6to4 (2002::/16); None otherwise."""
+    if addr.version != 6:
+        return None
+    if addr.ipv4_mapped is not None:
+        return addr.ipv4_mapped
+    if addr.sixtofour is not None:
+        return addr.sixtofour
+    if addr in _NAT64 or addr in _IPV4_COMPATIBLE:
+        return ipaddress.IPv4Address(int(addr) & 0xFFFFFFFF)
+    return None
+
+
 @functools.lru_cache(maxsize=4096)
 def _address_allowed(ip: str, allow_private: bool, allowed_networks: tuple[str, ...]) -> bool:
-    addr = ipaddress.ip_address(ip)
-    if allow_private or addr.is_global and not addr.is_multicast:
+    """Whether a connection to `ip` is allowed: a public address (not multicast), or one in
+    `allowed_networks`. An IPv6 address embedding an IPv4 one is judged by that IPv4 address."""
+    if allow_private:
         return True
-    return any(addr in ipaddress.ip_network(net, strict=False) for net in allowed_networks)
+    addr = ipaddress.ip_address(ip)
+    if any(addr in ipaddress.ip_network(net, strict=False) for net in allowed_networks):
+        return True
+    embedded = _embedded_ipv4(addr)
+    if embedded is not None:
+        return _address_allowed(str(embedded), False, allowed_networks)
+    return addr.is_global and not addr.is_multicast and addr not in _NAT64_LOCAL
 
 
 def _check_address(ip: str, cfg: FetchConfig, host: str) -> None:
     if not _address_allowed(ip, cfg.allow_private_network, cfg.allowed_networks):
         raise FetchError("private address", f"{host} resolves to {ip}, which is not a public address")
+
+
+def redact_url(url: str) -> str:
+    """`url` without the ``user:password@`` part (for anything written or logged)."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return url  # not a URL we could request, and no netloc to strip credentials from
+    if "@" not in parts.netloc:
+        return url
+    return urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
+
+
+def _short(url: str) -> str:
+    return redact_url(url)[:200]
+
+
+def _percent_encode(text: Union[str, bytes]) -> str:
+    """Percent-encode (UTF-8 for text) everything but printable ASCII, which is kept as is
+    (an IRI becomes a URI the way browsers do it)."""
+    return quote(text, safe=_PRINTABLE_ASCII)
+
+
+@dataclass(frozen=True)
+class Target:
+    """What one request goes to: scheme, ASCII host (IDNA-encoded), port, request target."""
+
+    scheme: str
+    host: str
+    port: int
+    target: str  # path and query, ASCII
+
+
+def parse_url(url: str) -> Target:
+    """Check and normalize a URL; raises `FetchError` "invalid url" (or "unsupported
+    scheme") for one no request can be made for: whitespace or control characters, an
+    unbalanced bracket, a bad port, no host, a host name with an empty or over-long label or
+    characters no host name has. Non-ASCII host names are IDNA-encoded; non-ASCII path and
+    query characters are percent-encoded as UTF-8; credentials and fragment are dropped."""
+    if _SPACE_OR_CONTROL.search(url):
+        raise FetchError("invalid url", f"space or control character in {_short(url)!r}")
+    try:
+        parts = urlsplit(url)
+        port, host = parts.port, parts.hostname
+    except ValueError as err:  # unbalanced brackets, a port out of range or not a number
+        raise FetchError("invalid url", f"{err}: {_short(url)!r}") from err
+    if parts.scheme not in ("http", "https"):
+        raise FetchError("unsupported scheme", f"{parts.scheme or 'no scheme'} in {_short(url)}")
+    if not host:
+        raise FetchError("invalid url", f"no host in {_short(url)!r}")
+    if "]" in parts.netloc and parts.netloc.rpartition("]")[2][:1] not in ("", ":"):  # "[::1]x"
+        raise FetchError("invalid url", f"text after ']' in {_short(url)!r}")
+    if port == 0:
+        raise FetchError("invalid url", f"port 0 in {_short(url)!r}")
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:  # a name, not an address literal
+        try:
+            host = host.encode("idna").decode("ascii")
+        except UnicodeError as err:
+            raise FetchError("invalid url", f"host {host!r}: {err}") from err
+        if not _HOST_NAME.fullmatch(host):
+            raise FetchError("invalid url", f"host {host!r} is not a host name")
+    try:
+        target = _percent_encode((parts.path or "/") + (f"?{parts.query}" if parts.query else ""))
+    except UnicodeEncodeError as err:  # e.g. a lone surrogate from a JSON escape
+        raise FetchError("invalid url", f"{err.reason} in {_short(url)!r}") from err
+    return Target(parts.scheme, host, port if port is not None else (443 if parts.scheme == "https" else 80), target)
 
 
 def _resolve(host: str, port: int, cfg: FetchConfig, deadline: float) -> str:
@@ -130,39 +240,33 @@ def _request_once(url: str, cfg: FetchConfig, limiter: HostLimiter, attempt: int
     deadline = time.monotonic() + cfg.deadline
     seen = {url}
     for _hop in range(cfg.max_redirects + 1):
-        parts = urlsplit(url)
-        if parts.scheme not in ("http", "https"):
-            raise FetchError("unsupported scheme", f"{parts.scheme or 'no scheme'} in {url[:200]}")
-        if not parts.hostname:
-            raise FetchError("bad url", url[:200])
-        try:
-            port = parts.port or (443 if parts.scheme == "https" else 80)
-        except ValueError as err:
-            raise FetchError("bad url", str(err)) from err
-        ip = _resolve(parts.hostname, port, cfg, deadline)
-        path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-        with limiter.slot(parts.hostname):
-            status, headers, body = _exchange(parts.scheme, parts.hostname, ip, port, path, cfg, deadline)
+        to = parse_url(url)
+        ip = _resolve(to.host, to.port, cfg, deadline)
+        with limiter.slot(to.host):
+            status, headers, body = _exchange(to.scheme, to.host, ip, to.port, to.target, cfg, deadline)
         if status in (301, 302, 303, 307, 308):
             location = headers.get("location")
             if not location:
                 raise FetchError("bad redirect", f"HTTP {status} without Location")
-            url = urljoin(url, location)
+            try:  # the header's raw bytes (http.client decodes them as latin-1), percent-encoded
+                url = urljoin(url, _percent_encode(location.encode("latin-1")))
+            except (ValueError, UnicodeEncodeError) as err:
+                raise FetchError("bad redirect", f"Location {location[:200]!r}: {err}") from err
             if url in seen:
-                raise FetchError("redirect loop", f"back to {url[:200]}")
+                raise FetchError("redirect loop", f"back to {_short(url)}")
             seen.add(url)
             continue
         if status == 429 or 500 <= status < 600:
             raise FetchError(f"http {status}", "server busy or failing", transient=True,
                              retry_after=_retry_after(headers.get("retry-after")))
         if status >= 400:
-            raise FetchError(f"http {status}", f"{url[:200]}")
+            raise FetchError(f"http {status}", _short(url))
         if status != 200:
             raise FetchError(f"http {status}", "unexpected status")
         directive = _robots_disallowed(headers.get_all("x-robots-tag") or [], cfg)
         if directive:
             raise FetchError("opted out", f"X-Robots-Tag: {directive}")
-        return Fetched(body, url, status, headers.get("content-type", ""), attempt)
+        return Fetched(body, redact_url(url), status, headers.get("content-type", ""), attempt)
     raise FetchError("too many redirects", f"more than {cfg.max_redirects}")
 
 

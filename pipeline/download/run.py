@@ -1,17 +1,24 @@
 """`vlprep download`: dataset items -> deterministic shards -> Ray tasks -> image shards.
 
-The driver streams the reader, cuts items into shards of `shard_size` in input order
-(shard k = items k*N .. k*N+N-1, so reruns see the same shards), skips shards already
-complete (their stats file exists), and runs one Ray task per remaining shard with a
-bounded number in flight. A task that raises is retried `shard_retries` times, then
-reported; a worker that dies is replaced by Ray and its task rerun. `summary.json`
-totals every shard in the folder, this run's and earlier ones'.
+The driver holds the folder's write lock for the whole run (a second writer gets
+`BusyError` at once), streams the reader, cuts items into shards of `shard_size` in
+input order (shard k = items k*N .. k*N+N-1, so reruns see the same shards), skips shards
+already complete (their stats file exists) unless ``--retry-failed`` finds failures to
+re-attempt in them (`failures.should_retry`), and runs one Ray task per remaining shard
+with a bounded number in flight. A task that raises is retried `shard_retries` times, then
+reported; a worker that dies is replaced by Ray and its task rerun. `summary.json` totals
+every shard in the folder, this run's and earlier ones', and judges it
+(`failures.verdict`: too many failed items, or failed shards, fail the run).
+
+Paths are made absolute in the config: with ``--ray-address`` the tasks run on other
+nodes, which must see the same paths (shared storage).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 import time
 from collections import Counter
@@ -21,12 +28,13 @@ from typing import Callable, Iterator, Optional
 
 from pipeline import __version__
 from pipeline.datasets import READERS, Malformed, ReaderOptions, read_items
+from pipeline.download.failures import Policy, policy_of, shard_failure, should_retry, verdict
 from pipeline.download.fetch import FetchConfig
 from pipeline.download.images import ImageConfig
 from pipeline.download.shard import ShardJob, download_shard
 from pipeline.errors import ConfigError
 from pipeline.image_shards import done_shards
-from pipeline.io import atomic_write_json, remove_stale_tmp
+from pipeline.io import atomic_write_json, exclusive_lock, remove_stale_tmp
 
 log = logging.getLogger(__name__)
 RUN_FILE = "run.json"
@@ -45,11 +53,14 @@ class DownloadConfig:
     ray_address: Optional[str] = None
     shard_retries: int = 2
     retry_failed: bool = False
+    max_failure_rate: float = 0.5  # exit 1 above this failed fraction of the folder's items
     reader: ReaderOptions = ReaderOptions()
     fetch: FetchConfig = FetchConfig()
     image: ImageConfig = ImageConfig()
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "out", absolute(self.out))
+        object.__setattr__(self, "inputs", tuple(absolute(p) for p in self.inputs))
         if self.dataset not in READERS:
             raise ConfigError(f"unknown dataset {self.dataset!r}; known: {', '.join(READERS)}")
         if not self.inputs:
@@ -62,6 +73,7 @@ class DownloadConfig:
                 raise ConfigError(f"{name} must be >= 1")
         if self.fetch.max_bytes < 1 or self.fetch.deadline <= 0:
             raise ConfigError("max_bytes and deadline must be positive")
+        check_failure_rate(self.max_failure_rate)
 
     def fingerprint(self) -> dict:
         """What fixes the shard contents: a rerun must match it to resume the folder."""
@@ -78,6 +90,16 @@ class DownloadConfig:
         out["out"] = str(self.out)
         out["reader"] = {k: str(v) for k, v in asdict(self.reader).items()}
         return out
+
+
+def absolute(path: os.PathLike) -> Path:
+    """`path` made absolute against the current directory (without resolving symlinks)."""
+    return Path(os.path.abspath(path))
+
+
+def check_failure_rate(rate: float) -> None:
+    if not 0 <= rate <= 1:
+        raise ConfigError(f"--max-failure-rate must be between 0 and 1, got {rate:g}")
 
 
 def _input_bytes(path: Path) -> int:
@@ -116,7 +138,7 @@ def shard_jobs(cfg: DownloadConfig, malformed: list[str], counts: Counter) -> It
 
 
 def _prepare_out(cfg: DownloadConfig) -> None:
-    cfg.out.mkdir(parents=True, exist_ok=True)
+    """Check (or write) run.json and remove what killed runs left; under the folder's lock."""
     run_file = cfg.out / RUN_FILE
     fingerprint = cfg.fingerprint()
     if run_file.exists():
@@ -171,12 +193,25 @@ def _shard_task(job: ShardJob, out: str, fetch_cfg: FetchConfig, image_cfg: Imag
     return stats
 
 
+def needs_retry(stats: dict, policy: Policy) -> bool:
+    """Whether a complete shard has failures --retry-failed re-attempts under `policy`."""
+    return bool(stats.get("transient_failures")) or any(
+        should_retry(kind, False, stats.get("policy"), policy) for kind in stats.get("failures", {}))
+
+
 def run_download(cfg: DownloadConfig, on_progress: Optional[Callable[[Progress], None]] = None) -> dict:
-    """Run the download; returns the summary (also written to `<out>/summary.json`)."""
+    """Run the download; returns the summary (also written to `<out>/summary.json`) with
+    its verdict. Raises `BusyError` at once if another process is writing `cfg.out`."""
+    with exclusive_lock(cfg.out, "image-shard folder"):
+        return _run_download(cfg, on_progress)
+
+
+def _run_download(cfg: DownloadConfig, on_progress: Optional[Callable[[Progress], None]]) -> dict:
     import ray
 
     _prepare_out(cfg)
     done = done_shards(cfg.out)
+    policy = policy_of(cfg.fetch, cfg.image)
     malformed: list[str] = []
     counts: Counter = Counter()
     progress = Progress()
@@ -212,13 +247,14 @@ def run_download(cfg: DownloadConfig, on_progress: Optional[Callable[[Progress],
                     stats = ray.get(ref)
                     log.debug("shard %s done at %.2f s (%.2f s in the task)", stats["shard"], time.time() - run_started,
                               stats["duration_s"])
-                except Exception as err:  # a shard error: retried, then reported
+                except Exception as err:  # a shard error: retried, then reported (a full disk stops the run)
+                    reason = shard_failure(err)
                     if attempt < cfg.shard_retries:
-                        log.warning("shard %05d failed (%s); retrying", job.number, err)
+                        log.warning("shard %05d failed (%s); retrying", job.number, reason)
                         submit(job, attempt + 1)
                     else:
-                        failed_shards[f"{job.number:05d}"] = f"{type(err).__name__}: {err}"[:1000]
-                        log.error("shard %05d failed %d times: %s", job.number, attempt + 1, err)
+                        failed_shards[f"{job.number:05d}"] = reason
+                        log.error("shard %05d failed %d times: %s", job.number, attempt + 1, reason)
             items, ok, nbytes = ray.get(reporter.get.remote())
             progress.items, progress.ok, progress.bytes = items, ok, nbytes
             if on_progress:
@@ -228,10 +264,10 @@ def run_download(cfg: DownloadConfig, on_progress: Optional[Callable[[Progress],
             counts["items"] += len(job.items)
             previous = done.get(job.number)
             if previous is not None:
-                if not (cfg.retry_failed and previous.get("transient_failures")):
+                if not (cfg.retry_failed and needs_retry(previous, policy)):
                     progress.skipped_items += previous["count"]
                     continue
-                job = ShardJob(job.number, (), retry_failed=True)
+                job = ShardJob(job.number, (), retry_failed=True, previous_policy=previous.get("policy"))
             while len(in_flight) >= limit:
                 collect(timeout=0.2)
             submit(job, 0)
@@ -254,6 +290,7 @@ def _summarize(cfg: DownloadConfig, counts: Counter, malformed: list[str], faile
         failures.update(stats["failures"])
     total = sum(s["count"] for s in shards.values())
     successes = sum(s["successes"] for s in shards.values())
+    judged = verdict(total, successes, failures, failed_shards, cfg.max_failure_rate)
     return {
         "dataset": cfg.dataset,
         "out": str(cfg.out),
@@ -269,6 +306,7 @@ def _summarize(cfg: DownloadConfig, counts: Counter, malformed: list[str], faile
         "transient_failures": sum(s.get("transient_failures", 0) for s in shards.values()),
         "bytes_downloaded": sum(s["bytes_downloaded"] for s in shards.values()),
         "bytes_stored": sum(s["bytes_stored"] for s in shards.values()),
+        **judged,
         "this_run_seconds": round(seconds, 2),
         "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }

@@ -2,7 +2,9 @@
 
 This is the body of a Ray task; it takes plain data and returns the shard's stats.
 Sample errors are data: a failed item becomes a row with status "failed", a named
-reason and whether it is transient. Items of one shard that share a URL are fetched once.
+reason and whether it is transient — whatever goes wrong with one item (an unexpected
+exception included, as "internal error") never takes its shard down. Items of one shard
+that share a URL are fetched once. Rows never hold URL credentials.
 """
 
 from __future__ import annotations
@@ -15,7 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
-from pipeline.download.fetch import Fetched, FetchConfig, FetchError, HostLimiter, fetch
+from pipeline.download.failures import Policy, policy_of, should_retry
+from pipeline.download.fetch import Fetched, FetchConfig, FetchError, HostLimiter, fetch, redact_url
 from pipeline.download.images import ImageConfig, ImageError, process_image
 from pipeline.image_shards import item_row, read_shard_rows, row_item, shard_name, write_shard
 from pipeline.records import SourceItem
@@ -30,7 +33,8 @@ ProgressFn = Callable[[int, int, int], None]
 class ShardJob:
     number: int
     items: tuple[SourceItem, ...]
-    retry_failed: bool = False  # reprocess only transient failures of the existing shard
+    retry_failed: bool = False  # reprocess the retryable failures of the existing shard (failures.should_retry)
+    previous_policy: Optional[Policy] = None  # the options the existing shard was made under, from its stats
 
 
 def _read_local(path: str, max_bytes: int) -> Fetched:
@@ -41,6 +45,8 @@ def _read_local(path: str, max_bytes: int) -> Fetched:
         raise FetchError("file not found", path) from err
     except OSError as err:
         raise FetchError("file error", f"{path}: {err.strerror}") from err
+    except ValueError as err:  # a NUL byte in the path
+        raise FetchError("file error", f"{path!r}: {err}") from err
     if len(data) > max_bytes:
         raise FetchError("too large", f"{path} is larger than {max_bytes:,} bytes")
     return Fetched(data, path, 0, "", 1)
@@ -51,18 +57,27 @@ def _failure(kind: str, detail: str, transient: bool, attempts: Optional[int] = 
 
 
 def process_item(item: SourceItem, fetched: "Future[Fetched] | Fetched", image_cfg: ImageConfig) -> dict:
-    """The row for one item, given its fetch (done or failed)."""
-    row = item_row(item)
+    """The row for one item, given its fetch (done or failed). Never raises: an unexpected
+    exception becomes the item's "internal error" failure, and is logged."""
+    row = {**item_row(item), "url": redact_url(item.url) if item.url is not None else None}
+    try:
+        return {**row, **_outcome(item, fetched, image_cfg)}
+    except Exception as err:  # a bug must cost one item, not its shard
+        log.exception("item %s (%s): unexpected error", item.image_id, row["url"] or item.path)
+        return {**row, **_failure("internal error", f"{type(err).__name__}: {err}", False)}
+
+
+def _outcome(item: SourceItem, fetched: "Future[Fetched] | Fetched", image_cfg: ImageConfig) -> dict:
     try:
         got = fetched.result() if isinstance(fetched, Future) else fetched
     except FetchError as err:
-        return {**row, **_failure(err.kind, err.detail, err.transient)}
+        return _failure(err.kind, err.detail, err.transient)
     try:
         img = process_image(got.data, image_cfg)
     except ImageError as err:
-        return {**row, **_failure(err.kind, err.detail, False, got.attempts)}
+        return _failure(err.kind, err.detail, False, got.attempts)
     return {
-        **row, "status": "ok", "transient": False, "image": img.data, "format": img.format,
+        "status": "ok", "transient": False, "image": img.data, "format": img.format,
         "width": img.width, "height": img.height, "original_width": img.original_width,
         "original_height": img.original_height, "sha256": img.sha256, "attempts": got.attempts,
         "http_status": got.status or None, "final_url": got.final_url if item.url else None,
@@ -115,22 +130,28 @@ def download_shard(
     job: ShardJob, out: Path, fetch_cfg: FetchConfig, image_cfg: ImageConfig, threads: int,
     progress: Optional[ProgressFn] = None,
 ) -> dict:
-    """Download, process and write one shard; returns its stats (also in NNNNN_stats.json)."""
+    """Download, process and write one shard; returns its stats (also in NNNNN_stats.json).
+    A retry job rewrites the existing shard, re-attempting only its retryable failures."""
     started = time.time()
+    policy = policy_of(fetch_cfg, image_cfg)
     previous = read_shard_rows(out / f"{shard_name(job.number)}.parquet") if job.retry_failed else None
     items = [row_item(r) for r in previous] if previous is not None else list(job.items)
-    redo = [previous is None or (r["status"] == "failed" and r["transient"]) for r in (previous or items)]
+    redo = [previous is None or (r["status"] == "failed" and should_retry(
+        r["error_kind"], bool(r["transient"]), job.previous_policy, policy)) for r in (previous or items)]
     rows = fetch_rows(items, redo, fetch_cfg, image_cfg, threads, progress)
     for i, row in enumerate(rows):
         if row is None:  # kept from the previous run of this shard
             rows[i] = previous[i]
     downloaded = sum(r.pop("_downloaded", 0) for r in rows)
-    stats = shard_stats(job.number, rows, started, downloaded, retried=sum(redo) if previous is not None else 0)
+    stats = shard_stats(job.number, rows, started, downloaded, policy, retried=sum(redo) if previous is not None else 0)
     write_shard(out, job.number, rows, stats)
     return stats
 
 
-def shard_stats(number: int, rows: list[dict], started: float, downloaded: int, retried: int = 0) -> dict:
+def shard_stats(number: int, rows: list[dict], started: float, downloaded: int, policy: Policy,
+                retried: int = 0) -> dict:
+    """A shard's stats; `policy` records the options its failures happened under (for
+    --retry-failed: a failure kept from an earlier run still holds under them)."""
     failures = Counter(r["error_kind"] for r in rows if r["status"] != "ok")
     return {
         "shard": shard_name(number),
@@ -138,6 +159,7 @@ def shard_stats(number: int, rows: list[dict], started: float, downloaded: int, 
         "successes": len(rows) - sum(failures.values()),
         "failures": dict(failures.most_common()),
         "transient_failures": sum(1 for r in rows if r["status"] != "ok" and r["transient"]),
+        "policy": policy,
         "retried": retried,
         "bytes_downloaded": downloaded,
         "bytes_stored": sum(len(r["image"]) for r in rows if r.get("image")),

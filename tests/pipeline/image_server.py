@@ -162,6 +162,8 @@ class ImageServer:
                     break
                 h.wfile.write(chunk)
             return
+        if path.startswith("/any/"):  # a good image under any (percent-encoded) name; hits keep the raw target
+            return self.send(h, 200, good, ctype)
         if path == "/html-as-jpeg":
             return self.send(h, 200, self.hostile["html"], "image/jpeg")
         if path in ("/truncated.jpg", "/bomb.png"):
@@ -174,6 +176,8 @@ class ImageServer:
             return self.send(h, 302, b"", "text/plain", {"Location": "/loop-a"})
         if path == "/redirect-ok":
             return self.send(h, 301, b"", "text/plain", {"Location": "/img/rgb.png"})
+        if path == "/redirect-utf8":  # a Location header carrying raw UTF-8 bytes (as some servers send)
+            return self.send(h, 302, b"", "text/plain", {"Location": "/any/caf\u00e9.jpg".encode().decode("latin-1")})
         if path == "/to-private":  # the cloud metadata address: must be refused unvisited
             return self.send(h, 302, b"", "text/plain", {"Location": "http://169.254.169.254/latest/meta-data/"})
         if path == "/noai":

@@ -44,6 +44,28 @@ def test_url_list_formats_and_columns(tmp_path):
     assert items[0].image_id == "k3" and items[0].texts == (Text("caption", "a, b"),)
 
 
+def test_url_list_plain_text_files_one_url_a_line(tmp_path):
+    """img2dataset's txt input: one URL a line, no header; blank lines skipped."""
+    (tmp_path / "urls.txt").write_text("http://x/1.jpg\n\n  http://x/2.jpg  \r\nhttp://x/3.jpg")
+    gz = tmp_path / "more.txt.gz"
+    gz.write_bytes(gzip.compress(b"http://x/4.jpg\n"))
+    items, bad = split_results(read_items("url_list", [tmp_path / "urls.txt", gz], ReaderOptions(split="train")))
+    assert [(i.image_id, i.url) for i in items] == [("urls-000000000", "http://x/1.jpg"), ("urls-000000001", "http://x/2.jpg"),
+                                                    ("urls-000000002", "http://x/3.jpg"), ("more-000000000", "http://x/4.jpg")]
+    assert not bad and items[0].texts == () and items[0].split == "train"
+
+
+def test_json_lone_surrogates_become_replacement_characters(tmp_path):
+    """A JSON escape can hold text no UTF-8 file can (a lone surrogate): read it as bad bytes are read."""
+    (tmp_path / "l.jsonl").write_text('{"url": "http://x/\\ud800.jpg", "caption": "a \\udc00 b \\ud83d\\ude00"}\n')
+    items, bad = split_results(read_items("url_list", [tmp_path / "l.jsonl"]))
+    assert not bad and items[0].url == "http://x/\ufffd.jpg" and items[0].texts[0].text == "a \ufffd b \U0001f600"
+    path = tmp_path / "dev.json"
+    path.write_text(json.dumps({"identifier": "dev-1-0-0", "sentence": "x\ud800", "left_url": "http://l", "right_url": "http://r"}) + "\n")
+    items, _ = split_results(read_items("nlvr2", [path]))
+    assert items[0].texts[0].text == "x\ufffd"
+
+
 def test_coco_captions(tmp_path):
     path = tmp_path / "captions_val2014.json"
     path.write_text(json.dumps({

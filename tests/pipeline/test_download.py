@@ -3,13 +3,18 @@
 import io
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
 import time
+from collections import Counter
+from concurrent.futures import Future
+from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
+import pytest
 from helpers import REPO, run_cli
 from image_server import ImageServer, write_tsv
 from PIL import Image
@@ -129,11 +134,11 @@ def test_retry_failed_reattempts_only_transient_failures(tmp_path, server):
     write_tsv(tsv, urls)
     out = tmp_path / "out"
     common = ["download", "--dataset", "conceptual_captions", "--input", tsv, "--out", out, *LOCAL_FLAGS]
-    assert run_cli(*common).returncode == 0
+    assert run_cli(*common).returncode == 1  # 2 of 3 failed: more than --max-failure-rate 0.5
     first = {r["url"]: r for r in all_rows(out)}
     assert first[urls[0]]["error_kind"] == "http 500" and first[urls[0]]["transient"]
     assert first[urls[1]]["error_kind"] == "http 404" and not first[urls[1]]["transient"]
-    assert run_cli(*common).returncode == 0  # plain rerun: nothing to do
+    assert run_cli(*common).returncode == 1  # plain rerun: nothing to do, the same verdict
     assert server.hits["/flaky/3/retry"] == 2
     proc = run_cli(*common, "--retry-failed")
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -166,6 +171,205 @@ def test_a_failing_shard_is_retried_then_reported(tmp_path, server):
                    "--shard-size", "3", "--shard-retries", "1", *LOCAL_FLAGS)
     assert proc.returncode == 1 and "shard 00001 failed" in proc.stderr
     summary = json.loads((out / "summary.json").read_text())
-    assert list(summary["shards_failed"]) == ["00001"] and "IsADirectoryError" in summary["shards_failed"]["00001"]
+    reason = summary["shards_failed"]["00001"]  # the task's own error, naming the file, without Ray's traceback
+    assert list(summary["shards_failed"]) == ["00001"] and reason.startswith("FileExistsError: ") and "00001_stats.json" in reason
+    assert "Traceback" not in reason and "ray::" not in reason
     assert summary["shards_complete"] == 1 and summary["successes"] == 3
     assert server.hits["/img/rgb.jpg?shardfail=3"] == 2  # the shard ran twice: first try and one retry
+
+
+def hostile_urls(server, n_random: int, seed: int = 0) -> list[str]:
+    """URL strings a careless or hostile list holds: fixed ones, then seeded random garbage in
+    the path of a local URL and in host labels. None of them names a good image."""
+    port = server.port
+    fixed = [
+        "http://a..b/x.jpg", "http://" + "a" * 64 + ".example/x.jpg", "http://\u00e9..example/x.jpg",
+        "http://[::1", "http://[::1]x/", "http://user@", "http://user:pw@/x.jpg", "http://%zz/x.jpg",
+        f"http://127.0.0.1:{port}99999/x.jpg", "http://127.0.0.1:-1/x.jpg", "http://127.0.0.1:0/x.jpg",
+        "http://127.0.0.1:abc/x.jpg", "http://exa mple.com/x.jpg", f"http://127.0.0.1:{port}/a b.jpg",
+        f"http://127.0.0.1:{port}/a\r\nX-Injected: 1", f"http://127.0.0.1:{port}/a\tb", f"http://127.0.0.1:{port}/\x00",
+        f"http://127.0.0.1:{port}/\ud800.jpg", "ftp://127.0.0.1/x.jpg", "javascript:alert(1)", "//no-scheme/x.jpg",
+        "http:", "http://", "\u00e9\u00e9\u00e9", f"http://127.0.0.1:{port}/img/nope\u00e9.jpg",
+        f"http://alice:s3cret@127.0.0.1:{port}/status/404",
+    ]
+    rng = random.Random(seed)
+    pieces = ["..", "a" * 70, "\u00e9", "\u4e2d\u6587", " ", "\r\n", "\t", "\x00", "\x7f", "%", "%zz", "%00", "[", "]",
+              "@", "::", "\ud800", "#", "?", "\\", "\u202e", "\ufeff", "\U0001f600", "//", "%2e%2e/"]
+    out = []
+    for i in range(n_random):
+        garbage = "".join(rng.choice(pieces) + rng.choice(["", "x", "/"]) for _ in range(rng.randint(1, 4)))
+        if i % 4 == 0:  # a host label that cannot be encoded: empty or longer than 63 characters
+            label = "".join(c for c in garbage if c not in "/@#?\\[]:%")  # so the host stays the bad label
+            out.append(f"http://{rng.choice(['', 'a' * rng.randint(64, 90)])}.{label}x.example/y.jpg")
+        else:
+            out.append(f"http://127.0.0.1:{port}/nothing/{garbage}x")
+    return fixed + out
+
+
+@pytest.mark.slow
+def test_hostile_urls_fail_alone_and_the_good_images_of_their_shard_are_kept(tmp_path, server):
+    good = [server.url(f"/img/{GOOD[i % len(GOOD)]}?fuzz={i}") for i in range(50)]
+    bad = hostile_urls(server, 40)
+    urls = good + bad
+    lines = tmp_path / "fuzz.jsonl"  # JSON strings carry any character, CR/LF and lone surrogates included
+    lines.write_text("".join(json.dumps({"url": u}) + "\n" for u in urls))
+    out = tmp_path / "out"
+    proc = run_cli("download", "--dataset", "url_list", "--input", lines, "--out", out, "--shard-size", "1000",
+                   *LOCAL_FLAGS)
+    rows = {r["image_id"]: r for r in all_rows(out)}
+    assert len(rows) == len(urls), proc.stderr[-3000:]  # one shard, nothing lost
+    for i in range(len(good)):
+        assert rows[f"fuzz-{i:09d}"]["status"] == "ok", rows[f"fuzz-{i:09d}"]["error"]
+    kinds = Counter()
+    for i in range(len(good), len(urls)):
+        row = rows[f"fuzz-{i:09d}"]
+        assert row["status"] == "failed" and row["error_kind"] and row["error"] and row["image"] is None, (urls[i], row)
+        kinds[row["error_kind"]] += 1
+    assert set(kinds) <= {"invalid url", "unsupported scheme", "http 404"}, kinds  # each named, none "internal error"
+    assert not any("s3cret" in (r["url"] or "") + (r["error"] or "") for r in rows.values())  # credentials stripped
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["failure_rate"] == round(len(bad) / len(urls), 4) and summary["max_failure_rate"] == 0.5
+    assert summary["verdict"] == "failed" and not summary["shards_failed"]
+    assert proc.returncode == 1 and "invalid url" in proc.stderr and "--max-failure-rate" in proc.stderr
+
+
+@pytest.mark.slow
+def test_all_refused_exits_1_and_retry_failed_with_the_option_that_allows_them_fetches_them(tmp_path, server):
+    urls = [server.url(f"/img/rgb.jpg?private={i}") for i in range(3)]
+    tsv = tmp_path / "list.tsv"
+    write_tsv(tsv, urls)
+    out = tmp_path / "out"
+    common = ["download", "--dataset", "conceptual_captions", "--input", tsv, "--out", out, "--retries", "0"]
+    proc = run_cli(*common)  # loopback is refused by default: every item fails
+    assert proc.returncode == 1 and "private address" in proc.stderr and "--allow-private-network" in proc.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["verdict"] == "failed" and summary["failure_rate"] == 1.0 and summary["failures"] == {"private address": 3}
+    assert run_cli(*common, "--retry-failed").returncode == 1  # the same options: refused again, nothing fetched
+    assert sum(server.hits[f"/img/rgb.jpg?private={i}"] for i in range(3)) == 0
+    proc = run_cli(*common, "--retry-failed", "--allow-private-network")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert [r["status"] for r in all_rows(out)] == ["ok"] * 3
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["verdict"] == "ok" and summary["failure_rate"] == 0.0 and summary["successes"] == 3
+
+
+def test_a_second_download_into_the_same_folder_is_refused_at_once(tmp_path, server):
+    from pipeline.io import exclusive_lock
+
+    tsv = tmp_path / "list.tsv"
+    write_tsv(tsv, [server.url("/img/rgb.jpg?locked")])
+    out = tmp_path / "out"
+    with exclusive_lock(out, "test holder"):  # another writer, alive, holding the folder
+        started = time.monotonic()
+        proc = run_cli("download", "--dataset", "conceptual_captions", "--input", tsv, "--out", out, *LOCAL_FLAGS)
+        assert proc.returncode == 75 and "another process" in proc.stderr and str(os.getpid()) in proc.stderr
+        assert time.monotonic() - started < 30 and not (out / "run.json").exists()
+    assert server.hits["/img/rgb.jpg?locked"] == 0
+
+
+def test_relative_paths_are_absolute_before_they_reach_the_tasks(tmp_path, monkeypatch):
+    from pipeline.datasets import ReaderOptions
+    from pipeline.download.run import DownloadConfig, shard_jobs
+
+    (tmp_path / "imgs").mkdir()
+    (tmp_path / "imgs" / "a.jpg").write_bytes(b"x")
+    (tmp_path / "results_20130124.token").write_text("a.jpg#0\tA thing .\n")
+    monkeypatch.chdir(tmp_path)
+    cfg = DownloadConfig(dataset="folder", inputs=(Path("imgs"),), out=Path("out"), ray_address="auto")
+    assert cfg.out == tmp_path / "out" and cfg.inputs == (tmp_path / "imgs",)
+    assert cfg.to_json()["out"] == str(tmp_path / "out")
+    cfg = DownloadConfig(dataset="flickr30k", inputs=(Path("results_20130124.token"),), out=Path("sub/../out"),
+                         reader=ReaderOptions(images_root=Path("imgs")))
+    assert cfg.out == tmp_path / "out"
+    job = next(shard_jobs(cfg, [], Counter()))
+    assert job.items[0].path == str(tmp_path / "imgs" / "a.jpg")
+
+
+def test_an_unexpected_error_in_one_item_becomes_its_failure():
+    from pipeline.download.fetch import Fetched
+    from pipeline.download.images import ImageConfig
+    from pipeline.download.shard import process_item
+    from pipeline.records import SourceItem
+
+    item = SourceItem(image_id="x", url="http://u:p@example.com/x.jpg")
+    raised = Future()
+    raised.set_exception(RuntimeError("a bug in a fetch thread"))
+    row = process_item(item, raised, ImageConfig())
+    assert row["status"] == "failed" and row["error_kind"] == "internal error" and not row["transient"]
+    assert row["error"] == "RuntimeError: a bug in a fetch thread" and row["url"] == "http://example.com/x.jpg"
+    row = process_item(item, Fetched(None, "http://example.com/x.jpg", 200, "", 1), ImageConfig())  # not bytes
+    assert row["error_kind"] == "internal error" and row["error"].startswith("TypeError")
+
+
+def test_local_paths_no_file_can_have_fail_alone(tmp_path):
+    from pipeline.download.fetch import FetchConfig
+    from pipeline.download.images import ImageConfig
+    from pipeline.download.shard import fetch_rows
+    from pipeline.records import SourceItem
+
+    items = [SourceItem(image_id="nul", path=str(tmp_path / "a\x00b.jpg")), SourceItem(image_id="dir", path=str(tmp_path))]
+    rows = fetch_rows(items, [True, True], FetchConfig(), ImageConfig(), threads=2)
+    assert [r["error_kind"] for r in rows] == ["file error", "file error"]
+
+
+def test_retry_table():
+    from pipeline.download.failures import policy_of, should_retry
+    from pipeline.download.fetch import FetchConfig
+    from pipeline.download.images import ImageConfig
+
+    old = policy_of(FetchConfig(max_bytes=1000), ImageConfig(min_side=100, max_aspect_ratio=3))
+    same = dict(old)
+    assert should_retry("timeout", True, old, same) and should_retry("http 503", True, old, same)
+    for kind in ("private address", "too large", "too small", "aspect ratio", "http 404", "opted out", "not an image"):
+        assert not should_retry(kind, False, old, same), kind
+    assert should_retry("internal error", False, old, same)  # a bug, perhaps fixed since
+    looser = {
+        "private address": [FetchConfig(max_bytes=1000, allow_private_network=True),
+                            FetchConfig(max_bytes=1000, allowed_networks=("10.0.0.0/8",))],
+        "too large": [FetchConfig(max_bytes=2000)],
+        "decompression bomb": [FetchConfig(max_bytes=1000), ImageConfig(max_pixels=10**9)],
+    }
+    for kind, configs in looser.items():
+        fetch = next((c for c in configs if isinstance(c, FetchConfig)), FetchConfig(max_bytes=1000))
+        image = next((c for c in configs if isinstance(c, ImageConfig)), ImageConfig(min_side=100, max_aspect_ratio=3))
+        assert should_retry(kind, False, old, policy_of(fetch, image)), kind
+    for image, kind in ((ImageConfig(min_side=50, max_aspect_ratio=3), "too small"),
+                        (ImageConfig(min_side=100, max_aspect_ratio=0), "aspect ratio"),
+                        (ImageConfig(min_side=100, max_aspect_ratio=4), "aspect ratio")):
+        assert should_retry(kind, False, old, policy_of(FetchConfig(max_bytes=1000), image)), kind
+    stricter = policy_of(FetchConfig(max_bytes=500), ImageConfig(min_side=200, max_aspect_ratio=2))
+    assert not any(should_retry(k, False, old, stricter) for k in ("too large", "too small", "aspect ratio"))
+    tighter_everything = policy_of(FetchConfig(max_bytes=10**9, allow_private_network=True), ImageConfig())
+    assert not should_retry("opted out", False, old, tighter_everything)  # never, whatever the options
+    assert should_retry("private address", False, None, same)  # made by a version that did not record its options
+
+
+def test_verdict():
+    from pipeline.download.failures import verdict
+
+    ok = verdict(10, 6, Counter({"http 404": 4}), {}, 0.5)
+    assert ok["verdict"] == "ok" and ok["failure_rate"] == 0.4 and ok["verdict_reason"] is None
+    bad = verdict(10, 4, Counter({"http 404": 5, "private address": 1}), {}, 0.5)
+    assert bad["verdict"] == "failed" and bad["failure_rate"] == 0.6
+    assert "6 of 10" in bad["verdict_reason"] and "http 404 x 5" in bad["verdict_reason"]
+    assert "--retry-failed" in bad["verdict_reason"] and "--allow-private-network" in bad["verdict_reason"]
+    assert verdict(3, 0, Counter({"timeout": 3}), {}, 1.0)["verdict"] == "failed"  # all failed
+    assert verdict(0, 0, Counter(), {}, 0.5)["verdict"] == "ok"
+    shards = verdict(10, 10, Counter(), {"00001": "IsADirectoryError: x"}, 0.5)
+    assert shards["verdict"] == "failed" and "00001" in shards["verdict_reason"]
+
+
+def test_a_shard_task_error_is_reported_as_its_own_error_and_a_full_disk_stops_the_run():
+    import errno
+
+    from ray.exceptions import RayTaskError
+
+    from pipeline.download.failures import shard_failure
+    from pipeline.errors import describe
+
+    wrapped = RayTaskError("_shard_task", "Traceback (most recent call last): ...", FileExistsError("/o/00001_stats.json"))
+    assert shard_failure(wrapped.as_instanceof_cause()) == "FileExistsError: /o/00001_stats.json"
+    full = OSError(errno.ENOSPC, "No space left on device", "/o/.tmp-00003.parquet.77")
+    with pytest.raises(OSError) as info:  # not retried, not counted: the run stops (exit 74)
+        shard_failure(RayTaskError("_shard_task", "Traceback ...", full).as_instanceof_cause())
+    assert info.value is full and describe(info.value).startswith("disk full writing /o/.tmp-00003.parquet.77")

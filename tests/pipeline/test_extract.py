@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -175,3 +176,89 @@ def test_a_dead_detector_actor_is_replaced_and_its_shard_retried(tmp_path, weigh
         assert sorted(store.ids()) == sorted(f"cc3m-list-{i:08d}" for i in range(18))
     finally:
         server.close()
+
+
+@pytest.mark.slow
+def test_extract_where_all_failed_exits_1_and_retry_failed_extracts_them_once(tmp_path, server, weights):
+    urls = [server.url(f"/img/{n}?xr={i}") for i, n in enumerate(("rgb.jpg", "gray.jpg", "big.jpg"))]
+    urls.append(server.url("/status/404?xr"))
+    tsv = tmp_path / "val.tsv"
+    write_tsv(tsv, urls)
+    out = tmp_path / "feats"
+    common = ["extract", "--dataset", "conceptual_captions", "--input", tsv, "--weights", weights, "--detector", "tiny",
+              "--boxes", "5", "--out", out, "--shard-size", "2", "--workers", "2", "--threads", "2"]
+    proc = run_cli(*common)  # loopback is refused by default: every image fails
+    assert proc.returncode == 1 and "private address x 4" in proc.stderr and "--allow-private-network" in proc.stderr
+    summary = json.loads((out / "extract_summary.json").read_text())
+    assert summary["verdict"] == "failed" and summary["failure_rate"] == 1.0 and summary["max_failure_rate"] == 0.5
+    first_stats = (out / "extract" / "00000_stats.json").read_text()
+
+    proc = run_cli(*common, "--retry-failed", "--allow-private-network")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    store = FeatureStore.open(out)
+    assert sorted(store.ids()) == ["cc3m-val-00000000", "cc3m-val-00000001", "cc3m-val-00000002"]
+    assert verify_store(out).ok
+    stats = [json.loads(p.read_text()) for p in sorted((out / "extract").glob("*_stats.json"))]
+    assert [f["kind"] for s in stats for f in s["failed_images"]] == ["http 404"]  # re-attempted, now for its own reason
+    assert [s["count"] for s in stats] == [2, 2] and stats[0]["extracted"] == 2 and stats[0]["failures"] == {}
+    summary = json.loads((out / "extract_summary.json").read_text())
+    assert summary["verdict"] == "ok" and summary["extracted"] == 3 and summary["failures"] == {"http 404": 1}
+    assert server.hits["/status/404?xr"] == 1
+
+    # killed after the store commit but before its stats were updated: the retry redoes the
+    # shard's images, the store keeps one copy of each, and the stats end up right
+    (out / "extract" / "00000_stats.json").write_text(first_stats)
+    proc = run_cli(*common, "--retry-failed", "--allow-private-network")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    store = FeatureStore.open(out)
+    assert len(store) == 3 and verify_store(out).ok
+    stats = json.loads((out / "extract" / "00000_stats.json").read_text())
+    assert stats["failed_images"] == [] and stats["extracted"] + stats["already_present"] == 2
+    assert server.hits["/status/404?xr"] == 1  # shard 1 had nothing left to retry
+
+
+@pytest.mark.slow
+def test_extract_reads_img2dataset_files_output(tmp_path):
+    from test_image_shards import write_img2dataset_files_output
+
+    source = write_img2dataset_files_output(tmp_path / "i2d")
+    proc = run_cli("extract", "--images", source, "--random-weights", "--detector", "tiny", "--boxes", "4",
+                   "--out", tmp_path / "s")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert sorted(FeatureStore.open(tmp_path / "s").ids()) == ["000000000", "000000002", "000010000"]
+
+
+def test_relative_extract_paths_are_absolute_before_they_reach_the_workers(tmp_path, monkeypatch):
+    from pipeline.detect.run import ExtractConfig
+
+    for name in ("imgs", "keep"):
+        (tmp_path / name).mkdir()
+    (tmp_path / "boxes.json").write_text("{}")
+    (tmp_path / "w.pkl").write_bytes(b"")
+    (tmp_path / "list.tsv").write_text("")
+    monkeypatch.chdir(tmp_path)
+    cfg = ExtractConfig(out=Path("feats"), images=Path("imgs"), weights=Path("w.pkl"), keep_images=Path("keep"),
+                        given_boxes=Path("boxes.json"), ray_address="auto")
+    assert (cfg.out, cfg.images, cfg.weights, cfg.keep_images, cfg.given_boxes) == (
+        tmp_path / "feats", tmp_path / "imgs", tmp_path / "w.pkl", tmp_path / "keep", tmp_path / "boxes.json")
+    cfg = ExtractConfig(out=Path("feats"), dataset="conceptual_captions", inputs=(Path("list.tsv"),), random_weights=True)
+    assert cfg.inputs == (tmp_path / "list.tsv",)
+    assert cfg.to_json()["out"] == str(tmp_path / "feats")
+
+
+def test_one_image_that_breaks_the_decoder_fails_alone(server):
+    from pipeline.detect.extractor import SelectionConfig
+    from pipeline.detect.boxes import BoxCount
+    from pipeline.detect.run import DetectorActor
+
+    actor = DetectorActor(TINY.to_json(), None, 0, SelectionConfig("butd", BoxCount.parse("4")), "cpu", False, 2)
+    rows = [{"image_id": "good", "status": "ok", "image": server.corpus["rgb.jpg"][0], "url": None},
+            {"image_id": "none", "status": "ok", "image": None, "url": "http://u:p@example.com/none.jpg"},
+            {"image_id": "junk", "status": "ok", "image": b"junk", "url": None},
+            {"image_id": "gone", "status": "failed", "error_kind": "http 404", "error": "x", "transient": False, "url": None}]
+    result = actor.extract(7, rows)
+    assert [r.image_id for r in result["records"]] == ["good"]
+    failed = {f["image_id"]: f for f in result["failures"]}
+    assert {k: f["kind"] for k, f in failed.items()} == {"none": "internal error", "junk": "not an image", "gone": "http 404"}
+    assert failed["none"]["detail"].startswith("TypeError") and failed["none"]["url"] == "http://example.com/none.jpg"
+    assert failed["gone"]["transient"] is False

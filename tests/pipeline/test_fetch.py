@@ -78,7 +78,7 @@ def test_opt_out_is_respected(server):
 
 
 @pytest.mark.parametrize("url, kind", [("ftp://127.0.0.1/a.jpg", "unsupported scheme"), ("file:///etc/passwd", "unsupported scheme"),
-                                       ("http:///nohost", "bad url")])
+                                       ("http:///nohost", "invalid url")])
 def test_only_http_urls(url, kind):
     with pytest.raises(FetchError) as info:
         fetch(url, LOCAL, HostLimiter(4))
@@ -95,3 +95,88 @@ def test_per_host_cap(server):
     for t in threads:
         t.join()
     assert server.max_slow == 2
+
+
+INVALID_URLS = [
+    "http://a..b/x.jpg",  # an empty host label (UnicodeError from the resolver before)
+    "http://" + "a" * 64 + ".example/x.jpg",  # a label over 63 characters
+    "http://ab\u00e9..example/x.jpg",  # non-ASCII with an empty label: IDNA refuses it
+    "http://ex%41mple.com/x.jpg",  # characters no host name has
+    "http://exa mple.com/x.jpg",
+    "http://[::1",  # unbalanced bracket (ValueError from urlsplit before)
+    "http://[::1]x/",  # text after an address literal
+    "http://user@",  # no host after the credentials
+    "http://127.0.0.1:99999999/x.jpg",  # port out of range
+    "http://127.0.0.1:abc/x.jpg",
+    "http://127.0.0.1:0/x.jpg",
+    "http://127.0.0.1/a b.jpg",  # a space in the path (classed "connection", transient, before)
+    "http://127.0.0.1/a\r\nX-Injected: 1",  # CR/LF: header injection
+    "http://127.0.0.1/a\tb.jpg",
+    "http://127.0.0.1/a\x00b.jpg",
+    "http://127.0.0.1/\ud800.jpg",  # a lone surrogate cannot be UTF-8 encoded
+]
+
+
+@pytest.mark.parametrize("url", INVALID_URLS)
+def test_invalid_urls_are_named_and_permanent(url):
+    with pytest.raises(FetchError) as info:
+        fetch(url, LOCAL, HostLimiter(4))
+    assert info.value.kind == "invalid url" and not info.value.transient, (info.value.kind, info.value.detail)
+
+
+def test_non_ascii_paths_and_hosts_are_encoded_as_browsers_do(server):
+    from pipeline.download.fetch import parse_url
+
+    got = get(server, "/any/caf\u00e9.jpg?q=\u00fc")  # IRI -> URI: UTF-8, percent-encoded
+    assert got.status == 200 and server.hits["/any/caf%C3%A9.jpg?q=%C3%BC"] == 1
+    got = get(server, "/redirect-utf8")  # a raw UTF-8 Location header: its bytes, percent-encoded
+    assert got.status == 200 and server.hits["/any/caf%C3%A9.jpg"] == 1
+    target = parse_url("https://B\u00fccher.example:8443/\u00e4/x.jpg?a=1#frag")
+    assert (target.scheme, target.host, target.port, target.target) == (
+        "https", "xn--bcher-kva.example", 8443, "/%C3%A4/x.jpg?a=1")
+    assert parse_url("http://[::1]/x").host == "::1" and parse_url("http://example.com").target == "/"
+
+
+def test_credentials_never_reach_rows_or_messages(server):
+    from pipeline.download.fetch import redact_url
+
+    url = server.url("/img/rgb.jpg").replace("http://", "http://alice:s3cret@")
+    got = fetch(url, LOCAL, HostLimiter(4))
+    assert got.final_url == server.url("/img/rgb.jpg")
+    with pytest.raises(FetchError) as info:
+        fetch(server.url("/status/404").replace("http://", "http://alice:s3cret@"), LOCAL, HostLimiter(4))
+    assert "s3cret" not in str(info.value) and "alice" not in str(info.value)
+    assert redact_url("https://u:p@h.example:81/a?b") == "https://h.example:81/a?b"
+    assert redact_url("http://[::1]:8/x") == "http://[::1]:8/x" and redact_url("not a url [") == "not a url ["
+
+
+@pytest.mark.parametrize("ip", [
+    "10.0.0.1", "127.0.0.1", "169.254.169.254", "100.64.0.1", "0.0.0.0", "224.0.0.1",
+    "::1", "::", "fe80::1", "fc00::1", "ff02::1",
+    "::ffff:10.0.0.1", "::ffff:127.0.0.1",  # IPv4-mapped: ipaddress already knows these
+    "::10.0.0.1", "::169.254.169.254",  # IPv4-compatible (deprecated ::/96)
+    "64:ff9b::a00:1", "64:ff9b::7f00:1", "64:ff9b::a9fe:a9fe",  # NAT64 (64:ff9b::/96) of private IPv4
+    "64:ff9b:1::a00:1",  # local-use NAT64 (64:ff9b:1::/48)
+    "2002:a00:1::1", "2002:a9fe:a9fe::",  # 6to4 (2002::/16) of private IPv4
+    "2001:0:4136:e378:8000:63bf:f5ff:fffe",  # Teredo
+])
+def test_private_addresses_in_every_form_are_refused(ip):
+    from pipeline.download.fetch import _address_allowed
+
+    assert not _address_allowed(ip, False, ())
+    assert _address_allowed(ip, True, ())  # --allow-private-network
+
+
+@pytest.mark.parametrize("ip", ["8.8.8.8", "2606:4700::1111", "::ffff:8.8.8.8", "64:ff9b::808:808", "2002:808:808::1"])
+def test_public_addresses_in_every_form_are_allowed(ip):
+    from pipeline.download.fetch import _address_allowed
+
+    assert _address_allowed(ip, False, ())
+
+
+def test_allowed_networks_cover_embedded_ipv4():
+    from pipeline.download.fetch import _address_allowed
+
+    nets = ("10.0.0.0/8",)
+    assert _address_allowed("10.1.2.3", False, nets) and _address_allowed("64:ff9b::a01:203", False, nets)
+    assert _address_allowed("::ffff:10.1.2.3", False, nets) and not _address_allowed("::ffff:192.168.0.1", False, nets)

@@ -69,3 +69,58 @@ def test_img2dataset_outputs(tmp_path):
     assert [i.image_id for i in items] == ["000000000"] and items[0].data == CORPUS["rgb.jpg"][0]
     with pytest.raises(ConfigError, match="not found"):
         list(iter_images(tmp_path / "nothing"))
+
+
+def write_img2dataset_files_output(out):
+    """What `img2dataset --output_format files` (its default) writes, as its FilesSampleWriter
+    does: per shard a folder OUT/NNNNN/ with <key>.jpg, <key>.txt (caption) and <key>.json
+    (metadata) for each successful sample, beside OUT/NNNNN.parquet (the metadata of every
+    sample, failed ones included; no image bytes) and OUT/NNNNN_stats.json."""
+    out.mkdir()
+    samples = [  # (shard, key, url, caption, image or None for a failed download)
+        (0, "000000000", "http://x/a.jpg", "a red thing", CORPUS["rgb.jpg"][0]),
+        (0, "000000001", "http://x/b.jpg", "gone", None),
+        (0, "000000002", "http://x/c.jpg", "grey", CORPUS["gray.jpg"][0]),
+        (1, "000010000", "http://x/d.jpg", "cmyk", CORPUS["cmyk.jpg"][0]),
+    ]
+    for shard in (0, 1):
+        folder = out / f"{shard:05d}"
+        folder.mkdir()
+        meta_rows = []
+        for number, key, url, caption, image in samples:
+            if number != shard:
+                continue
+            meta = {"url": url, "caption": caption, "key": key, "status": "success" if image else "failed_to_download",
+                    "error_message": None if image else "HTTP Error 404", "width": 64 if image else None,
+                    "height": 48 if image else None, "original_width": 64 if image else None,
+                    "original_height": 48 if image else None, "exif": None, "sha256": None}
+            meta_rows.append(meta)
+            if image is not None:
+                (folder / f"{key}.jpg").write_bytes(image)
+                (folder / f"{key}.txt").write_text(caption)
+                (folder / f"{key}.json").write_text(json.dumps(meta, indent=4))
+        pq.write_table(pa.Table.from_pylist(meta_rows), out / f"{shard:05d}.parquet")
+        (out / f"{shard:05d}_stats.json").write_text(json.dumps({"count": len(meta_rows), "successes": 0}))
+    return out
+
+
+def test_img2dataset_files_output(tmp_path):
+    out = write_img2dataset_files_output(tmp_path / "i2d")
+    items = list(iter_images(out))
+    assert [i.image_id for i in items] == ["000000000", "000000002", "000010000"]
+    assert items[0].data == CORPUS["rgb.jpg"][0] and items[2].data == CORPUS["cmyk.jpg"][0]
+    assert items[0].texts[0].text == "a red thing" and items[0].meta["url"] == "http://x/a.jpg"
+
+
+def test_file_names_that_are_not_utf8_do_not_lose_the_shard(tmp_path):
+    folder = tmp_path / "imgs"
+    folder.mkdir()
+    (folder / "rgb.jpg").write_bytes(CORPUS["rgb.jpg"][0])
+    with open(bytes(folder) + b"/caf\xe9.jpg", "wb") as f:  # a Latin-1 file name (undecodable as UTF-8)
+        f.write(CORPUS["rgb.png"][0])
+    out = tmp_path / "shards"
+    out.mkdir()
+    stats = download_shard(ShardJob(0, tuple(read_items("folder", [folder]))), out, FetchConfig(), ImageConfig(), 2)
+    assert stats["successes"] == 2
+    rows = pq.read_table(out / "00000.parquet").to_pylist()
+    assert [r["image_id"] for r in rows] == ["caf\ufffd", "rgb"] and rows[0]["image"] == CORPUS["rgb.png"][0]
