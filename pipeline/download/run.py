@@ -219,7 +219,11 @@ def _run_download(cfg: DownloadConfig, on_progress: Optional[Callable[[Progress]
     run_started = time.time()
 
     def count_items() -> None:  # for the progress bar's total and ETA, beside the real work
-        total = sum(1 for r in read_items(cfg.dataset, cfg.inputs, cfg.reader) if not isinstance(r, Malformed))
+        try:
+            total = sum(1 for r in read_items(cfg.dataset, cfg.inputs, cfg.reader) if not isinstance(r, Malformed))
+        except Exception as err:  # the main pass reads the same input and reports this error itself
+            log.debug("counting the items for the progress bar failed: %s", err)
+            return
         progress.total_items = total
 
     threading.Thread(target=count_items, daemon=True).start()
