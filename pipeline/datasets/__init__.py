@@ -7,8 +7,11 @@ The sources are described in data_manifests/datasets/<name>.yaml.
 
 from __future__ import annotations
 
+import zlib
 from pathlib import Path
 from typing import Iterator, Sequence
+
+import pyarrow as pa
 
 from pipeline.datasets import coco, conceptual_captions, flickr30k, folder, nlvr2, url_list, visual_genome
 from pipeline.datasets.base import DatasetReader, Malformed, ReaderOptions, ReaderResult
@@ -35,7 +38,18 @@ def read_items(dataset: str, inputs: Sequence[Path], opts: ReaderOptions = Reade
     missing = [str(p) for p in inputs if not Path(p).exists()]
     if missing:
         raise ConfigError(f"input not found: {', '.join(missing)}")
-    return READERS[dataset].read([Path(p) for p in inputs], opts)
+    paths = [Path(p) for p in inputs]
+    return _named_read_errors(READERS[dataset].read(paths, opts), dataset, paths)
+
+
+def _named_read_errors(results: Iterator[ReaderResult], dataset: str, paths: list[Path]) -> Iterator[ReaderResult]:
+    """The reader's results; an input that cannot be read at all (not gzip, truncated, not
+    Parquet, an I/O error) becomes a ConfigError naming it instead of a traceback."""
+    try:
+        yield from results
+    except (OSError, EOFError, zlib.error, pa.ArrowException) as err:
+        names = ", ".join(str(p) for p in paths)
+        raise ConfigError(f"{dataset} input {names}: cannot be read ({type(err).__name__}: {err})") from err
 
 
 __all__ = ["READERS", "DatasetReader", "Malformed", "ReaderOptions", "read_items"]

@@ -133,3 +133,13 @@ def test_registry_and_manifests_agree():
         assert manifest["name"] == name and manifest["files"] and (name in generated or manifest["obtain"] and manifest["ids"])
     with pytest.raises(ConfigError, match="unknown dataset"):
         read_items("nope", [])
+
+
+@pytest.mark.parametrize("name, content", [("urls.tsv.gz", b"not gzip at all"), ("urls.parquet", b"PAR1 not parquet")])
+def test_an_input_that_cannot_be_read_at_all_is_a_named_error(tmp_path, name, content):
+    """A corrupt .gz or Parquet input: a ConfigError naming the file (it was a raw
+    BadGzipFile / ArrowInvalid traceback, in the driver and in the progress bar's counter)."""
+    path = tmp_path / name
+    path.write_bytes(content)
+    with pytest.raises(ConfigError, match=f"url_list input {path}: cannot be read"):
+        list(read_items("url_list", [path]))
