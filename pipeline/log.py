@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import sys
 
 import typer
 
@@ -19,14 +20,16 @@ console = Console(stderr=True)
 
 
 def setup_logging(verbose: int = 0, quiet: bool = False) -> None:
+    """Log to stderr: through rich on a terminal; as plain, unwrapped, timestamped lines
+    when stderr is a file or a pipe (batch jobs: one greppable line per record)."""
     level = logging.WARNING if quiet else logging.DEBUG if verbose else logging.INFO
-    logging.basicConfig(
-        level=level,
-        format="%(message)s",
-        datefmt="[%X]",
-        handlers=[RichHandler(console=console, show_path=False, rich_tracebacks=False)],
-        force=True,
-    )
+    if console.is_terminal:
+        handler: logging.Handler = RichHandler(console=console, show_path=False, rich_tracebacks=False)
+        fmt, datefmt = "%(message)s", "[%X]"
+    else:
+        handler = logging.StreamHandler(sys.stderr)
+        fmt, datefmt = "%(asctime)s %(levelname)s %(name)s: %(message)s", "%Y-%m-%d %H:%M:%S"
+    logging.basicConfig(level=level, format=fmt, datefmt=datefmt, handlers=[handler], force=True)
     for noisy in ("filelock", "urllib3"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
 

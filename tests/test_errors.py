@@ -87,3 +87,14 @@ def test_lock_of_a_killed_holder_is_released(tmp_path):
     holder.wait()
     with exclusive_lock(tmp_path):
         pass
+
+
+def test_logs_to_a_file_or_pipe_are_plain_unwrapped_lines():
+    """Batch jobs (stderr redirected): one timestamped line per record, however long (rich
+    wrapped them at 80 columns, splitting progress lines)."""
+    code = "import logging\nfrom pipeline.log import setup_logging\nsetup_logging()\nlogging.getLogger('x').info('step ' + 'a' * 200)"
+    child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                           env={"PATH": "/usr/bin:/bin", "COLUMNS": "80"})
+    lines = child.stderr.splitlines()
+    assert len(lines) == 1, child.stderr
+    assert lines[0].endswith("INFO x: step " + "a" * 200)

@@ -3,6 +3,7 @@ line and an exit code (`pipeline.log.named_errors`)."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import List
 
@@ -23,7 +24,7 @@ def pretrain(
     shards: List[Path] = typer.Option(..., "--shards", help="Feature store(s) with the images' region features (repeatable)."),
     mixture: Path = typer.Option(..., help="Mixture folder from `vlprep build-mixture`."),
     out: Path = typer.Option(..., help="Run folder: config.json, metrics.jsonl, checkpoints/."),
-    vocab: Path = typer.Option(..., help="WordPiece vocab.txt (BERT uncased)."),
+    vocab: Path = typer.Option(..., help="BERT WordPiece vocab: a vocab.txt (uncased), a tokenizer.json, or a model folder with either."),
     steps: int = typer.Option(1000, help="Optimizer steps."),
     batch_size: int = typer.Option(32, help="Examples per rank per micro-step."),
     grad_accum: int = typer.Option(1, help="Micro-steps per optimizer step."),
@@ -39,8 +40,17 @@ def pretrain(
     checkpoint_every: int = typer.Option(500, help="Steps between checkpoints."),
     eval_every: int = typer.Option(0, help="Steps between validation passes on the mixture's val split (0: at the end)."),
     seed: int = typer.Option(0, help="Seed of initialization, sampling and masking."),
-    resume: bool = typer.Option(False, help="Continue from OUT/checkpoints/latest."),
+    resume: bool = typer.Option(False, help="Continue the run in OUT from checkpoints/latest (a new run if OUT holds none). Settings that change what the run computes must stay the same (refused, named); --steps may grow (noted in metrics.jsonl)."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Start again in an OUT that holds a run: removes only the trainer's files there (config.json, metrics.jsonl, checkpoints/, tensorboard/, curves.png)."),
     stop_at: int = typer.Option(0, help="End this invocation at this step (0: run to --steps); resume later."),
+    keep_last: int = typer.Option(3, help="Checkpoints kept (0: all), besides the best one (--best-metric)."),
+    best_metric: str = typer.Option(None, help="Keep the best checkpoint by this validation score (checkpoints/best), e.g. eval_qa_score, eval_retrieval_R@1, eval_region_kl; NAME:max or NAME:min to set the direction."),
+    log_every: int = typer.Option(10, help="Steps between metrics rows (and progress lines when stderr is not a terminal)."),
+    report_to: List[str] = typer.Option([], "--report-to", help="Also report to: tensorboard (events in OUT/tensorboard; pip install tensorboard)."),
+    max_text: int = typer.Option(0, help="Text tokens per item (0: the model's default, ViLBERT 36, LXMERT 20)."),
+    max_regions: int = typer.Option(36, help="Regions per image (ViLBERT adds its IMG token)."),
+    clip: float = typer.Option(1.0, help="Gradient clipping (global norm)."),
+    verify_shards: bool = typer.Option(False, "--verify-shards", help="Check each feature-store shard's sha256 on first use (also: VLPREP_VERIFY_SHARDS=1)."),
     visual_weighting: str = typer.Option("confidence", help="LXMERT obj/attr losses: confidence (reference) or masked."),
     qa_from_epoch: int = typer.Option(0, help="LXMERT: train image QA from this epoch on."),
     weight: List[str] = typer.Option([], "--weight", help="TASK=W: a task's loss weight (default 1; repeatable). Tasks: ViLBERT mlm, region, alignment; LXMERT mlm, matching, obj, attr, feat, qa."),
@@ -56,28 +66,36 @@ def pretrain(
 
     cfg = TrainConfig(model=model, stores=tuple(str(s) for s in shards), mixture=str(mixture), out=str(out),
                       vocab=str(vocab), steps=steps, batch_size=batch_size, grad_accum=grad_accum, lr=lr,
-                      optimizer=optimizer, warmup=warmup,
+                      optimizer=optimizer, warmup=warmup, clip=clip,
                       weight_decay=weight_decay, device=device, amp=amp, workers=workers, compile=compile,
                       init=str(init) if init else None,
-                      checkpoint_every=checkpoint_every, eval_every=eval_every, seed=seed, resume=resume,
-                      stop_at=stop_at or None,
+                      checkpoint_every=checkpoint_every, eval_every=eval_every, log_every=log_every, seed=seed,
+                      resume=resume, overwrite=overwrite, stop_at=stop_at or None, keep_last=keep_last,
+                      best_metric=best_metric, report_to=tuple(report_to), max_text=max_text or None,
+                      max_regions=max_regions, verify_shards=verify_shards,
                       task=TaskConfig(visual_weighting=visual_weighting, qa_from_epoch=qa_from_epoch,
                                       weights=_pairs(weight, "--weight", float),
                                       from_step=_pairs(task_from, "--task-from", int)))
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-    columns = [TextColumn("pretraining"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
-               TimeElapsedColumn(), TimeRemainingColumn()]
-    with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
-        task = bar.add_task("steps", total=steps, info="")
+    from vl_models.train.runlog import progress_line
 
-        def update(step: int, metrics: dict) -> None:
-            loss = sum(v for k, v in metrics.items() if k.startswith("loss_"))
-            bar.update(task, completed=step, info=f"loss {loss:.3f}, {metrics['samples_per_s']:.1f} samples/s")
+    stderr = Console(stderr=True)
+    if not stderr.is_terminal:  # a batch job: a log line per logged step instead of a bar
+        last = run(cfg, on_step=lambda step, metrics: logging.getLogger("vltrain").info(progress_line(metrics, steps)))
+    else:
+        columns = [TextColumn("pretraining"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
+                   TimeElapsedColumn(), TimeRemainingColumn()]
+        with Progress(*columns, console=stderr, transient=True) as bar:
+            task = bar.add_task("steps", total=steps, info="")
 
-        last = run(cfg, on_step=update)
+            def update(step: int, metrics: dict) -> None:
+                loss = sum(v for k, v in metrics.items() if k.startswith("loss_"))
+                bar.update(task, completed=step, info=f"loss {loss:.3f}, {metrics['samples_per_s']:.1f} samples/s")
+
+            last = run(cfg, on_step=update)
     shown = {k: round(v, 4) for k, v in last.items() if k.startswith(("loss_", "eval_"))}
-    Console().print(f"done: step {last.get('step')} -> {out}")
+    Console().print(f"done: step {last.get('step', 'unchanged: the run was at its end')} -> {out}")
     Console().print(shown)
 
 
@@ -95,6 +113,34 @@ def plot(
         raise typer.Exit(2)
     path = plot_run(run_dir, output or run_dir / "curves.png")
     Console().print(f"wrote {path}")
+
+
+@app.command()
+@named_errors
+def export(
+    source: Path = typer.Argument(..., help="A run folder (its latest checkpoint, or --step) or a checkpoint file."),
+    output: Path = typer.Argument(..., help="Folder to write (new or empty; an earlier export with --overwrite)."),
+    to: str = typer.Option("hf", "--to", help="hf: a Hugging Face folder (model.safetensors, config.json, tokenizer files)."),
+    step: str = typer.Option(None, "--step", help="In a run folder: the checkpoint of step N, or best (default: latest)."),
+    vocab: Path = typer.Option(None, help="The run's vocab, if it moved since training (default: the run's --vocab)."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an earlier export in OUTPUT (its files only)."),
+) -> None:
+    """Export a checkpoint for `transformers`. LXMERT: `LxmertForPreTraining.from_pretrained(OUTPUT)`
+    and `AutoTokenizer.from_pretrained(OUTPUT)`. ViLBERT (no transformers class):
+    `vl_models.models.weights.load_exported(OUTPUT)`; its text stream alone (without
+    co-attention) loads as `BertModel.from_pretrained(OUTPUT/text_stream, add_pooling_layer=False)`.
+
+    Example: vltrain export --to hf runs/lxmert lxmert-hf --step best
+    """
+    from pipeline.errors import ConfigError
+    from vl_models.export import FORMATS, export_run
+
+    if to not in FORMATS:
+        raise ConfigError(f"--to {to!r}: known formats: {', '.join(FORMATS)}")
+    if step is not None and step not in ("best", "latest") and not step.isdigit():
+        raise ConfigError(f"--step {step!r}: a step number, best or latest")
+    done = export_run(source, output, int(step) if step and step.isdigit() else step, vocab, overwrite)
+    Console().print(f"exported {done['kind']} step {done['step']} ({done['source']}) -> {output}")
 
 
 @app.command("preview-batch")

@@ -21,6 +21,9 @@ from pipeline.store.layout import StoreLayout
 MANIFEST_FILE = "manifest.json"
 SHARDS_DIR = "shards"
 FORMAT_NAME = "vlprep-feature-store"
+# Provenance keys that say what a store's features are: every run that writes one store
+# must agree on them (checked on append), and a training run's resume compares them.
+IDENTITY_KEYS = ("detector", "weights_sha256", "box_policy")
 
 
 def now_iso() -> str:
@@ -69,6 +72,11 @@ class Manifest:
             if self.layout.prob(name).mode != "none":
                 out[name] = float_dtype
         return out
+
+    def identity(self) -> dict:
+        """What the records are, independent of how many there are: the layout and the
+        provenance's `IDENTITY_KEYS`."""
+        return {"layout": self.layout.to_json(), **{k: self.provenance.get(k) for k in IDENTITY_KEYS}}
 
     def to_json(self) -> dict:
         layout = self.layout

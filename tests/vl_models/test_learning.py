@@ -11,7 +11,7 @@ import json
 
 import numpy as np
 import yaml
-from conftest import VOCAB
+from train_helpers import VOCAB
 
 from pipeline.mixture.build import MixtureSpec, build_mixture
 from pipeline.records import RegionFeatures

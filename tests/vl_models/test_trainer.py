@@ -2,18 +2,11 @@ import json
 
 import pytest
 import torch
-from conftest import VOCAB
+from train_helpers import VOCAB, config
 from helpers import REPO
 
 from pipeline.errors import ConfigError
-from vl_models.train.trainer import TrainConfig, run
-
-
-def config(data, tmp_path, model, **kw):
-    base = dict(model=model, stores=(str(data / "feats"),), mixture=str(data / "mix"), out=str(tmp_path / "run"),
-                vocab=str(VOCAB), steps=4, batch_size=4, lr=1e-3, warmup=1, checkpoint_every=2, log_every=1,
-                max_regions=10, max_text=12)
-    return TrainConfig(**{**base, **kw})
+from vl_models.train.trainer import run
 
 
 @pytest.mark.parametrize("model", ["lxmert-tiny", "vilbert-tiny"])

@@ -8,6 +8,7 @@ a generator seeded by those three numbers, so a resumed run sees the same exampl
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Sequence
@@ -16,7 +17,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from pipeline.errors import ConfigError
+from pipeline.errors import ConfigError, DataError
 from pipeline.records import pad_regions
 from pipeline.store import FeatureStore
 from vl_models.data.masking import mask_regions, mask_tokens, mismatch, overlap_targets
@@ -36,22 +37,58 @@ class DataConfig:
     seed: int = 0
 
 
+def mixture_file(mixture: Path, name: str) -> Path:
+    """A file of a `vlprep build-mixture` folder: ConfigError if the folder is no mixture,
+    DataError naming the file if it is missing."""
+    mixture = Path(mixture)
+    try:
+        is_mixture = json.loads((mixture / "manifest.json").read_text()).get("format") == "vlprep-mixture"
+    except (OSError, ValueError, AttributeError):
+        is_mixture = False
+    if not is_mixture:
+        raise ConfigError(f"{mixture} is not a mixture (no vlprep-mixture manifest.json): "
+                          "build one with `vlprep build-mixture`")
+    path = mixture / name
+    if not path.is_file():
+        raise DataError(f"{path} is missing: the mixture is incomplete; rebuild it with `vlprep build-mixture`")
+    return path
+
+
+def read_answers(mixture: Path) -> list[str]:
+    """The mixture's answer table (QA label i is answers[i])."""
+    path = mixture_file(mixture, "answers.json")
+    try:
+        return list(json.loads(path.read_text())["answers"])
+    except (ValueError, KeyError, TypeError) as err:
+        raise DataError(f"{path}: unreadable answer table ({type(err).__name__}: {err}); "
+                        "rebuild the mixture with `vlprep build-mixture`") from err
+
+
 class PretrainDataset(torch.utils.data.Dataset):
-    def __init__(self, mixture: Path, stores: Sequence[Path], vocab_file: Path, cfg: DataConfig):
+    def __init__(self, mixture: Path, stores: Sequence[Path], vocab_file: Path, cfg: DataConfig,
+                 verify_shards: bool = False):
         self.cfg = cfg
-        table = pa.ipc.open_file(pa.memory_map(str(Path(mixture) / "items.arrow"))).read_all()
+        path = mixture_file(mixture, "items.arrow")
+        try:
+            table = pa.ipc.open_file(pa.memory_map(str(path))).read_all()
+        except (pa.ArrowInvalid, OSError) as err:
+            raise DataError(f"{path}: unreadable ({err}); rebuild the mixture with `vlprep build-mixture`") from err
         split = table.column("split").to_numpy(zero_copy_only=False)
         self.rows = np.nonzero(split == cfg.split)[0]
         if not len(self.rows):
             raise ConfigError(f"{mixture}: no items in split {cfg.split!r}")
         self.table = table
         self.images = table.column("store_key").to_numpy(zero_copy_only=False)
-        self.stores = [FeatureStore.open(p, dtype="float32") for p in stores]
+        self.stores = [FeatureStore.open(p, dtype="float32", verify=True if verify_shards else None) for p in stores]
         self.tokenizer = WordPiece(vocab_file)
         self.epoch = 0
 
     def __len__(self) -> int:
         return len(self.rows)
+
+    def missing_images(self) -> list[str]:
+        """The images of this split that no feature store holds, sorted."""
+        return sorted(key for key in set(self.images[self.rows]) if not any(key in store for store in self.stores))
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch

@@ -12,6 +12,15 @@ from vl_models.eval.metrics import recall_at_k, vqa_score
 from vl_models.tasks.losses import local_means
 from vl_models.tasks.pretrain import TaskConfig, pretrain_losses
 
+_RETRIEVAL = {f"eval_retrieval_R@{k}": "max" for k in (1, 5, 10)}
+# The scores `evaluate` returns per model kind, each with the direction that is better
+# (`vltrain pretrain --best-metric` picks one). Counts (eval_retrieval_images/queries) are not scores.
+EVAL_METRICS = {
+    "vilbert": {"eval_mlm_acc": "max", "eval_alignment_acc": "max", "eval_region_kl": "min", **_RETRIEVAL},
+    "lxmert": {"eval_mlm_acc": "max", "eval_matching_acc": "max", "eval_obj_acc": "max", "eval_attr_acc": "max",
+               "eval_qa_acc": "max", "eval_qa_score": "max", **_RETRIEVAL},
+}
+
 
 def pair_heads(kind: str, model, batch: dict):
     """The model's outputs with the token / region decoders skipped (no positions to decode)."""

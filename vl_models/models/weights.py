@@ -3,10 +3,13 @@
 Reads `transformers.LxmertModel` checkpoints (``pytorch_model.bin`` or
 ``model.safetensors``; keys ``embeddings.*``, ``encoder.*``, ``pooler.*``) and original
 airsplay/lxmert ``.pth`` files (``module.`` and ``bert.`` prefixes stripped, as the HF
-conversion does). Writes our model as an HF ``LxmertModel`` folder (config.json +
-pytorch_model.bin) that `transformers` loads. A load that leaves a parameter unfilled or a
-tensor unused fails listing the keys; the position-id buffer some HF versions store is
-the only key dropped, by name. ViLBERT: vilbert-multi-task checkpoints (``bert.*`` backbone,
+conversion does). Writes our models as Hugging Face folders (`export_hf`: model.safetensors,
+config.json, tokenizer files): LXMERT as `transformers.LxmertModel` /
+`LxmertForPreTraining`; ViLBERT, which transformers has no class for, for `load_exported`,
+with its text stream also as a `transformers.BertModel` folder. A load that leaves a
+parameter unfilled or a tensor unused fails listing the keys; the position-id buffer some
+HF versions store is the only key dropped, by name, and a tied LM decoder left out of a
+safetensors file is tied again. ViLBERT: vilbert-multi-task checkpoints (``bert.*`` backbone,
 ``cls.*`` pretraining heads, and the fine-tuned task heads ``vil_prediction`` & co, handed
 back by name for the tasks that use them), and its text stream initialized from an HF
 ``BertModel`` (e.g. MiniLM, BERT-base). `init_pretraining` picks the right loader for a
@@ -17,11 +20,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Union
+from typing import Optional, Union
 
 import torch
 
 from pipeline.errors import ConfigError
+from vl_models.data.tokenize import WordPiece
 from vl_models.models.configuration import LxmertConfig, ViLBERTConfig
 from vl_models.models.modeling_lxmert import LxmertForPreTraining, LxmertModel
 from vl_models.models.modeling_vilbert import ViLBERTForPreTraining, ViLBERTModel
@@ -140,6 +144,7 @@ def load_lxmert_pretraining(source: Union[Path, dict], cfg: LxmertConfig) -> Lxm
         if key[len("lxmert."):] not in _DROPPABLE:
             renamed[key] = value
     model = LxmertForPreTraining(cfg)
+    retie(model, renamed)
     check_keys(model.state_dict(), renamed, f"LXMERT pretraining model {cfg.name!r}")
     model.load_state_dict(renamed, strict=True)
     return model
@@ -163,22 +168,121 @@ def init_vilbert_text_from_bert(model: ViLBERTModel, source: Union[Path, dict]) 
     return left_out
 
 
-def export_hf(model: Union[LxmertModel, LxmertForPreTraining], folder: Path) -> None:
-    """Write `model` as a transformers `LxmertModel` (or, with its heads,
-    `LxmertForPreTraining`) folder: config.json + pytorch_model.bin."""
+def _tied(model) -> dict[str, str]:
+    """{key: the earlier key it shares its tensor with} (the LM decoder tied to the word embeddings)."""
+    first: dict = {}
+    tied = {}
+    for key, value in model.state_dict().items():
+        ident = (value.untyped_storage().data_ptr(), value.storage_offset(), tuple(value.shape))
+        if ident in first:
+            tied[key] = first[ident]
+        else:
+            first[ident] = key
+    return tied
+
+
+def retie(model, state: dict) -> None:
+    """Fill a tied key that a file leaves out (safetensors stores a shared tensor once) from
+    the key it is tied to in `model`."""
+    for key, partner in _tied(model).items():
+        if key not in state and partner in state:
+            state[key] = state[partner]
+
+
+EXPORT_FILES = ("model.safetensors", "config.json", "vocab.txt", "tokenizer.json", "tokenizer_config.json",
+                "special_tokens_map.json", "text_stream")  # what `export_hf` writes (text_stream/: ViLBERT)
+
+
+def _save_safetensors(model, path: Path) -> None:
+    from safetensors.torch import save_file
+
+    tied = _tied(model)
+    save_file({k: v.contiguous() for k, v in model.state_dict().items() if k not in tied}, str(path),
+              metadata={"format": "pt"})
+
+
+def export_hf(model, folder: Path, tokenizer: Optional[WordPiece] = None, provenance: Optional[dict] = None) -> None:
+    """Write `model` as a Hugging Face folder: model.safetensors (tied weights once), config.json
+    and, given a tokenizer, its files. LXMERT (`LxmertModel` or `LxmertForPreTraining`) loads
+    with the transformers class of that name; ViLBERT (`ViLBERTForPreTraining`) with
+    `load_exported`, and its text stream (embeddings and text layers, without co-attention)
+    from ``text_stream/`` as a `transformers.BertModel`. config.json carries a ``vltrain``
+    record (our config, the class, `provenance`): `load_exported` reads it, and it marks the
+    folder as ours."""
+    cfg = model.cfg
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    architecture = type(model).__name__
+    kind = "lxmert" if isinstance(cfg, LxmertConfig) else "vilbert"
+    record = {"kind": kind, "architecture": architecture, "config": cfg.to_json(), **(provenance or {})}
+    if kind == "lxmert":
+        config = {
+            "model_type": "lxmert", "architectures": [architecture], "vocab_size": cfg.vocab_size,
+            "hidden_size": cfg.hidden_size, "num_attention_heads": cfg.num_attention_heads,
+            "intermediate_size": cfg.intermediate_size, "l_layers": cfg.l_layers, "x_layers": cfg.x_layers,
+            "r_layers": cfg.r_layers, "visual_feat_dim": cfg.visual_feat_dim, "visual_pos_dim": cfg.visual_pos_dim,
+            "max_position_embeddings": cfg.max_position_embeddings, "type_vocab_size": cfg.type_vocab_size,
+            "hidden_dropout_prob": cfg.hidden_dropout_prob,
+            "attention_probs_dropout_prob": cfg.attention_probs_dropout_prob,
+            "initializer_range": cfg.initializer_range, "num_qa_labels": cfg.num_qa_labels,
+            "num_object_labels": cfg.num_object_labels, "num_attr_labels": cfg.num_attr_labels, "hidden_act": "gelu",
+            "tie_word_embeddings": True,
+        }
+    elif isinstance(model, ViLBERTForPreTraining):
+        config = {"model_type": "vilbert", "architectures": [architecture]}  # no transformers class
+        _export_bert_text_stream(model.bert, folder / "text_stream", tokenizer)
+    else:
+        raise ConfigError(f"cannot export a {architecture}: LxmertModel, LxmertForPreTraining or ViLBERTForPreTraining")
+    _save_safetensors(model, folder / "model.safetensors")
+    if tokenizer is not None:
+        tokenizer.save_pretrained(folder, cfg.max_position_embeddings)
+    (folder / "config.json").write_text(json.dumps({**config, "vltrain": record}, indent=2) + "\n")
+
+
+def _export_bert_text_stream(model: ViLBERTModel, folder: Path, tokenizer: Optional[WordPiece]) -> None:
+    """ViLBERT's embeddings and text layers (BERT's names) as a `transformers.BertModel`
+    folder without pooler (load it with ``add_pooling_layer=False``)."""
+    from safetensors.torch import save_file
+
     cfg = model.cfg
     folder.mkdir(parents=True, exist_ok=True)
-    architecture = "LxmertForPreTraining" if isinstance(model, LxmertForPreTraining) else "LxmertModel"
-    hf_config = {
-        "model_type": "lxmert", "architectures": [architecture], "vocab_size": cfg.vocab_size,
-        "hidden_size": cfg.hidden_size, "num_attention_heads": cfg.num_attention_heads,
-        "intermediate_size": cfg.intermediate_size, "l_layers": cfg.l_layers, "x_layers": cfg.x_layers,
-        "r_layers": cfg.r_layers, "visual_feat_dim": cfg.visual_feat_dim, "visual_pos_dim": cfg.visual_pos_dim,
-        "max_position_embeddings": cfg.max_position_embeddings, "type_vocab_size": cfg.type_vocab_size,
-        "hidden_dropout_prob": cfg.hidden_dropout_prob, "attention_probs_dropout_prob": cfg.attention_probs_dropout_prob,
-        "initializer_range": cfg.initializer_range, "num_qa_labels": cfg.num_qa_labels,
-        "num_object_labels": cfg.num_object_labels, "num_attr_labels": cfg.num_attr_labels, "hidden_act": "gelu",
-        "tie_word_embeddings": True,
-    }
-    (folder / "config.json").write_text(json.dumps(hf_config, indent=2))
-    torch.save({k: v.contiguous() for k, v in model.state_dict().items()}, folder / "pytorch_model.bin")
+    state = {k: v.contiguous() for k, v in model.state_dict().items()
+             if k.startswith(("embeddings.", "encoder.layer."))}
+    save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    config = {"model_type": "bert", "architectures": ["BertModel"], "vocab_size": cfg.vocab_size,
+              "hidden_size": cfg.hidden_size, "num_hidden_layers": cfg.num_hidden_layers,
+              "num_attention_heads": cfg.num_attention_heads, "intermediate_size": cfg.intermediate_size,
+              "hidden_act": "gelu", "hidden_dropout_prob": cfg.hidden_dropout_prob,
+              "attention_probs_dropout_prob": cfg.attention_probs_dropout_prob,
+              "max_position_embeddings": cfg.max_position_embeddings, "type_vocab_size": cfg.type_vocab_size,
+              "initializer_range": cfg.initializer_range, "layer_norm_eps": cfg.layer_norm_eps}
+    (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    if tokenizer is not None:
+        tokenizer.save_pretrained(folder, cfg.max_position_embeddings)
+
+
+def exported_record(folder: Path) -> Optional[dict]:
+    """The ``vltrain`` record of an `export_hf` folder's config.json; None if it is not one."""
+    try:
+        record = json.loads((Path(folder) / "config.json").read_text()).get("vltrain")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return record if isinstance(record, dict) and "architecture" in record else None
+
+
+def load_exported(folder: Path):
+    """Our model from an `export_hf` folder (either family), strictly."""
+    record = exported_record(folder)
+    if record is None:
+        raise ConfigError(f"{folder}: not a vltrain export (config.json has no 'vltrain' record)")
+    classes = {"LxmertModel": (LxmertConfig, LxmertModel), "LxmertForPreTraining": (LxmertConfig, LxmertForPreTraining),
+               "ViLBERTForPreTraining": (ViLBERTConfig, ViLBERTForPreTraining)}
+    if record["architecture"] not in classes:
+        raise ConfigError(f"{folder}: unknown architecture {record['architecture']!r}")
+    config_cls, model_cls = classes[record["architecture"]]
+    model = model_cls(config_cls.from_json(record["config"]))
+    state = read_state_dict(Path(folder) / "model.safetensors")
+    retie(model, state)
+    check_keys(model.state_dict(), state, f"{record['architecture']} {record['config'].get('name')!r}")
+    model.load_state_dict(state, strict=True)
+    return model

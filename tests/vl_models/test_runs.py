@@ -1,0 +1,439 @@
+"""Training runs that nothing loses and nothing silently misleads (issue 12): the run folder
+is refused / overwritten / resumed only as asked, resumes check their settings before
+writing anything, checkpoints are verified, kept by retention and never non-finite,
+progress is visible in batch jobs, and bad inputs fail at once with one line."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pyarrow as pa
+import pytest
+import torch
+from train_helpers import VOCAB, config
+from helpers import REPO
+
+from pipeline.errors import EXIT_CONFIG, EXIT_DATA, EXIT_DIVERGED, EXIT_IO, CheckpointError, ConfigError, DataError
+from vl_models.train import checkpoint
+from vl_models.train.trainer import run
+
+TRAIN_ITEMS = 12  # the data fixture's train split: 4 images x (2 captions + 1 question)
+
+
+def vltrain(*args, timeout: int = 120, **kwargs) -> subprocess.CompletedProcess:
+    """`python -m vl_models.cli ARGS` in a real subprocess (stderr is a pipe: not a terminal)."""
+    return subprocess.run([sys.executable, "-m", "vl_models.cli", *map(str, args)], capture_output=True, text=True,
+                          cwd=REPO, timeout=timeout, env={**os.environ, "COLUMNS": "200", "NO_COLOR": "1"}, **kwargs)
+
+
+def pretrain_args(data, out, *extra) -> list:
+    """The CLI form of `config(data, ..., "lxmert-tiny")`."""
+    return ["pretrain", "--model", "lxmert-tiny", "--shards", data / "feats", "--mixture", data / "mix",
+            "--vocab", VOCAB, "--out", out, "--steps", "4", "--batch-size", "4", "--lr", "1e-3", "--warmup", "1",
+            "--checkpoint-every", "1", "--log-every", "1", "--max-regions", "10", "--max-text", "12", *extra]
+
+
+def rows(out) -> list[dict]:
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def train_steps(out) -> list[int]:
+    return [r["step"] for r in rows(out) if "lr" in r]
+
+
+def read_items(mixture) -> pa.Table:
+    """A mixture's items, read into memory (not mapped: the file is rewritten next)."""
+    return pa.ipc.open_file(pa.py_buffer((mixture / "items.arrow").read_bytes())).read_all()
+
+
+def rewrite_items(mixture, column: str, values: list) -> None:
+    table = read_items(mixture)
+    table = table.set_column(table.schema.get_field_index(column), column, pa.array(values))
+    with pa.OSFile(str(mixture / "items.arrow"), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+        writer.write_table(table)
+
+
+def snapshot(folder) -> dict:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def stopped(data, tmp_path_factory):
+    """An lxmert-tiny run of 4 steps stopped after step 2, with checkpoints at steps 1 and 2."""
+    root = tmp_path_factory.mktemp("stopped")
+    run(config(data, root, "lxmert-tiny", stop_at=2, checkpoint_every=1))
+    return root / "run"
+
+
+@pytest.fixture
+def copy(stopped, tmp_path):
+    shutil.copytree(stopped, tmp_path / "run")
+    return tmp_path / "run"
+
+
+# -- item 4: a batch larger than the data -----------------------------------------------
+
+def test_a_batch_larger_than_the_train_split_fails_at_once(data, tmp_path):
+    """It hung forever (drop_last on a loader with no full batch)."""
+    proc = vltrain(*pretrain_args(data, tmp_path / "run", "--batch-size", "64"), timeout=90)
+    assert proc.returncode == EXIT_CONFIG, proc.stderr[-2000:]
+    assert f"{TRAIN_ITEMS} items" in proc.stderr and "--batch-size 64" in proc.stderr
+    assert "Traceback" not in proc.stderr and not (tmp_path / "run").exists()
+
+
+def test_items_per_rank_are_checked_under_torchrun(data, tmp_path, monkeypatch):
+    """2 ranks share 12 items: 6 each, fewer than a batch of 8 (one process would run)."""
+    for name, value in (("WORLD_SIZE", "2"), ("RANK", "0"), ("LOCAL_RANK", "0")):
+        monkeypatch.setenv(name, value)
+    with pytest.raises(ConfigError, match=r"6 per rank over 2 ranks.*--batch-size 8"):
+        run(config(data, tmp_path, "lxmert-tiny", batch_size=8))
+
+
+# -- item 8: an existing run folder -------------------------------------------------------
+
+def test_an_existing_run_is_refused_without_resume_or_overwrite(copy, data, tmp_path):
+    before = snapshot(copy)
+    with pytest.raises(ConfigError, match=r"holds a run \(last checkpoint: step 2\).*--resume.*--overwrite"):
+        run(config(data, tmp_path, "lxmert-tiny"))
+    assert snapshot(copy) == before
+
+
+def test_overwrite_removes_only_what_the_trainer_wrote(copy, data, tmp_path):
+    (copy / "notes.txt").write_text("mine")
+    (copy / "data").mkdir()
+    (copy / "data" / "x.bin").write_bytes(b"\0")
+    with pytest.raises(ConfigError, match="either --resume or --overwrite"):
+        run(config(data, tmp_path, "lxmert-tiny", resume=True, overwrite=True))
+    run(config(data, tmp_path, "lxmert-tiny", steps=1, overwrite=True))
+    assert train_steps(copy) == [1]
+    assert sorted(p.name for p in (copy / "checkpoints").glob("step_*.pt")) == ["step_0000001.pt"]
+    assert (copy / "notes.txt").read_text() == "mine" and (copy / "data" / "x.bin").exists()
+
+
+def test_out_dot_keeps_the_folder_and_its_other_files(data, tmp_path, monkeypatch):
+    (tmp_path / "keep.txt").write_text("mine")  # a folder with files, but no run: no flag needed
+    monkeypatch.chdir(tmp_path)
+    run(config(data, tmp_path, "lxmert-tiny", out=".", steps=1))
+    run(config(data, tmp_path, "lxmert-tiny", out=".", steps=1, overwrite=True))
+    assert (tmp_path / "keep.txt").read_text() == "mine" and train_steps(tmp_path) == [1]
+
+
+def test_resume_where_there_is_no_run_yet_starts_fresh_and_says_so(data, tmp_path, caplog):
+    """The job-script pattern: every launch passes --resume, the first one included."""
+    caplog.set_level("INFO")
+    run(config(data, tmp_path, "lxmert-tiny", steps=1, resume=True))
+    assert train_steps(tmp_path / "run") == [1]
+    assert "no run to resume" in caplog.text
+
+
+def test_resume_of_a_run_killed_before_its_first_checkpoint_restarts_it_cleanly(copy, data, tmp_path):
+    """config.json and metrics rows but no checkpoint: step 0 again, without duplicate rows."""
+    shutil.rmtree(copy / "checkpoints")
+    run(config(data, tmp_path, "lxmert-tiny", steps=2, resume=True))
+    assert train_steps(copy) == [1, 2]
+    with pytest.raises(ConfigError, match="lr"):  # the saved config still binds
+        run(config(data, tmp_path, "lxmert-tiny", steps=2, lr=0.5, resume=True))
+
+
+def test_a_second_trainer_on_the_same_folder_is_turned_away(copy, data, tmp_path):
+    from pipeline.errors import BusyError
+    from pipeline.io import exclusive_lock
+
+    before = snapshot(copy)
+    with exclusive_lock(copy, "training run"):  # as a running `vltrain pretrain` holds it
+        with pytest.raises(BusyError, match="is writing this training run"):
+            run(config(data, tmp_path, "lxmert-tiny", resume=True))
+    assert {k: v for k, v in snapshot(copy).items() if k != ".vlprep.lock"} == {
+        k: v for k, v in before.items() if k != ".vlprep.lock"}
+
+
+# -- item 9: what a resume may change ---------------------------------------------------
+
+def test_resume_refuses_changed_settings_before_writing_anything(copy, data, tmp_path):
+    before = snapshot(copy)
+    named = r"batch_size: 4 -> 2.*lr: 0.001 -> 0.01.*optimizer: 'adamw' -> 'sgd'.*seed: 0 -> 1"
+    with pytest.raises(ConfigError, match=named):
+        run(config(data, tmp_path, "lxmert-tiny", resume=True, lr=1e-2, batch_size=2, seed=1, optimizer="sgd"))
+    assert snapshot(copy) == before
+
+
+def test_resume_with_more_steps_goes_on_with_a_note(copy, data, tmp_path):
+    with pytest.raises(ConfigError, match="already at step 2"):
+        run(config(data, tmp_path, "lxmert-tiny", resume=True, steps=1))
+    run(config(data, tmp_path, "lxmert-tiny", resume=True, steps=5, stop_at=3))
+    notes = [r for r in rows(copy) if "note" in r]
+    assert len(notes) == 1 and notes[0]["step"] == 2 and "steps: 4 -> 5" in notes[0]["note"]
+    assert train_steps(copy) == [1, 2, 3]
+    assert json.loads((copy / "config.json").read_text())["train"]["steps"] == 5
+
+
+def test_resume_compares_mixture_and_stores_by_content(copy, data, tmp_path):
+    moved = tmp_path / "mix2"
+    shutil.copytree(data / "mix", moved)
+    run(config(data, tmp_path, "lxmert-tiny", resume=True, mixture=str(moved), stop_at=3))  # same content: fine
+    texts = read_items(moved).column("text").to_pylist()
+    texts[0] = "a different sentence"
+    rewrite_items(moved, "text", texts)
+    with pytest.raises(ConfigError, match=r"mixture \(content\)"):
+        run(config(data, tmp_path, "lxmert-tiny", resume=True, mixture=str(moved)))
+    store = tmp_path / "feats"  # the same records, said to come from another detector
+    shutil.copytree(data / "feats", store)
+    manifest = json.loads((store / "manifest.json").read_text())
+    manifest["provenance"]["detector"] = "another-detector"
+    (store / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ConfigError, match=r"stores \(content\)"):
+        run(config(data, tmp_path, "lxmert-tiny", resume=True, stores=(str(store),)))
+
+
+def test_a_flipped_byte_in_a_checkpoint_is_caught(copy, data, tmp_path):
+    path = copy / "checkpoints" / "step_0000002.pt"
+    blob = bytearray(path.read_bytes())
+    blob[len(blob) // 2] ^= 0x01  # somewhere in the tensors (model or exp_avg)
+    path.write_bytes(bytes(blob))
+    with pytest.raises(CheckpointError, match=r"step_0000002.pt: checksum mismatch.*step_0000001.pt"):
+        run(config(data, tmp_path, "lxmert-tiny", resume=True))
+
+
+def test_a_truncated_checkpoint_is_one_line_naming_it(copy, data, tmp_path):
+    path = copy / "checkpoints" / "step_0000002.pt"
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    proc = vltrain(*pretrain_args(data, copy, "--resume"))
+    assert proc.returncode == EXIT_DATA, proc.stderr[-2000:]
+    assert "step_0000002.pt" in proc.stderr and "step_0000001.pt" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_latest_naming_a_missing_file_is_named(copy, data, tmp_path):
+    (copy / "checkpoints" / "latest").write_text("step_0000009.pt")
+    with pytest.raises(CheckpointError, match=r"latest names step_0000009.pt, which is missing.*step_0000002.pt"):
+        run(config(data, tmp_path, "lxmert-tiny", resume=True))
+
+
+@pytest.mark.slow
+def test_sigkill_after_a_logged_step_resumes_exactly_without_duplicate_rows(data, tmp_path):
+    """Killed after step 3 was logged (checkpoint at 2): the resume drops row 3 and the
+    stale temporary checkpoint, and ends where a straight run ends."""
+    cfg = config(data, tmp_path, "lxmert-tiny", checkpoint_every=2)
+    kwargs = {**cfg.to_json(), "stores": tuple(cfg.stores), "task": None}
+    code = ("import os, signal\nfrom vl_models.train.trainer import TrainConfig, run\n"
+            f"kwargs = {kwargs!r}\nkwargs.pop('task')\n"
+            "run(TrainConfig(**kwargs), on_step=lambda step, m: step == 3 and os.kill(os.getpid(), signal.SIGKILL))\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == -9, proc.stderr[-2000:]
+    out = tmp_path / "run"
+    assert train_steps(out) == [1, 2, 3] and (out / "checkpoints" / "latest").read_text() == "step_0000002.pt"
+    (out / "checkpoints" / ".tmp-step_0000004.pt.99999").write_bytes(b"left by a killed writer")
+    run(config(data, tmp_path, "lxmert-tiny", checkpoint_every=2, resume=True))
+    assert train_steps(out) == [1, 2, 3, 4]
+    assert not list((out / "checkpoints").glob(".tmp-*"))
+    run(config(data, tmp_path / "straight", "lxmert-tiny", checkpoint_every=2))
+    a = checkpoint.load(out / "checkpoints" / "step_0000004.pt")["model"]
+    b = checkpoint.load(tmp_path / "straight" / "run" / "checkpoints" / "step_0000004.pt")["model"]
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+# -- item 10: divergence --------------------------------------------------------------------
+
+def test_a_nonfinite_loss_stops_the_run_and_nothing_nonfinite_is_saved(data, tmp_path):
+    out = tmp_path / "run"
+    proc = vltrain(*pretrain_args(data, out, "--lr", "1e6"))
+    assert proc.returncode == EXIT_DIVERGED, proc.stderr[-2000:]
+    assert "step 3" in proc.stderr and "mlm" in proc.stderr and "Traceback" not in proc.stderr
+    assert (out / "checkpoints" / "latest").read_text() == "step_0000002.pt"
+    for path in (out / "checkpoints").glob("step_*.pt"):
+        state = checkpoint.load(path)
+        assert all(torch.isfinite(v).all() for v in state["model"].values() if v.is_floating_point()), path
+
+
+def test_parameters_are_checked_before_a_checkpoint():
+    from pipeline.errors import DivergedError
+
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2))
+    checkpoint.check_finite(model, step=5)
+    with torch.no_grad():
+        model[0].bias[1] = float("inf")
+    with pytest.raises(DivergedError, match=r"step 5.*0.bias"):
+        checkpoint.check_finite(model, step=5)
+
+
+# -- item 11: retention ---------------------------------------------------------------------
+
+def test_retention_keeps_the_last_n_and_the_best(tmp_path):
+    payload = {"model": {"w": torch.zeros(3)}}
+    for step in range(1, 6):
+        checkpoint.save(tmp_path, step, payload, keep_last=2, best="step_0000001.pt")
+    names = sorted(p.name for p in (tmp_path / "checkpoints").glob("step_*"))
+    assert names == ["step_0000001.pt", "step_0000001.pt.sha256", "step_0000004.pt", "step_0000004.pt.sha256",
+                     "step_0000005.pt", "step_0000005.pt.sha256"]
+    assert (tmp_path / "checkpoints" / "best").read_text() == "step_0000001.pt"
+    for step in range(6, 8):
+        checkpoint.save(tmp_path, step, payload, keep_last=0)
+    assert len(list((tmp_path / "checkpoints").glob("step_*.pt"))) == 5  # 0: keep all
+
+
+def test_the_best_checkpoint_by_a_validation_metric_is_kept(data, tmp_path):
+    out = tmp_path / "run"
+    run(config(data, tmp_path, "lxmert-tiny", steps=6, checkpoint_every=1, eval_every=2, keep_last=1,
+               best_metric="eval_matching_acc:min"))
+    evals = [r for r in rows(out) if "eval_matching_acc" in r]
+    assert [r["step"] for r in evals] == [2, 4, 6]
+    best = min(evals, key=lambda r: r["eval_matching_acc"])["step"]  # the first of equals
+    assert (out / "checkpoints" / "best").read_text() == f"step_{best:07d}.pt"
+    assert sorted(p.name for p in (out / "checkpoints").glob("step_*.pt")) == sorted(
+        {f"step_{best:07d}.pt", "step_0000006.pt"})
+    for bad, message in (("eval_nonsense", "known: .*eval_matching_acc"), ("eval_mlm_acc:up", "max or min")):
+        with pytest.raises(ConfigError, match=message):
+            run(config(data, tmp_path / "x", "lxmert-tiny", best_metric=bad))
+
+
+# -- item 12: progress in batch jobs, TensorBoard ------------------------------------------------
+
+def test_progress_lines_when_stderr_is_not_a_terminal(data, tmp_path):
+    proc = vltrain(*pretrain_args(data, tmp_path / "run", "--steps", "2"))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    for step in (1, 2):
+        assert f"step {step}/2" in proc.stderr, proc.stderr
+    line = next(line for line in proc.stderr.splitlines() if "step 2/2" in line)
+    assert "loss" in line and "lr" in line and "samples/s" in line and "ETA" in line
+
+
+def test_every_train_config_field_has_a_flag():
+    """--log-every (and --max-text, --max-regions, --clip) were unreachable from the CLI."""
+    import dataclasses
+
+    import typer
+
+    from vl_models.cli import app
+    from vl_models.train.trainer import TrainConfig
+
+    params = {p.name for p in typer.main.get_command(app).commands["pretrain"].params}
+    named_otherwise = {"stores": "shards", "task": "weight"}
+    missing = [f.name for f in dataclasses.fields(TrainConfig) if named_otherwise.get(f.name, f.name) not in params]
+    assert missing == []
+
+
+def test_tensorboard_gets_the_logged_scalars(data, tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    out = tmp_path / "run"
+    run(config(data, tmp_path, "lxmert-tiny", steps=2, eval_every=2, report_to=("tensorboard",)))
+    events = EventAccumulator(str(out / "tensorboard"))
+    events.Reload()
+    logged = [r for r in rows(out) if "lr" in r]
+    mlm = events.Scalars("train/loss_mlm")
+    assert [e.step for e in mlm] == [1, 2]
+    assert [e.value for e in mlm] == pytest.approx([r["loss_mlm"] for r in logged], rel=1e-6)
+    assert [e.step for e in events.Scalars("eval/matching_acc")] == [2]
+
+
+def test_tensorboard_missing_is_named_before_any_work(data, tmp_path):
+    args = [str(a) for a in pretrain_args(data, tmp_path / "run", "--report-to", "tensorboard")]
+    code = ("import sys\nsys.modules['tensorboard'] = None  # as if not installed\nfrom vl_models.cli import main\n"
+            f"sys.argv = ['vltrain'] + {args!r}\nmain()\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == EXIT_CONFIG, proc.stderr[-2000:]
+    assert "pip install tensorboard" in proc.stderr and not (tmp_path / "run").exists()
+
+
+# -- raw tracebacks -> one line ----------------------------------------------------------------
+
+def _mixture_copy(data, tmp_path):
+    shutil.copytree(data / "mix", tmp_path / "mix")
+    return tmp_path / "mix"
+
+
+@pytest.mark.parametrize("name", ["answers.json", "items.arrow"])
+def test_a_mixture_missing_a_file_is_named(data, tmp_path, name):
+    mix = _mixture_copy(data, tmp_path)
+    (mix / name).unlink()
+    with pytest.raises(DataError, match=f"{mix / name}.*missing.*build-mixture"):
+        run(config(data, tmp_path, "lxmert-tiny", mixture=str(mix)))
+    with pytest.raises(ConfigError, match="not a mixture"):
+        run(config(data, tmp_path, "lxmert-tiny", mixture=str(data / "feats")))
+    assert not (tmp_path / "run").exists()
+
+
+def test_images_missing_from_the_stores_fail_before_training(data, tmp_path):
+    mix = _mixture_copy(data, tmp_path)
+    table = read_items(mix)
+    keys = table.column("store_key").to_pylist()
+    splits = table.column("split").to_pylist()
+    train = [i for i, s in enumerate(splits) if s == "train"]
+    val = [i for i, s in enumerate(splits) if s == "val"]
+    for i in train[:2]:
+        keys[i] = "COCO_train2014_000000999999"
+    keys[val[0]] = "COCO_train2014_000000888888"
+    rewrite_items(mix, "store_key", keys)
+    with pytest.raises(ConfigError, match=r"2 images of .* are in no feature store.*COCO_train2014_000000888888, "
+                                          r"COCO_train2014_000000999999"):
+        run(config(data, tmp_path, "lxmert-tiny", mixture=str(mix)))
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a GPU")
+def test_cuda_without_a_gpu_is_refused_before_any_work(data, tmp_path):
+    with pytest.raises(ConfigError, match="--device cuda.*no CUDA device"):
+        run(config(data, tmp_path, "lxmert-tiny", device="cuda"))
+    assert not (tmp_path / "run").exists()
+
+
+def test_vocab_as_a_folder_or_a_tokenizer_json(tmp_path):
+    from vl_models.data.tokenize import WordPiece
+
+    text = "A red Thing, with two blue circles!"
+    ref = WordPiece(VOCAB).encode(text, 24)
+    for source in (VOCAB.parent, VOCAB.parent / "tokenizer.json"):  # tokenizer.json pads to 128 unless told not to
+        got = WordPiece(source).encode(text, 24)
+        assert all((getattr(got, f) == getattr(ref, f)).all() for f in ("ids", "mask", "special")), source
+    only_json = tmp_path / "tok"
+    only_json.mkdir()
+    spec = json.loads((VOCAB.parent / "tokenizer.json").read_text())
+    del spec["model"]["vocab"]["[MASK]"]
+    spec["added_tokens"] = [t for t in spec["added_tokens"] if t["content"] != "[MASK]"]
+    (only_json / "tokenizer.json").write_text(json.dumps(spec))
+    with pytest.raises(ConfigError, match=r"tokenizer.json: no \[MASK\] token"):
+        WordPiece(only_json)
+    with pytest.raises(ConfigError, match="no vocab.txt or tokenizer.json"):
+        WordPiece(tmp_path)
+
+
+def test_a_vocab_larger_than_the_model_is_refused(data, tmp_path):
+    big = tmp_path / "vocab.txt"
+    big.write_text(VOCAB.read_text() + "".join(f"extra{i}\n" for i in range(100)))
+    with pytest.raises(ConfigError, match=r"30622 tokens.*vocab_size 30522"):
+        run(config(data, tmp_path, "lxmert-tiny", vocab=str(big)))
+
+
+def test_disk_full_while_checkpointing_keeps_the_previous_checkpoint(copy, data, tmp_path):
+    """Files past 1 MB fail (EFBIG, as a full disk fails with ENOSPC): the step-3 checkpoint."""
+    import resource
+    import signal
+
+    def limit():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))
+
+    proc = vltrain(*pretrain_args(data, copy, "--resume"), preexec_fn=limit)
+    assert proc.returncode == EXIT_IO, proc.stderr[-2000:]
+    assert "disk full writing" in proc.stderr and "step_0000003.pt" in proc.stderr and "Traceback" not in proc.stderr
+    assert (copy / "checkpoints" / "latest").read_text() == "step_0000002.pt"
+    assert not list((copy / "checkpoints").glob(".tmp-*"))
+    run(config(data, tmp_path, "lxmert-tiny", checkpoint_every=1, resume=True))  # space again: it goes on
+    assert train_steps(copy) == [1, 2, 3, 4]
+
+
+def test_verify_shards_catches_a_flipped_byte_before_training(data, tmp_path):
+    """A flip inside the feature numbers passes the size check; --verify-shards checks the
+    sha256 of each shard on first use, which is the check for missing images."""
+    from pipeline.errors import StoreError
+
+    store = tmp_path / "feats"
+    shutil.copytree(data / "feats", store)
+    shard = next((store / "shards").iterdir())
+    blob = bytearray(shard.read_bytes())
+    blob[len(blob) // 2] ^= 0x01
+    shard.write_bytes(bytes(blob))
+    with pytest.raises(StoreError, match=shard.name):
+        run(config(data, tmp_path, "lxmert-tiny", stores=(str(store),), verify_shards=True))
+    assert not (tmp_path / "run").exists()

@@ -1,0 +1,94 @@
+"""`vltrain export --to hf`: a run's checkpoint as a Hugging Face folder (`weights.export_hf`).
+
+The source is a run folder (its `latest` checkpoint, a step, or its `best` one) or one
+checkpoint file; the tokenizer is the run's ``--vocab`` (or `vocab`, which must hold the
+same vocabulary when the run recorded it). The folder is built under a temporary name and
+renamed; an existing folder is replaced only with ``overwrite`` and only if it is an
+export of ours, and then only the files an export writes (a model card stays).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import shutil
+from pathlib import Path
+from typing import Optional, Union
+
+from pipeline.errors import ConfigError
+from pipeline.io import commit_path, fsync_dir, fsync_tree, remove_path, tmp_path_for
+from vl_models.data.tokenize import WordPiece
+from vl_models.models.configuration import LxmertConfig, ViLBERTConfig
+from vl_models.models.modeling_lxmert import LxmertForPreTraining
+from vl_models.models.modeling_vilbert import ViLBERTForPreTraining
+from vl_models.models.weights import EXPORT_FILES, export_hf, exported_record
+from vl_models.train import checkpoint
+
+log = logging.getLogger(__name__)
+
+FORMATS = ("hf",)
+
+
+def export_run(source: Path, out: Path, step: Union[int, str, None] = None, vocab: Optional[Path] = None,
+               overwrite: bool = False) -> dict:
+    """Export the checkpoint that `source` and `step` name into `out`; returns what was written."""
+    path = checkpoint.resolve(source, step)
+    _check_out(Path(out), overwrite)
+    state = checkpoint.load(path)
+    run = state.get("run") or {"train": state.get("config", {}), "model": state.get("model_config", {})}
+    kind = run.get("kind") or ("lxmert" if "l_layers" in run["model"] else "vilbert")
+    config_cls, model_cls = ((LxmertConfig, LxmertForPreTraining) if kind == "lxmert"
+                             else (ViLBERTConfig, ViLBERTForPreTraining))
+    model = model_cls(config_cls.from_json(run["model"]))
+    model.load_state_dict(state["model"], strict=True)
+    tokenizer = _tokenizer(run, vocab)
+    tmp = tmp_path_for(Path(out))
+    remove_path(tmp)
+    export_hf(model, tmp, tokenizer, {"source": str(path), "step": state["step"]})
+    _commit(tmp, Path(out))
+    log.info("exported %s (step %d) to %s", path, state["step"], out)
+    return {"source": str(path), "step": state["step"], "kind": kind, "out": str(out)}
+
+
+def _check_out(out: Path, overwrite: bool) -> None:
+    if not out.exists() or (out.is_dir() and not any(out.iterdir())):
+        return
+    if not out.is_dir() or exported_record(out) is None:
+        raise ConfigError(f"{out} exists and is not an export of vltrain (no config.json with a 'vltrain' record): "
+                          "export into a new or empty folder")
+    if not overwrite:
+        raise ConfigError(f"{out} holds an export already: pass --overwrite to replace it "
+                          "(only the export's files are replaced)")
+
+
+def _tokenizer(run: dict, vocab: Optional[Path]) -> WordPiece:
+    """The run's tokenizer: its recorded --vocab, or `vocab` if it holds the same file."""
+    source = vocab or run.get("train", {}).get("vocab")
+    if source is None:
+        raise ConfigError("the checkpoint records no vocab: pass --vocab")
+    try:
+        tokenizer = WordPiece(source)
+    except ConfigError as err:
+        raise ConfigError(f"{err} (the run's vocab; pass --vocab where it is now)") from err
+    recorded = run.get("inputs", {}).get("vocab")
+    if recorded and hashlib.sha256(tokenizer.path.read_bytes()).hexdigest() != recorded:
+        raise ConfigError(f"{tokenizer.path} is not the vocab this run was trained with (its sha256 differs)")
+    return tokenizer
+
+
+def _commit(tmp: Path, out: Path) -> None:
+    """Move a finished export into place: a rename for a new folder; otherwise replace the
+    export's own files, config.json (the marker) last."""
+    if not out.exists() or not any(out.iterdir()):
+        if out.exists():
+            out.rmdir()
+        commit_path(tmp, out)
+        return
+    fsync_tree(tmp)
+    for name in EXPORT_FILES:
+        remove_path(out / name)
+    for child in sorted(tmp.iterdir(), key=lambda p: p.name == "config.json"):
+        os.replace(child, out / child.name)
+    shutil.rmtree(tmp)
+    fsync_dir(out)

@@ -1,0 +1,207 @@
+"""The run folder of `vltrain pretrain`: which files are the trainer's, whether a run may
+start, resume or overwrite there, and what a resume may change.
+
+`plan` decides, reading only; `begin` then does the writes (rank 0). So a refused start
+or resume leaves the folder as it was, config.json included.
+
+A resume compares the run's resolved config (what config.json holds: the training flags,
+the model config, the world size and the content digests of mixture, stores and vocab)
+with the one it was saved with. Fields in `RESUME_SAFE` may change, each noted in
+metrics.jsonl; any other difference would make the continued run something else than
+the run it continues, and is refused with the fields named.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional, Sequence
+
+from pipeline.errors import CheckpointError, ConfigError, DataError
+from pipeline.io import atomic_write_bytes, atomic_write_json, remove_path
+from pipeline.store import FeatureStore
+from vl_models.data.dataset import mixture_file
+from vl_models.train import checkpoint
+
+log = logging.getLogger(__name__)
+
+CONFIG = "config.json"
+METRICS = "metrics.jsonl"
+TENSORBOARD = "tensorboard"
+# Everything the trainer (and `vltrain plot`'s default) writes into a run folder: what
+# --overwrite removes. Nothing else there is touched, nor the folder itself.
+OUTPUTS = (CONFIG, METRICS, checkpoint.FOLDER, TENSORBOARD, "curves.png")
+_RUN_MARKERS = (CONFIG, METRICS, checkpoint.FOLDER)  # a folder holding one of these holds a run
+
+# TrainConfig fields a resume may change. They decide how the run is carried out, kept or
+# reported, not what it computes: where it is (out; the paths of mixture, stores and vocab,
+# whose contents are compared instead), when it stops, evaluates, checkpoints and logs,
+# loader workers (examples do not depend on them), retention, reporting, shard
+# verification, the device and torch.compile (same math; bit-exactness holds on one device
+# kind). `steps` is allowed as the issue asks: it moves the end of the lr schedule, so the
+# remaining steps' lr changes; the note in metrics.jsonl records it.
+RESUME_SAFE = frozenset({
+    "out", "resume", "overwrite", "init", "mixture", "stores", "vocab", "steps", "stop_at", "eval_every",
+    "checkpoint_every", "log_every", "workers", "keep_last", "best_metric", "report_to", "verify_shards",
+    "device", "compile",
+})
+_NOT_NOTED = frozenset({"out", "resume", "overwrite", "init", "stop_at"})  # they change at every split run
+
+
+@dataclass
+class Plan:
+    """How a run starts: at `step`, from checkpoint `state` (None: from scratch)."""
+
+    step: int = 0
+    state: Optional[dict] = None
+    overwrite: bool = False  # remove the trainer's files of the earlier run first
+    notes: list[str] = field(default_factory=list)  # the resume's allowed changes, for metrics.jsonl
+
+
+def input_digests(mixture: Path, stores: Sequence[Path], vocab: Path) -> dict:
+    """Content identities of a run's inputs: the mixture's items and answer table; each
+    store's identity (`Manifest.identity`: layout and detector); the vocab file."""
+    h = hashlib.sha256()
+    for name in ("items.arrow", "answers.json"):
+        with open(mixture_file(mixture, name), "rb") as f:
+            while block := f.read(1 << 22):
+                h.update(block)
+
+    def store_identity(path: Path) -> str:
+        identity = FeatureStore.open(path).manifest.identity()
+        return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
+
+    return {"mixture": h.hexdigest(), "stores": [store_identity(Path(p)) for p in stores],
+            "vocab": hashlib.sha256(Path(vocab).read_bytes()).hexdigest()}
+
+
+def plan(out: Path, cfg, resolved: dict) -> Plan:
+    """Decide how `cfg` (a TrainConfig) starts in `out`; reads only. ConfigError: a run is
+    there and neither --resume nor --overwrite was given, or the resume changes what it
+    must keep; CheckpointError: the checkpoint to resume from is missing or damaged."""
+    if cfg.resume and cfg.overwrite:
+        raise ConfigError("pass either --resume or --overwrite, not both")
+    if not any((out / name).exists() for name in _RUN_MARKERS):
+        if cfg.resume:
+            log.info("%s: no run to resume: starting a new one", out)
+        return Plan()
+    if cfg.overwrite:
+        log.info("--overwrite: removing %s from %s", ", ".join(_present(out)), out)
+        return Plan(overwrite=True)
+    if not cfg.resume:
+        pointer = out / checkpoint.FOLDER / checkpoint.LATEST
+        step = checkpoint.step_of(pointer.read_text().strip()) if pointer.exists() else None
+        where = f"last checkpoint: step {step}" if step is not None else "no checkpoint yet"
+        raise ConfigError(f"{out} holds a run ({where}): pass --resume to continue it, or --overwrite to start "
+                          f"again (removes {', '.join(_present(out))}; other files there are kept), or choose "
+                          "another --out")
+    latest = checkpoint.pointed(out)
+    folder = out / checkpoint.FOLDER
+    if latest is None and checkpoint.steps_in(folder):
+        names = ", ".join(checkpoint.file_name(s) for s in checkpoint.steps_in(folder)[-3:])
+        raise CheckpointError(f"{folder / checkpoint.LATEST} is missing, but {folder} holds {names}: write the name "
+                              "of the checkpoint to resume from into it, or start again with --overwrite")
+    state = checkpoint.load(latest) if latest else None
+    if state is not None:
+        saved, step = state.get("run") or {"train": state["config"], "model": state["model_config"]}, state["step"]
+    elif (out / CONFIG).exists():  # stopped before its first checkpoint: step 0 of the same run
+        saved, step = _read_config(out / CONFIG), 0
+        log.info("%s has no checkpoint yet: the run starts again from step 0", out)
+    else:
+        saved, step = None, 0
+    notes = compare(saved, resolved, out) if saved else []
+    if cfg.steps < step:
+        raise ConfigError(f"{out} is already at step {step}: --steps {cfg.steps} ends before it")
+    return Plan(step=step, state=state, notes=notes)
+
+
+def begin(out: Path, plan: Plan, resolved: dict) -> None:
+    """The writes of a planned start (rank 0): remove an overwritten run's files, stale
+    temporary checkpoints and the metrics rows after the resumed step; write config.json."""
+    out.mkdir(parents=True, exist_ok=True)
+    if plan.overwrite:
+        for name in OUTPUTS:
+            remove_path(out / name)
+    checkpoint.remove_stale(out)
+    truncate_metrics(out / METRICS, plan.step)
+    atomic_write_json(out / CONFIG, resolved)
+
+
+def truncate_metrics(path: Path, step: int) -> int:
+    """Drop the rows of steps after `step` (logged after the checkpoint a resume starts
+    from, by the killed run) and a torn last line; rewritten atomically. Returns how many."""
+    if not path.exists():
+        return 0
+    lines = path.read_text().splitlines()
+    kept = [line for line in lines if _row_step(line) is not None and _row_step(line) <= step]
+    if len(kept) != len(lines):
+        atomic_write_bytes(path, "".join(line + "\n" for line in kept).encode())
+        log.info("%s: dropped %d row(s) logged after step %d", path, len(lines) - len(kept), step)
+    return len(lines) - len(kept)
+
+
+def compare(saved: dict, new: dict, out: Path) -> list[str]:
+    """The allowed differences between a run's saved resolved config and a resume's, as
+    notes; ConfigError listing the others. Fields the saved config lacks (an older vltrain
+    did not record them) are not compared."""
+    old_model, new_model = saved.get("model", {}).get("name"), new["model"]["name"]
+    if old_model and old_model != new_model:
+        raise ConfigError(f"{out} holds a run of model {old_model!r}, not {new_model!r}: resume with the same model, "
+                          "or use another --out")
+    a, b = _fields(saved), _fields(new)
+    changed = sorted(k for k in a.keys() & b.keys() if a[k] != b[k])
+    unsafe = [k for k in changed if not (k.startswith("train.") and k[len("train."):] in RESUME_SAFE)]
+    if unsafe:
+        raise ConfigError(f"{out}: a resume keeps the run's settings, and these differ: "
+                          f"{'; '.join(_change(k, a[k], b[k]) for k in unsafe)}. Resume with the run's settings "
+                          f"(see {out / CONFIG}), or start a new run (another --out, or --overwrite)")
+    return [_change(k, a[k], b[k]) for k in changed if k[len("train."):] not in _NOT_NOTED]
+
+
+def _fields(resolved: dict) -> dict:
+    """{"train.lr": ..., "model.hidden_size": ..., "inputs.mixture": ..., "world_size": ...}
+    with JSON values (tuples as lists), one level into each section."""
+    obj = json.loads(json.dumps(resolved))
+    out = {}
+    for key, value in obj.items():
+        if isinstance(value, dict):
+            out.update({f"{key}.{k}": v for k, v in value.items()})
+        else:
+            out[key] = value
+    return out
+
+
+def _change(key: str, old, new) -> str:
+    name = key[len("train."):] if key.startswith("train.") else key
+    if key.startswith("inputs."):
+        name = f"{key[len('inputs.'):]} (content)"
+
+    def show(value) -> str:
+        if isinstance(value, str) and len(value) == 64:  # a sha256
+            return value[:12]
+        if isinstance(value, list) and all(isinstance(v, str) and len(v) == 64 for v in value):
+            return "[" + ", ".join(v[:12] for v in value) + "]"
+        return repr(value)
+
+    return f"{name}: {show(old)} -> {show(new)}"
+
+
+def _present(out: Path) -> list[str]:
+    return [name + ("/" if (out / name).is_dir() else "") for name in OUTPUTS if (out / name).exists()]
+
+
+def _read_config(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except ValueError as err:
+        raise DataError(f"{path}: unreadable ({err}); start again with --overwrite") from err
+
+
+def _row_step(line: str) -> Optional[int]:
+    try:
+        return int(json.loads(line).get("step", 0))
+    except (ValueError, TypeError, AttributeError):
+        return None
