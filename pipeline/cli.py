@@ -517,7 +517,7 @@ def make_shapes(
 @named_errors
 def demo(
     out: Path = typer.Option(Path("vlprep_demo"), help="Folder for everything the demo writes (a rerun with the same settings resumes)."),
-    quick: bool = typer.Option(False, "--quick", help="About 3 minutes on 2 cores: 400 scenes, 1,200 steps per model (what CI runs)."),
+    quick: bool = typer.Option(False, "--quick", help="About 4 minutes on 2 cores: 400 scenes, 1,200 steps per model (what CI runs)."),
     seed: int = typer.Option(0, help="Seed of the world, the sampling and the models."),
     n_images: int = typer.Option(None, help="Scenes in the world (default 2000; --quick 400)."),
     steps: int = typer.Option(None, help="Pretraining steps per model (default 2500; --quick 1200)."),
@@ -531,8 +531,8 @@ def demo(
     untrained models, and LXMERT's QA score.
 
     Writes OUT/report.md and report.json (the numbers), OUT/scenes.png (detections) and the
-    training curves. On 2 cores --quick took 2.6 minutes (400 scenes, 1,200 steps per model)
-    and the default 5.9 minutes (2,000 scenes, 2,500 steps).
+    training curves. On 2 Intel Xeon cores --quick took 4.3 minutes (400 scenes, 1,200 steps
+    per model) and the default 10.2 minutes (2,000 scenes, 2,500 steps).
 
     Example: vlprep demo --out vlprep_demo
     """
