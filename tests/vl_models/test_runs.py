@@ -437,3 +437,45 @@ def test_verify_shards_catches_a_flipped_byte_before_training(data, tmp_path):
     with pytest.raises(StoreError, match=shard.name):
         run(config(data, tmp_path, "lxmert-tiny", stores=(str(store),), verify_shards=True))
     assert not (tmp_path / "run").exists()
+
+
+# -- review of issue 12: never touch what is not the trainer's; a save killed before `latest` --
+
+def test_files_with_the_trainers_names_but_no_run_are_never_touched(data, tmp_path):
+    """A project folder with its own config.json, metrics.jsonl and checkpoints/: neither a
+    new run nor --overwrite may reuse or remove them (--overwrite used to rmtree them)."""
+    out = tmp_path / "project"
+    (out / "checkpoints").mkdir(parents=True)
+    (out / "checkpoints" / "mine.pt").write_bytes(b"weights")
+    (out / "config.json").write_text('{"lr": 3}')
+    (out / "metrics.jsonl").write_text('{"step": 7, "acc": 0.9}\n')
+    before = snapshot(out)
+    for extra in ({}, {"overwrite": True}, {"resume": True}):
+        with pytest.raises(ConfigError, match=r"holds config.json, metrics.jsonl, checkpoints/ but no run of vltrain"):
+            run(config(data, tmp_path, "lxmert-tiny", out=str(out), **extra))
+    after = snapshot(out)
+    after.pop(".vlprep.lock")  # the write lock is taken before the folder is looked at
+    assert after == before
+
+
+def test_overwrite_keeps_other_files_inside_checkpoints(copy, data, tmp_path):
+    (copy / "checkpoints" / "notes.md").write_text("which step was good")
+    run(config(data, tmp_path, "lxmert-tiny", steps=1, overwrite=True))
+    assert (copy / "checkpoints" / "notes.md").read_text() == "which step was good"
+    assert sorted(p.name for p in (copy / "checkpoints").glob("step_*.pt")) == ["step_0000001.pt"]
+
+
+def test_a_run_killed_between_a_checkpoint_and_its_pointer_resumes_from_the_newest_verified(copy, data, tmp_path):
+    (copy / "checkpoints" / "latest").unlink()  # killed after step 2's checksum, before `latest`
+    run(config(data, tmp_path, "lxmert-tiny", resume=True, stop_at=3))
+    assert train_steps(copy) == [1, 2, 3]
+    (copy / "checkpoints" / "latest").unlink()
+    path = copy / "checkpoints" / "step_0000003.pt"
+    path.write_bytes(path.read_bytes()[:1000])  # and this one torn: the one before it is used
+    run(config(data, tmp_path, "lxmert-tiny", resume=True, stop_at=3))
+    assert train_steps(copy) == [1, 2, 3]
+    for name in ("step_0000001.pt", "step_0000002.pt", "step_0000003.pt"):
+        (copy / "checkpoints" / f"{name}.sha256").write_text("0" * 64 + f"  {name}\n")
+    (copy / "checkpoints" / "latest").unlink()
+    with pytest.raises(CheckpointError, match=r"latest is missing, and none of .* verifies"):
+        run(config(data, tmp_path, "lxmert-tiny", resume=True))

@@ -71,6 +71,27 @@ def steps_in(folder: Path) -> list[int]:
     return sorted(s for p in folder.glob("step_*.pt") if (s := step_of(p)) is not None) if folder.is_dir() else []
 
 
+def is_own_file(name: str) -> bool:
+    """Whether a name in ``checkpoints/`` is one a save writes (a checkpoint, its checksum,
+    a pointer, a temporary file of an interrupted save)."""
+    if name in (LATEST, BEST) or name.startswith(".tmp-"):
+        return True
+    return step_of(name[: -len(CHECKSUM_SUFFIX)] if name.endswith(CHECKSUM_SUFFIX) else name) is not None
+
+
+def newest_verified(folder: Path) -> Path:
+    """The newest checkpoint in `folder` whose checksum file exists and matches (a run
+    killed between a save and its `latest` pointer); CheckpointError if there is none."""
+    for step in reversed(steps_in(folder)):
+        path = folder / file_name(step)
+        recorded = checksum_path(path)
+        if recorded.exists() and (recorded.read_text().split() or [""])[0] == sha256_file(path):
+            return path
+    names = ", ".join(file_name(s) for s in steps_in(folder)[-3:])
+    raise CheckpointError(f"{folder / LATEST} is missing, and none of {names} verifies against its checksum: write "
+                          "the name of the checkpoint to resume from into it, or start again with --overwrite")
+
+
 def check_finite(model: torch.nn.Module, step: int) -> None:
     """Raise DivergedError naming the parameters that hold NaN or inf (never checkpoint them)."""
     bad = [name for name, p in model.named_parameters() if not bool(torch.isfinite(p).all())]

@@ -30,3 +30,12 @@ def any_rank(flags: torch.Tensor) -> torch.Tensor:
         flags = flags.clone()
         dist.all_reduce(flags, op=dist.ReduceOp.MAX)
     return flags
+
+
+def barrier(device: str) -> None:
+    """Wait for every rank (no-op outside torchrun); NCCL on this rank's GPU."""
+    if dist.is_available() and dist.is_initialized():
+        if device.startswith("cuda"):
+            dist.barrier(device_ids=[torch.device(device).index or 0])
+        else:
+            dist.barrier()

@@ -32,9 +32,12 @@ CONFIG = "config.json"
 METRICS = "metrics.jsonl"
 TENSORBOARD = "tensorboard"
 # Everything the trainer (and `vltrain plot`'s default) writes into a run folder: what
-# --overwrite removes. Nothing else there is touched, nor the folder itself.
+# --overwrite removes (in checkpoints/ and tensorboard/ only the files the trainer names so).
+# Nothing else there is touched, nor the folder itself. A folder holds a run when its
+# config.json is a vltrain one; these names in a folder without one are someone else's.
 OUTPUTS = (CONFIG, METRICS, checkpoint.FOLDER, TENSORBOARD, "curves.png")
-_RUN_MARKERS = (CONFIG, METRICS, checkpoint.FOLDER)  # a folder holding one of these holds a run
+_RUN_KEYS = ("train", "model", "kind")  # what every vltrain config.json holds
+_TENSORBOARD_EVENTS = "events.out.tfevents."
 
 # TrainConfig fields a resume may change. They decide how the run is carried out, kept or
 # reported, not what it computes: where it is (out; the paths of mixture, stores and vocab,
@@ -84,7 +87,11 @@ def plan(out: Path, cfg, resolved: dict) -> Plan:
     must keep; CheckpointError: the checkpoint to resume from is missing or damaged."""
     if cfg.resume and cfg.overwrite:
         raise ConfigError("pass either --resume or --overwrite, not both")
-    if not any((out / name).exists() for name in _RUN_MARKERS):
+    if not _holds_run(out):
+        foreign = _present(out)
+        if foreign:
+            raise ConfigError(f"{out} holds {', '.join(foreign)} but no run of vltrain (its config.json would say "
+                              "so): they are not the trainer's to reuse or remove; choose another --out")
         if cfg.resume:
             log.info("%s: no run to resume: starting a new one", out)
         return Plan()
@@ -100,10 +107,10 @@ def plan(out: Path, cfg, resolved: dict) -> Plan:
                           "another --out")
     latest = checkpoint.pointed(out)
     folder = out / checkpoint.FOLDER
-    if latest is None and checkpoint.steps_in(folder):
-        names = ", ".join(checkpoint.file_name(s) for s in checkpoint.steps_in(folder)[-3:])
-        raise CheckpointError(f"{folder / checkpoint.LATEST} is missing, but {folder} holds {names}: write the name "
-                              "of the checkpoint to resume from into it, or start again with --overwrite")
+    if latest is None and checkpoint.steps_in(folder):  # killed between a checkpoint and its pointer
+        latest = checkpoint.newest_verified(folder)
+        log.warning("%s is missing: resuming from %s, the newest checkpoint whose checksum verifies",
+                    folder / checkpoint.LATEST, latest.name)
     state = checkpoint.load(latest) if latest else None
     if state is not None:
         saved, step = state.get("run") or {"train": state["config"], "model": state["model_config"]}, state["step"]
@@ -123,8 +130,7 @@ def begin(out: Path, plan: Plan, resolved: dict) -> None:
     temporary checkpoints and the metrics rows after the resumed step; write config.json."""
     out.mkdir(parents=True, exist_ok=True)
     if plan.overwrite:
-        for name in OUTPUTS:
-            remove_path(out / name)
+        _remove_run(out)
     checkpoint.remove_stale(out)
     truncate_metrics(out / METRICS, plan.step)
     atomic_write_json(out / CONFIG, resolved)
@@ -191,6 +197,32 @@ def _change(key: str, old, new) -> str:
 
 def _present(out: Path) -> list[str]:
     return [name + ("/" if (out / name).is_dir() else "") for name in OUTPUTS if (out / name).exists()]
+
+
+def _holds_run(out: Path) -> bool:
+    """Whether `out` holds a run of the trainer: a config.json with the keys vltrain writes."""
+    try:
+        obj = json.loads((out / CONFIG).read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(obj, dict) and all(key in obj for key in _RUN_KEYS)
+
+
+def _remove_run(out: Path) -> None:
+    """The files of the run in `out` (--overwrite): config.json, metrics.jsonl, curves.png;
+    in checkpoints/ and tensorboard/ only what the trainer names so (a folder is removed
+    when nothing else is left in it)."""
+    for name in (CONFIG, METRICS, "curves.png"):
+        remove_path(out / name)
+    for folder, ours in ((out / checkpoint.FOLDER, checkpoint.is_own_file),
+                         (out / TENSORBOARD, lambda name: name.startswith(_TENSORBOARD_EVENTS))):
+        if not folder.is_dir():
+            continue
+        for path in folder.iterdir():
+            if ours(path.name):
+                remove_path(path)
+        if not any(folder.iterdir()):
+            folder.rmdir()
 
 
 def _read_config(path: Path) -> dict:

@@ -188,8 +188,10 @@ def run(cfg: TrainConfig, on_step: Optional[Callable[[int, dict], None]] = None)
             held.enter_context(exclusive_lock(out, "training run"))
         start = run_folder.plan(out, cfg, resolved)
         distributed.init(device)
+        distributed.barrier(device)  # every rank has planned (read the folder) before rank 0 writes to it
         if distributed.is_main():
             run_folder.begin(out, start, resolved)
+        distributed.barrier(device)
         if cfg.init and start.state is None:
             log.info("initialized from %s: %s", cfg.init, init_pretraining(model, Path(cfg.init)))
         return _train(cfg, kind, mcfg, model, data, val, device, start, resolved, best_metric, on_step)
