@@ -72,9 +72,17 @@ def remove_path(path: Path) -> None:
         path.unlink()
 
 
+def _tmp_names(name: str = ".+") -> "re.Pattern[str]":
+    """Our temporary names (`tmp_path_for`): ``.tmp-<name>.<pid>``, or ``...<pid>.old`` for
+    a folder put aside while being replaced; `name` a regex (default: any)."""
+    return re.compile(rf"{re.escape(TMP_PREFIX)}{name}\.\d+(?:{re.escape(ASIDE_SUFFIX)})?")
+
+
 def remove_stale_tmp(directory: Path) -> list[Path]:
-    """Delete leftovers of killed writers (temporary names) inside `directory`."""
-    stale = sorted(directory.glob(f"{TMP_PREFIX}*")) if directory.is_dir() else []
+    """Delete leftovers of killed writers inside `directory`: entries with our temporary
+    names only (a user's `.tmp-notes` is not one). Call it holding the folder's lock."""
+    pattern = _tmp_names()
+    stale = sorted(p for p in directory.iterdir() if pattern.fullmatch(p.name)) if directory.is_dir() else []
     for path in stale:
         remove_path(path)
     return stale
@@ -233,7 +241,7 @@ def check_output(out: Path, kind: str, inputs: Iterable[Path] = (), flag: str = 
 
 def _leftovers(out: Path) -> list[Path]:
     """Temporary names of writers of `out` (`.tmp-<name>.<pid>`, `.tmp-<name>.<pid>.old`)."""
-    pattern = re.compile(rf"{re.escape(TMP_PREFIX + out.name)}\.\d+(?:{re.escape(ASIDE_SUFFIX)})?")
+    pattern = _tmp_names(re.escape(out.name))
     return sorted(p for p in out.parent.iterdir() if pattern.fullmatch(p.name)) if out.parent.is_dir() else []
 
 

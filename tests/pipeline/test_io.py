@@ -247,3 +247,20 @@ except OSError as err:
     assert int(number) == 27 and name == str(target)  # EFBIG, the final name
     assert target.read_text() == "old"
     assert [p.name for p in tmp_path.iterdir()] == ["metrics.json"]
+
+
+def test_stale_temporary_files_are_only_ours(tmp_path):
+    """A writer adopting a folder (download --out, a store, a run) removes leftovers of
+    killed writers by our naming only: a user's `.tmp-notes/` used to be rmtree'd."""
+    from pipeline.io import remove_stale_tmp
+
+    (tmp_path / ".tmp-notes").mkdir()
+    (tmp_path / ".tmp-notes" / "todo.txt").write_text("mine")
+    (tmp_path / ".tmp-draft.txt").write_text("mine too")
+    ours = [tmp_path / ".tmp-00003.parquet.4242", tmp_path / ".tmp-mix.17.old", tmp_path / ".tmp-00001.lmdb.99"]
+    ours[0].write_bytes(b"x")
+    ours[1].mkdir()
+    ours[2].mkdir()
+    assert remove_stale_tmp(tmp_path) == sorted(ours)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".tmp-draft.txt", ".tmp-notes"]
+    assert (tmp_path / ".tmp-notes" / "todo.txt").read_text() == "mine"
