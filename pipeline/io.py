@@ -245,7 +245,7 @@ def _leftovers(out: Path) -> list[Path]:
     return sorted(p for p in out.parent.iterdir() if pattern.fullmatch(p.name)) if out.parent.is_dir() else []
 
 
-def _clean_leftovers(out: Path) -> None:
+def clean_leftovers(out: Path) -> None:
     """Under the output's lock: put back the old copy a writer killed between its two
     renames left aside (when `out` is missing), then remove every other leftover."""
     leftovers = _leftovers(out)
@@ -263,7 +263,7 @@ def _clean_leftovers(out: Path) -> None:
 def _swap_in(tmp: Path, out: Path) -> None:
     """Put the finished folder `tmp` at `out`: the old copy is renamed aside, `tmp` renamed
     into place, then the old copy deleted. A crash leaves the old or the new copy at `out`
-    (or the old one aside, which `_clean_leftovers` puts back)."""
+    (or the old one aside, which `clean_leftovers` puts back)."""
     fsync_tree(tmp)
     aside = None
     if out.exists():
@@ -290,7 +290,7 @@ def replacing_output(out: Path, kind: str, inputs: Iterable[Path] = (), flag: st
     check = dict(kind=kind, flag=flag, what=what, folder=folder, also_ours=also_ours)
     check_output(out, inputs=inputs, **check)
     with output_lock(out, "output"):
-        _clean_leftovers(out)
+        clean_leftovers(out)
         tmp = tmp_path_for(out)
         try:
             yield tmp

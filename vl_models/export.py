@@ -2,9 +2,12 @@
 
 The source is a run folder (its `latest` checkpoint, a step, or its `best` one) or one
 checkpoint file; the tokenizer is the run's ``--vocab`` (or `vocab`, which must hold the
-same vocabulary when the run recorded it). The folder is built under a temporary name and
-renamed; an existing folder is replaced only with ``overwrite`` and only if it is an
-export of ours, and then only the files an export writes (a model card stays).
+same vocabulary when the run recorded it). One export of an OUT at a time (`output_lock`).
+The folder is built under a temporary name (removed whatever happens) and renamed into
+place; an existing folder is replaced only with ``overwrite`` and only if it is an export
+of ours, and then only the files an export writes (a model card stays), file by file with
+config.json, the mark of an export, last: a replace killed half-way is still an export,
+and rerunning it completes it.
 """
 
 from __future__ import annotations
@@ -12,12 +15,11 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import shutil
 from pathlib import Path
 from typing import Optional, Union
 
 from pipeline.errors import ConfigError
-from pipeline.io import commit_path, fsync_dir, fsync_tree, remove_path, tmp_path_for
+from pipeline.io import clean_leftovers, commit_path, fsync_dir, fsync_tree, output_lock, remove_path, tmp_path_for
 from vl_models.data.tokenize import WordPiece
 from vl_models.models.configuration import LxmertConfig, ViLBERTConfig
 from vl_models.models.modeling_lxmert import LxmertForPreTraining
@@ -43,10 +45,15 @@ def export_run(source: Path, out: Path, step: Union[int, str, None] = None, voca
     model = model_cls(config_cls.from_json(run["model"]))
     model.load_state_dict(state["model"], strict=True)
     tokenizer = _tokenizer(run, vocab)
-    tmp = tmp_path_for(Path(out))
-    remove_path(tmp)
-    export_hf(model, tmp, tokenizer, {"source": str(path), "step": state["step"]})
-    _commit(tmp, Path(out))
+    with output_lock(Path(out), "export"):
+        clean_leftovers(Path(out))  # temporary folders of killed exports
+        _check_out(Path(out), overwrite)  # again, under the lock
+        tmp = tmp_path_for(Path(out))
+        try:
+            export_hf(model, tmp, tokenizer, {"source": str(path), "step": state["step"]})
+            _commit(tmp, Path(out))
+        finally:
+            remove_path(tmp)
     log.info("exported %s (step %d) to %s", path, state["step"], out)
     return {"source": str(path), "step": state["step"], "kind": kind, "out": str(out)}
 
@@ -79,16 +86,20 @@ def _tokenizer(run: dict, vocab: Optional[Path]) -> WordPiece:
 
 def _commit(tmp: Path, out: Path) -> None:
     """Move a finished export into place: a rename for a new folder; otherwise replace the
-    export's own files, config.json (the marker) last."""
+    export's own files one by one, then drop those the new export does not have, and
+    config.json (the mark of an export) last, so the folder stays an export throughout."""
     if not out.exists() or not any(out.iterdir()):
         if out.exists():
             out.rmdir()
         commit_path(tmp, out)
         return
     fsync_tree(tmp)
-    for name in EXPORT_FILES:
+    new = {child.name for child in tmp.iterdir()}
+    for name in sorted(new - {"config.json"}):
+        if (out / name).is_dir():
+            remove_path(out / name)  # a folder (text_stream/) cannot be renamed over
+        os.replace(tmp / name, out / name)
+    for name in set(EXPORT_FILES) - new - {"config.json"}:
         remove_path(out / name)
-    for child in sorted(tmp.iterdir(), key=lambda p: p.name == "config.json"):
-        os.replace(child, out / child.name)
-    shutil.rmtree(tmp)
+    os.replace(tmp / "config.json", out / "config.json")
     fsync_dir(out)

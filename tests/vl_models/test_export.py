@@ -107,3 +107,33 @@ def test_export_picks_a_step_best_or_a_file_and_guards_its_output(runs, tmp_path
     assert all(torch.equal(load_exported(again).state_dict()[k], v)
                for k, v in checkpoint.load(folder / "checkpoints" / "step_0000002.pt")["model"].items())
     assert (again / "README.md").read_text() == "model card"  # only our files are replaced
+
+
+def test_a_failed_export_leaves_no_temporary_folder_and_the_earlier_export_intact(runs, tmp_path):
+    """A full disk half-way through an export (here a file-size limit in a child process):
+    exit 74, the temporary folder is gone (it used to stay, weights and all), an earlier
+    export at OUT is unchanged; leftovers of a killed export are removed by the next one."""
+    import os
+    import subprocess
+    import sys
+
+    from helpers import REPO
+
+    from pipeline.errors import EXIT_IO
+
+    out = tmp_path / "hf"
+    assert export(runs["lxmert-tiny"], out, "--step", "1").exit_code == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+    code = ("import resource, signal, sys\nsignal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
+            "resource.setrlimit(resource.RLIMIT_FSIZE, (20000, 20000))\n"
+            "from vl_models.cli import main\nsys.argv = ['vltrain'] + sys.argv[1:]\nmain()\n")
+    proc = subprocess.run([sys.executable, "-c", code, "export", "--to", "hf", str(runs["lxmert-tiny"]), str(out),
+                           "--overwrite"], capture_output=True, text=True, cwd=REPO, timeout=120,
+                          env={**os.environ, "COLUMNS": "200"})
+    assert proc.returncode == EXIT_IO, proc.stderr[-2000:]
+    assert "disk full writing" in proc.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".hf.vlprep.lock", "hf"]
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
+    (tmp_path / f".tmp-hf.{2**22 + 1}").mkdir()  # a killed export's temporary folder
+    assert export(runs["lxmert-tiny"], out, "--overwrite").exit_code == 0
+    assert not list(tmp_path.glob(".tmp-*"))

@@ -19,6 +19,8 @@ back by name for the tasks that use them), and its text stream initialized from 
 from __future__ import annotations
 
 import json
+import os
+import re
 from pathlib import Path
 from typing import Optional, Union
 
@@ -194,11 +196,21 @@ EXPORT_FILES = ("model.safetensors", "config.json", "vocab.txt", "tokenizer.json
 
 
 def _save_safetensors(model, path: Path) -> None:
+    """model.safetensors (tied weights once). safetensors reports a failed write (a full
+    disk) as a SafetensorError with the OS error number in its text: raised here as that
+    OSError, naming the file."""
+    from safetensors import SafetensorError
     from safetensors.torch import save_file
 
     tied = _tied(model)
-    save_file({k: v.contiguous() for k, v in model.state_dict().items() if k not in tied}, str(path),
-              metadata={"format": "pt"})
+    try:
+        save_file({k: v.contiguous() for k, v in model.state_dict().items() if k not in tied}, str(path),
+                  metadata={"format": "pt"})
+    except SafetensorError as err:
+        number = re.search(r"os error (\d+)", str(err))
+        if number is None:
+            raise
+        raise OSError(int(number.group(1)), os.strerror(int(number.group(1))), str(path)) from err
 
 
 def export_hf(model, folder: Path, tokenizer: Optional[WordPiece] = None, provenance: Optional[dict] = None) -> None:
