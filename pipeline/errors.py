@@ -37,8 +37,10 @@ class ConfigError(VlprepError, ValueError):
     exit_code = EXIT_CONFIG
 
 
-class InvalidRecordError(ValueError):
+class InvalidRecordError(VlprepError, ValueError):
     """A record that must not be written: names the image and the field."""
+
+    exit_code = EXIT_CONFIG
 
     def __init__(self, image_id: object, field: str, reason: str):
         self.image_id = image_id

@@ -37,7 +37,7 @@ import pyarrow.parquet as pq
 
 from pipeline.datasets.base import replace_surrogates
 from pipeline.errors import ConfigError
-from pipeline.io import atomic_write_json, commit_path, tmp_path_for
+from pipeline.io import atomic_write_json, commit_path, read_json, tmp_path_for
 from pipeline.records import SourceItem, Text
 
 log = logging.getLogger(__name__)
@@ -120,7 +120,7 @@ def done_shards(out: Path) -> dict[int, dict]:
     for stats_path in sorted(out.glob(f"[0-9]*{STATS_SUFFIX}")):
         number = stats_path.name[: -len(STATS_SUFFIX)]
         if number.isdigit() and stats_path.is_file() and (out / f"{shard_name(int(number))}.parquet").is_file():
-            done[int(number)] = json.loads(stats_path.read_text())
+            done[int(number)] = read_json(stats_path, "shard stats (the shard's done-marker)")
     return done
 
 
@@ -138,10 +138,18 @@ class ImageItem:
 
 def iter_images(source: Path) -> Iterator[ImageItem]:
     """Successful images from our shard folder, an img2dataset output folder (files,
-    webdataset tars or parquet), or a plain folder of image files."""
+    webdataset tars or parquet), or a plain folder of image files. A file of the source
+    that cannot be read (not Parquet, a broken tar) is a ConfigError naming the source."""
     source = Path(source)
     if not source.exists():
         raise ConfigError(f"image source not found: {source}")
+    try:
+        yield from _iter_images(source)
+    except (OSError, EOFError, tarfile.TarError, pa.ArrowException) as err:
+        raise ConfigError(f"image source {source}: cannot be read ({type(err).__name__}: {err})") from err
+
+
+def _iter_images(source: Path) -> Iterator[ImageItem]:
     files = [source] if source.is_file() else sorted(source.iterdir())
     ours = [f for f in files if f.suffix == ".parquet" and _is_our_shard(f)]
     if ours:

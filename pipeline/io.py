@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Optional, Union
 
-from pipeline.errors import BusyError, ConfigError
+from pipeline.errors import BusyError, ConfigError, DataError
 
 log = logging.getLogger(__name__)
 TMP_PREFIX = ".tmp-"
@@ -107,6 +107,16 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
         raise
 
 
+def read_json(path: Path, what: str) -> Any:
+    """A JSON file this tool wrote (a done-marker, a run record): a damaged or unreadable one
+    is a DataError naming it and `what` it is."""
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, ValueError) as err:
+        raise DataError(f"{path}: unreadable {what} ({type(err).__name__}: {err}); remove it to redo what it "
+                        "records") from err
+
+
 def atomic_write_json(path: Path, obj: Any) -> None:
     atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=False) + "\n").encode())
 
@@ -150,6 +160,8 @@ def exclusive_lock(directory: Path, what: str = "output") -> Iterator[None]:
     gets `BusyError` at once, naming the holder's pid. The kernel drops the lock when the
     holder exits, however it exits: a killed writer never leaves a stale lock."""
     directory = Path(directory)
+    if directory.exists() and not directory.is_dir():
+        raise ConfigError(f"{directory} exists and is not a folder: give a folder for this {what}")
     directory.mkdir(parents=True, exist_ok=True)
     with _flock(directory / LOCK_FILE, directory, what):
         yield

@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.logging import RichHandler
 from rich.markup import escape
 
-from pipeline.errors import EXIT_FAILURES, describe, exit_code
+from pipeline.errors import describe, exit_code
 
 console = Console(stderr=True)
 
@@ -61,8 +61,6 @@ def named_errors(fn):
             return fn(*args, **kwargs)
         except Exception as err:
             code = exit_code(err)
-            if code is None and isinstance(err, ValueError):  # a bad value reached a library check
-                code = EXIT_FAILURES
             if code is None:
                 raise
             console.print(f"[red]error:[/red] {escape(describe(err))}", soft_wrap=True)  # one greppable line

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from pipeline.cli import app as vlprep
 from pipeline.errors import (
-    EXIT_BUSY, EXIT_CONFIG, EXIT_DATA, EXIT_DIVERGED, EXIT_IO, BusyError, CheckpointError, ConfigError,
+    EXIT_BUSY, EXIT_CONFIG, EXIT_DATA, EXIT_DIVERGED, EXIT_IO, BusyError, CheckpointError, ConfigError, DataError,
     DivergedError, StoreError, describe, exit_code,
 )
 from pipeline.io import LOCK_FILE, exclusive_lock
@@ -98,3 +98,44 @@ def test_logs_to_a_file_or_pipe_are_plain_unwrapped_lines():
     lines = child.stderr.splitlines()
     assert len(lines) == 1, child.stderr
     assert lines[0].endswith("INFO x: step " + "a" * 200)
+
+
+def test_a_plain_value_error_is_a_bug_and_keeps_its_traceback():
+    """Only named errors become one line and an exit code: a ValueError from deep inside
+    (ArrowInvalid, JSONDecodeError, ...) used to become a file-less one-liner with exit 1."""
+    import typer
+
+    from pipeline.log import named_errors
+
+    @named_errors
+    def bug():
+        raise ValueError("invalid literal for int() with base 10: 'x'")
+
+    with pytest.raises(ValueError, match="invalid literal"):
+        bug()
+
+    @named_errors
+    def named():
+        raise ConfigError("--x must be >= 1")
+
+    with pytest.raises(typer.Exit) as caught:
+        named()
+    assert caught.value.exit_code == EXIT_CONFIG
+
+
+def test_damaged_files_we_wrote_and_unreadable_sources_are_named(tmp_path):
+    from pipeline.image_shards import done_shards, iter_images
+
+    (tmp_path / "00000.parquet").write_bytes(b"PAR1")
+    (tmp_path / "00000_stats.json").write_text("{truncated")
+    with pytest.raises(DataError, match=r"00000_stats.json: unreadable shard stats"):
+        done_shards(tmp_path)
+    images = tmp_path / "images"
+    images.mkdir()
+    (images / "00000.parquet").write_bytes(b"not parquet at all")
+    with pytest.raises(ConfigError, match=f"image source {images}: cannot be read"):
+        list(iter_images(images))
+    (tmp_path / "a_file").write_text("x")
+    with pytest.raises(ConfigError, match="a_file exists and is not a folder"):
+        with exclusive_lock(tmp_path / "a_file", "feature store"):
+            pass

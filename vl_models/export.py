@@ -59,6 +59,9 @@ def export_run(source: Path, out: Path, step: Union[int, str, None] = None, voca
 
 
 def _check_out(out: Path, overwrite: bool) -> None:
+    cwd = Path.cwd().resolve()
+    if out.resolve() == cwd or out.resolve() in cwd.parents:
+        raise ConfigError(f"{out} is the current folder or a folder above it: export into a new folder")
     if not out.exists() or (out.is_dir() and not any(out.iterdir())):
         return
     if not out.is_dir() or exported_record(out) is None:

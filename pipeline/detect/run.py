@@ -43,7 +43,7 @@ from pipeline.download.run import absolute, check_failure_rate
 from pipeline.download.shard import ShardJob, fetch_rows, shard_stats
 from pipeline.errors import ConfigError, InvalidRecordError
 from pipeline.image_shards import iter_images, read_shard_rows, shard_name, write_shard
-from pipeline.io import atomic_write_json, exclusive_lock, remove_stale_tmp, sha256_file
+from pipeline.io import atomic_write_json, exclusive_lock, read_json, remove_stale_tmp, sha256_file
 
 log = logging.getLogger(__name__)
 EXTRACT_DIR = "extract"
@@ -285,7 +285,7 @@ def done_extract_shards(out: Path) -> dict[int, dict]:
     for path in sorted(folder.glob("[0-9]*_stats.json")) if folder.is_dir() else []:
         number = path.name.split("_")[0]
         if number.isdigit() and path.is_file():
-            done[int(number)] = json.loads(path.read_text())
+            done[int(number)] = read_json(path, "extract stats (the shard's done-marker)")
     return done
 
 

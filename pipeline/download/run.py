@@ -16,7 +16,6 @@ nodes, which must see the same paths (shared storage).
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import threading
@@ -34,7 +33,7 @@ from pipeline.download.images import ImageConfig
 from pipeline.download.shard import ShardJob, download_shard
 from pipeline.errors import ConfigError
 from pipeline.image_shards import done_shards
-from pipeline.io import atomic_write_json, exclusive_lock, remove_stale_tmp
+from pipeline.io import atomic_write_json, exclusive_lock, read_json, remove_stale_tmp
 
 log = logging.getLogger(__name__)
 RUN_FILE = "run.json"
@@ -142,7 +141,7 @@ def _prepare_out(cfg: DownloadConfig) -> None:
     run_file = cfg.out / RUN_FILE
     fingerprint = cfg.fingerprint()
     if run_file.exists():
-        previous = json.loads(run_file.read_text()).get("fingerprint")
+        previous = read_json(run_file, "run record").get("fingerprint")
         if previous != fingerprint:
             raise ConfigError(
                 f"{cfg.out} holds shards made from other inputs or settings ({RUN_FILE} differs); "

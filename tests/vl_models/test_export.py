@@ -137,3 +137,10 @@ def test_a_failed_export_leaves_no_temporary_folder_and_the_earlier_export_intac
     (tmp_path / f".tmp-hf.{2**22 + 1}").mkdir()  # a killed export's temporary folder
     assert export(runs["lxmert-tiny"], out, "--overwrite").exit_code == 0
     assert not list(tmp_path.glob(".tmp-*"))
+
+
+def test_export_into_the_current_folder_is_refused(runs, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    result = export(runs["lxmert-tiny"], ".")
+    assert result.exit_code == EXIT_CONFIG and "current folder" in result.output, result.output
+    assert list(tmp_path.iterdir()) == []

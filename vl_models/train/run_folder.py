@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional, Sequence
 
-from pipeline.errors import CheckpointError, ConfigError, DataError
+from pipeline.errors import ConfigError, DataError
 from pipeline.io import atomic_write_bytes, atomic_write_json, remove_path
 from pipeline.store import FeatureStore
 from vl_models.data.dataset import mixture_file
