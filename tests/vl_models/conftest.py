@@ -11,7 +11,6 @@ from pipeline.mixture.build import MixtureSpec, build_mixture
 from pipeline.store import write_records
 
 
-
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
     root = tmp_path_factory.mktemp("data")

@@ -9,13 +9,15 @@ import shutil
 import subprocess
 import sys
 
+import numpy as np
 import pyarrow as pa
 import pytest
 import torch
 from train_helpers import VOCAB, config
-from helpers import REPO
+from helpers import REPO, make_record
 
 from pipeline.errors import EXIT_CONFIG, EXIT_DATA, EXIT_DIVERGED, EXIT_IO, CheckpointError, ConfigError, DataError
+from pipeline.store import FeatureStore, write_records
 from vl_models.train import checkpoint
 from vl_models.train.trainer import run
 
@@ -185,6 +187,12 @@ def test_resume_compares_mixture_and_stores_by_content(copy, data, tmp_path):
     (store / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(ConfigError, match=r"stores \(content\)"):
         run(config(data, tmp_path, "lxmert-tiny", resume=True, stores=(str(store),)))
+    other = tmp_path / "reimported"  # the same ids and layout, other features, no provenance (an import)
+    records = [make_record(np.random.default_rng(7), r.image_id, num_boxes=r.num_boxes, feature_dim=16, cls_dim=11,
+                           attr_dim=7) for r in FeatureStore.open(data / "feats")]
+    write_records(other, records, feature_dim=16, dtype="float32")
+    with pytest.raises(ConfigError, match=r"stores \(content\)"):
+        run(config(data, tmp_path, "lxmert-tiny", resume=True, stores=(str(other),)))
 
 
 def test_a_flipped_byte_in_a_checkpoint_is_caught(copy, data, tmp_path):

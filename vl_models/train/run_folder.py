@@ -66,7 +66,9 @@ class Plan:
 
 def input_digests(mixture: Path, stores: Sequence[Path], vocab: Path) -> dict:
     """Content identities of a run's inputs: the mixture's items and answer table; each
-    store's identity (`Manifest.identity`: layout and detector); the vocab file."""
+    store's identity (`Manifest.identity`: layout and detector) and shards (names, rows
+    and checksums: a re-extracted, re-imported or extended store is another input); the
+    vocab file."""
     h = hashlib.sha256()
     for name in ("items.arrow", "answers.json"):
         with open(mixture_file(mixture, name), "rb") as f:
@@ -74,8 +76,9 @@ def input_digests(mixture: Path, stores: Sequence[Path], vocab: Path) -> dict:
                 h.update(block)
 
     def store_identity(path: Path) -> str:
-        identity = FeatureStore.open(path).manifest.identity()
-        return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
+        manifest = FeatureStore.open(path).manifest
+        content = {**manifest.identity(), "shards": manifest.shards_digest()}
+        return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()
 
     return {"mixture": h.hexdigest(), "stores": [store_identity(Path(p)) for p in stores],
             "vocab": hashlib.sha256(Path(vocab).read_bytes()).hexdigest()}
