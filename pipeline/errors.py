@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import errno
 
+# A full disk (or quota, or file-size limit): retrying cannot help, freeing space can.
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 EXIT_FAILURES = 1
 EXIT_CONFIG = 2
 EXIT_DATA = 3
@@ -90,14 +92,14 @@ def exit_code(err: BaseException) -> int | None:
     bug: let its traceback show)."""
     if isinstance(err, VlprepError):
         return err.exit_code
-    if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO):
+    if isinstance(err, OSError) and err.errno in (*DISK_FULL, errno.EIO):
         return EXIT_IO
     return None
 
 
 def describe(err: BaseException) -> str:
     """One line naming the error (disk-full errors name the file being written)."""
-    if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+    if isinstance(err, OSError) and err.errno in DISK_FULL:
         where = f" writing {err.filename}" if err.filename else ""
         return f"disk full{where}: {err.strerror or err}; free space and rerun (finished work is kept)"
     return str(err)

@@ -468,6 +468,6 @@ def _summarize(cfg: ExtractConfig, failed_shards: dict, malformed: list[str], co
         "failures": dict(failures.most_common()),
         "malformed_rows": counts["malformed"],
         "malformed_examples": malformed,
-        **verdict(images, extracted, failures, failed_shards, cfg.max_failure_rate),
+        **verdict(images, extracted, failures, failed_shards, cfg.max_failure_rate, counts["malformed"]),
         "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }

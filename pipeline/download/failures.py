@@ -22,7 +22,7 @@ from typing import Callable, Optional
 
 from pipeline.download.fetch import FetchConfig
 from pipeline.download.images import ImageConfig
-from pipeline.errors import EXIT_IO, exit_code
+from pipeline.errors import DISK_FULL
 
 Policy = dict  # the option values refusals depend on (JSON-able), see policy_of
 
@@ -83,12 +83,17 @@ def should_retry(kind: str, transient: bool, old: Optional[Policy], new: Policy)
     return rule is not None and (old is None or rule.when(old, new))
 
 
-def verdict(items: int, successes: int, failures: Counter, shards_failed: dict, max_rate: float) -> dict:
+def verdict(items: int, successes: int, failures: Counter, shards_failed: dict, max_rate: float,
+            malformed: int = 0) -> dict:
     """The summary fields that judge a run: failure_rate, max_failure_rate, verdict ("ok"
-    or "failed") and verdict_reason (one line naming the top reasons and how to retry)."""
+    or "failed") and verdict_reason (one line naming the top reasons and how to retry). A
+    folder with no items at all (an empty input, or every row malformed) has failed."""
     rate = (items - successes) / items if items else 0.0
     reason = None
-    if shards_failed:
+    if not items and not shards_failed:
+        reason = (f"no items: all {malformed:,} input rows are malformed (see malformed_examples in the summary; "
+                  "a wrong column name?)" if malformed else "no items: the input lists none")
+    elif shards_failed:
         reason = (f"{len(shards_failed)} shard(s) failed for good ({', '.join(sorted(shards_failed)[:5])}; see "
                   "shards_failed in the summary); rerun the same command to retry them")
     elif items and (successes == 0 or rate > max_rate):
@@ -109,6 +114,6 @@ def shard_failure(err: Exception) -> str:
     task's own exception, not Ray's wrapper and remote traceback). A full disk is raised
     as it is: retrying cannot help, and the CLI turns it into exit 74."""
     cause = getattr(err, "cause", None) or err  # ray.exceptions.RayTaskError keeps the task's exception
-    if exit_code(cause) == EXIT_IO:
+    if isinstance(cause, OSError) and cause.errno in DISK_FULL:
         raise cause
     return f"{type(cause).__name__}: {cause}"[:1000]

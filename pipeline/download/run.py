@@ -293,7 +293,7 @@ def _summarize(cfg: DownloadConfig, counts: Counter, malformed: list[str], faile
         failures.update(stats["failures"])
     total = sum(s["count"] for s in shards.values())
     successes = sum(s["successes"] for s in shards.values())
-    judged = verdict(total, successes, failures, failed_shards, cfg.max_failure_rate)
+    judged = verdict(total, successes, failures, failed_shards, cfg.max_failure_rate, counts["malformed"])
     return {
         "dataset": cfg.dataset,
         "out": str(cfg.out),

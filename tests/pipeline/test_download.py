@@ -354,7 +354,9 @@ def test_verdict():
     assert "6 of 10" in bad["verdict_reason"] and "http 404 x 5" in bad["verdict_reason"]
     assert "--retry-failed" in bad["verdict_reason"] and "--allow-private-network" in bad["verdict_reason"]
     assert verdict(3, 0, Counter({"timeout": 3}), {}, 1.0)["verdict"] == "failed"  # all failed
-    assert verdict(0, 0, Counter(), {}, 0.5)["verdict"] == "ok"
+    nothing = verdict(0, 0, Counter(), {}, 0.5, malformed=12)  # e.g. a wrong --url-col: every row malformed
+    assert nothing["verdict"] == "failed" and "all 12 input rows are malformed" in nothing["verdict_reason"]
+    assert verdict(0, 0, Counter(), {}, 0.5)["verdict_reason"] == "no items: the input lists none"
     shards = verdict(10, 10, Counter(), {"00001": "IsADirectoryError: x"}, 0.5)
     assert shards["verdict"] == "failed" and "00001" in shards["verdict_reason"]
 
@@ -373,3 +375,5 @@ def test_a_shard_task_error_is_reported_as_its_own_error_and_a_full_disk_stops_t
     with pytest.raises(OSError) as info:  # not retried, not counted: the run stops (exit 74)
         shard_failure(RayTaskError("_shard_task", "Traceback ...", full).as_instanceof_cause())
     assert info.value is full and describe(info.value).startswith("disk full writing /o/.tmp-00003.parquet.77")
+    flaky = OSError(errno.EIO, "Input/output error", "/nfs/o/00004.parquet")  # e.g. NFS: retried like any error
+    assert shard_failure(RayTaskError("_shard_task", "Traceback ...", flaky).as_instanceof_cause()).startswith("OSError")
