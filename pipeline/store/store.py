@@ -76,11 +76,20 @@ def check_shard(directory: Path, info: ShardInfo, *, checksum: bool = False) -> 
         state = "truncated" if size < info.bytes else "changed since it was written"
         raise StoreError(f"{where} is {state}: {size:,} bytes on disk, the manifest says {info.bytes:,}; {advice}")
     if checksum:
-        digest = sha256_file(data)
-        if digest != info.sha256:
-            raise StoreError(f"{where} is corrupt: sha256 mismatch (file {digest[:12]}…, manifest "
-                             f"{info.sha256[:12]}…); {advice}")
+        seen = (str(data.resolve()), info.sha256, size, data.stat().st_mtime_ns)
+        if seen not in _VERIFIED:
+            digest = sha256_file(data)
+            if digest != info.sha256:
+                raise StoreError(f"{where} is corrupt: sha256 mismatch (file {digest[:12]}…, manifest "
+                                 f"{info.sha256[:12]}…); {advice}")
+            _VERIFIED.add(seen)
     return path
+
+
+# Shard files whose sha256 this process (or the parent it was forked from) has checked, as
+# (path, sha256, size, mtime): every store object over them, the train and val datasets and
+# forked DataLoader workers check each file once, not once each.
+_VERIFIED: set[tuple] = set()
 
 
 def open_shard_reader(directory: Path, manifest: Manifest, index: int, out_dtype=None, *, checksum: bool = False):

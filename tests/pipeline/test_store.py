@@ -541,3 +541,19 @@ def test_shards_without_a_manifest_are_not_overwritten(tmp_path):
     with pytest.raises(StoreError, match="00000.lmdb.*has no manifest.json"):
         write_records(tmp_path / "s", make_records(3, seed=1), backend="lmdb", feature_dim=32)
     assert sorted(p.name for p in (tmp_path / "s" / "shards").iterdir()) == ["00000.lmdb", "00001.lmdb"]
+
+
+def test_a_shard_is_hashed_once_per_process_not_once_per_store_object(tmp_path):
+    """Training opens the stores for its train and val splits (and each forked loader
+    worker inherits them): with verification on, each shard file was hashed by every one."""
+    write_records(tmp_path / "s", make_records(4, seed=3), shard_size=2, feature_dim=32, dtype="float32")
+    ids = [r.image_id for r in make_records(4, seed=3)]
+    assert FeatureStore.open(tmp_path / "s", verify=True).get(ids[0]).image_id == ids[0]  # shard 0 hashed
+    data = tmp_path / "s" / "shards" / "00000.arrow"
+    stat = data.stat()
+    _flip(data, stat.st_size // 2, 0x01)
+    os.utime(data, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # same size and time: the process's check stands
+    assert FeatureStore.open(tmp_path / "s", verify=True).get(ids[1]).image_id == ids[1]
+    os.utime(data, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))  # the file changed: hashed again
+    with pytest.raises(StoreError, match="00000.arrow is corrupt"):
+        FeatureStore.open(tmp_path / "s", verify=True).get(ids[1])
