@@ -105,6 +105,11 @@ class ExtractConfig:
         if self.device not in ("auto", "cpu") and not self.device.startswith("cuda"):
             raise ConfigError(f"device must be auto, cpu or cuda[:N], got {self.device!r}")
         check_failure_rate(self.max_failure_rate)
+        if self.keep_images is not None:
+            keep, out = Path(self.keep_images), Path(self.out)
+            if keep == out or out in keep.parents or keep in out.parents:
+                raise ConfigError(f"--keep-images {keep} and --out {out} overlap: the image shards and the feature "
+                                  "store need folders of their own")
 
     def to_json(self) -> dict:
         def plain(value):

@@ -16,6 +16,7 @@ from image_server import ImageServer, write_tsv
 from PIL import Image
 
 from pipeline.detect.config import DetectorConfig
+from pipeline.errors import ConfigError
 from pipeline.io import sha256_file
 from pipeline.store import FeatureStore, verify_store
 
@@ -262,3 +263,13 @@ def test_one_image_that_breaks_the_decoder_fails_alone(server):
     assert {k: f["kind"] for k, f in failed.items()} == {"none": "internal error", "junk": "not an image", "gone": "http 404"}
     assert failed["none"]["detail"].startswith("TypeError") and failed["none"]["url"] == "http://example.com/none.jpg"
     assert failed["gone"]["transient"] is False
+
+
+def test_keep_images_inside_the_store_is_refused(tmp_path):
+    """`--keep-images X --out X` answered "another process (pid <its own>) is writing", exit 75."""
+    from pipeline.detect.run import ExtractConfig
+
+    (tmp_path / "imgs").mkdir()
+    for keep in (tmp_path / "feats", tmp_path / "feats" / "images", tmp_path):
+        with pytest.raises(ConfigError, match="--keep-images .* and --out .* overlap"):
+            ExtractConfig(out=tmp_path / "feats", images=tmp_path / "imgs", random_weights=True, keep_images=keep)
