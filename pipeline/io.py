@@ -47,18 +47,12 @@ def tmp_path_for(final: Path) -> Path:
     return final.with_name(f"{TMP_PREFIX}{final.name}.{os.getpid()}")
 
 
-def commit_path(tmp: Path, final: Path, replace_dir: bool = False) -> None:
+def commit_path(tmp: Path, final: Path) -> None:
     """Durably move a finished temporary file/directory to its final name. A file replaces
-    a file atomically. An existing directory at `final` is replaced only when the caller
-    owns it by construction and says so (`replace_dir`, e.g. a store rewriting a shard in
-    its own shards/ folder; swapped in by rename-aside, rename, delete); otherwise
-    FileExistsError. Replace a user-named output folder with `replacing_output`, which
-    checks that it is ours."""
+    a file atomically; an existing directory is never replaced (FileExistsError). Replace a
+    user-named output folder with `replacing_output`, which checks that it is ours."""
     if final.is_dir() and not final.is_symlink():
-        if not (replace_dir and tmp.is_dir()):
-            raise FileExistsError(f"{final} is an existing directory; refusing to replace it")
-        _swap_in(tmp, final)
-        return
+        raise FileExistsError(f"{final} is an existing directory; refusing to replace it")
     fsync_tree(tmp)
     os.replace(tmp, final)
     fsync_dir(final.parent)

@@ -4,7 +4,7 @@
 
     with FeatureStoreWriter("feats", backend="arrow", shard_size=1000) as w:
         w.write(record)                      # a pipeline.records.RegionFeatures
-    store = FeatureStore.open("feats")       # verify=True: check shard checksums on first use
+    store = FeatureStore.open("feats")       # verify=True: also each shard's sha256, on first use
     rec = store["COCO_val2014_000000000042"]  # or store.get(...); `in`, len(), keys() too
 
 One writer at a time (a second one gets BusyError); damage is a StoreError naming the

@@ -40,19 +40,6 @@ def test_commit_path_never_deletes_a_directory(tmp_path):
     assert (tmp_path / "free" / "new.txt").read_text() == "new" and not tmp.exists()
 
 
-def test_commit_path_replaces_a_directory_its_caller_owns_when_told(tmp_path):
-    """A store rewriting a shard in its own shards/ folder says so (replace_dir=True)."""
-    shards = tmp_path / "shards"
-    (shards / "00000.lmdb").mkdir(parents=True)
-    (shards / "00000.lmdb" / "data.mdb").write_text("old")
-    tmp = tmp_path_for(shards / "00000.lmdb")
-    tmp.mkdir()
-    (tmp / "data.mdb").write_text("new")
-    commit_path(tmp, shards / "00000.lmdb", replace_dir=True)
-    assert (shards / "00000.lmdb" / "data.mdb").read_text() == "new"
-    assert sorted(p.name for p in shards.iterdir()) == ["00000.lmdb"]  # nothing left aside
-
-
 def test_lmdb_and_arrow_stores_still_commit_and_resume_their_shards(tmp_path):
     from pipeline.store import FeatureStore, write_records
 

@@ -18,6 +18,7 @@ import pyarrow as pa
 import torch
 
 from pipeline.errors import ConfigError, DataError
+from pipeline.mixture.build import FORMAT as MIXTURE_FORMAT
 from pipeline.records import pad_regions
 from pipeline.store import FeatureStore
 from vl_models.data.masking import mask_regions, mask_tokens, mismatch, overlap_targets
@@ -42,7 +43,7 @@ def mixture_file(mixture: Path, name: str) -> Path:
     DataError naming the file if it is missing."""
     mixture = Path(mixture)
     try:
-        is_mixture = json.loads((mixture / "manifest.json").read_text()).get("format") == "vlprep-mixture"
+        is_mixture = json.loads((mixture / "manifest.json").read_text()).get("format") == MIXTURE_FORMAT
     except (OSError, ValueError, AttributeError):
         is_mixture = False
     if not is_mixture:
