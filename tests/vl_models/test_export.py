@@ -79,6 +79,7 @@ def test_a_vilbert_run_exports_with_our_loader_and_a_bert_text_stream(runs, tmp_
     assert transformers.AutoTokenizer.from_pretrained(out / "text_stream")("a red thing")["input_ids"][0] == 101
 
 
+@pytest.mark.slow
 def test_export_picks_a_step_best_or_a_file_and_guards_its_output(runs, tmp_path):
     folder = runs["lxmert-tiny"]
     first = checkpoint.load(folder / "checkpoints" / "step_0000001.pt")["model"]

@@ -244,6 +244,7 @@ def test_sigkill_after_a_logged_step_resumes_exactly_without_duplicate_rows(data
 
 # -- item 10: divergence --------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_a_nonfinite_loss_stops_the_run_and_nothing_nonfinite_is_saved(data, tmp_path):
     out = tmp_path / "run"
     proc = vltrain(*pretrain_args(data, out, "--lr", "1e6"))
