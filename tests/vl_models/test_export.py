@@ -4,7 +4,7 @@ model.safetensors, config.json and the tokenizer files (issue 12, item 22)."""
 import pytest
 import torch
 import transformers
-from train_helpers import VOCAB, config
+from train_helpers import VOCAB, assert_pretraining_logits_match, config
 from typer.testing import CliRunner
 
 from pipeline.errors import EXIT_CONFIG
@@ -50,12 +50,7 @@ def test_an_lxmert_run_exports_to_a_folder_transformers_loads(runs, tmp_path):
     assert all(torch.equal(ours.state_dict()[k], saved[k]) for k in saved)
     hf = transformers.LxmertForPreTraining.from_pretrained(out).eval()
     ids, feats, pos, mask, vmask = inputs(ours.cfg.visual_feat_dim, 4)
-    with torch.no_grad():
-        a = ours(ids, feats, pos, attention_mask=mask, visual_attention_mask=vmask)
-        b = hf(input_ids=ids, visual_feats=feats, visual_pos=pos, attention_mask=mask, visual_attention_mask=vmask)
-    for x, y in ((a.lm_logits, b.prediction_logits), (a.matched_logits, b.cross_relationship_score),
-                 (a.answer_logits, b.question_answering_score)):
-        assert (x - y).abs().max() <= 1e-4
+    assert_pretraining_logits_match(ours, hf, ids, feats, pos, mask, vmask)
     tokenizer = transformers.AutoTokenizer.from_pretrained(out)
     text = "A red thing with two circles"
     enc = WordPiece(VOCAB).encode(text, 12)

@@ -1,6 +1,7 @@
 import pytest
 import torch
 import transformers
+from train_helpers import assert_pretraining_logits_match
 
 from pipeline.errors import ConfigError
 from vl_models.models.configuration import LxmertConfig, load_config
@@ -80,12 +81,7 @@ def test_pretraining_model_exports_to_transformers(tmp_path):
     export_hf(ours, tmp_path / "hf")
     hf = transformers.LxmertForPreTraining.from_pretrained(tmp_path / "hf").eval()
     ids, feats, pos, mask, vmask = inputs()
-    with torch.no_grad():
-        a = ours(ids, feats, pos, attention_mask=mask, visual_attention_mask=vmask)
-        b = hf(input_ids=ids, visual_feats=feats, visual_pos=pos, attention_mask=mask, visual_attention_mask=vmask)
-    for x, y in ((a.lm_logits, b.prediction_logits), (a.matched_logits, b.cross_relationship_score),
-                 (a.answer_logits, b.question_answering_score)):
-        assert (x - y).abs().max() <= 1e-4
+    assert_pretraining_logits_match(ours, hf, ids, feats, pos, mask, vmask)
     again = load_lxmert_pretraining(tmp_path / "hf", cfg)
     for (k, x), y in zip(ours.state_dict().items(), again.state_dict().values()):
         assert torch.equal(x, y), k
