@@ -67,10 +67,6 @@ class RegionFeatures:
         out[:, 4] = (b[:, 2] - b[:, 0]) * (b[:, 3] - b[:, 1]) / (w * h)
         return out
 
-    def mean_feature(self) -> np.ndarray:
-        """(D,) float32 mean of the region features: ViLBERT's IMG token."""
-        return self.features.astype(np.float32).mean(axis=0)
-
     def array_fields(self) -> dict[str, np.ndarray]:
         """The array-valued fields that are present, by name."""
         return {
@@ -197,8 +193,8 @@ def _check_probability(image_id: str, name: str, a: np.ndarray) -> None:
 class RegionBatch:
     """A padded batch of region features for the trainer.
 
-    Slot layout per image: optional IMG token at slot 0 (mean feature, box covering the
-    whole image), then the first `max_boxes` regions, then padding. `mask` is True on
+    Slot layout per image: optional IMG token at slot 0 (`img_token_feature` of the regions in the
+    batch, box covering the whole image), then the first `max_boxes` regions, then padding. `mask` is True on
     real slots (IMG token included). Padding and the IMG token carry label id -1 and
     zero confidences / probabilities.
     """
@@ -214,6 +210,17 @@ class RegionBatch:
     attrs_conf: Optional[np.ndarray] = None
     cls_prob: Optional[np.ndarray] = None  # (B, K, C) float32
     attr_prob: Optional[np.ndarray] = None
+
+
+def img_token_feature(features: np.ndarray, visible: np.ndarray) -> np.ndarray:
+    """ViLBERT's [IMG] feature: the mean of the `visible` regions' features, (D,) float32;
+    zeros when none is visible. Computed over the regions the model gets (not those beyond
+    the slot budget), and after masking over the ones left visible, so that a masked
+    region cannot be recovered from it."""
+    count = int(visible.sum())
+    if not count:
+        return np.zeros(features.shape[1], np.float32)
+    return (features[visible].sum(axis=0, dtype=np.float64) / count).astype(np.float32)
 
 
 def pad_regions(
@@ -256,7 +263,7 @@ def pad_regions(
         feats[b, sl] = rec.features[:n]
         pos[b, sl] = view[:n]
         if img_token:
-            feats[b, 0] = rec.mean_feature()  # over all regions, as ViLBERT's reader
+            feats[b, 0] = img_token_feature(feats[b, 1:1 + n], np.ones(n, bool))
             pos[b, 0] = [0, 0, 1, 1, 1][:pos_dim]
         mask[b, : first + n] = True
         counts[b] = first + n

@@ -49,6 +49,7 @@ def pretrain(
     report_to: List[str] = typer.Option([], "--report-to", help="Also report to: tensorboard (events in OUT/tensorboard; pip install tensorboard)."),
     max_text: int = typer.Option(0, help="Text tokens per item (0: the model's default, ViLBERT 36, LXMERT 20)."),
     max_regions: int = typer.Option(36, help="Regions per image (ViLBERT adds its IMG token)."),
+    region_overlap: str = typer.Option("keep", help="ViLBERT region masking: keep (the paper: only the 15 % selected regions are masked) or zero (12-in-1: regions overlapping a selected one by IoU > 0.4 are zeroed too). The loss is on the selected regions either way."),
     clip: float = typer.Option(1.0, help="Gradient clipping (global norm)."),
     verify_shards: bool = typer.Option(False, "--verify-shards", help="Check each feature-store shard's sha256 on first use (also: VLPREP_VERIFY_SHARDS=1)."),
     visual_weighting: str = typer.Option("confidence", help="LXMERT obj/attr losses: confidence (reference) or masked."),
@@ -72,7 +73,7 @@ def pretrain(
                       checkpoint_every=checkpoint_every, eval_every=eval_every, log_every=log_every, seed=seed,
                       resume=resume, overwrite=overwrite, stop_at=stop_at or None, keep_last=keep_last,
                       best_metric=best_metric, report_to=tuple(report_to), max_text=max_text or None,
-                      max_regions=max_regions, verify_shards=verify_shards,
+                      max_regions=max_regions, region_overlap=region_overlap, verify_shards=verify_shards,
                       task=TaskConfig(visual_weighting=visual_weighting, qa_from_epoch=qa_from_epoch,
                                       weights=_pairs(weight, "--weight", float),
                                       from_step=_pairs(task_from, "--task-from", int)))

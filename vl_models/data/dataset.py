@@ -19,11 +19,14 @@ import torch
 
 from pipeline.errors import ConfigError, DataError
 from pipeline.mixture.build import FORMAT as MIXTURE_FORMAT
-from pipeline.records import pad_regions
+from pipeline.records import img_token_feature, pad_regions
 from pipeline.store import FeatureStore
-from vl_models.data.masking import mask_regions, mask_tokens, mismatch, overlap_targets
+from vl_models.data.masking import mask_regions, mask_tokens, mismatch, overlapping
 from vl_models.data.tokenize import WordPiece
 from vl_models.tasks.losses import sample_answer
+
+
+REGION_OVERLAP = ("keep", "zero")
 
 
 @dataclass(frozen=True)
@@ -36,6 +39,13 @@ class DataConfig:
     region_prob: float = 0.15
     mismatch_prob: float = 0.5
     seed: int = 0
+    # ViLBERT: "keep" leaves the regions overlapping a selected one (IoU > 0.4) as they are;
+    # "zero" zeroes them too (12-in-1's variant). The loss is on the selected regions either way.
+    region_overlap: Literal["keep", "zero"] = "keep"
+
+    def __post_init__(self) -> None:
+        if self.region_overlap not in REGION_OVERLAP:
+            raise ConfigError(f"region_overlap must be one of {', '.join(REGION_OVERLAP)}, got {self.region_overlap!r}")
 
 
 def mixture_file(mixture: Path, name: str) -> Path:
@@ -137,14 +147,21 @@ class PretrainDataset(torch.utils.data.Dataset):
         m = mask_regions(slots - first, int(batch.num_boxes[0]) - first, rng, "vilbert" if vilbert else "lxmert",
                          cfg.region_prob)
         selected = np.concatenate([np.zeros(first, bool), m.selected])
+        zeroed = np.concatenate([np.zeros(first, bool), m.zeroed])
+        replaced = np.concatenate([np.zeros(first, bool), m.replaced])
         features = batch.features[0].copy()
         original = features.copy()
-        features[np.concatenate([np.zeros(first, bool), m.zeroed])] = 0.0
-        replaced = np.concatenate([np.zeros(first, bool), m.replaced])
+        if vilbert and cfg.region_overlap == "zero":  # IoU on the normalized boxes (scale-free)
+            zeroed |= overlapping(batch.positions[0][:, :4], selected) & batch.mask[0] & (np.arange(slots) >= first)
+        features[zeroed] = 0.0
         if replaced.any():  # LXMERT: a feature of another image
             other = self._record(self.images[int(self.rows[rng.integers(len(self.rows))])])
             picks = rng.integers(0, other.num_boxes, int(replaced.sum()))
             features[replaced] = other.features[picks]
+        if vilbert:  # the IMG token over what the model sees, after masking
+            real = batch.mask[0].copy()
+            real[0] = False
+            features[0] = img_token_feature(features, real & ~zeroed)
 
         example = {
             "input_ids": ids, "attention_mask": enc.mask, "lm_labels": lm_labels,
@@ -155,11 +172,7 @@ class PretrainDataset(torch.utils.data.Dataset):
             cls_prob = batch.cls_prob[0] if batch.cls_prob is not None else None
             if cls_prob is None:
                 raise ConfigError(f"image {image!r}: ViLBERT's region loss needs cls_prob in the store")
-            boxes = np.concatenate([np.zeros((first, 4), np.float32), rec.boxes[: slots - first]])
-            boxes = np.pad(boxes, ((0, slots - len(boxes)), (0, 0)))
-            targets = overlap_targets(boxes, selected) & batch.mask[0]
-            targets[0] = False
-            example.update(region_targets=targets, region_prob=cls_prob)
+            example.update(region_prob=cls_prob)
         else:
             example.update(
                 obj_ids=batch.objects_id[0] if batch.objects_id is not None else np.full(slots, -1),

@@ -5,8 +5,9 @@ reference implementations (HF uses -100; convert at the boundary if needed).
 
 * words (both models): 15 % of the non-special tokens are selected; of those 80 % become
   [MASK], 10 % a random token, 10 % stay;
-* regions, ViLBERT: 15 % of the real regions; 90 % zeroed, 10 % kept; the KL target also
-  covers every region overlapping a masked one by IoU > 0.4 (`overlap_targets`);
+* regions, ViLBERT: 15 % of the real regions; 90 % zeroed, 10 % kept (paper §3.2); the KL
+  target is on the selected regions only. 12-in-1's variant also zeroes every unselected
+  region overlapping a selected one by IoU > 0.4 (`overlapping`), still without a target;
 * regions, LXMERT: 15 %; 80 % zeroed, 10 % replaced by a feature of another image, 10 % kept;
 * matching: with probability 0.5 the text is swapped for one of a different image.
 """
@@ -54,16 +55,16 @@ def mask_regions(num_regions: int, num_real: int, rng: np.random.Generator, styl
     return RegionMask(selected, zeroed, replaced)
 
 
-def overlap_targets(boxes: np.ndarray, selected: np.ndarray, threshold: float = 0.4) -> np.ndarray:
-    """ViLBERT's target set: the selected regions and every region whose IoU with one of
-    them exceeds `threshold`."""
+def overlapping(boxes: np.ndarray, selected: np.ndarray, threshold: float = 0.4) -> np.ndarray:
+    """The unselected regions whose IoU with a selected one exceeds `threshold` (boxes
+    x1y1x2y2, any consistent unit)."""
     x1, y1, x2, y2 = (boxes[:, i] for i in range(4))
     area = (x2 - x1) * (y2 - y1)
     ix = np.clip(np.minimum(x2[:, None], x2[None]) - np.maximum(x1[:, None], x1[None]), 0, None)
     iy = np.clip(np.minimum(y2[:, None], y2[None]) - np.maximum(y1[:, None], y1[None]), 0, None)
     inter = ix * iy
     iou = inter / np.maximum(area[:, None] + area[None] - inter, 1e-12)
-    return selected | (iou[:, selected] > threshold).any(axis=1)
+    return (iou[:, selected] > threshold).any(axis=1) & ~selected
 
 
 def mismatch(rng: np.random.Generator, p: float = 0.5) -> bool:

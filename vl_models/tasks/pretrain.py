@@ -1,8 +1,8 @@
 """Pretraining objectives composed per model: a batch of `PretrainDataset` examples in,
 weighted losses and metrics out.
 
-ViLBERT: masked LM + masked-region KL to the detector's distribution + image-text
-alignment (label 0 = aligned: the dataset's ``matched`` is converted here).
+ViLBERT: masked LM + masked-region KL to the detector's distribution (on the selected
+regions only) + image-text alignment (label 0 = aligned: the dataset's ``matched`` is converted here).
 The masked LM, masked-region and feature-regression heads are decoded at the masked
 positions only (the models' ``*_positions`` arguments).
 LXMERT: masked LM + matching (1 = matched) + object / attribute classification + feature
@@ -55,7 +55,7 @@ def pretrain_losses(kind: str, model, batch: dict, cfg: TaskConfig, epoch: int,
     """(total loss, per-task losses, metrics) for one batch. `step`: the number of optimizer
     steps taken so far, for `cfg.from_step`; None (evaluation) counts every task."""
     if kind == "vilbert":
-        lm_at, regions_at = batch["lm_labels"] != -1, batch["region_targets"].bool()
+        lm_at, regions_at = batch["lm_labels"] != -1, batch["region_selected"].bool()
         out = model(batch["input_ids"], batch["visual_feats"], batch["visual_pos"], batch["attention_mask"],
                     batch["visual_mask"], lm_positions=lm_at, region_positions=regions_at)
         mlm, m1 = L.masked_lm(out.lm_logits, batch["lm_labels"][lm_at])

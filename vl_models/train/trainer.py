@@ -76,6 +76,7 @@ class TrainConfig:
     stop_at: Optional[int] = None  # end this invocation at this step (the schedule still spans `steps`)
     max_text: Optional[int] = None  # default per model: ViLBERT 36, LXMERT 20
     max_regions: int = 36
+    region_overlap: str = "keep"  # ViLBERT: "zero" also zeroes regions overlapping a masked one (12-in-1)
     task: TaskConfig = field(default_factory=TaskConfig)
     keep_last: int = 3  # checkpoints kept (0: all), besides the best one
     best_metric: Optional[str] = None  # a validation score, e.g. eval_qa_score or eval_region_kl:min
@@ -200,9 +201,11 @@ def run(cfg: TrainConfig, on_step: Optional[Callable[[int, dict], None]] = None)
 def _datasets(cfg: TrainConfig, kind: str, world: int) -> tuple[PretrainDataset, Optional[PretrainDataset]]:
     """The train split (checked to fill a batch on every rank) and the val split (None
     without one); ConfigError naming the images that no store holds."""
+    if cfg.region_overlap != "keep" and kind != "vilbert":
+        raise ConfigError(f"--region-overlap {cfg.region_overlap} is a ViLBERT masking option; {cfg.model} is {kind}")
     data = PretrainDataset(Path(cfg.mixture), [Path(s) for s in cfg.stores], Path(cfg.vocab), DataConfig(
         model=kind, max_text=cfg.max_text or (36 if kind == "vilbert" else 20), max_regions=cfg.max_regions,
-        seed=cfg.seed), verify_shards=cfg.verify_shards)
+        seed=cfg.seed, region_overlap=cfg.region_overlap), verify_shards=cfg.verify_shards)
     per_rank = len(data) // world
     if per_rank < cfg.batch_size:
         ranks = f" ({per_rank} per rank over {world} ranks)" if world > 1 else ""
