@@ -45,10 +45,12 @@ def test_shapes_and_masks():
     torch.testing.assert_close(out.text_output[1, :4], out2.text_output[1, :4])
 
 
-def test_base_wiring_matches_the_reference_order():
-    cfg = replace(load_config("vilbert-base"), vocab_size=100, max_position_embeddings=16, hidden_size=24,
-                  num_attention_heads=4, intermediate_size=8, v_hidden_size=16, v_num_attention_heads=4,
-                  v_intermediate_size=8, bi_hidden_size=8, bi_num_attention_heads=4, v_feature_size=6)
+def _call_order(cfg) -> list[str]:
+    """The order in which a narrow copy of `cfg` (same depths and co-attention ids) runs its
+    text (T), visual (V) and co-attention (Co) layers."""
+    cfg = replace(cfg, vocab_size=100, max_position_embeddings=16, hidden_size=24, num_attention_heads=4,
+                  intermediate_size=8, v_hidden_size=16, v_num_attention_heads=4, v_intermediate_size=8,
+                  bi_hidden_size=8, bi_num_attention_heads=4, bi_intermediate_size=8, v_feature_size=6)
     model = ViLBERTModel(cfg).eval()
     calls = []
     for name, stack in (("T", model.encoder.layer), ("V", model.encoder.v_layer), ("Co", model.encoder.c_layer)):
@@ -56,19 +58,42 @@ def test_base_wiring_matches_the_reference_order():
             m.register_forward_pre_hook(lambda mod, args, tag=f"{name}{i}": calls.append(tag))
     ids, feat, loc, mask, vmask = batch(cfg, b=1)
     model(ids, feat, loc)
+    return calls
+
+
+def test_base_wiring_matches_the_reference_order():
     expected = [f"T{i}" for i in range(6)] + ["Co0"]
     for k in range(1, 6):
         expected += [f"T{5 + k}", f"V{k - 1}", f"Co{k}"]
     expected += ["V5", "T11"]
-    assert calls == expected
+    assert _call_order(load_config("vilbert-base")) == expected
 
 
-@pytest.mark.parametrize("name, coattn", [("vilbert-base-2coattn", 2), ("vilbert-base-4coattn", 4),
-                                          ("vilbert-base", 6), ("vilbert-base-8coattn", 8)])
-def test_depth_ablation_configs(name, coattn):
+# vilbert-multi-task's config/bert_base_{2,4,6,8}layer_{2,4,6,8}conect.json (the paper's Table 2
+# varies the visual depth with the number of co-attention layers):
+# (v_num_hidden_layers, v_biattention_id, t_biattention_id)
+REFERENCE_DEPTHS = {
+    "vilbert-base-2coattn": (2, (0, 1), (10, 11)),
+    "vilbert-base-4coattn": (4, (0, 1, 2, 3), (8, 9, 10, 11)),
+    "vilbert-base": (6, (0, 1, 2, 3, 4, 5), (6, 7, 8, 9, 10, 11)),
+    "vilbert-base-8coattn": (8, (0, 1, 2, 3, 4, 5, 6, 7), (4, 5, 6, 7, 8, 9, 10, 11)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(REFERENCE_DEPTHS))
+def test_depth_ablation_configs_equal_the_reference(name):
     cfg = load_config(name)
-    assert len(cfg.v_biattention_id) == coattn and cfg.num_hidden_layers == 12 and cfg.hidden_size == 768
+    assert (cfg.v_num_hidden_layers, cfg.v_biattention_id, cfg.t_biattention_id) == REFERENCE_DEPTHS[name]
+    assert cfg.num_hidden_layers == 12 and cfg.hidden_size == 768
     assert (cfg.v_hidden_size, cfg.v_num_attention_heads, cfg.bi_hidden_size) == (1024, 8, 1024)
+    calls = _call_order(cfg)
+    assert sorted(c for c in calls if c.startswith("V")) == sorted(f"V{i}" for i in range(cfg.v_num_hidden_layers))
+
+
+def test_two_coattn_placement():
+    """2-layer: ten text layers, co-attention, a visual and a text layer, co-attention, the last of each."""
+    assert _call_order(load_config("vilbert-base-2coattn")) == (
+        [f"T{i}" for i in range(10)] + ["Co0", "T10", "V0", "Co1", "V1", "T11"])
 
 
 def test_text_stream_from_a_real_bert_checkpoint():
