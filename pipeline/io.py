@@ -130,21 +130,26 @@ def disk_bytes(path: Path) -> int:
     return path.stat().st_size
 
 
-def read_named_json(name_or_path: Union[str, Path], folder: Path, what: str) -> dict:
-    """A JSON config given by name (``folder/<name>.json``) or by path; a missing one is a
-    ConfigError listing the known names."""
+def read_named_json(name_or_path: Union[str, Path], folder: Path, what: str, suffix: str = ".json") -> dict:
+    """A JSON (or, with `suffix` ``.yaml``, YAML) config given by name (``folder/<name><suffix>``)
+    or by path; a missing or unreadable one is a ConfigError (listing the known names)."""
     from pipeline.errors import ConfigError
 
     path = Path(name_or_path)
     if not path.suffix:
-        path = folder / f"{name_or_path}.json"
+        path = folder / f"{name_or_path}{suffix}"
     if not path.exists():
-        known = ", ".join(p.stem for p in sorted(folder.glob("*.json")))
-        raise ConfigError(f"no {what} config {name_or_path!r} (known: {known}, or a .json path)")
+        known = ", ".join(p.stem for p in sorted(folder.glob(f"*{suffix}")))
+        raise ConfigError(f"no {what} config {name_or_path!r} (known: {known}, or a {suffix} path)")
+    import yaml
+
     try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as err:
-        raise ConfigError(f"{path}: invalid JSON: {err}") from err
+        obj = yaml.safe_load(path.read_text()) if path.suffix in (".yaml", ".yml") else json.loads(path.read_text())
+    except (ValueError, yaml.YAMLError) as err:
+        raise ConfigError(f"{path}: invalid {path.suffix[1:].upper()}: {err}") from err
+    if not isinstance(obj, dict):
+        raise ConfigError(f"{path}: a {what} config must be a mapping of names to values")
+    return obj
 
 
 @contextmanager

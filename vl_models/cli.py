@@ -5,32 +5,75 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import List
+from typing import List, Optional
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
+from pipeline.errors import ConfigError
 from pipeline.log import cli_app, named_errors
 
 app = cli_app("vltrain", "Train ViLBERT- and LXMERT-style models on vlprep feature stores.")
 out = Console()
 
 
+# What a recipe may set: the options that shape the run, not where its inputs and outputs are.
+_NOT_IN_RECIPES = {"recipe", "shards", "mixture", "out", "vocab", "init", "resume", "overwrite", "stop_at"}
+
+
+def _given(ctx: typer.Context, name: str) -> bool:
+    """Whether option `name` was set by the user (command line or environment), not by default."""
+    source = ctx.get_parameter_source(name)
+    return source is not None and source.name not in ("DEFAULT", "DEFAULT_MAP")
+
+
+def _with_recipe(ctx: typer.Context, recipe: Optional[str]) -> dict:
+    """The command's option values, with `recipe`'s values in place of the defaults of the
+    options not given. Each recipe value goes through its option's own type check; a
+    ``{TASK: N}`` mapping is read as repeated ``TASK=N`` (--weight, --task-from)."""
+    from vl_models.train.recipes import load_recipe
+
+    values = dict(ctx.params)
+    if not recipe:
+        return values
+    path, obj = load_recipe(recipe)
+    options = {p.name: p for p in ctx.command.params}
+    unknown = sorted(set(obj) - (set(options) - _NOT_IN_RECIPES))
+    if unknown:
+        raise ConfigError(f"{path}: unknown or not settable by a recipe: {', '.join(unknown)} (settable: "
+                          f"{', '.join(sorted(set(options) - _NOT_IN_RECIPES))})")
+    for name, value in obj.items():
+        if _given(ctx, name):
+            continue
+        if isinstance(value, dict):
+            value = [f"{k}={v}" for k, v in value.items()]
+        if options[name].multiple and not isinstance(value, list):
+            value = [value]
+        try:
+            values[name] = options[name].process_value(ctx, value)
+        except typer.BadParameter as err:
+            raise ConfigError(f"{path}: {name}: {err.message}") from err
+    return values
+
+
 @app.command()
 @named_errors
 def pretrain(
-    model: str = typer.Option(..., help="Model config: lxmert-base, lxmert-small, lxmert-tiny, vilbert-base[-2|4|8coattn], vilbert-small, vilbert-tiny, or a JSON path (small: 64 wide, the demo's; tiny: 32 wide, for tests)."),
+    ctx: typer.Context,
+    model: str = typer.Option(None, help="Model config (required unless --recipe gives one): lxmert-base, lxmert-small, lxmert-tiny, vilbert-base[-2|4|8coattn], vilbert-small, vilbert-tiny, or a JSON path (small: 64 wide, the demo's; tiny: 32 wide, for tests)."),
     shards: List[Path] = typer.Option(..., "--shards", help="Feature store(s) with the images' region features (repeatable)."),
     mixture: Path = typer.Option(..., help="Mixture folder from `vlprep build-mixture`."),
     out: Path = typer.Option(..., help="Run folder: config.json, metrics.jsonl, checkpoints/."),
     vocab: Path = typer.Option(..., help="BERT WordPiece vocab: a vocab.txt (uncased), a tokenizer.json, or a model folder with either."),
+    recipe: str = typer.Option(None, help="A published recipe: lxmert-paper or vilbert-paper (every number cited in the file, see vl_models/recipes/), or a YAML file of the same keys (option names with underscores). Its values replace the defaults of the options not given on the command line."),
     steps: int = typer.Option(1000, help="Optimizer steps."),
+    epochs: float = typer.Option(0, help="Passes over the train split; sets --steps from the split's size, the batch size and the rank count (0: use --steps)."),
     batch_size: int = typer.Option(32, help="Examples per rank per micro-step."),
     grad_accum: int = typer.Option(1, help="Micro-steps per optimizer step."),
     lr: float = typer.Option(1e-4, help="Peak learning rate (linear warmup, then linear decay)."),
     optimizer: str = typer.Option("adamw", help="adamw (default, fused; no decay on bias/LayerNorm), bertadam (LXMERT's: no bias correction, decay on all parameters) or sgd (momentum 0.9)."),
-    warmup: int = typer.Option(100, help="Warmup steps."),
+    warmup: float = typer.Option(100, help="Warmup: steps, or a fraction of all steps when below 1 (e.g. 0.1)."),
     weight_decay: float = typer.Option(0.01, help="AdamW weight decay (none on biases and LayerNorms)."),
     device: str = typer.Option("cpu", help="cpu or cuda (under torchrun: one GPU per rank)."),
     amp: str = typer.Option("none", help="Mixed precision: none, bf16, or fp16 (CUDA, with a GradScaler)."),
@@ -65,18 +108,23 @@ def pretrain(
     from vl_models.tasks.pretrain import TaskConfig
     from vl_models.train.trainer import TrainConfig, run
 
-    cfg = TrainConfig(model=model, stores=tuple(str(s) for s in shards), mixture=str(mixture), out=str(out),
-                      vocab=str(vocab), steps=steps, batch_size=batch_size, grad_accum=grad_accum, lr=lr,
-                      optimizer=optimizer, warmup=warmup, clip=clip,
-                      weight_decay=weight_decay, device=device, amp=amp, workers=workers, compile=compile,
-                      init=str(init) if init else None,
-                      checkpoint_every=checkpoint_every, eval_every=eval_every, log_every=log_every, seed=seed,
-                      resume=resume, overwrite=overwrite, stop_at=stop_at or None, keep_last=keep_last,
-                      best_metric=best_metric, report_to=tuple(report_to), max_text=max_text or None,
-                      max_regions=max_regions, region_overlap=region_overlap, verify_shards=verify_shards,
-                      task=TaskConfig(visual_weighting=visual_weighting, qa_from_epoch=qa_from_epoch,
-                                      weights=_pairs(weight, "--weight", float),
-                                      from_step=_pairs(task_from, "--task-from", int)))
+    o = _with_recipe(ctx, recipe)
+    if not o["model"]:
+        raise ConfigError("--model is required (or a --recipe that names one)")
+    if o["epochs"] and _given(ctx, "steps"):
+        raise ConfigError("give --steps or --epochs, not both")
+    cfg = TrainConfig(
+        model=o["model"], stores=tuple(str(s) for s in shards), mixture=str(mixture), out=str(out), vocab=str(vocab),
+        steps=o["steps"], epochs=o["epochs"] or None, batch_size=o["batch_size"], grad_accum=o["grad_accum"],
+        lr=o["lr"], optimizer=o["optimizer"], warmup=o["warmup"], clip=o["clip"], weight_decay=o["weight_decay"],
+        device=o["device"], amp=o["amp"], workers=o["workers"], compile=o["compile"], init=str(init) if init else None,
+        checkpoint_every=o["checkpoint_every"], eval_every=o["eval_every"], log_every=o["log_every"], seed=o["seed"],
+        resume=resume, overwrite=overwrite, stop_at=stop_at or None, keep_last=o["keep_last"],
+        best_metric=o["best_metric"], report_to=tuple(o["report_to"]), max_text=o["max_text"] or None,
+        max_regions=o["max_regions"], region_overlap=o["region_overlap"], verify_shards=verify_shards,
+        task=TaskConfig(visual_weighting=o["visual_weighting"], qa_from_epoch=o["qa_from_epoch"],
+                        weights=_pairs(o["weight"], "--weight", float),
+                        from_step=_pairs(o["task_from"], "--task-from", int)))
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     from vl_models.train.runlog import progress_line
@@ -133,7 +181,6 @@ def export(
 
     Example: vltrain export --to hf runs/lxmert lxmert-hf --step best
     """
-    from pipeline.errors import ConfigError
     from vl_models.export import FORMATS, export_run
 
     if to not in FORMATS:

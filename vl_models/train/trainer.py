@@ -56,11 +56,12 @@ class TrainConfig:
     out: str
     vocab: str  # a vocab.txt, a BERT WordPiece tokenizer.json, or a folder with either
     steps: int = 1000
+    epochs: Optional[float] = None  # passes over the train split: sets `steps` when the data is known
     batch_size: int = 32  # per rank, per micro-step
     grad_accum: int = 1
     lr: float = 1e-4
     optimizer: str = "adamw"  # adamw | bertadam | sgd
-    warmup: int = 100
+    warmup: float = 100  # steps; below 1: a fraction of `steps`
     weight_decay: float = 0.01
     clip: float = 1.0
     seed: int = 0
@@ -97,6 +98,10 @@ class TrainConfig:
                 raise ConfigError(f"--{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
         if self.amp == "fp16" and self.device != "cuda":
             raise ConfigError("--amp fp16 needs --device cuda (use bf16 on CPU)")
+        if self.epochs is not None and not (math.isfinite(self.epochs) and self.epochs > 0):
+            raise ConfigError(f"--epochs must be finite and > 0, got {self.epochs}")
+        if not math.isfinite(self.warmup) or (self.warmup >= 1 and self.warmup != int(self.warmup)):
+            raise ConfigError(f"--warmup must be a whole number of steps or a fraction below 1, got {self.warmup}")
         if not (math.isfinite(self.lr) and self.lr >= 0 and math.isfinite(self.clip) and self.clip > 0):
             raise ConfigError(f"--lr must be finite and >= 0 and --clip finite and > 0, got {self.lr}, {self.clip}")
 
@@ -104,6 +109,16 @@ class TrainConfig:
         out = asdict(self)
         out["stores"], out["report_to"] = list(self.stores), list(self.report_to)
         return out
+
+    def scheduled(self, train_items: int, world: int) -> "TrainConfig":
+        """This config with `steps` from `epochs` (whole optimizer steps over `train_items`
+        on `world` ranks) and `warmup` in steps (a fraction below 1 is of `steps`)."""
+        steps = self.steps
+        if self.epochs is not None:
+            per_step = self.batch_size * self.grad_accum * world
+            steps = max(1, math.ceil(self.epochs * (train_items // per_step)))
+        warmup = round(self.warmup * steps) if 0 < self.warmup < 1 else int(self.warmup)
+        return replace(self, steps=steps, warmup=warmup)
 
 
 @dataclass(frozen=True)
@@ -175,6 +190,7 @@ def run(cfg: TrainConfig, on_step: Optional[Callable[[int, dict], None]] = None)
     cfg.task.check(kind)
     best_metric = BestMetric.parse(cfg.best_metric, kind) if cfg.best_metric else None
     data, val = _datasets(cfg, kind, world)
+    cfg = cfg.scheduled(len(data), world)
     if data.tokenizer.vocab_size > mcfg.vocab_size:
         raise ConfigError(f"{data.tokenizer.path}: {data.tokenizer.vocab_size} tokens, more than the model's "
                           f"vocab_size {mcfg.vocab_size} ({mcfg.name}): use the model's vocab, or a model config "

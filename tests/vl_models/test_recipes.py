@@ -1,0 +1,76 @@
+"""Published recipes (`vltrain pretrain --recipe`) and epoch-based schedules."""
+
+import json
+
+import pytest
+from train_helpers import VOCAB, config
+from typer.testing import CliRunner
+
+from pipeline.errors import ConfigError
+from vl_models.cli import app
+from vl_models.train.recipes import RECIPE_DIR, load_recipe
+
+# The published numbers (LXMERT paper §3.3 and airsplay/lxmert run/lxmert_pretrain.bash; ViLBERT
+# paper §3.3 and vilbert-multi-task train_concap.py), written out here independently of the files.
+PUBLISHED = {
+    "lxmert-paper": {"model": "lxmert-base", "epochs": 20, "lr": 1e-4, "batch_size": 256, "optimizer": "bertadam",
+                     "qa_from_epoch": 10, "warmup": 0.05, "max_text": 20, "max_regions": 36},
+    "vilbert-paper": {"model": "vilbert-base", "epochs": 10, "lr": 1e-4, "batch_size": 512, "warmup": 0.1,
+                      "max_text": 36, "max_regions": 36},
+}
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED))
+def test_recipes_hold_the_published_numbers_each_cited(name):
+    path, values = load_recipe(name)
+    assert {k: values[k] for k in PUBLISHED[name]} == PUBLISHED[name]
+    for line in path.read_text().splitlines():
+        if line and not line.startswith("#"):
+            assert "[paper" in line or "[code" in line or "[bash" in line, f"uncited: {line}"
+    assert sorted(p.stem for p in RECIPE_DIR.glob("*.yaml")) == sorted(PUBLISHED)
+
+
+def _pretrain(data, tmp_path, *extra):
+    args = ["pretrain", "--shards", str(data / "feats"), "--mixture", str(data / "mix"), "--vocab", str(VOCAB),
+            "--out", str(tmp_path / "run"), "--max-regions", "10", "--checkpoint-every", "100", *extra]
+    return CliRunner().invoke(app, args)
+
+
+def test_the_lxmert_recipe_sets_the_schedule_and_flags_win(data, tmp_path):
+    """--recipe lxmert-paper on a tiny model: its optimizer, lr, QA start and 5 % warmup are
+    used; the flags given (model, batch size, epochs) win over the recipe's."""
+    result = _pretrain(data, tmp_path, "--recipe", "lxmert-paper", "--model", "lxmert-tiny", "--batch-size", "4",
+                       "--epochs", "2")
+    assert result.exit_code == 0, result.output
+    train = json.loads((tmp_path / "run" / "config.json").read_text())["train"]
+    assert (train["model"], train["batch_size"], train["optimizer"], train["lr"]) == ("lxmert-tiny", 4, "bertadam", 1e-4)
+    assert train["task"]["qa_from_epoch"] == 10 and train["max_text"] == 20 and train["epochs"] == 2
+    assert train["steps"] == 6  # 2 epochs of 12 train items in batches of 4
+    assert train["warmup"] == 0  # round(0.05 * 6)
+
+
+def test_a_recipe_file_is_checked(data, tmp_path):
+    bad = tmp_path / "mine.yaml"
+    bad.write_text("model: lxmert-tiny\nlearning_rate: 0.1\n")
+    result = _pretrain(data, tmp_path, "--recipe", str(bad))
+    assert result.exit_code == 2 and "learning_rate" in result.output and "settable" in result.output
+    bad.write_text("model: lxmert-tiny\nbatch_size: many\n")
+    result = _pretrain(data, tmp_path, "--recipe", str(bad))
+    assert result.exit_code == 2 and "batch_size" in result.output
+    bad.write_text("out: elsewhere\n")
+    assert _pretrain(data, tmp_path, "--recipe", str(bad)).exit_code == 2  # where things go is the command line's
+    result = _pretrain(data, tmp_path, "--recipe", "lxmert-papers")
+    assert result.exit_code == 2 and "lxmert-paper" in result.output  # the known names are listed
+    result = _pretrain(data, tmp_path, "--model", "lxmert-tiny", "--steps", "3", "--epochs", "1")
+    assert result.exit_code == 2 and "not both" in result.output
+
+
+def test_epochs_and_warmup_fraction_resolve_to_steps(data, tmp_path):
+    cfg = config(data, tmp_path, "lxmert-tiny", epochs=2.5, warmup=0.1, batch_size=4)
+    assert cfg.scheduled(train_items=100, world=2).steps == 30  # 12 steps per epoch on 2 ranks
+    assert cfg.scheduled(train_items=100, world=2).warmup == 3
+    assert config(data, tmp_path, "lxmert-tiny", warmup=7).scheduled(100, 1).warmup == 7
+    with pytest.raises(ConfigError, match="warmup"):
+        config(data, tmp_path, "lxmert-tiny", warmup=2.5)
+    with pytest.raises(ConfigError, match="epochs"):
+        config(data, tmp_path, "lxmert-tiny", epochs=0)
