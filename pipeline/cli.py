@@ -327,6 +327,9 @@ def extract(
     weights: Optional[Path] = typer.Option(None, help="Detector weights: a detectron2 .pkl or an HF pytorch_model.bin."),
     random_weights: bool = typer.Option(False, help="Use an untrained detector (smoke runs; stamped into provenance)."),
     detector: str = typer.Option("vg-r101", help="Detector config: vg-r101, tiny, or a JSON path."),
+    preprocess: str = typer.Option(
+        "caffe", help="Resize convention: caffe (BUTD: float image, cv2-style bilinear, one scale) or detectron2 "
+                      "(py-bottom-up-attention: uint8 image, PIL bilinear, per-axis box scales)."),
     boxes: str = typer.Option("10-100", help="Regions per image: K (e.g. 36) or MIN-MAX (e.g. 10-100)."),
     policy: str = typer.Option("butd", help="Region selection: butd (Caffe reference) or maxnms (detectron2/HF ports)."),
     conf_thresh: float = typer.Option(0.2, help="butd: keep regions whose best class score reaches this."),
@@ -379,7 +382,8 @@ def extract(
 
     cfg = ExtractConfig(
         out=out, dataset=dataset, inputs=tuple(inputs), images=images, weights=weights, random_weights=random_weights,
-        detector=detector, selection=SelectionConfig(policy, BoxCount.parse(boxes), conf_thresh=conf_thresh),
+        detector=detector, preprocess=preprocess,
+        selection=SelectionConfig(policy, BoxCount.parse(boxes), conf_thresh=conf_thresh),
         batch_size=batch_size, device=device, fp16=fp16, actors=actors, backend=backend, dtype=dtype,
         cls_prob=cls_prob, attr_prob=attr_prob, shard_size=shard_size, workers=workers, threads=threads,
         ray_address=ray_address, shard_retries=shard_retries, retry_failed=retry_failed,

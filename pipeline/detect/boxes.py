@@ -3,13 +3,16 @@
 Policies (named and recorded in store provenance):
 
 * ``butd`` (default; the Caffe bottom-up-attention `generate_tsv.py`): boxes are the RPN
-  proposals, *not* regressed; for each foreground class, NMS at 0.3 over that class's
-  scores; a proposal's confidence is its best surviving class score; keep proposals with
-  confidence >= 0.2, then clamp the count to [min, max] (top-min / top-max by confidence
-  when outside; otherwise proposal order is kept).
+  proposals, *not* regressed, mapped back to original-image pixels; for each foreground
+  class, Caffe's NMS at 0.3 over that class's scores (`lib/nms/cpu_nms.pyx`: float32,
+  +1 pixel widths and heights, suppress when overlap >= threshold — the +1 is why the
+  scale the boxes are at matters); a proposal's confidence is its best surviving class
+  score; keep proposals with confidence >= 0.2, then clamp the count to [min, max]
+  (top-min / top-max by confidence when outside; otherwise proposal order is kept).
 * ``maxnms`` (the detectron2 / HF ports): each proposal takes its best foreground class
-  and that class's *regressed* box; class-agnostic NMS at 0.3, 0.4, ... 0.9 until at
-  least `min` boxes survive; the top `max` by score. Features stay those of the proposal.
+  and that class's *regressed* box; class-agnostic NMS (torchvision: no +1, overlap >
+  threshold suppresses) at 0.3, 0.4, ... 0.9 until at least `min` boxes survive; the top
+  `max` by score. Features stay those of the proposal.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from torchvision.ops import box_iou, nms
+from torchvision.ops import nms
 
 from pipeline.errors import ConfigError
 
@@ -109,15 +112,28 @@ def clip(boxes: torch.Tensor, height: float, width: float) -> torch.Tensor:
     return out
 
 
+def caffe_overlaps(boxes: torch.Tensor) -> torch.Tensor:
+    """(R, R) float32 IoU of x1y1x2y2 boxes with Caffe's +1 pixel widths and heights,
+    computed in the order `cpu_nms` computes it (so ties with a threshold fall alike)."""
+    boxes = boxes.float()
+    x1, y1, x2, y2 = boxes.unbind(dim=1)
+    areas = (x2 - x1 + 1) * (y2 - y1 + 1)
+    w = (torch.minimum(x2[:, None], x2[None]) - torch.maximum(x1[:, None], x1[None]) + 1).clamp(min=0)
+    h = (torch.minimum(y2[:, None], y2[None]) - torch.maximum(y1[:, None], y1[None]) + 1).clamp(min=0)
+    inter = w * h
+    return inter / (areas[:, None] + areas[None] - inter)
+
+
 def per_class_nms_max_conf(boxes: torch.Tensor, probs: torch.Tensor, thresh: float) -> torch.Tensor:
-    """For each box, its highest score among the classes for which it survives NMS at
-    `thresh` (greedy, score-ordered, IoU > thresh suppresses). All classes at once: one
-    IoU matrix (boxes are shared), R greedy steps vectorized over the C classes — the
-    same result as C calls of torchvision's nms, without C x R^2 work in Python."""
+    """For each box, its highest score among the classes for which it survives Caffe's NMS
+    at `thresh` (greedy, score-ordered; `caffe_overlaps` >= thresh, compared in double as
+    Cython does, suppresses). All classes at once: one overlap matrix (boxes are shared),
+    R greedy steps vectorized over the C classes — the same result as C calls of
+    `cpu_nms`, without C x R^2 work in Python."""
     num_boxes, num_classes = probs.shape
     if num_boxes == 0:
         return torch.zeros(0)
-    overlaps = box_iou(boxes, boxes) > thresh  # (R, R)
+    overlaps = caffe_overlaps(boxes).double() >= thresh  # (R, R)
     order = torch.argsort(probs, dim=0, descending=True, stable=True)  # (R, C): rank -> box
     classes = torch.arange(num_classes)
     suppressed = torch.zeros(num_classes, num_boxes, dtype=torch.bool)
@@ -133,10 +149,11 @@ def per_class_nms_max_conf(boxes: torch.Tensor, probs: torch.Tensor, thresh: flo
 
 def select_butd(proposals: torch.Tensor, cls_prob: torch.Tensor, count: BoxCount,
                 nms_thresh: float = 0.3, conf_thresh: float = 0.2) -> torch.Tensor:
-    """Indices of the proposals kept by the BUTD rule (see module doc). `cls_prob` is
-    (R, C+1) with the background at column 0."""
+    """Indices of the proposals kept by the BUTD rule (see module doc). `proposals` are in
+    original-image pixels (Caffe's ``rois / im_scale``); `cls_prob` is (R, C+1) with the
+    background at column 0."""
     max_conf = per_class_nms_max_conf(proposals.float().cpu(), cls_prob[:, 1:].float().cpu(), nms_thresh)
-    keep = torch.nonzero(max_conf >= conf_thresh).flatten()
+    keep = torch.nonzero(max_conf.double() >= conf_thresh).flatten()
     if len(keep) < count.min:
         keep = torch.argsort(max_conf, descending=True, stable=True)[: count.min]
     elif len(keep) > count.max:

@@ -1,10 +1,14 @@
 """`RegionFeatureExtractor`: images in, `RegionFeatures` out.
 
-Per image: BUTD preprocessing, the backbone and the RPN run on that image alone (no
+Per image: preprocessing (`preprocess="caffe"` or ``"detectron2"``, see
+`pipeline.detect.preprocess`), the backbone and the RPN run on that image alone (no
 padding, so results never depend on what else is in the batch); the ROI heads (res5,
 class, box and attribute predictors) then run once over the regions of all images of the
-batch. Boxes come back in original-image pixels, `cls_prob` with the background first,
-objects/attributes as argmax/max over the non-background columns (not renormalized).
+batch. Region selection (`select_regions`) maps boxes back to original-image pixels by
+the preprocessing's convention (one scale, or per-axis scales) — for ``butd`` before its
+NMS, as Caffe does. Boxes come back in original-image pixels, `cls_prob` with the
+background first, objects/attributes as argmax/max over the non-background columns (not
+renormalized).
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from torchvision.ops import nms, roi_pool
 
 from pipeline.detect.boxes import POLICIES, BoxCount, cell_anchors, clip, decode, grid_anchors, select_butd, select_maxnms
 from pipeline.detect.model import VGDetector
-from pipeline.detect.preprocess import preprocess
+from pipeline.detect.preprocess import Resize, check_preprocess, prepare_image
 from pipeline.errors import ConfigError
 from pipeline.records import RegionFeatures, labels_from_probs
 
@@ -37,7 +41,9 @@ class SelectionConfig:
             raise ConfigError(f"policy must be one of {', '.join(POLICIES)}, got {self.policy!r}")
 
     def describe(self) -> str:
-        extra = f", conf>={self.conf_thresh}, nms={self.nms_thresh}" if self.policy == "butd" else ""
+        """The store's ``box_policy`` provenance (an identity key: a store is appended to only
+        under the same one). "+1px" marks Caffe's NMS rule: stores of the earlier rule differ."""
+        extra = f", conf>={self.conf_thresh}, nms={self.nms_thresh} +1px" if self.policy == "butd" else ""
         return f"{self.policy} boxes={self.boxes}{extra}"
 
 
@@ -67,12 +73,27 @@ def pooled_region_features(model: VGDetector, features: torch.Tensor, boxes: tor
     return model.roi_heads.res5(pooled).mean(dim=(2, 3))
 
 
+def select_regions(selection: SelectionConfig, proposals: torch.Tensor, probs: torch.Tensor, deltas: torch.Tensor,
+                   resize: Resize, bbox_reg_weights) -> tuple[torch.Tensor, torch.Tensor]:
+    """(kept indices, their boxes in original pixels) for one image's `proposals` (resized
+    pixels), `probs` (background first) and box `deltas`, by the selection policy."""
+    if selection.policy == "butd":
+        original = resize.to_original(proposals)  # Caffe's NMS runs at the original scale
+        keep = select_butd(original, probs, selection.boxes, selection.nms_thresh, selection.conf_thresh)
+        keep = keep.to(proposals.device)
+        return keep, original[keep]
+    regressed = clip(decode(deltas, proposals, bbox_reg_weights), resize.new_height, resize.new_width)
+    keep, chosen = select_maxnms(regressed, probs, selection.boxes)
+    return keep, resize.to_original(chosen)
+
+
 class RegionFeatureExtractor:
     def __init__(self, model: VGDetector, selection: SelectionConfig = SelectionConfig(),
-                 device: str = "cpu", fp16: bool = False):
+                 device: str = "cpu", fp16: bool = False, preprocess: str = "caffe"):
         self.model = model.to(device).eval()
         self.cfg = model.cfg
         self.selection = selection
+        self.preprocess = check_preprocess(preprocess)
         self.device = torch.device(device)
         self.fp16 = fp16 and self.device.type == "cuda"
         self._cell = cell_anchors(self.cfg.anchor_sizes, self.cfg.anchor_ratios).to(self.device)
@@ -97,38 +118,34 @@ class RegionFeatureExtractor:
         feats = []
         with self._autocast():
             for rgb, given in zip(images, given_boxes):
-                x, scale = preprocess(rgb, self.cfg)
+                x, resize = prepare_image(rgb, self.cfg, self.preprocess)
                 x = x.to(self.device)
                 fmap = self.model.backbone(x)
-                h, w = x.shape[-2:]
                 if given is not None:
-                    boxes = torch.as_tensor(np.asarray(given, np.float32).reshape(-1, 4), device=self.device) * scale
+                    given_t = torch.as_tensor(np.asarray(given, np.float32).reshape(-1, 4), device=self.device)
+                    boxes = resize.to_resized(given_t)
                 else:
-                    boxes = self.proposals(fmap, h, w)
+                    boxes = self.proposals(fmap, resize.new_height, resize.new_width)
                 feats.append(self.region_features(fmap, boxes).float())
-                per_image.append((rgb.shape[0], rgb.shape[1], scale, h, w, boxes.float()))
+                per_image.append((resize, boxes.float()))
             region = torch.cat(feats)
             predictor = self.model.roi_heads.box_predictor
             cls_prob = F.softmax(predictor.cls_score(region).float(), dim=1)
             deltas = predictor.bbox_pred(region).float()
         out = []
         start = 0
-        for image_id, given, (height, width, scale, h, w, boxes) in zip(image_ids, given_boxes, per_image):
+        for image_id, given, (resize, boxes) in zip(image_ids, given_boxes, per_image):
             sl = slice(start, start + len(boxes))
             start += len(boxes)
             probs, feat = cls_prob[sl], region[sl]
             if given is not None:
                 keep = torch.arange(len(boxes), device=self.device)
                 kept_boxes = torch.as_tensor(np.asarray(given, np.float32).reshape(-1, 4))
-            elif self.selection.policy == "butd":
-                keep = select_butd(boxes, probs, self.selection.boxes, self.selection.nms_thresh,
-                                   self.selection.conf_thresh).to(self.device)
-                kept_boxes = (boxes[keep] / scale).cpu()
             else:
-                regressed = clip(decode(deltas[sl], boxes, self.cfg.bbox_reg_weights), h, w)
-                keep, chosen = select_maxnms(regressed, probs, self.selection.boxes)
-                kept_boxes = (chosen / scale).cpu()
-            out.append(self._record(image_id, height, width, kept_boxes, feat[keep], probs[keep], given is None))
+                keep, kept_boxes = select_regions(self.selection, boxes, probs, deltas[sl], resize,
+                                                  self.cfg.bbox_reg_weights)
+            out.append(self._record(image_id, resize.height, resize.width, kept_boxes.cpu(), feat[keep], probs[keep],
+                                    given is None))
         return out
 
     def _record(self, image_id: str, height: int, width: int, boxes: torch.Tensor, feat: torch.Tensor,

@@ -35,6 +35,7 @@ from pipeline import __version__
 from pipeline.datasets import ReaderOptions
 from pipeline.detect.config import DetectorConfig
 from pipeline.detect.extractor import RegionFeatureExtractor, SelectionConfig
+from pipeline.detect.preprocess import check_preprocess
 from pipeline.detect.weights import WEIGHT_SOURCES, load_detector
 from pipeline.download.failures import Policy, policy_of, shard_failure, should_retry, verdict
 from pipeline.download.fetch import FetchConfig, redact_url
@@ -59,6 +60,7 @@ class ExtractConfig:
     weights: Optional[Path] = None
     random_weights: bool = False
     detector: str = "vg-r101"
+    preprocess: str = "caffe"  # resize convention: caffe (BUTD) or detectron2 (py-bottom-up-attention)
     selection: SelectionConfig = SelectionConfig()
     batch_size: int = 1
     device: str = "auto"
@@ -105,6 +107,7 @@ class ExtractConfig:
         if self.device not in ("auto", "cpu") and not self.device.startswith("cuda"):
             raise ConfigError(f"device must be auto, cpu or cuda[:N], got {self.device!r}")
         check_failure_rate(self.max_failure_rate)
+        check_preprocess(self.preprocess)
         if self.keep_images is not None:
             keep, out = Path(self.keep_images), Path(self.out)
             if keep == out or out in keep.parents or keep in out.parents:
@@ -171,7 +174,8 @@ class DetectorActor:
     """Holds one detector (loaded once) and turns a shard's image rows into records."""
 
     def __init__(self, cfg_json: dict, weights: Optional[str], seed: int, selection: SelectionConfig,
-                 device: str, fp16: bool, batch_size: int, given_boxes: Optional[dict] = None):
+                 device: str, fp16: bool, batch_size: int, given_boxes: Optional[dict] = None,
+                 preprocess: str = "caffe"):
         import torch
 
         from pipeline.detect.model import VGDetector
@@ -182,7 +186,7 @@ class DetectorActor:
         else:
             torch.manual_seed(seed)
             model = VGDetector(cfg)
-        self.extractor = RegionFeatureExtractor(model, selection, device=device, fp16=fp16)
+        self.extractor = RegionFeatureExtractor(model, selection, device=device, fp16=fp16, preprocess=preprocess)
         self.batch_size = batch_size
         self.given = given_boxes
 
@@ -294,6 +298,20 @@ def done_extract_shards(out: Path) -> dict[int, dict]:
     return done
 
 
+def check_resumed_preprocess(cfg: ExtractConfig) -> None:
+    """A store holds features of one resize convention: resuming one with another
+    --preprocess is a configuration error (stores written before the option: caffe)."""
+    from pipeline.store import Manifest
+    from pipeline.store.manifest import MANIFEST_FILE
+
+    if not (cfg.out / MANIFEST_FILE).is_file():
+        return
+    had = Manifest.read(cfg.out).provenance.get("preprocess", "caffe")
+    if had != cfg.preprocess:
+        raise ConfigError(f"cannot append to {cfg.out}: its features were extracted with --preprocess {had}, "
+                          f"not {cfg.preprocess}; rerun with --preprocess {had} or choose another --out")
+
+
 def run_extract(cfg: ExtractConfig, on_progress: Optional[Callable[[ExtractProgress], None]] = None) -> dict:
     """Run the extraction; returns the summary (also in `<out>/extract_summary.json`) with
     its verdict. The store's writer holds its lock; a --keep-images folder is locked too."""
@@ -311,7 +329,8 @@ def _run_extract(cfg: ExtractConfig, on_progress: Optional[Callable[[ExtractProg
 
     device = resolve_device(cfg.device)
     det_cfg = DetectorConfig.load(cfg.detector)
-    provenance = {"producer": f"vlprep {__version__} extract", "detector": det_cfg.name,
+    check_resumed_preprocess(cfg)
+    provenance = {"producer": f"vlprep {__version__} extract", "detector": det_cfg.name, "preprocess": cfg.preprocess,
                   "box_policy": cfg.selection.describe(), "device": device, "fp16": cfg.fp16}
     if cfg.weights is not None:  # validate the weights before any work starts
         model, report = load_detector(cfg.weights, det_cfg)
@@ -353,7 +372,8 @@ def _run_extract(cfg: ExtractConfig, on_progress: Optional[Callable[[ExtractProg
                                max_task_retries=2)(DetectorActor)
         given_ref = ray.put(given) if given is not None else None
         actors = [actor_cls.remote(det_cfg.to_json(), str(cfg.weights) if cfg.weights else None, cfg.seed,
-                                   cfg.selection, device, cfg.fp16, cfg.batch_size, given_ref) for _ in range(n_actors)]
+                                   cfg.selection, device, cfg.fp16, cfg.batch_size, given_ref, cfg.preprocess)
+                  for _ in range(n_actors)]
         download = ray.remote(num_cpus=1, max_retries=3)(_download_rows)
         in_flight: dict = {}  # ref -> (number, attempt, rows or ShardJob, stats of the shard being retried)
         turn = [0]

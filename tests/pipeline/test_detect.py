@@ -5,7 +5,6 @@ import pytest
 import torch
 from detector_layouts import published_shapes, random_weights, write_d2_pickle, write_hf_bin
 from image_server import make_corpus
-from torchvision.ops import nms
 
 from pipeline.detect.boxes import BoxCount, decode, encode, per_class_nms_max_conf, select_butd, select_maxnms
 from pipeline.detect.config import DetectorConfig
@@ -187,18 +186,6 @@ def test_butd_selection_on_hand_built_scores():
     assert select_butd(boxes, probs, BoxCount(4, 10)).tolist() == [0, 2, 1, 3]  # too few: top-4 by confidence
     assert select_butd(boxes, probs, BoxCount(1, 2)).tolist() == [0, 2]  # too many: top-2
     assert select_butd(boxes, probs, BoxCount(1, 10), conf_thresh=0.25).tolist() == [0, 2]
-
-
-def test_vectorized_per_class_nms_equals_torchvision():
-    g = torch.Generator().manual_seed(0)
-    xy = torch.rand(60, 2, generator=g) * 100
-    boxes = torch.cat([xy, xy + torch.rand(60, 2, generator=g) * 60 + 1], 1)
-    probs = torch.rand(60, 40, generator=g) ** 4
-    ref = torch.zeros(60)
-    for c in range(40):
-        keep = nms(boxes, probs[:, c], 0.3)
-        ref[keep] = torch.maximum(ref[keep], probs[keep, c])
-    assert torch.equal(per_class_nms_max_conf(boxes, probs, 0.3), ref)
 
 
 def test_maxnms_selection_raises_the_threshold_until_enough_boxes():
