@@ -442,15 +442,16 @@ def build_mixture(
     root: Optional[Path] = typer.Option(None, help="Folder the spec's relative file paths are under (overrides its root)."),
     stores: List[Path] = typer.Option([], "--stores", help="Feature stores every image must be in (repeatable)."),
     drop_missing: bool = typer.Option(False, help="Leave out items whose image has no features, instead of failing."),
-    top_k: Optional[int] = typer.Option(None, help="Answer table size (overrides the spec's answers.top_k)."),
+    top_k: Optional[int] = typer.Option(None, help="Answer table size: the K most frequent answers, or the first K entries of the spec's answers_from file (overrides answers.top_k)."),
 ) -> None:
     """Build a pretraining mixture of (image, text[, answers]) items from captions and
     question-answer annotations in their official formats (or LXMERT's own json).
 
     Images are named once across sources (VG images also in COCO take their COCO name);
     held-out images (e.g. LXMERT's minival) form the val split and never reach train;
-    answers are normalized as the VQA evaluation and LXMERT do, with soft scores and a
-    top-K answer table. Same inputs and spec give byte-identical items. Annotations with a
+    answers are normalized as the VQA evaluation and LXMERT do, with the official VQA soft
+    scores (0.3/0.6/0.9/1.0) and a top-K answer table or a given one (the spec's
+    answers_from, e.g. LXMERT's all_ans.json). Same inputs and spec give byte-identical items. Annotations with a
     null or blank text, or a null answer, are skipped and counted (manifest.json, report.md).
 
     OUT is built under a temporary name beside it and swapped in when complete. An existing

@@ -16,11 +16,20 @@ Spec (YAML, see data_manifests/mixtures/):
     heldout: [minival_ids.txt]       # one image id per line: those images form the val split
     drop: [test_ids.txt]             # images never used
     drop_coco_test: true
-    answers: {top_k: 9500}           # 0: no answer table (captions only)
+    answers: {top_k: 9500}           # the 9500 most frequent training answers; 0: no answer table
+    # answers_from: lxmert/all_ans.json   # or exactly this table, in its order (answers.top_k: its first K)
 
 The spec is checked against `SPEC_SCHEMA` (pipeline.schema): unknown keys, wrong types,
 ``split`` other than train/val, ``repeat`` < 1, ``weight`` not finite and > 0, ``top_k`` < 0
 are ConfigErrors naming the file and the key.
+
+Answers: normalized (`pipeline.mixture.answers`), with the official VQA soft scores (0.3 /
+0.6 / 0.9 / 1.0 for 1 / 2 / 3 / 4+ annotators; mixture schema 2; schema 1 used min(1, k/3)).
+The answer table is the ``top_k`` most frequent training answers, or, with ``answers_from``,
+a fixed table read from that file (``.json``: a list of strings, a list of ``{"ans": ...}``
+objects as LXMERT's ``all_ans.json``, or a mixture's ``{"answers": [...]}``; other files: one
+answer a line), in the file's order; ``answers.top_k`` (or ``--top-k``) then keeps its first
+K entries. Answers outside the table are dropped and counted in the coverage figures.
 
 Items whose image is held out (or whose source says ``split: val``) go to the ``val``
 split; every other item is ``train``. Held-out and drop lists may name an image as the
@@ -49,7 +58,7 @@ import yaml
 from pipeline import __version__
 from pipeline.errors import ConfigError
 from pipeline.io import atomic_write_json, replacing_output, sha256_file
-from pipeline.mixture.answers import answer_table
+from pipeline.mixture.answers import answer_table, fixed_table, read_answer_file
 from pipeline.mixture.sources import (
     ImageIds, Read, Skip, TextItem, read_coco_captions, read_gqa, read_lxmert, read_vg_regions, read_vgqa, read_vqa,
 )
@@ -59,7 +68,9 @@ log = logging.getLogger(__name__)
 KINDS = ("coco_captions", "vg_regions", "vqa", "gqa", "vgqa", "lxmert", "conceptual_captions")
 SPLITS = ("train", "val")
 FORMAT = "vlprep-mixture"  # manifest.json's "format", and the output folder's ownership kind
-MIXTURE_SCHEMA_VERSION = 1
+MIXTURE_SCHEMA_VERSION = 2  # 2: official VQA soft scores (1: min(1, k/3))
+ANSWER_SCORES = "vqa-official"  # manifest.json's "answer_scores": the soft-score rule
+DEFAULT_TOP_K = 9500
 ITEMS_SCHEMA = pa.schema(
     [
         pa.field("uid", pa.string(), nullable=False),
@@ -95,7 +106,8 @@ SPEC_SCHEMA = Schema({
     "heldout": Field(str, many=True, default=()),
     "drop": Field(str, many=True, default=()),
     "drop_coco_test": Field(bool, default=True),
-    "answers": Field(Schema({"top_k": Field(int, default=9500, ge=0)})),
+    "answers": Field(Schema({"top_k": Field(int, ge=0)})),  # default: DEFAULT_TOP_K, or all of answers_from
+    "answers_from": Field(str),
 })
 
 
@@ -118,7 +130,8 @@ class MixtureSpec:
     heldout: tuple[Path, ...] = ()
     drop: tuple[Path, ...] = ()
     drop_coco_test: bool = True
-    top_k: int = 9500
+    top_k: Optional[int] = DEFAULT_TOP_K  # None: every entry of answers_from
+    answers_from: Optional[Path] = None  # a fixed answer table (see the module docstring)
     raw: dict = field(default_factory=dict)
     path: Optional[Path] = None  # the spec file (an input: the output may not overlap it)
 
@@ -131,6 +144,12 @@ class MixtureSpec:
         spec = SPEC_SCHEMA.validate(raw, str(path))
         if top_k is not None and top_k < 0:
             raise ConfigError(f"--top-k must be >= 0 (got {top_k})")
+        top_k = top_k if top_k is not None else spec["answers"]["top_k"]
+        if spec["answers_from"] is None and top_k is None:
+            top_k = DEFAULT_TOP_K
+        if spec["answers_from"] is not None and top_k == 0:
+            raise ConfigError(f"{path}: answers.top_k: 0 (or --top-k 0: no answer table) contradicts answers_from: "
+                              f"{spec['answers_from']}; drop one of them")
         base = Path(root or spec["root"] or Path(path).parent)
         resolve = lambda p: Path(p) if Path(p).is_absolute() else base / p  # noqa: E731
         sources: list[SourceSpec] = []
@@ -148,8 +167,8 @@ class MixtureSpec:
             image_data=resolve(spec["image_data"]) if spec["image_data"] else None,
             image_map=resolve(spec["image_map"]) if spec["image_map"] else None,
             heldout=tuple(resolve(p) for p in spec["heldout"]), drop=tuple(resolve(p) for p in spec["drop"]),
-            drop_coco_test=spec["drop_coco_test"],
-            top_k=top_k if top_k is not None else spec["answers"]["top_k"], raw=raw, path=Path(path),
+            drop_coco_test=spec["drop_coco_test"], top_k=top_k,
+            answers_from=resolve(spec["answers_from"]) if spec["answers_from"] else None, raw=raw, path=Path(path),
         )
         missing = [str(p) for p in mixture.all_files() if not p.exists()]
         if missing:
@@ -158,7 +177,7 @@ class MixtureSpec:
 
     def all_files(self) -> list[Path]:
         files = [f for s in self.sources for f in s.files] + list(self.heldout) + list(self.drop)
-        return files + [p for p in (self.image_data, self.image_map) if p]
+        return files + [p for p in (self.image_data, self.image_map, self.answers_from) if p]
 
 
 def _read_id_list(path: Path, ids: ImageIds) -> dict[str, str]:
@@ -201,6 +220,29 @@ def _iter_source(spec: MixtureSpec, src: SourceSpec) -> Iterator[tuple[str, Read
                 raise ConfigError(f"malformed Conceptual Captions row at {result}")
             for text in result.texts:
                 yield src.name, TextItem(result.image_id, text.text, "caption")
+
+
+def check_mixture(folder: Path) -> dict:
+    """The manifest of a mixture folder this code reads; ConfigError when `folder` is no
+    mixture, or one of another schema version (schema 1 stored min(1, k/3) soft scores)."""
+    folder = Path(folder)
+    try:
+        manifest = json.loads((folder / "manifest.json").read_text())
+    except (OSError, ValueError):
+        manifest = None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise ConfigError(f"{folder} is not a mixture (no {FORMAT} manifest.json): "
+                          "build one with `vlprep build-mixture`")
+    version = manifest.get("schema_version", 1)
+    if version == MIXTURE_SCHEMA_VERSION:
+        return manifest
+    if isinstance(version, int) and version > MIXTURE_SCHEMA_VERSION:
+        raise ConfigError(f"{folder}: mixture schema {version} was written by a newer vlprep (this one reads "
+                          f"schema {MIXTURE_SCHEMA_VERSION}); upgrade vlprep, or rebuild the mixture with "
+                          "`vlprep build-mixture`")
+    raise ConfigError(f"{folder}: mixture schema {version} stores the old answer scores min(1, k/3) (k annotators), "
+                      f"not the official VQA values (0.3/0.6/0.9/1.0 for 1/2/3/4+ of 10; schema "
+                      f"{MIXTURE_SCHEMA_VERSION}); rebuild it with `vlprep build-mixture --spec SPEC --out {folder}`")
 
 
 def _is_mixture(path: Path) -> bool:
@@ -260,8 +302,17 @@ def _build(spec: MixtureSpec, tmp: Path, stores: tuple[Path, ...], feature_store
             image = ids.canonical(item)
             if split_of(src, image) == "train" and (has_features(image) or not drop_missing):
                 counts.update(a for a, s in item.answers.items() if s > 0)
-    table = answer_table(counts, spec.top_k)
-    index = {a: i for i, a in enumerate(table)}
+    if spec.answers_from is not None:
+        entries = read_answer_file(spec.answers_from)
+        fixed = fixed_table(entries[:spec.top_k] if spec.top_k is not None else entries, spec.answers_from)
+        table, index, unreachable = fixed.answers, fixed.index, fixed.unreachable
+        if unreachable:
+            log.warning("%s: %d of its %d entries normalize to nothing or to an earlier entry's answer (e.g. entry "
+                        "%d %r); they keep their answer ids, but no item maps to them", spec.answers_from,
+                        len(unreachable), len(table), unreachable[0], entries[unreachable[0]])
+    else:
+        entries, table, unreachable = [], answer_table(counts, spec.top_k), []
+        index = {a: i for i, a in enumerate(table)}
 
     # Pass 2: items.
     stats = defaultdict(Counter)  # source -> split/kind counts
@@ -338,8 +389,16 @@ def _build(spec: MixtureSpec, tmp: Path, stores: tuple[Path, ...], feature_store
         log.warning("%s: skipped %s", name, ", ".join(f"{n:,} x {reason}" for reason, n in sorted(reasons.items())))
 
     groups = _identity_groups(images, ids)
+    table_info: dict = {"table_size": len(table), "top_k": spec.top_k}
+    if spec.answers_from is not None:
+        table_info["file"] = {"path": str(spec.answers_from), "name": spec.answers_from.name, "entries": len(entries),
+                              "sha256": sha256_file(spec.answers_from)}
+        table_info["unreachable"] = len(unreachable)
+        table_info["unreachable_examples"] = [
+            {"id": i, "entry": entries[i], "answer": table[i], "first_id": index.get(table[i])}
+            for i in unreachable[:LISTED_EXAMPLES]]
     manifest = {
-        "format": FORMAT, "schema_version": MIXTURE_SCHEMA_VERSION, "name": spec.name,
+        "format": FORMAT, "schema_version": MIXTURE_SCHEMA_VERSION, "answer_scores": ANSWER_SCORES, "name": spec.name,
         "producer": f"vlprep {__version__} build-mixture",
         "spec": spec.raw,
         "inputs": [{"path": str(p), "bytes": p.stat().st_size, "sha256": sha256_file(p)} for p in spec.all_files()],
@@ -350,14 +409,16 @@ def _build(spec: MixtureSpec, tmp: Path, stores: tuple[Path, ...], feature_store
         "identity_groups": groups,
         "heldout": heldout_matches,
         "drop": drop_matches,
-        "answers": {"table_size": len(table), "top_k": spec.top_k, "distinct_train_answers": len(counts),
+        "answers": {**table_info, "distinct_train_answers": len(counts),
                     "questions_best_answer_covered": round(covered / answered, 4) if answered else None,
                     "score_mass_covered": round(score_covered / score_total, 4) if score_total else None},
         "stores": [str(p) for p in stores],
         "missing_features": {"images": len(missing), "items_dropped": sum(missing.values()) if drop_missing else 0,
                              "examples": sorted(missing)[:50]},
     }
-    atomic_write_json(tmp / "answers.json", {"answers": table, "counts": [counts[a] for a in table]})
+    dead = set(unreachable)
+    table_counts = [0 if i in dead else counts[a] for i, a in enumerate(table)]
+    atomic_write_json(tmp / "answers.json", {"answers": table, "counts": table_counts, "unreachable": unreachable})
     atomic_write_json(tmp / "manifest.json", manifest)
     (tmp / "report.md").write_text(render_report(manifest))
     return manifest
@@ -407,9 +468,19 @@ def render_report(m: dict) -> str:
     for name, c in m["identity_groups"].items():
         lines.append(f"| {name} | " + " | ".join(f"{c.get(g, 0):,}" for g in groups) + " |")
     a = m["answers"]
-    lines += ["", "## Answers", "", f"- answer table: {a['table_size']:,} of {a['distinct_train_answers']:,} distinct "
-              f"training answers (top {a['top_k']:,})",
-              f"- training questions whose best answer is in the table: {a['questions_best_answer_covered']}",
+    lines += ["", "## Answers", "",
+              f"- soft scores: {m['answer_scores']} (0.3 / 0.6 / 0.9 / 1.0 for 1 / 2 / 3 / 4+ annotators)"]
+    if "file" in a:
+        f = a["file"]
+        lines += [f"- answer table: {a['table_size']:,} answers from {f['name']} (`{f['path']}`, sha256 {f['sha256']}"
+                  + (f"; its first {a['table_size']:,} of {f['entries']:,} entries)" if a["top_k"] is not None else ")"),
+                  f"- table entries no item maps to (empty, or an earlier entry's answer once normalized): "
+                  f"{a['unreachable']:,}",
+                  f"- distinct training answers: {a['distinct_train_answers']:,}"]
+    else:
+        lines += [f"- answer table: {a['table_size']:,} of {a['distinct_train_answers']:,} distinct "
+                  f"training answers (top {a['top_k']:,})"]
+    lines += [f"- training questions whose best answer is in the table: {a['questions_best_answer_covered']}",
               f"- answer score mass covered: {a['score_mass_covered']}"]
     reasons = sorted({r for c in m["skipped"].values() for r in c})
     if reasons:

@@ -124,13 +124,19 @@ def test_lxmert_json_input(tmp_path):
     ("Yes", "yes"), ("two", "2"), ("A dog.", "dog"), ("the Red one", "red 1"), ("1,000", "1000"), ("2.5", "2.5"),
     ("grey", "gray"), ("dont know", "don't know"), ("tennis-racket", "tennis racket"), ("cat!", "cat"),
     ("None", "0"), ("  Ten ", "10"), ("an apple", "apple"), ("(yes)", "yes"), ("hot dog?", "hot dog"),
+    # the official contraction table exactly: "shed", "wed", "lets" are words, "oclock" is one
+    ("shed", "shed"), ("wed", "wed"), ("lets", "lets"), ("oclock", "o'clock"), ("somebody'd", "somebodyd"),
 ])
 def test_answer_normalization_follows_the_vqa_evaluation(raw, clean):
     assert normalize_answer(raw) == clean
 
 
 def test_soft_scores_and_table():
-    assert soft_scores(["x", "b", "b", "c", "c", "c", "c", "", "the"]) == {"x": pytest.approx(1 / 3), "b": pytest.approx(2 / 3), "c": 1.0}
+    # BUTD's get_score on the number of annotators giving the answer: the official VQA
+    # accuracy averaged over the 10-choose-9 annotator subsets when 10 annotators answer
+    ten = ["x"] + ["b"] * 2 + ["c"] * 3 + ["d"] * 4
+    assert soft_scores(ten) == {"x": 0.3, "b": 0.6, "c": 0.9, "d": 1.0}
+    assert soft_scores(["e"] * 7 + ["", "the", "f"]) == {"e": 1.0, "f": 0.3}
     from collections import Counter
 
     assert answer_table(Counter({"b": 2, "a": 2, "c": 5}), 2) == ["c", "a"]
@@ -562,3 +568,134 @@ def test_demo_spec_for_a_relative_out_folder_loads(tmp_path, monkeypatch):
     spec_path.write_text(yaml.safe_dump(mixture_spec(world)))
     manifest = build_mixture(MixtureSpec.load(spec_path), Path("vlprep_demo") / "lxmert_mix")
     assert manifest["totals"]["train/caption"] > 0 and manifest["totals"]["val/question"] > 0
+
+
+# -- issue 13, item 5: official VQA soft scores; mixture schema 2
+
+
+def test_official_steps_are_reusable_without_lxmerts_rules():
+    from pipeline.mixture.answers import process_digit_article, process_punctuation
+
+    assert process_punctuation("hot-dog") == "hot dog" and process_punctuation("1,000") == "1000"
+    assert process_punctuation("yes!").strip() == "yes" and process_punctuation("2.5") == "2.5"
+    assert process_digit_article("The Two dogs") == "2 dogs" and process_digit_article("dont") == "don't"
+    assert process_digit_article("grey") == "grey" and normalize_answer("grey") == "gray"  # LXMERT's rule only
+
+
+def test_mixture_records_schema_2_and_official_scores(tmp_path, root):
+    edit_spec(root, answers={"top_k": 10})
+    manifest = build_mixture(MixtureSpec.load(root / "spec.yaml"), tmp_path / "mix")
+    assert manifest["schema_version"] == 2 and manifest["answer_scores"] == "vqa-official"
+    on_disk = json.loads((tmp_path / "mix" / "manifest.json").read_text())
+    assert on_disk["schema_version"] == 2 and on_disk["answer_scores"] == "vqa-official"
+    with pa.ipc.open_file(tmp_path / "mix" / "items.arrow") as f:
+        assert f.schema.metadata[b"vlprep.mixture_schema_version"] == b"2"
+    answers = json.loads((tmp_path / "mix" / "answers.json").read_text())["answers"]
+    food = next(r for r in items(tmp_path / "mix") if r["text"] == "What is on the plate?")
+    scores = {answers[i]: s for i, s in zip(food["answer_ids"], food["answer_scores"])}
+    # 9 of 10 annotators say food (Food, food., food, the food x6), 1 says pizza
+    assert scores == {"food": 1.0, "pizza": np.float32(0.3)}
+
+
+# -- issue 13, item 8: a fixed answer table (answers_from)
+
+TABLE = ["yes", "2", "food", "dog"]
+
+
+@pytest.mark.parametrize("name, content", [
+    ("label2ans.json", json.dumps(TABLE)),  # VQA's trainval_label2ans.json
+    ("all_ans.json", json.dumps([{"ans": a, "dsets": ["vqa"]} for a in TABLE])),  # LXMERT's all_ans.json
+    ("answers.json", json.dumps({"answers": TABLE, "counts": [0, 0, 0, 0]})),  # another mixture's table
+    ("answers.txt", "\n".join(TABLE) + "\n"),  # one answer a line
+])
+def test_answers_from_each_format_keeps_the_files_order(tmp_path, root, name, content):
+    (root / "tables").mkdir()
+    (root / "tables" / name).write_text(content)
+    edit_spec(root, answers_from=f"tables/{name}", answers=None)
+    manifest = build_mixture(MixtureSpec.load(root / "spec.yaml"), tmp_path / "mix")
+    table = json.loads((tmp_path / "mix" / "answers.json").read_text())
+    assert table["answers"] == TABLE  # the file's order, not by frequency
+    assert table["counts"] == [2, 2, 1, 0]  # train questions: yes (gqa x2), 2 (vqa, visual7w), food (vqa)
+    import hashlib
+
+    assert manifest["answers"]["file"] == {"path": str(root / "tables" / name), "name": name, "entries": 4,
+                                           "sha256": hashlib.sha256(content.encode()).hexdigest()}
+    assert manifest["answers"]["table_size"] == 4 and manifest["answers"]["top_k"] is None
+    assert str(root / "tables" / name) in [i["path"] for i in manifest["inputs"]]
+    rows = {r["text"]: r for r in items(tmp_path / "mix")}
+    giraffes = rows["How many giraffes?"]
+    assert [TABLE[i] for i in giraffes["answer_ids"]] == ["2"]  # "1" is not in the table: dropped
+    assert f"from {name}" in (tmp_path / "mix" / "report.md").read_text()
+
+
+def test_answers_from_normalizes_entries_and_keeps_every_position(tmp_path, root, caplog):
+    """LXMERT's all_ans.json holds entries that our normalization merges ("above the bed" and
+    "above bed") or empties ("a"): they keep their position (answer ids stay the file's, so
+    a 9500-way head lines up with LXMERT's) but no item maps to them; the manifest counts them."""
+    entries = ['"stop"', "Two", "2", "a", "the food", "food", "yes"]
+    dump(root / "all_ans.json", [{"ans": a} for a in entries])
+    edit_spec(root, answers_from="all_ans.json", answers=None)
+    with caplog.at_level("WARNING"):
+        manifest = build_mixture(MixtureSpec.load(root / "spec.yaml"), tmp_path / "mix")
+    table = json.loads((tmp_path / "mix" / "answers.json").read_text())
+    assert table["answers"] == ["stop", "2", "2", "", "food", "food", "yes"]
+    assert table["unreachable"] == [2, 3, 5] and table["counts"] == [0, 2, 0, 0, 1, 0, 2]
+    assert manifest["answers"]["table_size"] == 7 and manifest["answers"]["unreachable"] == 3
+    assert manifest["answers"]["unreachable_examples"][0] == {"id": 2, "entry": "2", "answer": "2", "first_id": 1}
+    assert manifest["answers"]["unreachable_examples"][1] == {"id": 3, "entry": "a", "answer": "", "first_id": None}
+    assert "all_ans.json: 3 of its 7 entries" in caplog.text
+    giraffes = next(r for r in items(tmp_path / "mix") if r["text"] == "How many giraffes?")
+    assert giraffes["answer_ids"] == [1]  # "2" maps to its first position
+
+
+def test_answers_from_with_top_k_takes_the_first_k_entries(tmp_path, root):
+    dump(root / "label2ans.json", TABLE)
+    edit_spec(root, answers_from="label2ans.json", answers={"top_k": 2})
+    build_mixture(MixtureSpec.load(root / "spec.yaml"), tmp_path / "mix")
+    assert json.loads((tmp_path / "mix" / "answers.json").read_text())["answers"] == ["yes", "2"]
+    manifest = build_mixture(MixtureSpec.load(root / "spec.yaml", top_k=3), tmp_path / "mix")  # --top-k
+    assert manifest["answers"]["table_size"] == 3 and manifest["answers"]["top_k"] == 3
+    assert manifest["answers"]["file"]["entries"] == 4
+    edit_spec(root, answers={"top_k": 0})
+    with pytest.raises(ConfigError, match=r"answers\.top_k: 0 .*label2ans\.json"):
+        MixtureSpec.load(root / "spec.yaml")
+
+
+def test_answers_from_coverage(tmp_path, root):
+    dump(root / "label2ans.json", ["yes", "dog"])
+    edit_spec(root, answers_from="label2ans.json", answers=None)
+    manifest = build_mixture(MixtureSpec.load(root / "spec.yaml"), tmp_path / "mix")
+    a = manifest["answers"]
+    # 5 answered train questions (food, giraffes, 2 x gqa yes, birds); their best answers food, 2, yes, yes, 2
+    assert a["questions_best_answer_covered"] == round(2 / 5, 4)
+    # score mass: food 1 + pizza 0.3, 2 + 1, yes, yes, 2 -> 6.3, of which yes + yes
+    assert a["score_mass_covered"] == round(2 / 6.3, 4)
+    assert a["distinct_train_answers"] == 5
+    report = (tmp_path / "mix" / "report.md").read_text()
+    assert "training questions whose best answer is in the table: 0.4" in report
+
+
+@pytest.mark.parametrize("name, content, message", [
+    ("t.json", '{"label2ans": ["yes"]}', r"t\.json: an answer table is a JSON list of strings"),
+    ("t.json", '["yes", 3]', r"t\.json: entry 1: must be a string \(got 3\)"),
+    ("t.json", '[{"ans": "yes"}, {"answer": "no"}]', r"t\.json: entry 1: .*\"ans\""),
+    ("t.json", '{"answers": "yes"}', r"t\.json: an answer table is a JSON list"),
+    ("t.json", '["yes",', r"t\.json: invalid JSON"),
+    ("t.json", "[]", r"t\.json: no answers"),
+    ("t.txt", "\n\nthe\n", r"t\.txt: no answers"),
+])
+def test_answers_from_errors_name_the_file_and_entry(tmp_path, root, name, content, message):
+    (root / name).write_text(content)
+    edit_spec(root, answers_from=name, answers=None)
+    with pytest.raises(ConfigError, match=message):
+        build_mixture(MixtureSpec.load(root / "spec.yaml"), tmp_path / "mix")
+    assert not (tmp_path / "mix").exists()
+
+
+def test_answers_from_is_validated_and_must_exist(tmp_path, root):
+    edit_spec(root, answers_from=["a.json"])
+    with pytest.raises(ConfigError, match=r"answers_from: must be a string"):
+        MixtureSpec.load(root / "spec.yaml")
+    edit_spec(root, answers_from="nope.json")
+    with pytest.raises(ConfigError, match=r"input files not found: .*nope\.json"):
+        MixtureSpec.load(root / "spec.yaml")

@@ -18,7 +18,7 @@ import pyarrow as pa
 import torch
 
 from pipeline.errors import ConfigError, DataError
-from pipeline.mixture.build import FORMAT as MIXTURE_FORMAT
+from pipeline.mixture.build import check_mixture
 from pipeline.records import img_token_feature, pad_regions
 from pipeline.store import FeatureStore
 from vl_models.data.masking import mask_regions, mask_tokens, mismatch, overlapping
@@ -49,16 +49,11 @@ class DataConfig:
 
 
 def mixture_file(mixture: Path, name: str) -> Path:
-    """A file of a `vlprep build-mixture` folder: ConfigError if the folder is no mixture,
-    DataError naming the file if it is missing."""
+    """A file of a `vlprep build-mixture` folder: ConfigError if the folder is no mixture or
+    one of another schema version (`check_mixture`: schema 1 stored min(1, k/3) answer
+    scores), DataError naming the file if it is missing."""
     mixture = Path(mixture)
-    try:
-        is_mixture = json.loads((mixture / "manifest.json").read_text()).get("format") == MIXTURE_FORMAT
-    except (OSError, ValueError, AttributeError):
-        is_mixture = False
-    if not is_mixture:
-        raise ConfigError(f"{mixture} is not a mixture (no vlprep-mixture manifest.json): "
-                          "build one with `vlprep build-mixture`")
+    check_mixture(mixture)
     path = mixture / name
     if not path.is_file():
         raise DataError(f"{path} is missing: the mixture is incomplete; rebuild it with `vlprep build-mixture`")
