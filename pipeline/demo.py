@@ -6,10 +6,9 @@
 3. `vlprep build-mixture`: COCO-style captions + VQA-style questions (renamed to the store's
    ids by the world's image map), held-out scenes as the val split — LXMERT's mixture; ViLBERT's
    has the captions alone, as Conceptual Captions has;
-4. `vltrain pretrain` of small ViLBERT and LXMERT (64 wide, from scratch). Their image-text
-   alignment / matching loss counts from a third of the run on (`TaskConfig.from_step`): on
-   from step 0, the head makes its logits constant before the streams carry anything and stays
-   at chance;
+4. `vltrain pretrain` of small ViLBERT and LXMERT (64 wide, from scratch, initialized at
+   their width's scale), every task on from step 0, the image-text alignment / matching loss
+   at weight 3;
 5. zero-shot caption -> image retrieval on held-out scenes for the pretrained models and the
    same models untrained, and LXMERT's QA score;
 6. `report.json`, `report.md`, `scenes.png` (detections, as `vlprep show` draws them) and
@@ -189,7 +188,7 @@ def _train_config(cfg: DemoConfig, kind: str, out: Path, vocab: Path, steps: int
                        out=str(out / "runs" / kind), vocab=str(vocab), steps=steps, batch_size=32, lr=1e-3,
                        warmup=max(1, steps // 20), checkpoint_every=max(1, steps // 2), eval_every=steps,
                        log_every=max(1, steps // 60), max_text=24, max_regions=20, seed=cfg.seed, resume=True,
-                       task=TaskConfig(weights={pair: 3.0}, from_step={pair: steps // 3}))
+                       task=TaskConfig(weights={pair: 3.0}))
 
 
 def _pretrain(cfg: DemoConfig, kind: str, out: Path, vocab: Path, say: Callable[[str], None]) -> dict:

@@ -98,7 +98,7 @@ def pretrain(
     visual_weighting: str = typer.Option("confidence", help="LXMERT obj/attr losses: confidence (reference) or masked."),
     qa_from_epoch: int = typer.Option(0, help="LXMERT: train image QA from this epoch on."),
     weight: List[str] = typer.Option([], "--weight", help="TASK=W: a task's loss weight (default 1; repeatable). Tasks: ViLBERT mlm, region, alignment; LXMERT mlm, matching, obj, attr, feat, qa."),
-    task_from: List[str] = typer.Option([], "--task-from", help="TASK=N: a task's loss is off for the first N optimizer steps (repeatable). Small models from scratch: e.g. alignment=1000, so the alignment head does not collapse to constant logits before the streams have learned anything."),
+    task_from: List[str] = typer.Option([], "--task-from", help="TASK=N: a task's loss is off for the first N optimizer steps (repeatable), e.g. alignment=1000 to let the streams learn before the pair head trains."),
 ) -> None:
     """Pretrain ViLBERT or LXMERT on feature stores and a mixture, with all of the
     model's pretraining tasks. Runs on one CPU, or with torchrun on many processes/GPUs.

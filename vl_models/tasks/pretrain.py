@@ -31,8 +31,8 @@ class TaskConfig:
     qa_from_epoch: int = 0  # LXMERT QA switched on from this epoch (the paper: second half)
     # {task: N}: the task's loss is off (weight 0) for the first N optimizer steps. It is still
     # computed, so DDP ranks stay in step; weight decay still applies to its head meanwhile.
-    # Small models trained from scratch need it for alignment / matching: switched on at step 0,
-    # the head's fastest way down is to make its logits constant, and it stays there.
+    # (Narrow models at BERT-base's init scale needed it for alignment / matching; at the
+    # width-scaled init they do not: docs/fidelity.md.)
     from_step: dict = field(default_factory=dict)
 
     def check(self, kind: str) -> None:
