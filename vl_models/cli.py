@@ -83,7 +83,7 @@ def pretrain(
     checkpoint_every: int = typer.Option(500, help="Steps between checkpoints."),
     eval_every: int = typer.Option(0, help="Steps between validation passes on the mixture's val split (0: at the end)."),
     seed: int = typer.Option(0, help="Seed of initialization, sampling and masking."),
-    resume: bool = typer.Option(False, help="Continue the run in OUT from checkpoints/latest (a new run if OUT holds none). Settings that change what the run computes must stay the same (refused, named); --steps may grow (noted in metrics.jsonl)."),
+    resume: bool = typer.Option(False, help="Continue the run in OUT from checkpoints/latest (a new run if OUT holds none). Settings that change what the run computes must stay the same (refused, named); --steps or --epochs may grow (noted in metrics.jsonl)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Start again in an OUT that holds a run: removes only the trainer's files there (config.json, metrics.jsonl, checkpoints/, tensorboard/, curves.png)."),
     stop_at: int = typer.Option(0, help="End this invocation at this step (0: run to --steps); resume later."),
     keep_last: int = typer.Option(3, help="Checkpoints kept (0: all), besides the best one (--best-metric)."),

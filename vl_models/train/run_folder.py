@@ -47,7 +47,7 @@ _TENSORBOARD_EVENTS = "events.out.tfevents."
 # kind). `steps` is allowed as the issue asks: it moves the end of the lr schedule, so the
 # remaining steps' lr changes; the note in metrics.jsonl records it.
 RESUME_SAFE = frozenset({
-    "out", "resume", "overwrite", "init", "mixture", "stores", "vocab", "steps", "stop_at", "eval_every",
+    "out", "resume", "overwrite", "init", "mixture", "stores", "vocab", "steps", "epochs", "stop_at", "eval_every",
     "checkpoint_every", "log_every", "workers", "keep_last", "best_metric", "report_to", "verify_shards",
     "device", "compile",
 })
