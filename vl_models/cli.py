@@ -92,7 +92,7 @@ def pretrain(
     report_to: List[str] = typer.Option([], "--report-to", help="Also report to: tensorboard (events in OUT/tensorboard; pip install tensorboard)."),
     max_text: int = typer.Option(0, help="Text tokens per item (0: the model's default, ViLBERT 36, LXMERT 20)."),
     max_regions: int = typer.Option(36, help="Regions per image (ViLBERT adds its IMG token)."),
-    region_overlap: str = typer.Option("keep", help="ViLBERT region masking: keep (the paper: only the 15 % selected regions are masked) or zero (12-in-1: regions overlapping a selected one by IoU > 0.4 are zeroed too). The loss is on the selected regions either way."),
+    region_overlap: str = typer.Option("keep", help="ViLBERT region masking: keep (the paper: only the 15 % selected regions are masked) or zero (12-in-1: every selected region and every region overlapping one by IoU > 0.4 are zeroed, none left unaltered). The loss is on the selected regions either way."),
     clip: float = typer.Option(1.0, help="Gradient clipping (global norm)."),
     verify_shards: bool = typer.Option(False, "--verify-shards", help="Check each feature-store shard's sha256 on first use (also: VLPREP_VERIFY_SHARDS=1)."),
     visual_weighting: str = typer.Option("confidence", help="LXMERT obj/attr losses: confidence (reference) or masked."),
@@ -111,8 +111,10 @@ def pretrain(
     o = _with_recipe(ctx, recipe)
     if not o["model"]:
         raise ConfigError("--model is required (or a --recipe that names one)")
-    if o["epochs"] and _given(ctx, "steps"):
+    if _given(ctx, "steps") and _given(ctx, "epochs"):
         raise ConfigError("give --steps or --epochs, not both")
+    if _given(ctx, "steps"):  # over a recipe's epochs
+        o["epochs"] = 0
     cfg = TrainConfig(
         model=o["model"], stores=tuple(str(s) for s in shards), mixture=str(mixture), out=str(out), vocab=str(vocab),
         steps=o["steps"], epochs=o["epochs"] or None, batch_size=o["batch_size"], grad_accum=o["grad_accum"],
@@ -121,7 +123,7 @@ def pretrain(
         checkpoint_every=o["checkpoint_every"], eval_every=o["eval_every"], log_every=o["log_every"], seed=o["seed"],
         resume=resume, overwrite=overwrite, stop_at=stop_at or None, keep_last=o["keep_last"],
         best_metric=o["best_metric"], report_to=tuple(o["report_to"]), max_text=o["max_text"] or None,
-        max_regions=o["max_regions"], region_overlap=o["region_overlap"], verify_shards=verify_shards,
+        max_regions=o["max_regions"], region_overlap=o["region_overlap"], verify_shards=o["verify_shards"],
         task=TaskConfig(visual_weighting=o["visual_weighting"], qa_from_epoch=o["qa_from_epoch"],
                         weights=_pairs(o["weight"], "--weight", float),
                         from_step=_pairs(o["task_from"], "--task-from", int)))

@@ -172,12 +172,16 @@ def test_resume_with_more_steps_goes_on_with_a_note(copy, data, tmp_path):
     assert json.loads((copy / "config.json").read_text())["train"]["steps"] == 5
 
 
-def test_resume_with_more_epochs_goes_on_with_a_note(copy, data, tmp_path):
-    """--epochs, like --steps, may grow on a resume (12 train items, batch 4: 3 steps an epoch)."""
-    run(config(data, tmp_path, "lxmert-tiny", resume=True, epochs=2, stop_at=3))
-    notes = [r for r in rows(copy) if "note" in r]
-    assert len(notes) == 1 and "epochs: None -> 2" in notes[0]["note"] and "steps: 4 -> 6" in notes[0]["note"]
-    assert json.loads((copy / "config.json").read_text())["train"]["steps"] == 6
+def test_resume_with_more_epochs_goes_on_with_a_note(data, tmp_path):
+    """--epochs, like --steps, may grow on a resume (12 train items, batch 4: 3 steps an epoch),
+    with a warmup given as a fraction (the recipes' form): it stays the fraction."""
+    run(config(data, tmp_path, "lxmert-tiny", epochs=1, warmup=0.5, stop_at=2))
+    run(config(data, tmp_path, "lxmert-tiny", epochs=2, warmup=0.5, resume=True, stop_at=4))
+    out = tmp_path / "run"
+    notes = [r for r in rows(out) if "note" in r]
+    assert len(notes) == 1 and "epochs: 1 -> 2" in notes[0]["note"] and "steps: 3 -> 6" in notes[0]["note"]
+    saved = json.loads((out / "config.json").read_text())["train"]
+    assert (saved["steps"], saved["warmup"]) == (6, 0.5)
 
 
 def test_resume_compares_mixture_and_stores_by_content(copy, data, tmp_path):

@@ -112,13 +112,17 @@ class TrainConfig:
 
     def scheduled(self, train_items: int, world: int) -> "TrainConfig":
         """This config with `steps` from `epochs` (whole optimizer steps over `train_items`
-        on `world` ranks) and `warmup` in steps (a fraction below 1 is of `steps`)."""
-        steps = self.steps
-        if self.epochs is not None:
-            per_step = self.batch_size * self.grad_accum * world
-            steps = max(1, math.ceil(self.epochs * (train_items // per_step)))
-        warmup = round(self.warmup * steps) if 0 < self.warmup < 1 else int(self.warmup)
-        return replace(self, steps=steps, warmup=warmup)
+        on `world` ranks); unchanged without `epochs`."""
+        if self.epochs is None:
+            return self
+        per_step = self.batch_size * self.grad_accum * world
+        return replace(self, steps=max(1, math.ceil(self.epochs * (train_items // per_step))))
+
+    @property
+    def warmup_steps(self) -> int:
+        """`warmup` in steps (a fraction below 1 is of `steps`; it stays a fraction in the
+        saved config, so a resume that grows the run keeps it)."""
+        return round(self.warmup * self.steps) if 0 < self.warmup < 1 else int(self.warmup)
 
 
 @dataclass(frozen=True)
@@ -288,7 +292,7 @@ def _train(cfg: TrainConfig, kind: str, mcfg, model, data: PretrainDataset, val:
     try:
         while step < end:
             for group in optimizer.param_groups:
-                group["lr"] = lr_at(step, cfg.lr, cfg.warmup, cfg.steps)
+                group["lr"] = lr_at(step, cfg.lr, cfg.warmup_steps, cfg.steps)
             sums: dict = {}
             nonfinite: set = set()
             for micro in range(cfg.grad_accum):
