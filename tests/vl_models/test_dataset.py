@@ -113,15 +113,16 @@ def test_vilbert_img_token_is_the_mean_of_the_kept_regions_after_masking(data):
 
 
 def test_vilbert_12in1_variant_zeroes_overlapping_regions_too(data):
-    """`region_overlap="zero"` (12-in-1): regions overlapping a selected one by IoU > 0.4 are
-    zeroed as well, but the loss set stays the selected regions."""
+    """`region_overlap="zero"` (12-in-1's `image_feat[masked_label] = 0`): every selected region
+    and the regions overlapping one by IoU > 0.4 are zeroed, but the loss set stays the selected
+    regions."""
     zeroed_neighbours = 0
     for _, _, ex in _vilbert_examples(data, epochs=2, region_overlap="zero"):
         feats, real = ex["visual_feats"], ex["visual_mask"].astype(bool)
         real[0] = False
         selected = ex["region_selected"]
         neighbour = (_iou(ex["visual_pos"][:, :4])[:, selected] > 0.4).any(1) & real & ~selected
-        assert not feats[neighbour].any()
+        assert not feats[neighbour].any() and not feats[selected].any()
         zeroed_neighbours += int(neighbour.sum())
     assert zeroed_neighbours > 10
     with pytest.raises(Exception, match="region_overlap"):

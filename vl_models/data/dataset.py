@@ -40,7 +40,8 @@ class DataConfig:
     mismatch_prob: float = 0.5
     seed: int = 0
     # ViLBERT: "keep" leaves the regions overlapping a selected one (IoU > 0.4) as they are;
-    # "zero" zeroes them too (12-in-1's variant). The loss is on the selected regions either way.
+    # "zero" (12-in-1's variant, `image_feat[masked_label] = 0`) zeroes them and every selected
+    # region (no 10 % left unaltered). The loss is on the selected regions either way.
     region_overlap: Literal["keep", "zero"] = "keep"
 
     def __post_init__(self) -> None:
@@ -147,7 +148,8 @@ class PretrainDataset(torch.utils.data.Dataset):
         features = batch.features[0].copy()
         original = features.copy()
         if vilbert and cfg.region_overlap == "zero":  # IoU on the normalized boxes (scale-free)
-            zeroed |= overlapping(batch.positions[0][:, :4], selected) & batch.mask[0] & (np.arange(slots) >= first)
+            zeroed |= selected | (overlapping(batch.positions[0][:, :4], selected) & batch.mask[0]
+                                  & (np.arange(slots) >= first))
         features[zeroed] = 0.0
         if replaced.any():  # LXMERT: a feature of another image
             other = self._record(self.images[int(self.rows[rng.integers(len(self.rows))])])

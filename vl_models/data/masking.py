@@ -6,8 +6,8 @@ reference implementations (HF uses -100; convert at the boundary if needed).
 * words (both models): 15 % of the non-special tokens are selected; of those 80 % become
   [MASK], 10 % a random token, 10 % stay;
 * regions, ViLBERT: 15 % of the real regions; 90 % zeroed, 10 % kept (paper §3.2); the KL
-  target is on the selected regions only. 12-in-1's variant also zeroes every unselected
-  region overlapping a selected one by IoU > 0.4 (`overlapping`), still without a target;
+  target is on the selected regions only. 12-in-1's variant zeroes every selected region
+  and every region overlapping one by IoU > 0.4 (`overlapping`), the latter without a target;
 * regions, LXMERT: 15 %; 80 % zeroed, 10 % replaced by a feature of another image, 10 % kept;
 * matching: with probability 0.5 the text is swapped for one of a different image.
 """
