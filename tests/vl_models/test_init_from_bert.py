@@ -78,7 +78,19 @@ def test_lxmert_from_bert_takes_the_first_language_layers(bert_layouts):
     state, ref = model.state_dict(), bert.state_dict()
     _assert_filled(state, ref, "lxmert.", 2)
     assert torch.equal(state["lxmert.pooler.dense.weight"], ref["bert.pooler.dense.weight"])
-    assert "encoder.layer.2" in said
+    assert torch.equal(state["cls.seq_relationship.weight"], ref["cls.seq_relationship.weight"])  # the matching head
+    assert "encoder.layer.2" in said and "seq_relationship" not in said
+
+
+def test_a_decoder_bias_alone_is_the_lm_bias(tmp_path):
+    """Some older BertForPreTraining files store the LM bias only as cls.predictions.decoder.bias."""
+    bert = bert_for_pretraining()
+    state = bert.state_dict()
+    state["cls.predictions.decoder.bias"] = state.pop("cls.predictions.bias").clone() + 1
+    torch.save(state, tmp_path / "pytorch_model.bin")
+    model = ViLBERTForPreTraining(load_config("vilbert-tiny"))
+    init_pretraining(model, tmp_path)
+    assert torch.equal(model.cls.predictions.bias, state["cls.predictions.decoder.bias"])
 
 
 def test_bert_that_does_not_fit_is_refused_naming_the_keys(tmp_path):

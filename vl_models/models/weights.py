@@ -162,24 +162,29 @@ def init_from_bert(model, source: Union[Path, dict]) -> list[str]:
     `l_layers` language layers), LXMERT's pooler, and BERT's masked-LM head into the LM head
     (its decoder is tied to the word embeddings). Every one of those parameters must be
     filled, with the same shape; a `BertModel` without MLM head leaves the LM head as
-    initialized. Returns what BERT has that the model does not use (ViLBERT: the pooler,
-    ViLBERT pools into the co-attention width; LXMERT: layers beyond `l_layers`; both: the
-    next-sentence head); any other tensor is an error."""
+    initialized. LXMERT's matching head takes BERT's next-sentence head (same name and
+    shape, as airsplay's loader does). Returns what BERT has that the model does not use
+    (ViLBERT: the pooler, ViLBERT pools into the co-attention width, and the next-sentence
+    head; LXMERT: layers beyond `l_layers`); any other tensor is an error."""
     state = read_state_dict(source) if not isinstance(source, dict) else source
     lxmert = isinstance(model, LxmertForPreTraining)
     prefix, depth = ("lxmert.", model.cfg.l_layers) if lxmert else ("bert.", model.cfg.num_hidden_layers)
+    state = {_bert_key(k): v for k, v in state.items()}
+    if "cls.predictions.decoder.bias" in state and "cls.predictions.bias" not in state:  # some older files
+        state["cls.predictions.bias"] = state["cls.predictions.decoder.bias"]
     tied = ("cls.predictions.decoder.weight", "cls.predictions.decoder.bias")  # the word embeddings; the bias
-    state = {k: v for k, v in ((_bert_key(k), v) for k, v in state.items())
-             if k not in tied and k[len("bert."):] not in _DROPPABLE}
+    state = {k: v for k, v in state.items() if k not in tied and k[len("bert."):] not in _DROPPABLE}
     has_head = any(k.startswith("cls.predictions.") for k in state)
+    # LXMERT's matching head has BERT's next-sentence head's name and shape: airsplay loads it.
+    has_nsp = lxmert and any(k.startswith("cls.seq_relationship.") for k in state)
     text_side = (prefix + "embeddings.", prefix + "encoder.layer.") + ((prefix + "pooler.",) if lxmert else ()) + (
-        ("cls.predictions.",) if has_head else ())
+        ("cls.predictions.",) if has_head else ()) + (("cls.seq_relationship.",) if has_nsp else ())
     expected = {k: v for k, v in model.state_dict().items() if k.startswith(text_side) and k not in tied}
     renamed, left_out = {}, set()
     for key, value in state.items():
         ours = prefix + key[len("bert."):] if key.startswith("bert.") else key
         layer = re.match(r"bert\.encoder\.layer\.(\d+)\.", key)
-        if key.startswith("cls.seq_relationship.") or (not lxmert and key.startswith("bert.pooler.")):
+        if not lxmert and key.startswith(("cls.seq_relationship.", "bert.pooler.")):
             left_out.add(key.rsplit(".", 1)[0])
         elif layer and int(layer.group(1)) >= depth and lxmert:
             left_out.add(layer.group(0).rstrip("."))
