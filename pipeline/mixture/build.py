@@ -226,11 +226,8 @@ def check_mixture(folder: Path) -> dict:
     """The manifest of a mixture folder this code reads; ConfigError when `folder` is no
     mixture, or one of another schema version (schema 1 stored min(1, k/3) soft scores)."""
     folder = Path(folder)
-    try:
-        manifest = json.loads((folder / "manifest.json").read_text())
-    except (OSError, ValueError):
-        manifest = None
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+    manifest = _mixture_manifest(folder)
+    if manifest is None:
         raise ConfigError(f"{folder} is not a mixture (no {FORMAT} manifest.json): "
                           "build one with `vlprep build-mixture`")
     version = manifest.get("schema_version", 1)
@@ -245,12 +242,18 @@ def check_mixture(folder: Path) -> dict:
                       f"{MIXTURE_SCHEMA_VERSION}); rebuild it with `vlprep build-mixture --spec SPEC --out {folder}`")
 
 
+def _mixture_manifest(folder: Path) -> Optional[dict]:
+    """The manifest.json of a mixture folder (of any schema version); None if it is none."""
+    try:
+        manifest = json.loads((Path(folder) / "manifest.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return manifest if isinstance(manifest, dict) and manifest.get("format") == FORMAT else None
+
+
 def _is_mixture(path: Path) -> bool:
     """A mixture written before the ownership marker existed: its manifest.json says so."""
-    try:
-        return json.loads((path / "manifest.json").read_text()).get("format") == FORMAT
-    except (OSError, ValueError, AttributeError):
-        return False
+    return _mixture_manifest(path) is not None
 
 
 def build_mixture(spec: MixtureSpec, out: Path, stores: tuple[Path, ...] = (), drop_missing: bool = False,
