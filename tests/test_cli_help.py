@@ -30,6 +30,30 @@ def test_each_vlprep_command_has_help(command):
     assert proc.returncode == 0 and "Usage" in proc.stdout and len(proc.stdout) > 200
 
 
+def _commands():
+    import typer
+
+    from pipeline.cli import app as vlprep
+    from vl_models.cli import app as vltrain
+
+    return [(cli, app, name, command) for cli, app in (("vlprep", vlprep), ("vltrain", vltrain))
+            for name, command in typer.main.get_command(app).commands.items()]
+
+
+@pytest.mark.parametrize("cli, app, name, command", _commands(), ids=lambda v: v if isinstance(v, str) else "")
+def test_every_command_explains_itself_and_each_option(cli, app, name, command):
+    """Every registered command of both CLIs (none can be left out of a list): a docstring, a
+    help text for every option, and --help showing every option's flag."""
+    from typer.testing import CliRunner
+
+    result = CliRunner().invoke(app, [name, "--help"], env={"COLUMNS": "250", "NO_COLOR": "1"}, terminal_width=250)
+    assert result.exit_code == 0, result.output
+    assert command.help and len(command.help.strip()) > 15, f"{cli} {name}: no docstring"
+    options = [p for p in command.params if p.param_type_name == "option"]
+    assert [p.name for p in options if not (p.help or "").strip()] == [], f"{cli} {name}: options without help"
+    assert [p.opts[0] for p in options if p.opts[0] not in result.output] == [], f"{cli} {name}: flags not shown"
+
+
 def test_vlprep_formats_lists_every_format():
     proc = _run("vlprep", "formats")
     for name in ("lxmert-tsv", "butd-tsv", "vilbert-lmdb", "mmf-npy"):
