@@ -130,14 +130,18 @@ def disk_bytes(path: Path) -> int:
     return path.stat().st_size
 
 
+def named_config_path(name_or_path: Union[str, Path], folder: Path, suffix: str = ".json") -> Path:
+    """Where a config given by name (``folder/<name><suffix>``) or by path lives."""
+    path = Path(name_or_path)
+    return path if path.suffix else folder / f"{name_or_path}{suffix}"
+
+
 def read_named_json(name_or_path: Union[str, Path], folder: Path, what: str, suffix: str = ".json") -> dict:
     """A JSON (or, with `suffix` ``.yaml``, YAML) config given by name (``folder/<name><suffix>``)
     or by path; a missing or unreadable one is a ConfigError (listing the known names)."""
     from pipeline.errors import ConfigError
 
-    path = Path(name_or_path)
-    if not path.suffix:
-        path = folder / f"{name_or_path}{suffix}"
+    path = named_config_path(name_or_path, folder, suffix)
     if not path.exists():
         known = ", ".join(p.stem for p in sorted(folder.glob(f"*{suffix}")))
         raise ConfigError(f"no {what} config {name_or_path!r} (known: {known}, or a {suffix} path)")

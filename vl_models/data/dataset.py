@@ -147,18 +147,16 @@ class PretrainDataset(torch.utils.data.Dataset):
         replaced = np.concatenate([np.zeros(first, bool), m.replaced])
         features = batch.features[0].copy()
         original = features.copy()
+        regions = batch.mask[0] & (np.arange(slots) >= first)  # real region slots (not IMG, not padding)
         if vilbert and cfg.region_overlap == "zero":  # IoU on the normalized boxes (scale-free)
-            zeroed |= selected | (overlapping(batch.positions[0][:, :4], selected) & batch.mask[0]
-                                  & (np.arange(slots) >= first))
+            zeroed |= selected | (overlapping(batch.positions[0][:, :4], selected) & regions)
         features[zeroed] = 0.0
         if replaced.any():  # LXMERT: a feature of another image
             other = self._record(self.images[int(self.rows[rng.integers(len(self.rows))])])
             picks = rng.integers(0, other.num_boxes, int(replaced.sum()))
             features[replaced] = other.features[picks]
         if vilbert:  # the IMG token over what the model sees, after masking
-            real = batch.mask[0].copy()
-            real[0] = False
-            features[0] = img_token_feature(features, real & ~zeroed)
+            features[0] = img_token_feature(features, regions & ~zeroed)
 
         example = {
             "input_ids": ids, "attention_mask": enc.mask, "lm_labels": lm_labels,

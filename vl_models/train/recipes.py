@@ -7,12 +7,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Union
 
-from pipeline.io import read_named_json
+from pipeline.io import named_config_path, read_named_json
 
 RECIPE_DIR = Path(__file__).resolve().parent.parent / "recipes"
 
 
 def load_recipe(name_or_path: Union[str, Path]) -> tuple[Path, dict]:
     """(the recipe's file, its values); a ConfigError names an unknown recipe or a bad file."""
-    path = Path(name_or_path) if Path(name_or_path).suffix else RECIPE_DIR / f"{name_or_path}.yaml"
-    return path, read_named_json(name_or_path, RECIPE_DIR, "recipe", suffix=".yaml")
+    return (named_config_path(name_or_path, RECIPE_DIR, ".yaml"),
+            read_named_json(name_or_path, RECIPE_DIR, "recipe", suffix=".yaml"))
