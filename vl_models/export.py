@@ -20,10 +20,8 @@ from typing import Optional, Union
 
 from pipeline.errors import ConfigError
 from pipeline.io import clean_leftovers, commit_path, fsync_dir, fsync_tree, output_lock, remove_path, tmp_path_for
+from vl_models import families
 from vl_models.data.tokenize import WordPiece
-from vl_models.models.configuration import LxmertConfig, ViLBERTConfig
-from vl_models.models.modeling_lxmert import LxmertForPreTraining
-from vl_models.models.modeling_vilbert import ViLBERTForPreTraining
 from vl_models.models.weights import EXPORT_FILES, export_hf, exported_record
 from vl_models.train import checkpoint
 
@@ -39,10 +37,8 @@ def export_run(source: Path, out: Path, step: Union[int, str, None] = None, voca
     _check_out(Path(out), overwrite)
     state = checkpoint.load(path)
     run = state.get("run") or {"train": state.get("config", {}), "model": state.get("model_config", {})}
-    kind = run.get("kind") or ("lxmert" if "l_layers" in run["model"] else "vilbert")
-    config_cls, model_cls = ((LxmertConfig, LxmertForPreTraining) if kind == "lxmert"
-                             else (ViLBERTConfig, ViLBERTForPreTraining))
-    model = model_cls(config_cls.from_json(run["model"]))
+    family = families.from_run(run)
+    model = family.build(family.config_class.from_json(run["model"]))
     model.load_state_dict(state["model"], strict=True)
     tokenizer = _tokenizer(run, vocab)
     with output_lock(Path(out), "export"):
@@ -55,7 +51,7 @@ def export_run(source: Path, out: Path, step: Union[int, str, None] = None, voca
         finally:
             remove_path(tmp)
     log.info("exported %s (step %d) to %s", path, state["step"], out)
-    return {"source": str(path), "step": state["step"], "kind": kind, "out": str(out)}
+    return {"source": str(path), "step": state["step"], "kind": family.name, "out": str(out)}
 
 
 def _check_out(out: Path, overwrite: bool) -> None:

@@ -5,7 +5,8 @@ import math
 import pytest
 import torch
 
-from vl_models.models.configuration import CONFIG_DIR, load_config
+from vl_models.families import load_config
+from vl_models.models.configuration import CONFIG_DIR
 from vl_models.models.modeling_lxmert import LxmertModel
 
 NAMES = sorted(p.stem for p in CONFIG_DIR.glob("*.json"))

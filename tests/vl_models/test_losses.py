@@ -3,8 +3,10 @@ import math
 import torch
 import torch.nn.functional as F
 
+from vl_models.data.masking import sample_answer
+
 from vl_models.tasks.losses import (
-    LxmertVisualTargets, lxmert_visual, masked_lm, pair_classification, qa, region_kl, sample_answer, total,
+    LxmertVisualTargets, lxmert_visual, masked_lm, pair_classification, qa, region_kl, total,
 )
 
 

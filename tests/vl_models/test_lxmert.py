@@ -4,7 +4,8 @@ import transformers
 from train_helpers import assert_pretraining_logits_match
 
 from pipeline.errors import ConfigError
-from vl_models.models.configuration import LxmertConfig, load_config
+from vl_models.families import load_config
+from vl_models.models.configuration import LxmertConfig
 from vl_models.models.modeling_lxmert import LxmertForPreTraining, LxmertModel
 from vl_models.models.weights import export_hf, load_lxmert
 

@@ -6,6 +6,7 @@ from train_helpers import VOCAB, config
 from helpers import REPO
 
 from pipeline.errors import ConfigError
+from vl_models import families
 from vl_models.train.trainer import run
 
 
@@ -129,13 +130,12 @@ def test_evaluation_samples_every_source_of_the_split(data, tmp_path):
     from vl_models.train.trainer import build_model
 
     cfg = config(data, tmp_path, "lxmert-tiny")
-    val = PretrainDataset(data / "mix", [data / "feats"], VOCAB, DataConfig(model="lxmert", split="val", max_text=12,
-                                                                               max_regions=10, mismatch_prob=0.0))
+    family, _, model = build_model(cfg, len(json.loads((data / "mix" / "answers.json").read_text())["answers"]))
+    val = PretrainDataset(data / "mix", [data / "feats"], VOCAB, DataConfig(split="val", max_text=12, max_regions=10,
+                                                                               mismatch_prob=0.0), family)
     kinds = list(val.table.column("kind").to_numpy(zero_copy_only=False)[val.rows])
     assert kinds.index("question") >= 3, kinds  # the first three items are captions
-    answers = json.loads((data / "mix" / "answers.json").read_text())["answers"]
-    _, _, model = build_model(cfg, len(answers))
-    scores = evaluate("lxmert", model, val, max_items=3)
+    scores = evaluate(family, model, val, max_items=3)
     assert 0.0 <= scores["eval_qa_score"] <= 1.0 and "eval_matching_acc" in scores
 
 
@@ -164,8 +164,8 @@ def test_task_names_and_cli_pairs_are_checked():
     assert TaskConfig(weights={"mlm": 2.0}, from_step={"alignment": 5}).weights_at(4) == {"mlm": 2.0, "alignment": 0.0}
     assert TaskConfig(from_step={"alignment": 5}).weights_at(5) == {} == TaskConfig(from_step={"qa": 9}).weights_at(None)
     with pytest.raises(ConfigError, match="vilbert has no task.*matching"):
-        TaskConfig(from_step={"matching": 5}).check("vilbert")
-    TaskConfig(weights={"matching": 3.0}, from_step={"matching": 5}).check("lxmert")
+        TaskConfig(from_step={"matching": 5}).check(families.get("vilbert"))
+    TaskConfig(weights={"matching": 3.0}, from_step={"matching": 5}).check(families.get("lxmert"))
     assert _pairs(["alignment=1000", "mlm = 2"], "--task-from", int) == {"alignment": 1000, "mlm": 2}
     for bad in (["alignment"], ["alignment=x"], ["=3"], ["mlm=1", "mlm=2"]):
         with pytest.raises(typer.BadParameter, match="expected TASK=INT"):
@@ -173,7 +173,7 @@ def test_task_names_and_cli_pairs_are_checked():
     for bad in (TaskConfig(weights={"mlm": float("nan")}), TaskConfig(weights={"mlm": -1.0}),
                 TaskConfig(from_step={"mlm": -5})):
         with pytest.raises(ConfigError, match="finite and >= 0"):
-            bad.check("vilbert")
+            bad.check(families.get("vilbert"))
 
 
 def test_resume_refuses_a_run_of_another_model(data, tmp_path):

@@ -7,7 +7,8 @@ import torch
 from safetensors.torch import load_file
 
 from pipeline.errors import ConfigError
-from vl_models.models.configuration import ViLBERTConfig, load_config
+from vl_models.families import load_config
+from vl_models.models.configuration import ViLBERTConfig
 from vl_models.models.modeling_vilbert import ViLBERTForPreTraining, ViLBERTModel
 from vl_models.models.weights import init_from_bert, load_vilbert
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, Sequence
+from typing import Literal, Optional, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -21,9 +21,8 @@ from pipeline.errors import ConfigError, DataError
 from pipeline.mixture.build import check_mixture
 from pipeline.records import img_token_feature, pad_regions
 from pipeline.store import FeatureStore
-from vl_models.data.masking import mask_regions, mask_tokens, mismatch, overlapping
+from vl_models.data.masking import mask_regions, mask_tokens, mismatch, overlapping, sample_answer
 from vl_models.data.tokenize import WordPiece
-from vl_models.tasks.losses import sample_answer
 
 
 REGION_OVERLAP = ("keep", "zero")
@@ -31,9 +30,8 @@ REGION_OVERLAP = ("keep", "zero")
 
 @dataclass(frozen=True)
 class DataConfig:
-    model: Literal["vilbert", "lxmert"] = "lxmert"
     split: str = "train"
-    max_text: int = 20  # LXMERT 20, ViLBERT 36
+    max_text: Optional[int] = None  # text tokens per item (None: the family's default, ViLBERT 36, LXMERT 20)
     max_regions: int = 36  # ViLBERT adds its IMG token on top
     mlm_prob: float = 0.15
     region_prob: float = 0.15
@@ -72,9 +70,17 @@ def read_answers(mixture: Path) -> list[str]:
 
 
 class PretrainDataset(torch.utils.data.Dataset):
-    def __init__(self, mixture: Path, stores: Sequence[Path], vocab_file: Path, cfg: DataConfig,
+    """A split of a mixture as `family`'s model sees it (`vl_models.families`: box encoding,
+    IMG token, text length, region masking, region targets)."""
+
+    def __init__(self, mixture: Path, stores: Sequence[Path], vocab_file: Path, cfg: DataConfig, family,
                  verify_shards: bool = False):
+        if cfg.region_overlap not in family.region_overlap:
+            raise ConfigError(f"--region-overlap {cfg.region_overlap}: {family.name} supports "
+                              f"{', '.join(family.region_overlap)}")
         self.cfg = cfg
+        self.family = family
+        self.max_text = cfg.max_text or family.max_text
         path = mixture_file(mixture, "items.arrow")
         try:
             table = pa.ipc.open_file(pa.memory_map(str(path))).read_all()
@@ -108,16 +114,19 @@ class PretrainDataset(torch.utils.data.Dataset):
 
     def text(self, row: int) -> dict:
         """One item's text, unmasked."""
-        enc = self.tokenizer.encode(self.table.column("text")[row].as_py(), self.cfg.max_text)
+        enc = self.tokenizer.encode(self.table.column("text")[row].as_py(), self.max_text)
         return {"input_ids": enc.ids, "attention_mask": enc.mask}
 
     def image(self, row: int) -> dict:
         """One item's image regions, unmasked."""
-        vilbert = self.cfg.model == "vilbert"
-        batch = pad_regions([self._record(self.images[row])], self.cfg.max_regions,
-                            position="5d" if vilbert else "4d", img_token=vilbert)
+        batch = self._regions(self.images[row])
         return {"visual_feats": batch.features[0], "visual_pos": batch.positions[0],
                 "visual_mask": batch.mask[0].astype(np.int64)}
+
+    def _regions(self, key: str):
+        family = self.family
+        return pad_regions([self._record(key)], self.cfg.max_regions, position=family.position,
+                           img_token=family.img_token)
 
     def __getitem__(self, i: int) -> dict:
         cfg = self.cfg
@@ -132,30 +141,28 @@ class PretrainDataset(torch.utils.data.Dataset):
                     text_row, matched = other, 0
                     break
         text = self.table.column("text")[text_row].as_py()
-        enc = self.tokenizer.encode(text, cfg.max_text)
+        enc = self.tokenizer.encode(text, self.max_text)
         ids, lm_labels = mask_tokens(enc.ids, enc.special, rng, self.tokenizer.vocab_size, self.tokenizer.mask_id, cfg.mlm_prob)
 
-        rec = self._record(image)
-        vilbert = cfg.model == "vilbert"
-        batch = pad_regions([rec], cfg.max_regions, position="5d" if vilbert else "4d", img_token=vilbert)
-        first = int(vilbert)  # ViLBERT's IMG token is never masked
+        family = self.family
+        batch = self._regions(image)
+        first = int(family.img_token)  # the IMG token is never masked
         slots = batch.mask.shape[1]
-        m = mask_regions(slots - first, int(batch.num_boxes[0]) - first, rng, "vilbert" if vilbert else "lxmert",
-                         cfg.region_prob)
+        m = mask_regions(slots - first, int(batch.num_boxes[0]) - first, rng, family.region_masking, cfg.region_prob)
         selected = np.concatenate([np.zeros(first, bool), m.selected])
         zeroed = np.concatenate([np.zeros(first, bool), m.zeroed])
         replaced = np.concatenate([np.zeros(first, bool), m.replaced])
         features = batch.features[0].copy()
         original = features.copy()
         regions = batch.mask[0] & (np.arange(slots) >= first)  # real region slots (not IMG, not padding)
-        if vilbert and cfg.region_overlap == "zero":  # IoU on the normalized boxes (scale-free)
+        if cfg.region_overlap == "zero":  # IoU on the normalized boxes (scale-free)
             zeroed |= selected | (overlapping(batch.positions[0][:, :4], selected) & regions)
         features[zeroed] = 0.0
-        if replaced.any():  # LXMERT: a feature of another image
+        if replaced.any():  # a feature of another image
             other = self._record(self.images[int(self.rows[rng.integers(len(self.rows))])])
             picks = rng.integers(0, other.num_boxes, int(replaced.sum()))
             features[replaced] = other.features[picks]
-        if vilbert:  # the IMG token over what the model sees, after masking
+        if family.img_token:  # over what the model sees, after masking
             features[0] = img_token_feature(features, regions & ~zeroed)
 
         example = {
@@ -163,19 +170,7 @@ class PretrainDataset(torch.utils.data.Dataset):
             "visual_feats": features, "visual_pos": batch.positions[0], "visual_mask": batch.mask[0].astype(np.int64),
             "region_selected": selected, "matched": np.int64(matched),
         }
-        if vilbert:
-            cls_prob = batch.cls_prob[0] if batch.cls_prob is not None else None
-            if cls_prob is None:
-                raise ConfigError(f"image {image!r}: ViLBERT's region loss needs cls_prob in the store")
-            example.update(region_prob=cls_prob)
-        else:
-            example.update(
-                obj_ids=batch.objects_id[0] if batch.objects_id is not None else np.full(slots, -1),
-                obj_conf=batch.objects_conf[0] if batch.objects_conf is not None else np.zeros(slots, np.float32),
-                attr_ids=batch.attrs_id[0] if batch.attrs_id is not None else np.full(slots, -1),
-                attr_conf=batch.attrs_conf[0] if batch.attrs_conf is not None else np.zeros(slots, np.float32),
-                original_feats=original,
-            )
+        example.update(family.visual_targets(batch, original, image))
         answer_ids = self.table.column("answer_ids")[row].as_py()
         if matched and answer_ids:
             scores = self.table.column("answer_scores")[row].as_py()

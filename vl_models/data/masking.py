@@ -9,7 +9,8 @@ reference implementations (HF uses -100; convert at the boundary if needed).
   target is on the selected regions only. 12-in-1's variant zeroes every selected region
   and every region overlapping one by IoU > 0.4 (`overlapping`), the latter without a target;
 * regions, LXMERT: 15 %; 80 % zeroed, 10 % replaced by a feature of another image, 10 % kept;
-* matching: with probability 0.5 the text is swapped for one of a different image.
+* matching: with probability 0.5 the text is swapped for one of a different image;
+* QA (LXMERT): one answer drawn in proportion to its soft score (`sample_answer`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
 
 def mask_tokens(ids: np.ndarray, special: np.ndarray, rng: np.random.Generator, vocab_size: int, mask_id: int,
@@ -34,24 +36,29 @@ def mask_tokens(ids: np.ndarray, special: np.ndarray, rng: np.random.Generator, 
 
 
 @dataclass(frozen=True)
+class RegionMasking:
+    """A model family's region-masking flavour: of the selected regions, the share zeroed
+    and the share replaced by another image's feature (the rest stay unaltered)."""
+
+    zero: float
+    replace: float = 0.0
+
+
+@dataclass(frozen=True)
 class RegionMask:
     selected: np.ndarray  # (N,) bool: regions whose prediction is trained
     zeroed: np.ndarray  # (N,) bool: features replaced by zeros
     replaced: np.ndarray  # (N,) bool: features replaced by another image's (LXMERT)
 
 
-def mask_regions(num_regions: int, num_real: int, rng: np.random.Generator, style: str,
+def mask_regions(num_regions: int, num_real: int, rng: np.random.Generator, masking: RegionMasking,
                  prob: float = 0.15) -> RegionMask:
-    """Select among the first `num_real` regions; `style` is "vilbert" or "lxmert"."""
+    """Select among the first `num_real` regions; zero / replace them as `masking` says."""
     real = np.arange(num_regions) < num_real
     selected = (rng.random(num_regions) < prob) & real
     roll = rng.random(num_regions)
-    if style == "vilbert":
-        zeroed, replaced = selected & (roll < 0.9), np.zeros(num_regions, bool)
-    elif style == "lxmert":
-        zeroed, replaced = selected & (roll < 0.8), selected & (roll >= 0.8) & (roll < 0.9)
-    else:
-        raise ValueError(f"style must be vilbert or lxmert, got {style!r}")
+    zeroed = selected & (roll < masking.zero)
+    replaced = selected & (roll >= masking.zero) & (roll < masking.zero + masking.replace)
     return RegionMask(selected, zeroed, replaced)
 
 
@@ -70,3 +77,11 @@ def overlapping(boxes: np.ndarray, selected: np.ndarray, threshold: float = 0.4)
 def mismatch(rng: np.random.Generator, p: float = 0.5) -> bool:
     """Whether this item's text is swapped for another image's (a negative pair)."""
     return bool(rng.random() < p)
+
+
+def sample_answer(answer_ids: list[int], scores: list[float], generator: torch.Generator) -> int:
+    """One answer id drawn in proportion to its soft score (LXMERT's QA label), or -1."""
+    if not answer_ids or sum(scores) <= 0:
+        return -1
+    probs = torch.tensor(scores, dtype=torch.float64)
+    return int(answer_ids[int(torch.multinomial(probs / probs.sum(), 1, generator=generator))])

@@ -1,6 +1,7 @@
-"""Evaluation on a mixture's validation split: masked-LM accuracy, matching / alignment
-accuracy, QA accuracy (LXMERT) and zero-shot caption -> image retrieval R@1/5/10 scored
-by the alignment head."""
+"""Evaluation on a mixture's validation split: the family's pretraining metrics (masked-LM
+accuracy, matching / alignment accuracy, ...), the VQA soft score of a family with a QA
+head, and zero-shot caption -> image retrieval R@1/5/10 scored by the family's pair head.
+The scores each family reports, with their better direction, are its `eval_metrics`."""
 
 from __future__ import annotations
 
@@ -9,38 +10,11 @@ import torch
 
 from vl_models.data.dataset import PretrainDataset
 from vl_models.eval.metrics import recall_at_k, vqa_score
-from vl_models.tasks.losses import local_means
 from vl_models.tasks.pretrain import TaskConfig, pretrain_losses
-
-_RETRIEVAL = {f"eval_retrieval_R@{k}": "max" for k in (1, 5, 10)}
-# The scores `evaluate` returns per model kind, each with the direction that is better
-# (`vltrain pretrain --best-metric` picks one). Counts (eval_retrieval_images/queries) are not scores.
-EVAL_METRICS = {
-    "vilbert": {"eval_mlm_acc": "max", "eval_alignment_acc": "max", "eval_region_kl": "min", **_RETRIEVAL},
-    "lxmert": {"eval_mlm_acc": "max", "eval_matching_acc": "max", "eval_obj_acc": "max", "eval_attr_acc": "max",
-               "eval_qa_acc": "max", "eval_qa_score": "max", **_RETRIEVAL},
-}
-
-
-def pair_heads(kind: str, model, batch: dict):
-    """The model's outputs with the token / region decoders skipped (no positions to decode)."""
-    no_tokens = torch.zeros_like(batch["attention_mask"], dtype=torch.bool)
-    no_regions = torch.zeros_like(batch["visual_mask"], dtype=torch.bool)
-    positions = {"lm_positions": no_tokens, ("region_positions" if kind == "vilbert" else "feat_positions"): no_regions}
-    return model(batch["input_ids"], batch["visual_feats"], batch["visual_pos"], batch["attention_mask"],
-                 batch["visual_mask"], **positions)
-
-
-def alignment_scores(kind: str, model, batch: dict) -> torch.Tensor:
-    """Higher = the text matches the image (ViLBERT: class 0 = aligned; LXMERT: 1 = matched)."""
-    out = pair_heads(kind, model, batch)
-    logits = out.alignment_logits if kind == "vilbert" else out.matched_logits
-    probs = torch.softmax(logits.float(), dim=-1)
-    return probs[:, 0] if kind == "vilbert" else probs[:, 1]
 
 
 @torch.no_grad()
-def evaluate(kind: str, model, data: PretrainDataset, device: str = "cpu", batch_size: int = 32,
+def evaluate(family, model, data: PretrainDataset, device: str = "cpu", batch_size: int = 32,
              max_items: int = 512, retrieval_images: int = 50, captions_per_image: int = 1) -> dict:
     was_training = model.training
     model.eval()
@@ -54,31 +28,31 @@ def evaluate(kind: str, model, data: PretrainDataset, device: str = "cpu", batch
     for start in range(0, len(items), batch_size):
         idx = [int(i) for i in items[start:start + batch_size]]
         batch = {k: v.to(device) for k, v in collate([data[i] for i in idx]).items()}
-        with local_means():  # evaluation runs on rank 0 alone
-            _, _, metrics = pretrain_losses(kind, model, batch, TaskConfig(), epoch=10**6)
+        # Without gradients the losses' means are local: evaluation may run on rank 0 alone.
+        _, _, metrics = pretrain_losses(family, model, batch, TaskConfig(), epoch=10**6)
         for k, v in metrics.items():
             if v == v:  # not NaN
                 sums[k] = sums.get(k, 0.0) + v
         batches += 1
-        if kind == "lxmert":
-            out = pair_heads(kind, model, batch)
+        if family.answers:
+            answers = family.answer_logits(family.forward(model, batch, decode=False))
             for j, i in enumerate(idx):
                 row = int(data.rows[i])
                 ids = data.table.column("answer_ids")[row].as_py()
                 if ids and int(batch["matched"][j]) == 1:
-                    qa_pred.append(int(out.answer_logits[j].argmax()))
+                    qa_pred.append(int(answers[j].argmax()))
                     qa_ids.append(ids)
                     qa_scores.append(data.table.column("answer_scores")[row].as_py())
     result = {f"eval_{k}": v / batches for k, v in sums.items()}
     if qa_pred:
         result["eval_qa_score"] = vqa_score(np.array(qa_pred), qa_ids, qa_scores)
-    result.update(retrieval(kind, model, data, device, retrieval_images, captions_per_image))
+    result.update(retrieval(family, model, data, device, retrieval_images, captions_per_image))
     if was_training:
         model.train()
     return result
 
 
-def retrieval(kind: str, model, data: PretrainDataset, device: str, limit: int, captions_per_image: int = 1) -> dict:
+def retrieval(family, model, data: PretrainDataset, device: str, limit: int, captions_per_image: int = 1) -> dict:
     """Caption -> image R@K over the first `limit` images of the split, each queried with up
     to `captions_per_image` of its captions (the first ones)."""
     kinds = data.table.column("kind").to_numpy(zero_copy_only=False)
@@ -99,7 +73,7 @@ def retrieval(kind: str, model, data: PretrainDataset, device: str, limit: int, 
     scores = np.zeros((len(queries), len(image_rows)), np.float32)
     for qi, (text_row, _) in enumerate(queries):
         text = {k: v.to(device).expand(len(image_rows), -1) for k, v in collate([data.text(text_row)]).items()}
-        scores[qi] = alignment_scores(kind, model, {**text, **images}).cpu().numpy()
+        scores[qi] = family.pair_score(model, {**text, **images}).cpu().numpy()
     recalls = recall_at_k(scores, np.array([t for _, t in queries]))
     return {"eval_retrieval_images": len(image_rows), "eval_retrieval_queries": len(queries),
             **{f"eval_retrieval_{k}": v for k, v in recalls.items()}}

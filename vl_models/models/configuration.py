@@ -1,21 +1,39 @@
-"""Model configurations: frozen dataclasses, named JSON files in `model_configs/`."""
+"""Model configurations: frozen dataclasses, named JSON files in `model_configs/` (read by
+`vl_models.families.load_config`: the file's ``model_type`` names the family)."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Union
+from typing import ClassVar
 
+from pipeline.config import Config, from_json
 from pipeline.errors import ConfigError
-from pipeline.io import read_named_json
 
 CONFIG_DIR = Path(__file__).parent / "model_configs"
 
 
+class ModelConfig(Config):
+    """Base of the model configs. ``model_type`` (a class attribute, not a field) is the name
+    of the model family, the key a JSON file names its family with."""
+
+    model_type: ClassVar[str]
+
+    def hf_config(self) -> dict:
+        """The fields of a transformers config.json for this model ({}: no transformers class)."""
+        return {}
+
+    @classmethod
+    def from_json(cls, obj: dict):
+        return from_json(cls, obj, ignore=("model_type",))
+
+
 @dataclass(frozen=True)
-class LxmertConfig:
+class LxmertConfig(ModelConfig):
     """LXMERT (Tan & Bansal 2019): 9 language, 5 object-relationship and 5 cross-modality
     layers at BERT-base width; field names follow `transformers.LxmertConfig`."""
+
+    model_type: ClassVar[str] = "lxmert"
 
     name: str = "lxmert-base"
     vocab_size: int = 30522
@@ -41,19 +59,21 @@ class LxmertConfig:
         if self.hidden_size % self.num_attention_heads:
             raise ConfigError(f"hidden_size {self.hidden_size} is not a multiple of {self.num_attention_heads} heads")
 
-    def to_json(self) -> dict:
-        return asdict(self)
+    def hf_config(self) -> dict:
+        """`transformers.LxmertConfig`'s fields (the same names), GELU, tied LM decoder."""
+        fields = self.to_json()
+        fields.pop("name")
+        return {**fields, "hidden_act": "gelu", "tie_word_embeddings": True}
 
-    @classmethod
-    def from_json(cls, obj: dict) -> "LxmertConfig":
-        return _from_json(cls, obj)
 
 
 @dataclass(frozen=True)
-class ViLBERTConfig:
+class ViLBERTConfig(ModelConfig):
     """ViLBERT (Lu et al. 2019): a BERT text stream, a visual stream and co-attention
     blocks placed by `v_biattention_id` / `t_biattention_id` (vilbert-multi-task's
     `bert_base_6layer_6conect.json`)."""
+
+    model_type: ClassVar[str] = "vilbert"
 
     name: str = "vilbert-base"
     vocab_size: int = 30522
@@ -95,26 +115,3 @@ class ViLBERTConfig:
                             (self.bi_hidden_size, self.bi_num_attention_heads)):
             if size % heads:
                 raise ConfigError(f"hidden size {size} is not a multiple of {heads} heads")
-
-    def to_json(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_json(cls, obj: dict) -> "ViLBERTConfig":
-        return _from_json(cls, obj)
-
-
-def _from_json(cls, obj: dict):
-    """A config dataclass from its JSON form (lists become tuples; unknown keys are an error)."""
-    unknown = set(obj) - {f.name for f in fields(cls)} - {"model_type"}
-    if unknown:
-        raise ConfigError(f"unknown {cls.__name__} keys: {', '.join(sorted(unknown))}")
-    return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in obj.items() if k != "model_type"})
-
-
-def load_config(name_or_path: Union[str, Path]) -> Union[LxmertConfig, "ViLBERTConfig"]:
-    obj = read_named_json(name_or_path, CONFIG_DIR, "model")
-    kinds = {"lxmert": LxmertConfig, "vilbert": ViLBERTConfig}
-    if obj.get("model_type") not in kinds:
-        raise ConfigError(f"{name_or_path}: model_type must be one of {', '.join(kinds)}")
-    return kinds[obj["model_type"]].from_json(obj)

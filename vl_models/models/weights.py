@@ -268,26 +268,12 @@ def export_hf(model, folder: Path, tokenizer: Optional[WordPiece] = None, proven
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     architecture = type(model).__name__
-    kind = "lxmert" if isinstance(cfg, LxmertConfig) else "vilbert"
-    record = {"kind": kind, "architecture": architecture, "config": cfg.to_json(), **(provenance or {})}
-    if kind == "lxmert":
-        config = {
-            "model_type": "lxmert", "architectures": [architecture], "vocab_size": cfg.vocab_size,
-            "hidden_size": cfg.hidden_size, "num_attention_heads": cfg.num_attention_heads,
-            "intermediate_size": cfg.intermediate_size, "l_layers": cfg.l_layers, "x_layers": cfg.x_layers,
-            "r_layers": cfg.r_layers, "visual_feat_dim": cfg.visual_feat_dim, "visual_pos_dim": cfg.visual_pos_dim,
-            "max_position_embeddings": cfg.max_position_embeddings, "type_vocab_size": cfg.type_vocab_size,
-            "hidden_dropout_prob": cfg.hidden_dropout_prob,
-            "attention_probs_dropout_prob": cfg.attention_probs_dropout_prob,
-            "initializer_range": cfg.initializer_range, "num_qa_labels": cfg.num_qa_labels,
-            "num_object_labels": cfg.num_object_labels, "num_attr_labels": cfg.num_attr_labels, "hidden_act": "gelu",
-            "tie_word_embeddings": True,
-        }
-    elif isinstance(model, ViLBERTForPreTraining):
-        config = {"model_type": "vilbert", "architectures": [architecture]}  # no transformers class
-        _export_bert_text_stream(model.bert, folder / "text_stream", tokenizer)
-    else:
+    if not isinstance(model, (LxmertModel, LxmertForPreTraining, ViLBERTForPreTraining)):
         raise ConfigError(f"cannot export a {architecture}: LxmertModel, LxmertForPreTraining or ViLBERTForPreTraining")
+    record = {"kind": cfg.model_type, "architecture": architecture, "config": cfg.to_json(), **(provenance or {})}
+    config = {"model_type": cfg.model_type, "architectures": [architecture], **cfg.hf_config()}
+    if isinstance(model, ViLBERTForPreTraining):  # no transformers class: its text stream as a BertModel
+        _export_bert_text_stream(model.bert, folder / "text_stream", tokenizer)
     _save_safetensors(model, folder / "model.safetensors")
     if tokenizer is not None:
         tokenizer.save_pretrained(folder, cfg.max_position_embeddings)

@@ -8,7 +8,6 @@ with nothing to predict (the loss is then 0, not NaN).
 
 from __future__ import annotations
 
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Optional
 
@@ -18,28 +17,17 @@ import torch.nn.functional as F
 VISUAL_LOSS_NORMALIZER = 6.67  # 1 / 0.15, LXMERT's
 
 
-_REDUCE = {"global": True}
-
-
-@contextmanager
-def local_means():
-    """Within this block, `global_mean` does not talk to other ranks (evaluation on one rank)."""
-    _REDUCE["global"] = False
-    try:
-        yield
-    finally:
-        _REDUCE["global"] = True
-
-
 def global_mean(total: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
-    """`total / count` where, under DDP, `count` is summed over all ranks (times the world
-    size, which DDP's gradient averaging divides back out): the gradient of a mean over
-    the *global* batch, whatever each rank's share of valid targets."""
+    """`total / count` where, when gradients are being recorded under DDP, `count` is summed
+    over all ranks (times the world size, which DDP's gradient averaging divides back out):
+    the gradient of a mean over the *global* batch, whatever each rank's share of valid
+    targets. Without gradients (evaluation, which may run on one rank alone) it is the
+    local mean and talks to no other rank."""
     import torch.distributed as dist
 
     count = count.detach().float().clone()
     world = 1
-    if _REDUCE["global"] and dist.is_available() and dist.is_initialized():
+    if torch.is_grad_enabled() and dist.is_available() and dist.is_initialized():
         dist.all_reduce(count)
         world = dist.get_world_size()
     return total * world / count.clamp(min=1.0)
@@ -107,14 +95,6 @@ def lxmert_visual(obj_logits, attr_logits, feat_pred, t: LxmertVisualTargets,
     l1 = F.smooth_l1_loss(feat_pred.float(), t.features[t.selected].float(), reduction="none").mean(-1)
     losses["feat"] = l1.sum() / t.selected.numel() * VISUAL_LOSS_NORMALIZER  # = mean over all boxes of l1 * sel
     return losses, metrics
-
-
-def sample_answer(answer_ids: list[int], scores: list[float], generator: torch.Generator) -> int:
-    """One answer id drawn in proportion to its soft score (LXMERT's QA label), or -1."""
-    if not answer_ids or sum(scores) <= 0:
-        return -1
-    probs = torch.tensor(scores, dtype=torch.float64)
-    return int(answer_ids[int(torch.multinomial(probs / probs.sum(), 1, generator=generator))])
 
 
 def qa(logits: torch.Tensor, labels: torch.Tensor, active: bool = True) -> tuple[torch.Tensor, dict]:

@@ -31,14 +31,13 @@ import torch
 from pipeline.errors import ConfigError, DivergedError
 from pipeline.io import exclusive_lock
 from pipeline.store import FeatureStore
+from vl_models import families
 from vl_models.data.dataset import DataConfig, PretrainDataset, read_answers
 from vl_models.data.sampler import ResumableSampler
-from vl_models.eval.evaluate import EVAL_METRICS, evaluate
-from vl_models.models.configuration import LxmertConfig, ViLBERTConfig, load_config
-from vl_models.models.modeling_lxmert import LxmertForPreTraining
-from vl_models.models.modeling_vilbert import ViLBERTForPreTraining
+from vl_models.eval.evaluate import evaluate
+from vl_models.families.base import ModelFamily
 from vl_models.models.weights import init_pretraining
-from vl_models.tasks.pretrain import TASKS, TaskConfig, pretrain_losses
+from vl_models.tasks.pretrain import TaskConfig, pretrain_losses
 from vl_models.train import checkpoint, distributed, run_folder, runlog
 from vl_models.train.optim import OPTIMIZERS, lr_at, make_optimizer
 
@@ -133,11 +132,12 @@ class BestMetric:
     mode: str  # max | min
 
     @classmethod
-    def parse(cls, spec: str, kind: str) -> "BestMetric":
+    def parse(cls, spec: str, family: ModelFamily) -> "BestMetric":
         name, _, mode = spec.partition(":")
-        known = EVAL_METRICS[kind]
+        known = family.eval_metrics
         if name not in known:
-            raise ConfigError(f"--best-metric {name!r} is not a validation score of {kind}; known: {', '.join(known)}")
+            raise ConfigError(f"--best-metric {name!r} is not a validation score of {family.name}; "
+                              f"known: {', '.join(known)}")
         mode = mode or known[name]
         if mode not in ("max", "min"):
             raise ConfigError(f"--best-metric {spec!r}: the direction after ':' is max or min")
@@ -163,20 +163,13 @@ def resolve_device(name: str, local_rank: int) -> str:
     return f"cuda:{local_rank}"
 
 
-def build_model(cfg: TrainConfig, answers: int):
-    mcfg = load_config(cfg.model)
-    layout = FeatureStore.open(cfg.stores[0]).layout
-    if isinstance(mcfg, LxmertConfig):
-        mcfg = replace(mcfg, visual_feat_dim=layout.feature_dim, num_qa_labels=max(answers, 1),
-                       num_object_labels=(layout.cls_dim or mcfg.num_object_labels + 1) - 1,
-                       num_attr_labels=(layout.attr_dim or mcfg.num_attr_labels + 1) - 1)
-        return "lxmert", mcfg, LxmertForPreTraining(mcfg)
-    if isinstance(mcfg, ViLBERTConfig):
-        if layout.cls_dim is None:
-            raise ConfigError(f"{cfg.stores[0]}: ViLBERT pretraining needs cls_prob in the feature store")
-        mcfg = replace(mcfg, v_feature_size=layout.feature_dim, v_target_size=layout.cls_dim)
-        return "vilbert", mcfg, ViLBERTForPreTraining(mcfg)
-    raise ConfigError(f"unsupported model config {cfg.model!r}")
+def build_model(cfg: TrainConfig, answers: int) -> tuple[ModelFamily, object, torch.nn.Module]:
+    """(family, model config fitted to the data, model) for `cfg.model`: the feature width
+    and label counts from the first store, the answer-table size from `answers`."""
+    mcfg = families.load_config(cfg.model)
+    family = families.of_config(mcfg)
+    mcfg = family.fit(mcfg, FeatureStore.open(cfg.stores[0]).layout, answers, cfg.stores[0])
+    return family, mcfg, family.build(mcfg)
 
 
 def run(cfg: TrainConfig, on_step: Optional[Callable[[int, dict], None]] = None) -> dict:
@@ -190,10 +183,10 @@ def run(cfg: TrainConfig, on_step: Optional[Callable[[int, dict], None]] = None)
         raise ConfigError(f"--out {out} is a file, not a folder")
     answers = read_answers(Path(cfg.mixture))
     torch.manual_seed(cfg.seed)
-    kind, mcfg, model = build_model(cfg, len(answers))
-    cfg.task.check(kind)
-    best_metric = BestMetric.parse(cfg.best_metric, kind) if cfg.best_metric else None
-    data, val = _datasets(cfg, kind, world)
+    family, mcfg, model = build_model(cfg, len(answers))
+    cfg.task.check(family)
+    best_metric = BestMetric.parse(cfg.best_metric, family) if cfg.best_metric else None
+    data, val = _datasets(cfg, family, world)
     cfg = cfg.scheduled(len(data), world)
     if data.tokenizer.vocab_size > mcfg.vocab_size:
         raise ConfigError(f"{data.tokenizer.path}: {data.tokenizer.vocab_size} tokens, more than the model's "
@@ -201,7 +194,7 @@ def run(cfg: TrainConfig, on_step: Optional[Callable[[int, dict], None]] = None)
                           "with a larger vocab_size")
     if best_metric and val is None:
         raise ConfigError(f"--best-metric {cfg.best_metric}: {cfg.mixture} has no val split to score")
-    resolved = {"train": cfg.to_json(), "model": mcfg.to_json(), "kind": kind, "world_size": world,
+    resolved = {"train": cfg.to_json(), "model": mcfg.to_json(), "kind": family.name, "world_size": world,
                 "inputs": run_folder.input_digests(Path(cfg.mixture), [Path(p) for p in cfg.stores],
                                                    data.tokenizer.path)}
     with contextlib.ExitStack() as held:
@@ -215,17 +208,15 @@ def run(cfg: TrainConfig, on_step: Optional[Callable[[int, dict], None]] = None)
         distributed.barrier(device)
         if cfg.init and start.state is None:
             log.info("initialized from %s: %s", cfg.init, init_pretraining(model, Path(cfg.init)))
-        return _train(cfg, kind, mcfg, model, data, val, device, start, resolved, best_metric, on_step)
+        return _train(cfg, family, model, data, val, device, start, resolved, best_metric, on_step)
 
 
-def _datasets(cfg: TrainConfig, kind: str, world: int) -> tuple[PretrainDataset, Optional[PretrainDataset]]:
+def _datasets(cfg: TrainConfig, family: ModelFamily, world: int) -> tuple[PretrainDataset, Optional[PretrainDataset]]:
     """The train split (checked to fill a batch on every rank) and the val split (None
     without one); ConfigError naming the images that no store holds."""
-    if cfg.region_overlap != "keep" and kind != "vilbert":
-        raise ConfigError(f"--region-overlap {cfg.region_overlap} is a ViLBERT masking option; {cfg.model} is {kind}")
     data = PretrainDataset(Path(cfg.mixture), [Path(s) for s in cfg.stores], Path(cfg.vocab), DataConfig(
-        model=kind, max_text=cfg.max_text or (36 if kind == "vilbert" else 20), max_regions=cfg.max_regions,
-        seed=cfg.seed, region_overlap=cfg.region_overlap), verify_shards=cfg.verify_shards)
+        max_text=cfg.max_text, max_regions=cfg.max_regions, seed=cfg.seed, region_overlap=cfg.region_overlap),
+        family, verify_shards=cfg.verify_shards)
     per_rank = len(data) // world
     if per_rank < cfg.batch_size:
         ranks = f" ({per_rank} per rank over {world} ranks)" if world > 1 else ""
@@ -233,7 +224,8 @@ def _datasets(cfg: TrainConfig, kind: str, world: int) -> tuple[PretrainDataset,
                           f"{cfg.batch_size}: no full batch; lower --batch-size (or use fewer ranks)")
     try:
         val = PretrainDataset(Path(cfg.mixture), [Path(s) for s in cfg.stores], Path(cfg.vocab),
-                              replace(data.cfg, split="val", mismatch_prob=0.5), verify_shards=cfg.verify_shards)
+                              replace(data.cfg, split="val", mismatch_prob=0.5), family,
+                              verify_shards=cfg.verify_shards)
     except ConfigError:
         val = None
         log.info("%s has no val split: no validation", cfg.mixture)
@@ -245,7 +237,7 @@ def _datasets(cfg: TrainConfig, kind: str, world: int) -> tuple[PretrainDataset,
     return data, val
 
 
-def _train(cfg: TrainConfig, kind: str, mcfg, model, data: PretrainDataset, val: Optional[PretrainDataset],
+def _train(cfg: TrainConfig, family: ModelFamily, model, data: PretrainDataset, val: Optional[PretrainDataset],
            device: str, start: run_folder.Plan, resolved: dict, best_metric: Optional[BestMetric],
            on_step: Optional[Callable[[int, dict], None]]) -> dict:
     rank, world, _ = distributed.world()
@@ -272,9 +264,8 @@ def _train(cfg: TrainConfig, kind: str, mcfg, model, data: PretrainDataset, val:
             if isinstance(module, torch.nn.Embedding):
                 module.sparse = False
     if cfg.compile:
-        (model.lxmert if kind == "lxmert" else model.bert).compile()  # in place: checkpoint keys unchanged
-    # ViLBERT's q_dense1/2 exist in its checkpoints but take no part in the forward pass.
-    wrapped = (torch.nn.parallel.DistributedDataParallel(model, find_unused_parameters=kind == "vilbert")
+        family.backbone(model).compile()  # in place: checkpoint keys unchanged
+    wrapped = (torch.nn.parallel.DistributedDataParallel(model, find_unused_parameters=family.unused_parameters)
                if world > 1 else model)
     metrics_log = runlog.RunLog(out, cfg.report_to, step) if main else None
     if metrics_log and start.notes:
@@ -284,7 +275,7 @@ def _train(cfg: TrainConfig, kind: str, mcfg, model, data: PretrainDataset, val:
                               enabled=cfg.amp != "none")
     consumed = {"position": sampler.position}  # items used this epoch (workers may have prefetched more)
     batches = _batches(data, sampler, cfg, consumed)
-    checks = (*TASKS[kind], "total")  # the losses whose finiteness all ranks agree on
+    checks = (*family.tasks, "total")  # the losses whose finiteness all ranks agree on
     metrics: dict = {}
     started, waited, first, skipped = time.perf_counter(), 0.0, step, 0
     model.train()
@@ -300,7 +291,7 @@ def _train(cfg: TrainConfig, kind: str, mcfg, model, data: PretrainDataset, val:
                 batch = {k: v.to(device) for k, v in next(batches).items()}
                 waited += time.perf_counter() - t0
                 with autocast:
-                    loss, losses, task_metrics = pretrain_losses(kind, wrapped, batch, cfg.task, sampler.epoch, step)
+                    loss, losses, task_metrics = pretrain_losses(family, wrapped, batch, cfg.task, sampler.epoch, step)
                 scaler.scale(loss / cfg.grad_accum).backward()  # on every rank, finite or not: DDP stays in step
                 values = {f"loss_{k}": float(v.detach()) for k, v in losses.items()}
                 nonfinite |= {k[len("loss_"):] for k, v in values.items() if not math.isfinite(v)}
@@ -331,7 +322,7 @@ def _train(cfg: TrainConfig, kind: str, mcfg, model, data: PretrainDataset, val:
                     on_step(step, metrics)
             improved = False
             if val is not None and main and ((cfg.eval_every and step % cfg.eval_every == 0) or step == end):
-                scores = evaluate(kind, model, val, device)
+                scores = evaluate(family, model, val, device)
                 metrics_log.write({"step": step, **scores})
                 metrics = {**metrics, **scores}
                 if best_metric and best_metric.better(scores.get(best_metric.name), best and best["value"]):

@@ -1,0 +1,90 @@
+"""What the trainer, the dataset, evaluation and export need to know about one model
+architecture, in one object: a `ModelFamily`.
+
+A family says
+* which config class describes the model (its JSON ``model_type`` is the family's name),
+  and how the data fixes some of its dimensions (`fit`), and builds it (`build`);
+* how an example looks to it (the data view): the box encoding (4-d or 5-d), whether an
+  IMG token leads the regions, the default text length, the region-masking flavour and the
+  regression / classification targets of its masked regions (`visual_targets`);
+* its pretraining losses (`losses`, named by `tasks`), its image-text pair score
+  (`pair_score`, for retrieval), its QA head if it has one (`answer_logits`);
+* its validation scores and their direction (`eval_metrics`), the module `torch.compile`
+  wraps (`backbone`), and whether DDP must look for unused parameters.
+
+Families are found by name in the registry (`vl_models.families.get`); adding a model is one
+new file that defines a family and calls `register`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+
+from pipeline.records import RegionBatch
+from pipeline.store.layout import StoreLayout
+from vl_models.data.masking import RegionMasking
+
+# Caption -> image retrieval over the val split, scored by the pair head (every family).
+RETRIEVAL_METRICS = {f"eval_retrieval_R@{k}": "max" for k in (1, 5, 10)}
+
+
+class ModelFamily:
+    """Base of the families; subclasses set the class attributes and the methods."""
+
+    name: ClassVar[str]
+    config_class: ClassVar[type]
+    tasks: ClassVar[tuple[str, ...]]  # pretraining losses, named as in --weight / --task-from
+    eval_metrics: ClassVar[dict[str, str]]  # validation score -> "max" | "min" (better)
+    max_text: ClassVar[int]  # default text tokens per item
+    position: ClassVar[str]  # box encoding: "4d" (x1y1x2y2) or "5d" (+ area)
+    img_token: ClassVar[bool] = False  # a whole-image token before the regions
+    region_masking: ClassVar[RegionMasking]
+    region_overlap: ClassVar[tuple[str, ...]] = ("keep",)  # the masking variants it supports
+    unused_parameters: ClassVar[bool] = False  # parameters outside the forward pass (DDP must look)
+    answers: ClassVar[bool] = False  # a QA head over the mixture's answer table (`answer_logits`)
+
+    def fit(self, mcfg: Any, layout: StoreLayout, answers: int, store: str) -> Any:
+        """`mcfg` with the dimensions the data fixes (feature width, label counts, answer
+        table size); ConfigError naming `store` when the store lacks what the model needs."""
+        raise NotImplementedError
+
+    def build(self, mcfg: Any) -> torch.nn.Module:
+        """The pretraining model (all heads)."""
+        raise NotImplementedError
+
+    def backbone(self, model: torch.nn.Module) -> torch.nn.Module:
+        """The module `--compile` compiles in place (the heads decode at data-dependent positions)."""
+        raise NotImplementedError
+
+    def visual_targets(self, regions: RegionBatch, original: np.ndarray, image: str) -> dict:
+        """The masked-region targets of one example, from its padded (unmasked) regions."""
+        raise NotImplementedError
+
+    def forward(self, model, batch: dict, decode: bool = True):
+        """The model's outputs on a batch; with ``decode=False`` the token and region
+        decoders are skipped (nothing to predict: pair and answer heads only)."""
+        raise NotImplementedError
+
+    def losses(self, model, batch: dict, qa_active: bool, visual_weighting: str) -> tuple[dict, dict]:
+        """(per-task losses, metrics) of one batch, keyed by `tasks`."""
+        raise NotImplementedError
+
+    def pair_score(self, model, batch: dict) -> torch.Tensor:
+        """(B,) higher = the text matches the image."""
+        raise NotImplementedError
+
+    def answer_logits(self, outputs) -> torch.Tensor:
+        """The QA head's logits in `forward`'s outputs (families with `answers`)."""
+        raise NotImplementedError(f"{self.name} has no QA head")
+
+    def __repr__(self) -> str:
+        return f"<model family {self.name}>"
+
+
+def no_positions(batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token and region position masks with nothing selected (decoders skipped)."""
+    return (torch.zeros_like(batch["attention_mask"], dtype=torch.bool),
+            torch.zeros_like(batch["visual_mask"], dtype=torch.bool))

@@ -1,0 +1,67 @@
+"""ViLBERT (Lu et al. 2019): two streams with co-attention; masked LM, masked-region KL to
+the detector's class distribution (on the selected regions only) and image-text alignment
+(class 0 = aligned, the reference's convention: the dataset's ``matched`` is converted here)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+
+from pipeline.errors import ConfigError
+from vl_models.data.masking import RegionMasking
+from vl_models.families.base import RETRIEVAL_METRICS, ModelFamily, no_positions
+from vl_models.models.configuration import ViLBERTConfig
+from vl_models.models.modeling_vilbert import ViLBERTForPreTraining
+from vl_models.tasks import losses as L
+
+
+class ViLBERT(ModelFamily):
+    name = "vilbert"
+    config_class = ViLBERTConfig
+    tasks = ("mlm", "region", "alignment")
+    eval_metrics = {"eval_mlm_acc": "max", "eval_alignment_acc": "max", "eval_region_kl": "min", **RETRIEVAL_METRICS}
+    max_text = 36
+    position = "5d"
+    img_token = True  # never masked; the mean of the regions the model sees
+    region_masking = RegionMasking(zero=0.9)  # paper §3.2: 90 % zeroed, 10 % unaltered
+    region_overlap = ("keep", "zero")  # zero: 12-in-1's variant (see DataConfig)
+    unused_parameters = True  # q_dense1/2 exist in its checkpoints but take no part in the forward pass
+
+    def fit(self, mcfg, layout, answers, store):
+        if layout.cls_dim is None:
+            raise ConfigError(f"{store}: ViLBERT pretraining needs cls_prob in the feature store")
+        return replace(mcfg, v_feature_size=layout.feature_dim, v_target_size=layout.cls_dim)
+
+    def build(self, mcfg):
+        return ViLBERTForPreTraining(mcfg)
+
+    def backbone(self, model):
+        return model.bert
+
+    def visual_targets(self, regions, original, image):
+        if regions.cls_prob is None:
+            raise ConfigError(f"image {image!r}: ViLBERT's region loss needs cls_prob in the store")
+        return {"region_prob": regions.cls_prob[0]}
+
+    def forward(self, model, batch, decode=True):
+        if decode:
+            tokens, regions = batch["lm_labels"] != -1, batch["region_selected"].bool()
+        else:
+            tokens, regions = no_positions(batch)
+        return model(batch["input_ids"], batch["visual_feats"], batch["visual_pos"], batch["attention_mask"],
+                     batch["visual_mask"], lm_positions=tokens, region_positions=regions)
+
+    def losses(self, model, batch, qa_active, visual_weighting):
+        out = self.forward(model, batch)
+        mlm, m1 = L.masked_lm(out.lm_logits, batch["lm_labels"][batch["lm_labels"] != -1])
+        region, m2 = L.region_kl(out.region_logits, batch["region_prob"][batch["region_selected"].bool()])
+        align, m3 = L.pair_classification(out.alignment_logits, 1 - batch["matched"], "alignment")
+        return {"mlm": mlm, "region": region, "alignment": align}, {**m1, **m2, **m3}
+
+    def pair_score(self, model, batch):
+        logits = self.forward(model, batch, decode=False).alignment_logits
+        return logits.float().softmax(-1)[:, 0]
+
+
+FAMILY = ViLBERT()
