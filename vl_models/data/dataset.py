@@ -17,15 +17,14 @@ import numpy as np
 import pyarrow as pa
 import torch
 
+from pipeline.config import one_of
 from pipeline.errors import ConfigError, DataError
 from pipeline.mixture.build import check_mixture
 from pipeline.records import img_token_feature, pad_regions
 from pipeline.store import FeatureStore
 from vl_models.data.masking import mask_regions, mask_tokens, mismatch, overlapping, sample_answer
+from vl_models.config import REGION_OVERLAP
 from vl_models.data.tokenize import WordPiece
-
-
-REGION_OVERLAP = ("keep", "zero")
 
 
 @dataclass(frozen=True)
@@ -43,8 +42,7 @@ class DataConfig:
     region_overlap: Literal["keep", "zero"] = "keep"
 
     def __post_init__(self) -> None:
-        if self.region_overlap not in REGION_OVERLAP:
-            raise ConfigError(f"region_overlap must be one of {', '.join(REGION_OVERLAP)}, got {self.region_overlap!r}")
+        one_of("region_overlap", self.region_overlap, REGION_OVERLAP)
 
 
 def mixture_file(mixture: Path, name: str) -> Path:

@@ -10,7 +10,8 @@ import torch
 
 from vl_models.data.dataset import PretrainDataset
 from vl_models.eval.metrics import recall_at_k, vqa_score
-from vl_models.tasks.pretrain import TaskConfig, pretrain_losses
+from vl_models.config import TaskConfig
+from vl_models.tasks.pretrain import pretrain_losses
 
 
 @torch.no_grad()

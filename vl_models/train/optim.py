@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from vl_models.config import OPTIMIZERS
+
 NO_DECAY = ("bias", "LayerNorm.weight", "LayerNorm.bias", "layer_norm.weight", "layer_norm.bias")
 
 
@@ -54,9 +56,6 @@ class BertAdam(torch.optim.Optimizer):
                 if group["weight_decay"]:
                     update.add_(p, alpha=group["weight_decay"])
                 p.add_(update, alpha=-group["lr"])
-
-
-OPTIMIZERS = ("adamw", "bertadam", "sgd")
 
 
 def make_optimizer(model: nn.Module, name: str, lr: float, weight_decay: float, betas=(0.9, 0.999), eps: float = 1e-6):

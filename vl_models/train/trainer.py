@@ -22,7 +22,7 @@ import contextlib
 import logging
 import math
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -37,92 +37,12 @@ from vl_models.data.sampler import ResumableSampler
 from vl_models.eval.evaluate import evaluate
 from vl_models.families.base import ModelFamily
 from vl_models.models.weights import init_pretraining
-from vl_models.tasks.pretrain import TaskConfig, pretrain_losses
+from vl_models.config import TrainConfig
+from vl_models.tasks.pretrain import pretrain_losses
 from vl_models.train import checkpoint, distributed, run_folder, runlog
-from vl_models.train.optim import OPTIMIZERS, lr_at, make_optimizer
+from vl_models.train.optim import lr_at, make_optimizer
 
 log = logging.getLogger(__name__)
-
-AMP = ("none", "bf16", "fp16")
-DEVICES = ("cpu", "cuda")
-
-
-@dataclass(frozen=True)
-class TrainConfig:
-    model: str  # a config name (lxmert-base, vilbert-tiny, ...) or a JSON path
-    stores: tuple[str, ...]
-    mixture: str
-    out: str
-    vocab: str  # a vocab.txt, a BERT WordPiece tokenizer.json, or a folder with either
-    steps: int = 1000
-    epochs: Optional[float] = None  # passes over the train split: sets `steps` when the data is known
-    batch_size: int = 32  # per rank, per micro-step
-    grad_accum: int = 1
-    lr: float = 1e-4
-    optimizer: str = "adamw"  # adamw | bertadam | sgd
-    warmup: float = 100  # steps; below 1: a fraction of `steps`
-    weight_decay: float = 0.01
-    clip: float = 1.0
-    seed: int = 0
-    workers: int = 0
-    device: str = "cpu"  # cpu | cuda (one GPU per rank)
-    amp: str = "none"  # none | bf16 | fp16 (fp16 with a GradScaler, CUDA only)
-    init: Optional[str] = None  # start from a checkpoint (see `weights.init_pretraining`); not on resume
-    compile: bool = False  # torch.compile the backbone (the heads decode at data-dependent positions)
-    checkpoint_every: int = 500
-    eval_every: int = 0  # steps between validation passes (0: only at the end)
-    log_every: int = 10
-    resume: bool = False  # continue the run in `out` (a new one if there is none)
-    stop_at: Optional[int] = None  # end this invocation at this step (the schedule still spans `steps`)
-    max_text: Optional[int] = None  # default per model: ViLBERT 36, LXMERT 20
-    max_regions: int = 36
-    region_overlap: str = "keep"  # ViLBERT: "zero" also zeroes regions overlapping a masked one (12-in-1)
-    task: TaskConfig = field(default_factory=TaskConfig)
-    keep_last: int = 3  # checkpoints kept (0: all), besides the best one
-    best_metric: Optional[str] = None  # a validation score, e.g. eval_qa_score or eval_region_kl:min
-    report_to: tuple[str, ...] = ()  # "tensorboard"
-    overwrite: bool = False  # replace a run in `out` (removes only the trainer's files there)
-    verify_shards: bool = False  # check each store shard's sha256 on first use
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "stores", tuple(str(s) for s in self.stores))
-        object.__setattr__(self, "report_to", tuple(self.report_to))
-        minimum = {"steps": 1, "batch_size": 1, "grad_accum": 1, "log_every": 1, "checkpoint_every": 1,
-                   "warmup": 0, "eval_every": 0, "workers": 0, "keep_last": 0, "max_regions": 1}
-        for name, least in minimum.items():
-            if getattr(self, name) < least:
-                raise ConfigError(f"--{name.replace('_', '-')} must be >= {least}, got {getattr(self, name)}")
-        for name, allowed in (("optimizer", OPTIMIZERS), ("amp", AMP), ("device", DEVICES)):
-            if getattr(self, name) not in allowed:
-                raise ConfigError(f"--{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
-        if self.amp == "fp16" and self.device != "cuda":
-            raise ConfigError("--amp fp16 needs --device cuda (use bf16 on CPU)")
-        if self.epochs is not None and not (math.isfinite(self.epochs) and self.epochs > 0):
-            raise ConfigError(f"--epochs must be finite and > 0, got {self.epochs}")
-        if not math.isfinite(self.warmup) or (self.warmup >= 1 and self.warmup != int(self.warmup)):
-            raise ConfigError(f"--warmup must be a whole number of steps or a fraction below 1, got {self.warmup}")
-        if not (math.isfinite(self.lr) and self.lr >= 0 and math.isfinite(self.clip) and self.clip > 0):
-            raise ConfigError(f"--lr must be finite and >= 0 and --clip finite and > 0, got {self.lr}, {self.clip}")
-
-    def to_json(self) -> dict:
-        out = asdict(self)
-        out["stores"], out["report_to"] = list(self.stores), list(self.report_to)
-        return out
-
-    def scheduled(self, train_items: int, world: int) -> "TrainConfig":
-        """This config with `steps` from `epochs` (whole optimizer steps over `train_items`
-        on `world` ranks); unchanged without `epochs`."""
-        if self.epochs is None:
-            return self
-        per_step = self.batch_size * self.grad_accum * world
-        return replace(self, steps=max(1, math.ceil(self.epochs * (train_items // per_step))))
-
-    @property
-    def warmup_steps(self) -> int:
-        """`warmup` in steps (a fraction below 1 is of `steps`; it stays a fraction in the
-        saved config, so a resume that grows the run keeps it)."""
-        return round(self.warmup * self.steps) if 0 < self.warmup < 1 else int(self.warmup)
-
 
 @dataclass(frozen=True)
 class BestMetric:
@@ -290,9 +210,13 @@ def _train(cfg: TrainConfig, family: ModelFamily, model, data: PretrainDataset, 
                 t0 = time.perf_counter()
                 batch = {k: v.to(device) for k, v in next(batches).items()}
                 waited += time.perf_counter() - t0
-                with autocast:
-                    loss, losses, task_metrics = pretrain_losses(family, wrapped, batch, cfg.task, sampler.epoch, step)
-                scaler.scale(loss / cfg.grad_accum).backward()  # on every rank, finite or not: DDP stays in step
+                # DDP all-reduces the gradients on the last micro-step only (they accumulate locally before).
+                last_micro = micro == cfg.grad_accum - 1
+                with wrapped.no_sync() if world > 1 and not last_micro else contextlib.nullcontext():
+                    with autocast:
+                        loss, losses, task_metrics = pretrain_losses(family, wrapped, batch, cfg.task, sampler.epoch,
+                                                                     step)
+                    scaler.scale(loss / cfg.grad_accum).backward()  # on every rank, finite or not: DDP stays in step
                 values = {f"loss_{k}": float(v.detach()) for k, v in losses.items()}
                 nonfinite |= {k[len("loss_"):] for k, v in values.items() if not math.isfinite(v)}
                 if not math.isfinite(float(loss.detach())):
@@ -322,7 +246,7 @@ def _train(cfg: TrainConfig, family: ModelFamily, model, data: PretrainDataset, 
                     on_step(step, metrics)
             improved = False
             if val is not None and main and ((cfg.eval_every and step % cfg.eval_every == 0) or step == end):
-                scores = evaluate(family, model, val, device)
+                scores = evaluate(family, model, val, device, batch_size=cfg.batch_size)
                 metrics_log.write({"step": step, **scores})
                 metrics = {**metrics, **scores}
                 if best_metric and best_metric.better(scores.get(best_metric.name), best and best["value"]):

@@ -1,0 +1,133 @@
+"""The trainer's settings: frozen dataclasses that check themselves when built, so a bad
+value is a `ConfigError` naming its flag before any model, data or file is touched.
+
+No torch here: the `vltrain` command line reads its choices (`OPTIMIZERS`, `AMP`, ...) from
+this module without loading the trainer. Every field of `TrainConfig` and `TaskConfig` is a
+`vltrain pretrain` flag (checked by a test); the CLI shows them in these sections:
+
+* inputs and output: model, stores (``--shards``), mixture, out, vocab, init;
+* schedule and optimizer: steps / epochs, batch_size, grad_accum, lr, optimizer, warmup,
+  weight_decay, clip;
+* data: max_text, max_regions, region_overlap, workers, verify_shards;
+* tasks (`TaskConfig`): per-task weights and start steps, LXMERT's visual weighting and QA epoch;
+* run: seed, device, amp, compile, resume / overwrite / stop_at, checkpoint_every, eval_every,
+  log_every, keep_last, best_metric, report_to.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Optional
+
+from pipeline.config import Config, at_least, one_of
+from pipeline.errors import ConfigError
+
+OPTIMIZERS = ("adamw", "bertadam", "sgd")
+AMP = ("none", "bf16", "fp16")
+DEVICES = ("cpu", "cuda")
+REGION_OVERLAP = ("keep", "zero")
+VISUAL_WEIGHTING = ("confidence", "masked")
+
+
+@dataclass(frozen=True)
+class TaskConfig(Config):
+    weights: dict = field(default_factory=dict)  # per-loss weight, default 1
+    visual_weighting: str = "confidence"  # LXMERT obj/attr: "confidence" (reference) or "masked"
+    qa_from_epoch: int = 0  # LXMERT QA switched on from this epoch (the paper: second half)
+    # {task: N}: the task's loss is off (weight 0) for the first N optimizer steps. It is still
+    # computed, so DDP ranks stay in step; weight decay still applies to its head meanwhile.
+    # (Narrow models at BERT-base's init scale needed it for alignment / matching; at the
+    # width-scaled init they do not: docs/fidelity.md.)
+    from_step: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        one_of("visual_weighting", self.visual_weighting, VISUAL_WEIGHTING)
+        at_least(self, {"qa_from_epoch": 0})
+
+    def check(self, family) -> None:
+        """ConfigError for a task `family` does not have, or a negative weight / start step."""
+        unknown = (set(self.weights) | set(self.from_step)) - set(family.tasks)
+        if unknown:
+            raise ConfigError(f"{family.name} has no task(s) {sorted(unknown)}; its tasks: {', '.join(family.tasks)}")
+        bad = {k: v for k, v in self.weights.items() if not math.isfinite(v) or v < 0}
+        bad.update({k: v for k, v in self.from_step.items() if v < 0})
+        if bad:
+            raise ConfigError(f"task weights must be finite and >= 0 and start steps >= 0: {bad}")
+
+    def weights_at(self, step: Optional[int]) -> dict:
+        """Loss weights at optimizer step `step` (None: every task on, as in evaluation)."""
+        off = {k: 0.0 for k, start in self.from_step.items() if step is not None and step < start}
+        return {**self.weights, **off}
+
+
+@dataclass(frozen=True)
+class TrainConfig(Config):
+    model: str  # a config name (lxmert-base, vilbert-tiny, ...) or a JSON path
+    stores: tuple[str, ...]
+    mixture: str
+    out: str
+    vocab: str  # a vocab.txt, a BERT WordPiece tokenizer.json, or a folder with either
+    steps: int = 1000
+    epochs: Optional[float] = None  # passes over the train split: sets `steps` when the data is known
+    batch_size: int = 32  # per rank, per micro-step
+    grad_accum: int = 1
+    lr: float = 1e-4
+    optimizer: str = "adamw"  # adamw | bertadam | sgd
+    warmup: float = 100  # steps; below 1: a fraction of `steps`
+    weight_decay: float = 0.01
+    clip: float = 1.0
+    seed: int = 0
+    workers: int = 0
+    device: str = "cpu"  # cpu | cuda (one GPU per rank)
+    amp: str = "none"  # none | bf16 | fp16 (fp16 with a GradScaler, CUDA only)
+    init: Optional[str] = None  # start from a checkpoint (see `weights.init_pretraining`); not on resume
+    compile: bool = False  # torch.compile the backbone (the heads decode at data-dependent positions)
+    checkpoint_every: int = 500
+    eval_every: int = 0  # steps between validation passes (0: only at the end)
+    log_every: int = 10
+    resume: bool = False  # continue the run in `out` (a new one if there is none)
+    stop_at: Optional[int] = None  # end this invocation at this step (the schedule still spans `steps`)
+    max_text: Optional[int] = None  # default per model: ViLBERT 36, LXMERT 20
+    max_regions: int = 36
+    region_overlap: str = "keep"  # ViLBERT: "zero" also zeroes regions overlapping a masked one (12-in-1)
+    task: TaskConfig = field(default_factory=TaskConfig)
+    keep_last: int = 3  # checkpoints kept (0: all), besides the best one
+    best_metric: Optional[str] = None  # a validation score, e.g. eval_qa_score or eval_region_kl:min
+    report_to: tuple[str, ...] = ()  # "tensorboard"
+    overwrite: bool = False  # replace a run in `out` (removes only the trainer's files there)
+    verify_shards: bool = False  # check each store shard's sha256 on first use
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "stores", tuple(str(s) for s in self.stores))
+        object.__setattr__(self, "report_to", tuple(self.report_to))
+        at_least(self, {"steps": 1, "batch_size": 1, "grad_accum": 1, "log_every": 1, "checkpoint_every": 1,
+                        "warmup": 0, "eval_every": 0, "workers": 0, "keep_last": 0, "max_regions": 1})
+        if self.max_text is not None:
+            at_least(self, {"max_text": 3})  # [CLS], one word, [SEP]
+        for name, allowed in (("optimizer", OPTIMIZERS), ("amp", AMP), ("device", DEVICES),
+                              ("region_overlap", REGION_OVERLAP)):
+            one_of(name, getattr(self, name), allowed)
+        if self.amp == "fp16" and self.device != "cuda":
+            raise ConfigError("--amp fp16 needs --device cuda (use bf16 on CPU)")
+        if self.epochs is not None and not (math.isfinite(self.epochs) and self.epochs > 0):
+            raise ConfigError(f"--epochs must be finite and > 0, got {self.epochs}")
+        if not math.isfinite(self.warmup) or (self.warmup >= 1 and self.warmup != int(self.warmup)):
+            raise ConfigError(f"--warmup must be a whole number of steps or a fraction below 1, got {self.warmup}")
+        if not (math.isfinite(self.lr) and self.lr >= 0 and math.isfinite(self.clip) and self.clip > 0):
+            raise ConfigError(f"--lr must be finite and >= 0 and --clip finite and > 0, got {self.lr}, {self.clip}")
+
+
+    def scheduled(self, train_items: int, world: int) -> "TrainConfig":
+        """This config with `steps` from `epochs` (whole optimizer steps over `train_items`
+        on `world` ranks); unchanged without `epochs`."""
+        if self.epochs is None:
+            return self
+        per_step = self.batch_size * self.grad_accum * world
+        return replace(self, steps=max(1, math.ceil(self.epochs * (train_items // per_step))))
+
+    @property
+    def warmup_steps(self) -> int:
+        """`warmup` in steps (a fraction below 1 is of `steps`; it stays a fraction in the
+        saved config, so a resume that grows the run keeps it)."""
+        return round(self.warmup * self.steps) if 0 < self.warmup < 1 else int(self.warmup)
