@@ -25,6 +25,8 @@ from pathlib import Path
 
 import yaml
 
+from pipeline.mixture.mixture import ITEMS_FILE, Mixture
+
 
 def write_inputs(root: Path, scale: float) -> int:
     n_cc, n_vg_images, regions_per_image, n_gqa = int(1_200_000 * scale), int(60_000 * scale), 10, int(200_000 * scale)
@@ -72,9 +74,10 @@ def main() -> None:
         if proc.returncode != 0:
             sys.exit(proc.stderr[-3000:])
         rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
-        manifest = json.loads((root / "mix" / "manifest.json").read_text())
-        built = sum(manifest["totals"].values())
-        out_mb = (root / "mix" / "items.arrow").stat().st_size / 2**20
+        mix = Mixture.open(root / "mix")
+        built = len(mix)
+        out_mb = mix.file(ITEMS_FILE).stat().st_size / 2**20
+        del mix
     finally:
         shutil.rmtree(root, ignore_errors=True)
     print(f"machine: {os.cpu_count()} cpus; inputs {input_mb:.0f} MB (CC TSV, VG regions + image_data, GQA questions)")

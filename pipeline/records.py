@@ -291,7 +291,8 @@ class Text:
 
 @dataclass(frozen=True)
 class SourceItem:
-    """One image to fetch: a stable, collision-free id, where it lives, and its texts."""
+    """One image to fetch: a stable, collision-free id, where it lives, and its texts (not a
+    mixture's text item: that is `pipeline.mixture.sources.TextItem`)."""
 
     image_id: str
     url: Optional[str] = None  # http(s) URL ...

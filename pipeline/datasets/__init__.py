@@ -1,21 +1,23 @@
-"""Dataset readers: one module per source, a registry by name.
+"""Dataset readers: the image lists `vlprep download` / `extract` fetch; one module per
+source, a registry by name.
 
-Each reader streams its files into `pipeline.records.SourceItem`s (stable id, URL or
-local path, texts) and reports rows it cannot read as `Malformed` (file and line).
-The sources are described in data_manifests/datasets/<name>.yaml.
+Each reader streams its files into `pipeline.records.SourceItem`s (an image to fetch:
+stable id, URL or local path, its texts) and reports rows it cannot read as `Malformed`
+(file and line or position). Official formats that other stages read too (COCO captions,
+VG image_data, the CC TSV) are parsed by `pipeline.sources`, the readers here only turn
+those records into items; all follow `pipeline.sources.base`'s rules. The sources are
+described in data_manifests/datasets/<name>.yaml.
 """
 
 from __future__ import annotations
 
-import zlib
 from pathlib import Path
 from typing import Iterator, Sequence
-
-import pyarrow as pa
 
 from pipeline.datasets import coco, conceptual_captions, flickr30k, folder, nlvr2, url_list, visual_genome
 from pipeline.datasets.base import DatasetReader, Malformed, ReaderOptions, ReaderResult
 from pipeline.errors import ConfigError
+from pipeline.sources.base import named_read_errors
 
 READERS: dict[str, DatasetReader] = {
     r.name: r
@@ -39,17 +41,8 @@ def read_items(dataset: str, inputs: Sequence[Path], opts: ReaderOptions = Reade
     if missing:
         raise ConfigError(f"input not found: {', '.join(missing)}")
     paths = [Path(p) for p in inputs]
-    return _named_read_errors(READERS[dataset].read(paths, opts), dataset, paths)
-
-
-def _named_read_errors(results: Iterator[ReaderResult], dataset: str, paths: list[Path]) -> Iterator[ReaderResult]:
-    """The reader's results; an input that cannot be read at all (not gzip, truncated, not
-    Parquet, an I/O error) becomes a ConfigError naming it instead of a traceback."""
-    try:
-        yield from results
-    except (OSError, EOFError, zlib.error, pa.ArrowException) as err:
-        names = ", ".join(str(p) for p in paths)
-        raise ConfigError(f"{dataset} input {names}: cannot be read ({type(err).__name__}: {err})") from err
+    names = ", ".join(str(p) for p in paths)
+    return named_read_errors(READERS[dataset].read(paths, opts), f"{dataset} input {names}")
 
 
 __all__ = ["READERS", "DatasetReader", "Malformed", "ReaderOptions", "read_items"]

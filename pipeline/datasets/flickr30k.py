@@ -3,7 +3,8 @@ per image) plus the image folder users obtain from the dataset's request form.
 
 Items are local files: ``<images_root>/<file>`` as an absolute path (Ray workers on other
 nodes read it); ``images_root`` defaults to ``flickr30k-images`` beside the token file.
-Ids are the file stem (``1000092795``).
+Ids are the file stem (``1000092795``); captions are whitespace-normalized
+(`pipeline.sources.base.clean_text`; a blank one is left out).
 """
 
 from __future__ import annotations
@@ -12,8 +13,9 @@ import os
 from pathlib import Path
 from typing import Iterator, Sequence
 
-from pipeline.datasets.base import Malformed, ReaderOptions, ReaderResult, open_text
+from pipeline.datasets.base import Malformed, ReaderOptions, ReaderResult
 from pipeline.records import SourceItem, Text
+from pipeline.sources.base import clean_text, open_text
 
 NAME = "flickr30k"
 
@@ -35,12 +37,12 @@ def read(paths: Sequence[Path], opts: ReaderOptions) -> Iterator[ReaderResult]:
                 key, sep, caption = line.partition("\t")
                 name, hash_, _ = key.partition("#")
                 if not sep or not hash_ or not name or "/" in name or name.startswith("."):
-                    yield Malformed(f"{path.name}:{lineno}", "expected '<file>.jpg#<n>\\t<caption>'")
+                    yield Malformed(path, str(lineno), "expected '<file>.jpg#<n>\\t<caption>'")
                     continue
                 if name != current:
                     if current is not None:
                         yield flush()
                     current, captions = name, []
-                captions.append(caption.strip())
+                captions.append(clean_text(caption))
         if current is not None:
             yield flush()

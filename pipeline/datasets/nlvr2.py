@@ -4,7 +4,8 @@
 
 Each pair has two images, named as in the released image folders:
 ``<split>-<set>-<pair>-img0`` (left) and ``-img1`` (right). An image is yielded once
-(several sentences share a pair), with the first sentence seen as a "statement" text.
+(several sentences share a pair), with the first sentence seen as a "statement" text
+(whitespace-normalized: `pipeline.sources.base.clean_text`; none when null or blank).
 """
 
 from __future__ import annotations
@@ -13,8 +14,9 @@ import json
 from pathlib import Path
 from typing import Iterator, Sequence
 
-from pipeline.datasets.base import Malformed, ReaderOptions, ReaderResult, load_json, open_text
+from pipeline.datasets.base import Malformed, ReaderOptions, ReaderResult
 from pipeline.records import SourceItem, Text
+from pipeline.sources.base import load_json, open_text, text_or_skip
 
 NAME = "nlvr2"
 
@@ -26,20 +28,20 @@ def read(paths: Sequence[Path], opts: ReaderOptions) -> Iterator[ReaderResult]:
             for lineno, line in enumerate(f, 1):
                 if not line.strip():
                     continue
-                where = f"{path.name}:{lineno}"
+                where = str(lineno)
                 try:
                     obj = load_json(line)
                 except json.JSONDecodeError as err:
-                    yield Malformed(where, f"invalid JSON: {err.msg}")
+                    yield Malformed(path, where, f"invalid JSON: {err.msg}")
                     continue
                 ident = obj.get("identifier") if isinstance(obj, dict) else None
                 parts = ident.rsplit("-", 1) if isinstance(ident, str) else []
                 if len(parts) != 2 or not obj.get("left_url") or not obj.get("right_url"):
-                    yield Malformed(where, "needs identifier (split-set-pair-sentence), left_url and right_url")
+                    yield Malformed(path, where, "needs identifier (split-set-pair-sentence), left_url and right_url")
                     continue
                 pair = parts[0]
                 split = opts.split or pair.split("-", 1)[0]
-                sentence = obj.get("sentence")
+                sentence = text_or_skip(pair, obj.get("sentence"))
                 texts = (Text("statement", sentence),) if isinstance(sentence, str) else ()
                 for side, key in (("img0", "left_url"), ("img1", "right_url")):
                     image_id = f"{pair}-{side}"

@@ -29,7 +29,6 @@ file (`read_answer_file`, `fixed_table`).
 
 from __future__ import annotations
 
-import json
 import re
 from collections import Counter
 from dataclasses import dataclass
@@ -37,6 +36,7 @@ from pathlib import Path
 from typing import Iterable
 
 from pipeline.errors import ConfigError
+from pipeline.sources.base import parse_json
 
 _PUNCT = [";", "/", "[", "]", '"', "{", "}", "(", ")", "=", "+", "\\", "_", "-", ">", "<", "@", "`", ",", "?", "!"]
 _PERIOD_STRIP = re.compile(r"(?!<=\d)(\.)(?!\d)")
@@ -138,10 +138,7 @@ def read_answer_file(path: Path) -> list[str]:
         raise ConfigError(f"{path}: cannot read the answer table: {err}") from err
     if path.suffix.lower() != ".json":
         return text.splitlines()
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as err:
-        raise ConfigError(f"{path}: invalid JSON at line {err.lineno} column {err.colno}: {err.msg}") from err
+    data = parse_json(text, path)
     if isinstance(data, dict) and isinstance(data.get("answers"), list):
         data = data["answers"]
     if not isinstance(data, list):

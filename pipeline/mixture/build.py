@@ -41,16 +41,19 @@ file order, so the same inputs and spec give byte-identical outputs. Output fold
 ``items.arrow``, ``answers.json``, ``manifest.json``, ``report.md``, built under a
 temporary name beside it and swapped in when complete; an existing folder is replaced only
 when it is an earlier mixture (`pipeline.io.replacing_output`).
+
+The format written (files, `ITEMS_SCHEMA`, schema version) and its reader, `Mixture.open`,
+are `pipeline.mixture.mixture`'s; the sources' files are read through
+`pipeline.mixture.sources` (which reads them with `pipeline.sources`).
 """
 
 from __future__ import annotations
 
-import json
 import logging
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator, Optional
+from typing import Callable, Optional
 
 import pyarrow as pa
 import yaml
@@ -59,33 +62,17 @@ from pipeline import __version__
 from pipeline.errors import ConfigError
 from pipeline.io import atomic_write_json, replacing_output, sha256_file
 from pipeline.mixture.answers import answer_table, fixed_table, read_answer_file
-from pipeline.mixture.sources import (
-    ImageIds, Read, Skip, TextItem, read_coco_captions, read_gqa, read_lxmert, read_vg_regions, read_vgqa, read_vqa,
+from pipeline.mixture.mixture import (
+    ANSWER_SCORES, ANSWERS_FILE, FORMAT, ITEMS_FILE, ITEMS_SCHEMA, MANIFEST_FILE, MIXTURE_SCHEMA_VERSION,
+    mixture_manifest,
 )
+from pipeline.mixture.sources import KINDS, QUESTION_KINDS, ImageIds, Skip, read_source
 from pipeline.schema import Field, Schema
 
+__all__ = ["KINDS", "SPEC_SCHEMA", "MixtureSpec", "SourceSpec", "build_mixture", "render_report"]
 log = logging.getLogger(__name__)
-KINDS = ("coco_captions", "vg_regions", "vqa", "gqa", "vgqa", "lxmert", "conceptual_captions")
 SPLITS = ("train", "val")
-FORMAT = "vlprep-mixture"  # manifest.json's "format", and the output folder's ownership kind
-MIXTURE_SCHEMA_VERSION = 2  # 2: official VQA soft scores (1: min(1, k/3))
-ANSWER_SCORES = "vqa-official"  # manifest.json's "answer_scores": the soft-score rule
 DEFAULT_TOP_K = 9500
-ITEMS_SCHEMA = pa.schema(
-    [
-        pa.field("uid", pa.string(), nullable=False),
-        pa.field("image_id", pa.string(), nullable=False),
-        pa.field("store_key", pa.string(), nullable=False),
-        pa.field("text", pa.string(), nullable=False),
-        pa.field("kind", pa.string(), nullable=False),
-        pa.field("source", pa.string(), nullable=False),
-        pa.field("split", pa.string(), nullable=False),
-        pa.field("weight", pa.float32(), nullable=False),
-        pa.field("answer_ids", pa.list_(pa.int32())),
-        pa.field("answer_scores", pa.list_(pa.float32())),
-    ],
-    metadata={"vlprep.mixture_schema_version": str(MIXTURE_SCHEMA_VERSION)},
-)
 BATCH = 8192
 LISTED_EXAMPLES = 20
 
@@ -192,68 +179,9 @@ def _list_matches(path: Path, listed: dict[str, str], seen: set[str]) -> dict:
             "unmatched_examples": unmatched[:LISTED_EXAMPLES]}
 
 
-def _iter_source(spec: MixtureSpec, src: SourceSpec) -> Iterator[tuple[str, Read]]:
-    """(source name, item or skip) in file order."""
-    if src.kind == "coco_captions":
-        for f in src.files:
-            yield from ((src.name, it) for it in read_coco_captions(f))
-    elif src.kind == "vg_regions":
-        for f in src.files:
-            yield from ((src.name, it) for it in read_vg_regions(f))
-    elif src.kind == "vqa":
-        for q, a in zip(src.files[::2], src.files[1::2]):
-            yield from ((src.name, it) for it in read_vqa(q, a))
-    elif src.kind == "gqa":
-        for f in src.files:
-            yield from ((src.name, it) for it in read_gqa(f))
-    elif src.kind == "vgqa":
-        for f in src.files:
-            yield from ((src.name, it) for it in read_vgqa(f))
-    elif src.kind == "lxmert":
-        for f in src.files:
-            yield from read_lxmert(f)
-    else:  # conceptual_captions: the dataset reader owns the TSV format and the ids
-        from pipeline.datasets import Malformed, read_items
-
-        for result in read_items("conceptual_captions", list(src.files)):
-            if isinstance(result, Malformed):
-                raise ConfigError(f"malformed Conceptual Captions row at {result}")
-            for text in result.texts:
-                yield src.name, TextItem(result.image_id, text.text, "caption")
-
-
-def check_mixture(folder: Path) -> dict:
-    """The manifest of a mixture folder this code reads; ConfigError when `folder` is no
-    mixture, or one of another schema version (schema 1 stored min(1, k/3) soft scores)."""
-    folder = Path(folder)
-    manifest = _mixture_manifest(folder)
-    if manifest is None:
-        raise ConfigError(f"{folder} is not a mixture (no {FORMAT} manifest.json): "
-                          "build one with `vlprep build-mixture`")
-    version = manifest.get("schema_version", 1)
-    if version == MIXTURE_SCHEMA_VERSION:
-        return manifest
-    if isinstance(version, int) and version > MIXTURE_SCHEMA_VERSION:
-        raise ConfigError(f"{folder}: mixture schema {version} was written by a newer vlprep (this one reads "
-                          f"schema {MIXTURE_SCHEMA_VERSION}); upgrade vlprep, or rebuild the mixture with "
-                          "`vlprep build-mixture`")
-    raise ConfigError(f"{folder}: mixture schema {version} stores the old answer scores min(1, k/3) (k annotators), "
-                      f"not the official VQA values (0.3/0.6/0.9/1.0 for 1/2/3/4+ of 10; schema "
-                      f"{MIXTURE_SCHEMA_VERSION}); rebuild it with `vlprep build-mixture --spec SPEC --out {folder}`")
-
-
-def _mixture_manifest(folder: Path) -> Optional[dict]:
-    """The manifest.json of a mixture folder (of any schema version); None if it is none."""
-    try:
-        manifest = json.loads((Path(folder) / "manifest.json").read_text())
-    except (OSError, ValueError):
-        return None
-    return manifest if isinstance(manifest, dict) and manifest.get("format") == FORMAT else None
-
-
 def _is_mixture(path: Path) -> bool:
     """A mixture written before the ownership marker existed: its manifest.json says so."""
-    return _mixture_manifest(path) is not None
+    return mixture_manifest(path) is not None
 
 
 def build_mixture(spec: MixtureSpec, out: Path, stores: tuple[Path, ...] = (), drop_missing: bool = False,
@@ -297,9 +225,9 @@ def _build(spec: MixtureSpec, tmp: Path, stores: tuple[Path, ...], feature_store
     # Pass 1: answer counts over the training questions that will be written (QA sources only).
     counts: Counter = Counter()
     for src in spec.sources:
-        if src.kind not in ("vqa", "gqa", "vgqa", "lxmert"):
+        if src.kind not in QUESTION_KINDS:
             continue
-        for _, item in _iter_source(spec, src):
+        for _, item in read_source(src.kind, src.name, src.files):
             if isinstance(item, Skip) or not item.answers:
                 continue
             image = ids.canonical(item)
@@ -326,7 +254,7 @@ def _build(spec: MixtureSpec, tmp: Path, stores: tuple[Path, ...], feature_store
     answered = covered = 0
     score_total = score_covered = 0.0
     columns: dict[str, list] = {f.name: [] for f in ITEMS_SCHEMA}
-    with pa.OSFile(str(tmp / "items.arrow"), "wb") as sink, pa.ipc.new_file(sink, ITEMS_SCHEMA) as writer:
+    with pa.OSFile(str(tmp / ITEMS_FILE), "wb") as sink, pa.ipc.new_file(sink, ITEMS_SCHEMA) as writer:
         def flush() -> None:
             if columns["uid"]:
                 writer.write_batch(pa.RecordBatch.from_pydict(columns, schema=ITEMS_SCHEMA))
@@ -335,7 +263,7 @@ def _build(spec: MixtureSpec, tmp: Path, stores: tuple[Path, ...], feature_store
 
         for src in spec.sources:
             per_image = Counter()
-            for name, item in _iter_source(spec, src):
+            for name, item in read_source(src.kind, src.name, src.files):
                 if isinstance(item, Skip):
                     skipped[name][item.reason] += 1
                     continue
@@ -421,8 +349,8 @@ def _build(spec: MixtureSpec, tmp: Path, stores: tuple[Path, ...], feature_store
     }
     dead = set(unreachable)
     table_counts = [0 if i in dead else counts[a] for i, a in enumerate(table)]
-    atomic_write_json(tmp / "answers.json", {"answers": table, "counts": table_counts, "unreachable": unreachable})
-    atomic_write_json(tmp / "manifest.json", manifest)
+    atomic_write_json(tmp / ANSWERS_FILE, {"answers": table, "counts": table_counts, "unreachable": unreachable})
+    atomic_write_json(tmp / MANIFEST_FILE, manifest)
     (tmp / "report.md").write_text(render_report(manifest))
     return manifest
 

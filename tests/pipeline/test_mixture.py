@@ -147,7 +147,7 @@ def test_malformed_inputs_name_file_and_location(tmp_path, root):
     with pytest.raises(ConfigError, match=r"region_descriptions.json: invalid JSON.*at character"):
         build_mixture(MixtureSpec.load(root / "spec.yaml"), tmp_path / "mix")
     dump(root / "vg" / "region_descriptions.json", [{"id": 1}])
-    with pytest.raises(ConfigError, match=r"region_descriptions.json: \[0\]: needs regions"):
+    with pytest.raises(ConfigError, match=r"region_descriptions.json:\[0\]: needs regions"):  # file:where
         build_mixture(MixtureSpec.load(root / "spec.yaml"), tmp_path / "mix")
     assert not (tmp_path / "mix").exists()
     (root / "bad.yaml").write_text(yaml.safe_dump({"name": "x", "sources": [{"kind": "nope", "files": ["a"]}]}))
@@ -558,8 +558,8 @@ def test_killed_build_leftovers_are_removed_and_a_second_writer_is_refused(tmp_p
 def test_demo_spec_for_a_relative_out_folder_loads(tmp_path, monkeypatch):
     """`vlprep demo` (default --out vlprep_demo, relative) writes its mixture spec beside the
     world: the file paths in it must not be taken relative to the spec's folder twice."""
-    from pipeline.datasets.shapes import write_world
-    from pipeline.demo import mixture_spec
+    from pipeline.synthetic import write_world
+    from vl_models.demo import mixture_spec
 
     monkeypatch.chdir(tmp_path)
     world = Path("vlprep_demo") / "world"
@@ -699,3 +699,81 @@ def test_answers_from_is_validated_and_must_exist(tmp_path, root):
     edit_spec(root, answers_from="nope.json")
     with pytest.raises(ConfigError, match=r"input files not found: .*nope\.json"):
         MixtureSpec.load(root / "spec.yaml")
+
+
+# -- issue 14, item 4: one reader of the format, `Mixture.open`
+
+
+def test_mixture_open_gives_items_answers_splits_and_rows(tmp_path, root):
+    import pickle
+
+    from pipeline.mixture import Mixture
+
+    manifest = build_mixture(MixtureSpec.load(root / "spec.yaml"), tmp_path / "mix")
+    before = pa.total_allocated_bytes()
+    mix = Mixture.open(tmp_path / "mix")
+    assert pa.total_allocated_bytes() == before  # items.arrow is memory-mapped, not read into memory
+    rows = items(tmp_path / "mix")
+    assert mix.manifest == json.loads((tmp_path / "mix" / "manifest.json").read_text()) and mix.manifest["totals"] == manifest["totals"]
+    assert mix.answers == json.loads((tmp_path / "mix" / "answers.json").read_text())["answers"] == ["2", "yes", "1"]
+    assert len(mix) == len(rows) and mix.items.to_pylist() == rows
+    assert mix.splits == ("train", "val")
+    for split in mix.splits:
+        assert mix.rows(split).tolist() == [i for i, r in enumerate(rows) if r["split"] == split]
+    assert mix.rows("test").tolist() == []
+    assert mix.store_keys.tolist() == [r["store_key"] for r in rows] and mix.kinds.tolist() == [r["kind"] for r in rows]
+    giraffes = next(i for i, r in enumerate(rows) if r["text"] == "How many giraffes?")
+    assert mix.text(giraffes) == "How many giraffes?"
+    ids, scores = mix.labels(giraffes)
+    assert [mix.answers[i] for i in ids] == ["2", "1"] and scores == [1.0, 1.0]
+    assert mix.labels(0) == ([], [])  # a caption
+    assert mix.file("items.arrow") == tmp_path / "mix" / "items.arrow"
+    copy = pickle.loads(blob := pickle.dumps(mix))  # DataLoader workers: reopened, not copied
+    assert len(blob) < 1000 and copy.path == mix.path and copy.items.equals(mix.items)
+
+
+def test_mixture_open_errors_are_named(tmp_path, root):
+    from pipeline.errors import DataError
+    from pipeline.mixture import Mixture
+
+    with pytest.raises(ConfigError, match="not a mixture"):
+        Mixture.open(root)
+    build_mixture(MixtureSpec.load(root / "spec.yaml"), tmp_path / "mix")
+    mix = tmp_path / "mix"
+    manifest = json.loads((mix / "manifest.json").read_text())
+    for version, message in ((1, r"schema 1 stores the old answer scores min\(1, k/3\)"), (3, "schema 3 .*newer")):
+        (mix / "manifest.json").write_text(json.dumps({**manifest, "schema_version": version}))
+        with pytest.raises(ConfigError, match=message):
+            Mixture.open(mix)
+    (mix / "manifest.json").write_text(json.dumps(manifest))
+    good = {name: (mix / name).read_bytes() for name in ("items.arrow", "answers.json")}
+    for name in good:
+        (mix / name).unlink()
+        with pytest.raises(DataError, match=f"{mix / name} is missing.*vlprep build-mixture"):
+            Mixture.open(mix)
+        (mix / name).write_bytes(good[name])
+    (mix / "answers.json").write_text('{"answer": []}')
+    with pytest.raises(DataError, match=r"answers.json: unreadable answer table \(KeyError"):
+        Mixture.open(mix)
+    (mix / "answers.json").write_bytes(good["answers.json"])
+    (mix / "items.arrow").write_bytes(b"not arrow")
+    with pytest.raises(DataError, match=r"items.arrow: unreadable"):
+        Mixture.open(mix)
+    with pa.OSFile(str(mix / "items.arrow"), "wb") as sink, pa.ipc.new_file(sink, pa.schema([("uid", pa.string())])) as w:
+        w.write_table(pa.table({"uid": ["a"]}, schema=pa.schema([("uid", pa.string())])))
+    with pytest.raises(DataError, match=r"items.arrow: no column image_id, store_key"):
+        Mixture.open(mix)
+
+
+def test_the_mixture_format_has_one_owner():
+    """build-mixture writes with the format's own constants, and no other pipeline, vl_models or
+    bench module names the mixture's files: they open mixtures with `Mixture.open`."""
+    from pipeline.mixture import build, mixture
+
+    assert build.ITEMS_SCHEMA is mixture.ITEMS_SCHEMA
+    repo = Path(__file__).resolve().parents[2]
+    named = [str(p.relative_to(repo)) for p in sorted([*(repo / "pipeline").rglob("*.py"), *(repo / "vl_models").rglob("*.py"),
+                                                                       *(repo / "bench").glob("*.py")])
+             if p != repo / "pipeline" / "mixture" / "mixture.py"
+             and any(f'"{name}"' in p.read_text() for name in ("items.arrow", "answers.json"))]
+    assert named == []

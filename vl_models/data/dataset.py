@@ -1,6 +1,6 @@
 """Pretraining examples: mixture items joined with feature-store records.
 
-The mixture's ``items.arrow`` and the feature stores are memory-mapped, so DataLoader
+The mixture (`Mixture.open`: ``items.arrow``) and the feature stores are memory-mapped, so DataLoader
 workers share the page cache instead of holding copies. Every example is a function of
 (seed, epoch, item index) only: masking, negative sampling and answer sampling draw from
 a generator seeded by those three numbers, so a resumed run sees the same examples.
@@ -8,18 +8,16 @@ a generator seeded by those three numbers, so a resumed run sees the same exampl
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, Optional, Sequence
+from typing import Literal, Optional, Sequence, Union
 
 import numpy as np
-import pyarrow as pa
 import torch
 
 from pipeline.config import one_of
-from pipeline.errors import ConfigError, DataError
-from pipeline.mixture.build import check_mixture
+from pipeline.errors import ConfigError
+from pipeline.mixture import Mixture
 from pipeline.records import img_token_feature, pad_regions
 from pipeline.store import FeatureStore
 from vl_models.data.masking import mask_regions, mask_tokens, mismatch, overlapping, sample_answer
@@ -45,51 +43,23 @@ class DataConfig:
         one_of("region_overlap", self.region_overlap, REGION_OVERLAP)
 
 
-def mixture_file(mixture: Path, name: str) -> Path:
-    """A file of a `vlprep build-mixture` folder: ConfigError if the folder is no mixture or
-    one of another schema version (`check_mixture`: schema 1 stored min(1, k/3) answer
-    scores), DataError naming the file if it is missing."""
-    mixture = Path(mixture)
-    check_mixture(mixture)
-    path = mixture / name
-    if not path.is_file():
-        raise DataError(f"{path} is missing: the mixture is incomplete; rebuild it with `vlprep build-mixture`")
-    return path
-
-
-def read_answers(mixture: Path) -> list[str]:
-    """The mixture's answer table (QA label i is answers[i])."""
-    path = mixture_file(mixture, "answers.json")
-    try:
-        return list(json.loads(path.read_text())["answers"])
-    except (ValueError, KeyError, TypeError) as err:
-        raise DataError(f"{path}: unreadable answer table ({type(err).__name__}: {err}); "
-                        "rebuild the mixture with `vlprep build-mixture`") from err
-
-
 class PretrainDataset(torch.utils.data.Dataset):
     """A split of a mixture as `family`'s model sees it (`vl_models.families`: box encoding,
     IMG token, text length, region masking, region targets)."""
 
-    def __init__(self, mixture: Path, stores: Sequence[Path], vocab_file: Path, cfg: DataConfig, family,
-                 verify_shards: bool = False):
+    def __init__(self, mixture: Union[Mixture, Path], stores: Sequence[Path], vocab_file: Path, cfg: DataConfig,
+                 family, verify_shards: bool = False):
         if cfg.region_overlap not in family.region_overlap:
             raise ConfigError(f"--region-overlap {cfg.region_overlap}: {family.name} supports "
                               f"{', '.join(family.region_overlap)}")
         self.cfg = cfg
         self.family = family
         self.max_text = cfg.max_text or family.max_text
-        path = mixture_file(mixture, "items.arrow")
-        try:
-            table = pa.ipc.open_file(pa.memory_map(str(path))).read_all()
-        except (pa.ArrowInvalid, OSError) as err:
-            raise DataError(f"{path}: unreadable ({err}); rebuild the mixture with `vlprep build-mixture`") from err
-        split = table.column("split").to_numpy(zero_copy_only=False)
-        self.rows = np.nonzero(split == cfg.split)[0]
+        self.mixture = mixture if isinstance(mixture, Mixture) else Mixture.open(mixture)
+        self.rows = self.mixture.rows(cfg.split)
         if not len(self.rows):
-            raise ConfigError(f"{mixture}: no items in split {cfg.split!r}")
-        self.table = table
-        self.images = table.column("store_key").to_numpy(zero_copy_only=False)
+            raise ConfigError(f"{self.mixture.path}: no items in split {cfg.split!r}")
+        self.images = self.mixture.store_keys
         self.stores = [FeatureStore.open(p, dtype="float32", verify=True if verify_shards else None) for p in stores]
         self.tokenizer = WordPiece(vocab_file)
         self.epoch = 0
@@ -112,7 +82,7 @@ class PretrainDataset(torch.utils.data.Dataset):
 
     def text(self, row: int) -> dict:
         """One item's text, unmasked."""
-        enc = self.tokenizer.encode(self.table.column("text")[row].as_py(), self.max_text)
+        enc = self.tokenizer.encode(self.mixture.text(row), self.max_text)
         return {"input_ids": enc.ids, "attention_mask": enc.mask}
 
     def image(self, row: int) -> dict:
@@ -138,7 +108,7 @@ class PretrainDataset(torch.utils.data.Dataset):
                 if self.images[other] != image:
                     text_row, matched = other, 0
                     break
-        text = self.table.column("text")[text_row].as_py()
+        text = self.mixture.text(text_row)
         enc = self.tokenizer.encode(text, self.max_text)
         ids, lm_labels = mask_tokens(enc.ids, enc.special, rng, self.tokenizer.vocab_size, self.tokenizer.mask_id, cfg.mlm_prob)
 
@@ -169,9 +139,8 @@ class PretrainDataset(torch.utils.data.Dataset):
             "region_selected": selected, "matched": np.int64(matched),
         }
         example.update(family.visual_targets(batch, original, image))
-        answer_ids = self.table.column("answer_ids")[row].as_py()
+        answer_ids, scores = self.mixture.labels(row)
         if matched and answer_ids:
-            scores = self.table.column("answer_scores")[row].as_py()
             example["qa_label"] = np.int64(sample_answer(answer_ids, scores, torch.Generator().manual_seed(int(rng.integers(2**31)))))
         else:
             example["qa_label"] = np.int64(-1)

@@ -38,12 +38,11 @@ def evaluate(family, model, data: PretrainDataset, device: str = "cpu", batch_si
         if family.answers:
             answers = family.answer_logits(family.forward(model, batch, decode=False))
             for j, i in enumerate(idx):
-                row = int(data.rows[i])
-                ids = data.table.column("answer_ids")[row].as_py()
+                ids, scores = data.mixture.labels(int(data.rows[i]))
                 if ids and int(batch["matched"][j]) == 1:
                     qa_pred.append(int(answers[j].argmax()))
                     qa_ids.append(ids)
-                    qa_scores.append(data.table.column("answer_scores")[row].as_py())
+                    qa_scores.append(scores)
     result = {f"eval_{k}": v / batches for k, v in sums.items()}
     if qa_pred:
         result["eval_qa_score"] = vqa_score(np.array(qa_pred), qa_ids, qa_scores)
@@ -56,7 +55,7 @@ def evaluate(family, model, data: PretrainDataset, device: str = "cpu", batch_si
 def retrieval(family, model, data: PretrainDataset, device: str, limit: int, captions_per_image: int = 1) -> dict:
     """Caption -> image R@K over the first `limit` images of the split, each queried with up
     to `captions_per_image` of its captions (the first ones)."""
-    kinds = data.table.column("kind").to_numpy(zero_copy_only=False)
+    kinds = data.mixture.kinds
     captions: dict[str, list[int]] = {}
     for row in data.rows:
         image = data.images[row]

@@ -23,7 +23,7 @@ from typing import Optional, Sequence
 from pipeline.errors import ConfigError, DataError
 from pipeline.io import atomic_write_bytes, atomic_write_json, remove_path
 from pipeline.store import FeatureStore
-from vl_models.data.dataset import mixture_file
+from pipeline.mixture.mixture import ANSWERS_FILE, ITEMS_FILE, Mixture
 from vl_models.train import checkpoint
 
 log = logging.getLogger(__name__)
@@ -64,14 +64,14 @@ class Plan:
     notes: list[str] = field(default_factory=list)  # the resume's allowed changes, for metrics.jsonl
 
 
-def input_digests(mixture: Path, stores: Sequence[Path], vocab: Path) -> dict:
+def input_digests(mixture: Mixture, stores: Sequence[Path], vocab: Path) -> dict:
     """Content identities of a run's inputs: the mixture's items and answer table; each
     store's identity (`Manifest.identity`: layout and detector) and shards (names, rows
     and checksums: a re-extracted, re-imported or extended store is another input); the
     vocab file."""
     h = hashlib.sha256()
-    for name in ("items.arrow", "answers.json"):
-        with open(mixture_file(mixture, name), "rb") as f:
+    for name in (ITEMS_FILE, ANSWERS_FILE):
+        with open(mixture.file(name), "rb") as f:
             while block := f.read(1 << 22):
                 h.update(block)
 

@@ -32,7 +32,8 @@ from pipeline.errors import ConfigError, DivergedError
 from pipeline.io import exclusive_lock
 from pipeline.store import FeatureStore
 from vl_models import families
-from vl_models.data.dataset import DataConfig, PretrainDataset, read_answers
+from pipeline.mixture import Mixture
+from vl_models.data.dataset import DataConfig, PretrainDataset
 from vl_models.data.sampler import ResumableSampler
 from vl_models.eval.evaluate import evaluate
 from vl_models.families.base import ModelFamily
@@ -101,12 +102,12 @@ def run(cfg: TrainConfig, on_step: Optional[Callable[[int, dict], None]] = None)
     out = Path(cfg.out)
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out} is a file, not a folder")
-    answers = read_answers(Path(cfg.mixture))
+    mixture = Mixture.open(cfg.mixture)
     torch.manual_seed(cfg.seed)
-    family, mcfg, model = build_model(cfg, len(answers))
+    family, mcfg, model = build_model(cfg, len(mixture.answers))
     cfg.task.check(family)
     best_metric = BestMetric.parse(cfg.best_metric, family) if cfg.best_metric else None
-    data, val = _datasets(cfg, family, world)
+    data, val = _datasets(cfg, mixture, family, world)
     cfg = cfg.scheduled(len(data), world)
     if data.tokenizer.vocab_size > mcfg.vocab_size:
         raise ConfigError(f"{data.tokenizer.path}: {data.tokenizer.vocab_size} tokens, more than the model's "
@@ -115,7 +116,7 @@ def run(cfg: TrainConfig, on_step: Optional[Callable[[int, dict], None]] = None)
     if best_metric and val is None:
         raise ConfigError(f"--best-metric {cfg.best_metric}: {cfg.mixture} has no val split to score")
     resolved = {"train": cfg.to_json(), "model": mcfg.to_json(), "kind": family.name, "world_size": world,
-                "inputs": run_folder.input_digests(Path(cfg.mixture), [Path(p) for p in cfg.stores],
+                "inputs": run_folder.input_digests(mixture, [Path(p) for p in cfg.stores],
                                                    data.tokenizer.path)}
     with contextlib.ExitStack() as held:
         if distributed.is_main():  # a second writer of this folder is turned away at once
@@ -131,10 +132,10 @@ def run(cfg: TrainConfig, on_step: Optional[Callable[[int, dict], None]] = None)
         return _train(cfg, family, model, data, val, device, start, resolved, best_metric, on_step)
 
 
-def _datasets(cfg: TrainConfig, family: ModelFamily, world: int) -> tuple[PretrainDataset, Optional[PretrainDataset]]:
+def _datasets(cfg: TrainConfig, mixture: Mixture, family: ModelFamily, world: int) -> tuple[PretrainDataset, Optional[PretrainDataset]]:
     """The train split (checked to fill a batch on every rank) and the val split (None
     without one); ConfigError naming the images that no store holds."""
-    data = PretrainDataset(Path(cfg.mixture), [Path(s) for s in cfg.stores], Path(cfg.vocab), DataConfig(
+    data = PretrainDataset(mixture, [Path(s) for s in cfg.stores], Path(cfg.vocab), DataConfig(
         max_text=cfg.max_text, max_regions=cfg.max_regions, seed=cfg.seed, region_overlap=cfg.region_overlap),
         family, verify_shards=cfg.verify_shards)
     per_rank = len(data) // world
@@ -143,7 +144,7 @@ def _datasets(cfg: TrainConfig, family: ModelFamily, world: int) -> tuple[Pretra
         raise ConfigError(f"the train split of {cfg.mixture} has {len(data)} items{ranks}, fewer than --batch-size "
                           f"{cfg.batch_size}: no full batch; lower --batch-size (or use fewer ranks)")
     try:
-        val = PretrainDataset(Path(cfg.mixture), [Path(s) for s in cfg.stores], Path(cfg.vocab),
+        val = PretrainDataset(mixture, [Path(s) for s in cfg.stores], Path(cfg.vocab),
                               replace(data.cfg, split="val", mismatch_prob=0.5), family,
                               verify_shards=cfg.verify_shards)
     except ConfigError:

@@ -3,8 +3,11 @@ loading the file (Visual Genome's region descriptions and GQA's questions are GB
 
 `iter_json(path)` yields (key, value) for a top-level object, (index, value) for a
 top-level array; `iter_json(path, member="questions")` streams the array (or object)
-stored under that key of a top-level object. Each member is decoded with the standard
-library; memory stays at one member plus a read buffer.
+stored under that key of a top-level object; `array=True` requires the streamed container
+to be an array. Each member is decoded with the standard library, under the rules of
+`pipeline.sources.base` (bad bytes and lone surrogates become U+FFFD; .gz files are
+gunzipped); memory stays at one member plus a read buffer. A file that is not such JSON is a
+ConfigError naming the file and the character where it goes wrong.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from pathlib import Path
 from typing import Any, Iterator, Optional
 
 from pipeline.errors import ConfigError
+from pipeline.sources.base import SURROGATE_ESCAPE, open_text, replace_surrogates
 
 _CHUNK = 1 << 20
 _WS = " \t\r\n"
@@ -22,7 +26,7 @@ _WS = " \t\r\n"
 class _Reader:
     def __init__(self, path: Path):
         self.path = path
-        self.f = open(path, "r", encoding="utf-8")
+        self.f = open_text(path)
         self.buf = ""
         self.pos = 0
         self.consumed = 0  # characters dropped from the buffer before pos 0
@@ -67,6 +71,8 @@ class _Reader:
             # A number at the very end of the buffer may continue in the next chunk.
             if end == len(self.buf) and self.fill():
                 continue
+            if SURROGATE_ESCAPE.search(self.buf, self.pos, end):
+                obj = replace_surrogates(obj)
             self.pos = end
             return obj
 
@@ -77,8 +83,8 @@ class _Reader:
         self.f.close()
 
 
-def _members(r: _Reader) -> Iterator[tuple[Any, Any]]:
-    opener = r.expect("[{")
+def _members(r: _Reader, openers: str = "[{") -> Iterator[tuple[Any, Any]]:
+    opener = r.expect(openers)
     closer = "]" if opener == "[" else "}"
     index = 0
     if r.peek() == closer:
@@ -96,19 +102,20 @@ def _members(r: _Reader) -> Iterator[tuple[Any, Any]]:
             return
 
 
-def iter_json(path: Path, member: Optional[str] = None) -> Iterator[tuple[Any, Any]]:
+def iter_json(path: Path, member: Optional[str] = None, array: bool = False) -> Iterator[tuple[Any, Any]]:
     path = Path(path)
+    openers = "[" if array else "[{"
     r = _Reader(path)
     try:
         if member is None:
-            for key, reader in _members(r):
+            for key, reader in _members(r, openers):
                 yield key, reader.value()
             return
         found = False
-        for key, reader in _members(r):
+        for key, reader in _members(r, "{"):
             if key == member:
                 found = True
-                for inner_key, inner in _members(reader):
+                for inner_key, inner in _members(reader, openers):
                     yield inner_key, inner.value()
             else:
                 reader.value()  # skip
