@@ -37,7 +37,7 @@ from pipeline.detect.boxes import BoxCount
 from pipeline.detect.config import DetectorConfig
 from pipeline.detect.extractor import RegionFeatureExtractor, SelectionConfig
 from pipeline.detect.model import VGDetector
-from pipeline.download.images import load_rgb
+from pipeline.images import load_rgb
 
 
 def in_process(device: str, fp16: bool, n: int, batch: int, boxes: str) -> float:

@@ -35,9 +35,11 @@ from typing import Iterator, Optional
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.datasets.base import replace_surrogates
+from pipeline import distribute
+from pipeline.sources.base import replace_surrogates
+from pipeline.distribute import STATS_SUFFIX, shard_name, stats_path
 from pipeline.errors import ConfigError
-from pipeline.io import atomic_write_json, commit_path, read_json, tmp_path_for
+from pipeline.io import atomic_write_json, commit_path, tmp_path_for
 from pipeline.records import SourceItem, Text
 
 log = logging.getLogger(__name__)
@@ -68,12 +70,7 @@ IMAGE_SHARD_SCHEMA = pa.schema(
     ],
     metadata={"vlprep.image_shard_version": str(IMAGE_SHARD_VERSION)},
 )
-STATS_SUFFIX = "_stats.json"
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")  # of images in img2dataset output
-
-
-def shard_name(number: int) -> str:
-    return f"{number:05d}"
 
 
 def item_row(item: SourceItem) -> dict:
@@ -107,7 +104,7 @@ def write_shard(out: Path, number: int, rows: list[dict], stats: dict) -> None:
     codecs = {name: ("none" if name == "image" else "zstd") for name in IMAGE_SHARD_SCHEMA.names}
     pq.write_table(table, tmp, compression=codecs, row_group_size=256)
     commit_path(tmp, final)
-    atomic_write_json(out / f"{shard_name(number)}{STATS_SUFFIX}", stats)
+    atomic_write_json(stats_path(out, number), stats)
 
 
 def read_shard_rows(path: Path) -> list[dict]:
@@ -115,13 +112,9 @@ def read_shard_rows(path: Path) -> list[dict]:
 
 
 def done_shards(out: Path) -> dict[int, dict]:
-    """Shard number -> stats, for every complete shard in `out`."""
-    done = {}
-    for stats_path in sorted(out.glob(f"[0-9]*{STATS_SUFFIX}")):
-        number = stats_path.name[: -len(STATS_SUFFIX)]
-        if number.isdigit() and stats_path.is_file() and (out / f"{shard_name(int(number))}.parquet").is_file():
-            done[int(number)] = read_json(stats_path, "shard stats (the shard's done-marker)")
-    return done
+    """Shard number -> stats, for every complete shard in `out` (done-marker and Parquet file)."""
+    return distribute.done_shards(out, "shard stats (the shard's done-marker)",
+                                  complete=lambda number: (out / f"{shard_name(number)}.parquet").is_file())
 
 
 # ---------------------------------------------------------------------------

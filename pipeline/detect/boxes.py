@@ -1,4 +1,5 @@
-"""Pure box arithmetic and the region-selection policies (no model, no I/O).
+"""Pure box arithmetic and the region-selection policies (no model, no I/O); their
+settings (`BoxCount`, `SelectionConfig`, `POLICIES`) are in `pipeline.detect.config`.
 
 Policies (named and recorded in store provenance):
 
@@ -17,37 +18,12 @@ Policies (named and recorded in store provenance):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from torchvision.ops import nms
 
-from pipeline.errors import ConfigError
+from pipeline.detect.config import BoxCount
 
-POLICIES = ("butd", "maxnms")
 _SCALE_CLAMP = torch.log(torch.tensor(1000.0 / 16)).item()
-
-
-@dataclass(frozen=True)
-class BoxCount:
-    """How many regions per image: ``36`` (fixed) or ``10-100`` (min-max)."""
-
-    min: int
-    max: int
-
-    @classmethod
-    def parse(cls, text: str) -> "BoxCount":
-        parts = str(text).split("-")
-        try:
-            lo, hi = (int(parts[0]), int(parts[-1])) if len(parts) in (1, 2) else (None, None)
-        except ValueError:
-            lo = hi = None
-        if lo is None or not 1 <= lo <= hi:
-            raise ConfigError(f"box count must be K or MIN-MAX with 1 <= MIN <= MAX, got {text!r}")
-        return cls(lo, hi)
-
-    def __str__(self) -> str:
-        return str(self.min) if self.min == self.max else f"{self.min}-{self.max}"
 
 
 def cell_anchors(sizes, ratios) -> torch.Tensor:

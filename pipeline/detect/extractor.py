@@ -14,7 +14,6 @@ renormalized).
 from __future__ import annotations
 
 from contextlib import nullcontext
-from dataclasses import dataclass
 from typing import Optional, Sequence
 
 import numpy as np
@@ -22,29 +21,11 @@ import torch
 import torch.nn.functional as F
 from torchvision.ops import nms, roi_pool
 
-from pipeline.detect.boxes import POLICIES, BoxCount, cell_anchors, clip, decode, grid_anchors, select_butd, select_maxnms
+from pipeline.detect.boxes import cell_anchors, clip, decode, grid_anchors, select_butd, select_maxnms
+from pipeline.detect.config import SelectionConfig
 from pipeline.detect.model import VGDetector
 from pipeline.detect.preprocess import Resize, check_preprocess, prepare_image
-from pipeline.errors import ConfigError
 from pipeline.records import RegionFeatures, labels_from_probs
-
-
-@dataclass(frozen=True)
-class SelectionConfig:
-    policy: str = "butd"
-    boxes: BoxCount = BoxCount(10, 100)
-    conf_thresh: float = 0.2  # butd
-    nms_thresh: float = 0.3  # butd per-class NMS
-
-    def __post_init__(self) -> None:
-        if self.policy not in POLICIES:
-            raise ConfigError(f"policy must be one of {', '.join(POLICIES)}, got {self.policy!r}")
-
-    def describe(self) -> str:
-        """The store's ``box_policy`` provenance (an identity key: a store is appended to only
-        under the same one). "+1px" marks Caffe's NMS rule: stores of the earlier rule differ."""
-        extra = f", conf>={self.conf_thresh}, nms={self.nms_thresh} +1px" if self.policy == "butd" else ""
-        return f"{self.policy} boxes={self.boxes}{extra}"
 
 
 def rpn_proposals(model: VGDetector, cell: torch.Tensor, features: torch.Tensor, height: int, width: int) -> torch.Tensor:

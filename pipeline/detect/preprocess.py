@@ -22,15 +22,12 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from pipeline.detect.config import DetectorConfig
-from pipeline.errors import ConfigError
-
-PREPROCESS_MODES = ("caffe", "detectron2")
+from pipeline.config import one_of
+from pipeline.detect.config import PREPROCESS_MODES, DetectorConfig
 
 
 def check_preprocess(mode: str) -> str:
-    if mode not in PREPROCESS_MODES:
-        raise ConfigError(f"preprocess must be one of {', '.join(PREPROCESS_MODES)}, got {mode!r}")
+    one_of("preprocess", mode, PREPROCESS_MODES)
     return mode
 
 

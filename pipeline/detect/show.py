@@ -1,4 +1,5 @@
-"""`vlprep show`: draw a stored image's regions with their labels on the image."""
+"""`vlprep show`: draw a stored image's regions with their labels on the image (decoded by
+`pipeline.images.load_rgb`, as the detector saw it)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Optional
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
-from pipeline.download.images import load_rgb
+from pipeline.images import load_rgb
 from pipeline.errors import ConfigError
 from pipeline.records import RegionFeatures
 

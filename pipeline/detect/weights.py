@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from pipeline.detect.boxes import cell_anchors
-from pipeline.detect.config import DetectorConfig
+from pipeline.detect.config import WEIGHT_SOURCES, DetectorConfig
 from pipeline.detect.model import VGDetector
 from pipeline.errors import ConfigError, UnsafePickleError
 from pipeline.io import sha256_file
@@ -48,13 +48,6 @@ ATTRIBUTE_PREFIXES = ("roi_heads.box_predictor.cls_embedding.", "roi_heads.box_p
 BACKGROUND_LAST = ("roi_heads.box_predictor.cls_score.weight", "roi_heads.box_predictor.cls_score.bias",
                    "roi_heads.box_predictor.cls_embedding.weight", "roi_heads.box_predictor.attr_score.weight",
                    "roi_heads.box_predictor.attr_score.bias")
-WEIGHT_SOURCES = (
-    "the public weights are not bundled: get faster_rcnn_from_caffe_attr.pkl (36-box model) or "
-    "faster_rcnn_from_caffe_attr_original.pkl (10-100) from airsplay/py-bottom-up-attention's README, "
-    "or pytorch_model.bin of unc-nlp/frcnn-vg-finetuned (HF hub), and pass --weights PATH"
-)
-
-
 @dataclass
 class LoadReport:
     path: str

@@ -10,8 +10,7 @@ never.
 
 `verdict`: a run fails (exit 1) when shards failed for good, when every item failed, or
 when the failure rate of all items of the output folder, earlier runs included, exceeds
-``--max-failure-rate``. `shard_failure`: what a shard task that raised is reported as;
-a full disk is not retried but stops the run (exit 74).
+``--max-failure-rate`` (`pipeline.distribute.summary` puts it in every run summary).
 """
 
 from __future__ import annotations
@@ -21,8 +20,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 from pipeline.download.fetch import FetchConfig
-from pipeline.download.images import ImageConfig
-from pipeline.errors import DISK_FULL
+from pipeline.images import ImageConfig
 
 Policy = dict  # the option values refusals depend on (JSON-able), see policy_of
 
@@ -108,12 +106,3 @@ def verdict(items: int, successes: int, failures: Counter, shards_failed: dict, 
     return {"failure_rate": round(rate, 4), "max_failure_rate": max_rate,
             "verdict": "failed" if reason else "ok", "verdict_reason": reason}
 
-
-def shard_failure(err: Exception) -> str:
-    """The one-line reason a shard task failed, from the exception Ray raised for it (the
-    task's own exception, not Ray's wrapper and remote traceback). A full disk is raised
-    as it is: retrying cannot help, and the CLI turns it into exit 74."""
-    cause = getattr(err, "cause", None) or err  # ray.exceptions.RayTaskError keeps the task's exception
-    if isinstance(cause, OSError) and cause.errno in DISK_FULL:
-        raise cause
-    return f"{type(cause).__name__}: {cause}"[:1000]

@@ -11,7 +11,8 @@ as browsers do. Host names are resolved here and the connection goes to the chec
 address (no second lookup to race), and by default loopback, private, link-local,
 multicast and reserved addresses, also when embedded in an IPv6 transition address, are
 refused before any connection is made. Credentials in a URL are never sent and never
-written (`redact_url`).
+written (`redact_url`). `FetchConfig` holds these settings (validated in itself), and how
+many fetches one shard task runs at once (`threads`).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from typing import Iterator, Optional, Union
 from urllib.parse import quote, urljoin, urlsplit, urlunsplit
 
 from pipeline import __version__
+from pipeline.config import Config, at_least
 from pipeline.errors import ConfigError
 
 CHUNK = 1 << 16
@@ -43,7 +45,7 @@ _IPV4_COMPATIBLE = ipaddress.ip_network("::/96")  # deprecated IPv4-compatible a
 
 
 @dataclass(frozen=True)
-class FetchConfig:
+class FetchConfig(Config):
     connect_timeout: float = 10.0
     read_timeout: float = 10.0  # per socket operation
     deadline: float = 30.0  # whole request, redirects included
@@ -53,12 +55,17 @@ class FetchConfig:
     backoff: float = 0.5  # first backoff; doubles per attempt, with jitter
     max_retry_wait: float = 10.0  # cap on Retry-After / backoff sleeps
     per_host: int = 16  # concurrent requests to one host, per worker process
+    threads: int = 16  # fetch threads inside each shard task (docs/benchmarks.md ran 16)
     user_agent_token: str = ""
-    disallowed_directives: tuple[str, ...] = ("noai", "noimageai")
+    disallowed_directives: tuple[str, ...] = ("noai", "noimageai")  # X-Robots-Tag opt-outs (lower case)
     allow_private_network: bool = False
     allowed_networks: tuple[str, ...] = ()  # CIDRs allowed even when private networks are refused
 
     def __post_init__(self) -> None:
+        at_least(self, {"connect_timeout": 0.01, "read_timeout": 0.01, "deadline": 0.01, "max_bytes": 1,
+                        "max_redirects": 0, "retries": 0, "backoff": 0, "max_retry_wait": 0, "per_host": 1, "threads": 1})
+        directives = tuple(d.strip().lower() for d in self.disallowed_directives if d.strip())
+        object.__setattr__(self, "disallowed_directives", directives)
         canonical = []
         for net in self.allowed_networks:
             try:

@@ -1,10 +1,15 @@
-"""One download shard: fetch + process its items with a thread pool, write the shard.
+"""Download shards: a dataset's items cut into deterministic `ShardJob`s (`shard_jobs`),
+and what one shard task does with them — fetch and process its items with a thread pool
+(`fetch_rows`), then write the image shard (`download_shard`, the task of `vlprep
+download`) or hand the rows on to the detector (`download_rows`, the download task of
+`vlprep extract`, which can keep them as an image shard too).
 
-This is the body of a Ray task; it takes plain data and returns the shard's stats.
-Sample errors are data: a failed item becomes a row with status "failed", a named
-reason and whether it is transient — whatever goes wrong with one item (an unexpected
-exception included, as "internal error") never takes its shard down. Items of one shard
-that share a URL are fetched once. Rows never hold URL credentials.
+The tasks take plain data and return plain data. Sample errors are data: a failed item
+becomes a row with status "failed", a named reason and whether it is transient —
+whatever goes wrong with one item (an unexpected exception included, as "internal
+error") never takes its shard down. Items of one shard that share a URL are fetched
+once. Rows never hold URL credentials. `check_inputs` refuses missing inputs before any
+work starts.
 """
 
 from __future__ import annotations
@@ -15,12 +20,15 @@ from collections import Counter
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Iterator, Optional, Sequence
 
+from pipeline.datasets import Malformed, ReaderOptions, read_items
+from pipeline.distribute import MalformedRows, chunks, shard_name
 from pipeline.download.failures import Policy, policy_of, should_retry
 from pipeline.download.fetch import Fetched, FetchConfig, FetchError, HostLimiter, fetch, redact_url
-from pipeline.download.images import ImageConfig, ImageError, process_image
-from pipeline.image_shards import item_row, read_shard_rows, row_item, shard_name, write_shard
+from pipeline.errors import ConfigError
+from pipeline.image_shards import item_row, read_shard_rows, row_item, write_shard
+from pipeline.images import ImageConfig, ImageError, process_image
 from pipeline.records import SourceItem
 
 log = logging.getLogger(__name__)
@@ -35,6 +43,31 @@ class ShardJob:
     items: tuple[SourceItem, ...]
     retry_failed: bool = False  # reprocess the retryable failures of the existing shard (failures.should_retry)
     previous_policy: Optional[Policy] = None  # the options the existing shard was made under, from its stats
+
+
+def check_inputs(inputs: Sequence[Path]) -> None:
+    """A ConfigError, before any work, unless there is an input and every input exists."""
+    if not inputs:
+        raise ConfigError("give at least one --input")
+    missing = [str(p) for p in inputs if not Path(p).exists()]
+    if missing:
+        raise ConfigError(f"input not found: {', '.join(missing)}")
+
+
+def shard_jobs(dataset: str, inputs: Sequence[Path], reader: ReaderOptions, shard_size: int,
+               malformed: MalformedRows) -> Iterator[ShardJob]:
+    """The deterministic shards of a dataset's items (`distribute.chunks`); malformed
+    input rows are counted in `malformed`, not shard items."""
+
+    def items() -> Iterator[SourceItem]:
+        for result in read_items(dataset, inputs, reader):
+            if isinstance(result, Malformed):
+                malformed.add(result)
+            else:
+                yield result
+
+    for number, batch in chunks(items(), shard_size):
+        yield ShardJob(number, tuple(batch))
 
 
 def _read_local(path: str, max_bytes: int) -> Fetched:
@@ -86,10 +119,12 @@ def _outcome(item: SourceItem, fetched: "Future[Fetched] | Fetched", image_cfg: 
 
 
 def fetch_rows(
-    items: list[SourceItem], redo: list[bool], fetch_cfg: FetchConfig, image_cfg: ImageConfig, threads: int,
+    items: list[SourceItem], redo: list[bool], fetch_cfg: FetchConfig, image_cfg: ImageConfig,
     progress: Optional[ProgressFn] = None,
 ) -> list[Optional[dict]]:
-    """Rows for the items marked in `redo` (None for the others), in item order."""
+    """Rows for the items marked in `redo` (None for the others), in item order, fetched
+    by `fetch_cfg.threads` threads."""
+    threads = fetch_cfg.threads
     limiter = HostLimiter(fetch_cfg.per_host)
 
     def fetch_one(item: SourceItem) -> Fetched:
@@ -104,11 +139,11 @@ def fetch_rows(
     rows: list[Optional[dict]] = [None] * len(items)
     # Threads only fetch; this thread decodes/resizes/encodes in completion order (one CPU
     # stream per task, no GIL convoy), with at most 2 x threads fetched images waiting.
-    with ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
+    with ThreadPoolExecutor(max_workers=threads) as pool:
         pending: dict[Future, list[int]] = {}
 
         def fill() -> None:
-            while len(pending) < 2 * max(1, threads):
+            while len(pending) < 2 * threads:
                 nxt = next(todo, None)
                 if nxt is None:
                     return
@@ -127,8 +162,7 @@ def fetch_rows(
 
 
 def download_shard(
-    job: ShardJob, out: Path, fetch_cfg: FetchConfig, image_cfg: ImageConfig, threads: int,
-    progress: Optional[ProgressFn] = None,
+    job: ShardJob, out: Path, fetch_cfg: FetchConfig, image_cfg: ImageConfig, progress: Optional[ProgressFn] = None,
 ) -> dict:
     """Download, process and write one shard; returns its stats (also in NNNNN_stats.json).
     A retry job rewrites the existing shard, re-attempting only its retryable failures."""
@@ -138,7 +172,7 @@ def download_shard(
     items = [row_item(r) for r in previous] if previous is not None else list(job.items)
     redo = [previous is None or (r["status"] == "failed" and should_retry(
         r["error_kind"], bool(r["transient"]), job.previous_policy, policy)) for r in (previous or items)]
-    rows = fetch_rows(items, redo, fetch_cfg, image_cfg, threads, progress)
+    rows = fetch_rows(items, redo, fetch_cfg, image_cfg, progress)
     for i, row in enumerate(rows):
         if row is None:  # kept from the previous run of this shard
             rows[i] = previous[i]
@@ -146,6 +180,28 @@ def download_shard(
     stats = shard_stats(job.number, rows, started, downloaded, policy, retried=sum(redo) if previous is not None else 0)
     write_shard(out, job.number, rows, stats)
     return stats
+
+
+def download_rows(job: ShardJob, fetch_cfg: FetchConfig, image_cfg: ImageConfig, keep_images: Optional[str]) -> list[dict]:
+    """Fetch a shard's images into rows (the bytes stay in memory / the object store).
+    With `keep_images`, the rows are also written there as an image shard; a retry job's
+    rows replace theirs in the shard kept before (if none was, none is written: the folder
+    only holds whole shards)."""
+    started = time.time()
+    rows = fetch_rows(list(job.items), [True] * len(job.items), fetch_cfg, image_cfg)
+    downloaded = sum(r.pop("_downloaded", 0) for r in rows)
+    if not keep_images:
+        return rows
+    kept, earlier = rows, Path(keep_images) / f"{shard_name(job.number)}.parquet"
+    if job.retry_failed:
+        if not earlier.is_file():
+            return rows
+        fresh = {r["image_id"]: r for r in rows}
+        kept = [fresh.get(r["image_id"], r) for r in read_shard_rows(earlier)]
+    stats = shard_stats(job.number, kept, started, downloaded, policy_of(fetch_cfg, image_cfg),
+                        retried=len(rows) if job.retry_failed else 0)
+    write_shard(Path(keep_images), job.number, kept, stats)
+    return rows
 
 
 def shard_stats(number: int, rows: list[dict], started: float, downloaded: int, policy: Policy,

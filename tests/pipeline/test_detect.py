@@ -6,13 +6,13 @@ import torch
 from detector_layouts import published_shapes, random_weights, write_d2_pickle, write_hf_bin
 from image_server import make_corpus
 
-from pipeline.detect.boxes import BoxCount, decode, encode, per_class_nms_max_conf, select_butd, select_maxnms
-from pipeline.detect.config import DetectorConfig
-from pipeline.detect.extractor import RegionFeatureExtractor, SelectionConfig
+from pipeline.detect.boxes import decode, encode, per_class_nms_max_conf, select_butd, select_maxnms
+from pipeline.detect.config import BoxCount, DetectorConfig, SelectionConfig
+from pipeline.detect.extractor import RegionFeatureExtractor
 from pipeline.detect.preprocess import butd_scale, preprocess
 from pipeline.detect.weights import load_detector
-from pipeline.download.images import load_rgb
 from pipeline.errors import ConfigError
+from pipeline.images import load_rgb
 from pipeline.records import validate_record
 
 TINY = DetectorConfig.load("tiny")
@@ -227,3 +227,35 @@ def test_odd_image_modes_become_rgb_inputs(name):
     assert rgb.dtype == np.uint8 and rgb.ndim == 3 and rgb.shape[2] == 3
     if name == "exif_rotated.jpg":
         assert rgb.shape[:2] == (48, 64) and rgb[24, 5, 0] > 200
+
+
+# -- the detect stage's configs validate themselves ------------------------------
+
+def test_selection_and_detector_configs_validate_themselves():
+    with pytest.raises(ConfigError, match="--policy must be one of butd, maxnms"):
+        SelectionConfig("nms")
+    with pytest.raises(ConfigError, match="--nms-thresh must be >= 0"):
+        SelectionConfig(nms_thresh=-0.1)
+    with pytest.raises(ConfigError, match="1 <= MIN <= MAX"):
+        BoxCount(5, 3)
+    assert SelectionConfig().to_json()["boxes"] == "10-100"  # recorded as the flag is written
+    assert DetectorConfig.from_json(TINY.to_json()) == TINY
+    with pytest.raises(ConfigError, match="unknown detector config keys: colour"):
+        DetectorConfig.from_json({**TINY.to_json(), "colour": 1})
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"device": "gpu"}, "--device must be auto, cpu, cuda or cuda:N"),
+    ({"cls_prob": "topk"}, "--cls-prob: probability storage"),
+    ({"backend": "zarr"}, "--backend must be one of arrow, lmdb"),
+    ({"dtype": "int8"}, "--dtype must be one of float16, float32"),
+    ({"batch_size": 0}, "--batch-size must be >= 1"),
+    ({"actors": 0}, "--actors must be >= 1"),
+    ({"dataset": "nope", "images": None, "inputs": ("x",)}, "--dataset must be one of"),
+    ({"dataset": "folder", "images": None}, "give at least one --input"),
+])
+def test_extract_config_refuses_bad_values_naming_the_flag(tmp_path, fields, message):
+    from pipeline.detect.config import ExtractConfig
+
+    with pytest.raises(ConfigError, match=message):
+        ExtractConfig(**{"out": tmp_path / "s", "images": tmp_path, "random_weights": True, **fields})

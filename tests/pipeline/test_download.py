@@ -158,7 +158,7 @@ def test_download_refuses_a_folder_made_from_other_inputs(tmp_path, server):
     proc = run_cli("download", "--dataset", "conceptual_captions", "--input", tsv, "--out", out, "--shard-size", "3", *LOCAL_FLAGS)
     assert proc.returncode == 2 and "other inputs or settings" in proc.stderr
     proc = run_cli("download", "--dataset", "nope", "--input", tsv, "--out", out)
-    assert proc.returncode == 2 and "unknown dataset" in proc.stderr
+    assert proc.returncode == 2 and "Invalid value for '--dataset'" in proc.stderr and "'nope' is not one of" in proc.stderr
 
 
 def test_a_failing_shard_is_retried_then_reported(tmp_path, server):
@@ -269,26 +269,29 @@ def test_a_second_download_into_the_same_folder_is_refused_at_once(tmp_path, ser
 
 def test_relative_paths_are_absolute_before_they_reach_the_tasks(tmp_path, monkeypatch):
     from pipeline.datasets import ReaderOptions
-    from pipeline.download.run import DownloadConfig, shard_jobs
+    from pipeline.distribute import DistributeConfig, MalformedRows
+    from pipeline.download.run import DownloadConfig
+    from pipeline.download.shard import shard_jobs
 
     (tmp_path / "imgs").mkdir()
     (tmp_path / "imgs" / "a.jpg").write_bytes(b"x")
     (tmp_path / "results_20130124.token").write_text("a.jpg#0\tA thing .\n")
     monkeypatch.chdir(tmp_path)
-    cfg = DownloadConfig(dataset="folder", inputs=(Path("imgs"),), out=Path("out"), ray_address="auto")
+    cfg = DownloadConfig(dataset="folder", inputs=(Path("imgs"),), out=Path("out"),
+                         distribute=DistributeConfig(ray_address="auto"))
     assert cfg.out == tmp_path / "out" and cfg.inputs == (tmp_path / "imgs",)
     assert cfg.to_json()["out"] == str(tmp_path / "out")
     cfg = DownloadConfig(dataset="flickr30k", inputs=(Path("results_20130124.token"),), out=Path("sub/../out"),
                          reader=ReaderOptions(images_root=Path("imgs")))
     assert cfg.out == tmp_path / "out"
-    job = next(shard_jobs(cfg, [], Counter()))
+    job = next(shard_jobs(cfg.dataset, cfg.inputs, cfg.reader, cfg.distribute.shard_size, MalformedRows()))
     assert job.items[0].path == str(tmp_path / "imgs" / "a.jpg")
 
 
 def test_an_unexpected_error_in_one_item_becomes_its_failure():
     from pipeline.download.fetch import Fetched
-    from pipeline.download.images import ImageConfig
     from pipeline.download.shard import process_item
+    from pipeline.images import ImageConfig
     from pipeline.records import SourceItem
 
     item = SourceItem(image_id="x", url="http://u:p@example.com/x.jpg")
@@ -303,19 +306,19 @@ def test_an_unexpected_error_in_one_item_becomes_its_failure():
 
 def test_local_paths_no_file_can_have_fail_alone(tmp_path):
     from pipeline.download.fetch import FetchConfig
-    from pipeline.download.images import ImageConfig
     from pipeline.download.shard import fetch_rows
+    from pipeline.images import ImageConfig
     from pipeline.records import SourceItem
 
     items = [SourceItem(image_id="nul", path=str(tmp_path / "a\x00b.jpg")), SourceItem(image_id="dir", path=str(tmp_path))]
-    rows = fetch_rows(items, [True, True], FetchConfig(), ImageConfig(), threads=2)
+    rows = fetch_rows(items, [True, True], FetchConfig(threads=2), ImageConfig())
     assert [r["error_kind"] for r in rows] == ["file error", "file error"]
 
 
 def test_retry_table():
     from pipeline.download.failures import policy_of, should_retry
     from pipeline.download.fetch import FetchConfig
-    from pipeline.download.images import ImageConfig
+    from pipeline.images import ImageConfig
 
     old = policy_of(FetchConfig(max_bytes=1000), ImageConfig(min_side=100, max_aspect_ratio=3))
     same = dict(old)
@@ -366,7 +369,7 @@ def test_a_shard_task_error_is_reported_as_its_own_error_and_a_full_disk_stops_t
 
     from ray.exceptions import RayTaskError
 
-    from pipeline.download.failures import shard_failure
+    from pipeline.distribute import shard_failure
     from pipeline.errors import describe
 
     wrapped = RayTaskError("_shard_task", "Traceback (most recent call last): ...", FileExistsError("/o/00001_stats.json"))
@@ -377,3 +380,90 @@ def test_a_shard_task_error_is_reported_as_its_own_error_and_a_full_disk_stops_t
     assert info.value is full and describe(info.value).startswith("disk full writing /o/.tmp-00003.parquet.77")
     flaky = OSError(errno.EIO, "Input/output error", "/nfs/o/00004.parquet")  # e.g. NFS: retried like any error
     assert shard_failure(RayTaskError("_shard_task", "Traceback ...", flaky).as_instanceof_cause()).startswith("OSError")
+
+
+# -- the one distributor ----------------------------------------------------------
+
+def test_one_distributor_runs_the_shards_of_download_and_extract():
+    """Ray start, in-flight bound, retry-then-report, done-shard scan and the summary skeleton
+    live in pipeline/distribute.py only: the stage runners keep their stage logic, and extract
+    cuts its shards without a (fake) DownloadConfig."""
+    root = REPO / "pipeline"
+    assert "def run_shards" in (root / "distribute.py").read_text()
+    for path in root.rglob("*.py"):
+        if path.name == "distribute.py":
+            continue
+        text = path.read_text()
+        for twin in ("ray.init(", "ray.wait(", "ray.shutdown(", "in_flight[", "def shard_failure", "def done_shards",
+                     'glob("[0-9]*', "MAX_LISTED_MALFORMED"):
+            assert twin not in text or (twin == "def done_shards" and path.name == "image_shards.py"), (path, twin)
+    for path in (root / "detect").glob("*.py"):
+        text = path.read_text()
+        assert "DownloadConfig" not in text and "pipeline.download.run" not in text, path
+    run = (root / "detect" / "run.py").read_text()
+    for concern in ("class DetectorActor", "def read_given_boxes", "def resolve_device", "class ExtractConfig",
+                    "def _download_rows"):
+        assert concern not in run, concern
+
+
+def test_distribute_cuts_scans_and_checks_its_config(tmp_path):
+    from pipeline.distribute import DistributeConfig, MalformedRows, chunks, done_shards, stats_path
+    from pipeline.errors import ConfigError, DataError
+
+    assert list(chunks(range(5), 2)) == [(0, [0, 1]), (1, [2, 3]), (2, [4])] and list(chunks([], 3)) == []
+    stats_path(tmp_path, 3).write_text('{"count": 1}')
+    (tmp_path / "00004_stats.json").mkdir()  # not a file: not done
+    (tmp_path / "x_stats.json").write_text("{}")
+    assert done_shards(tmp_path, "stats") == {3: {"count": 1}}
+    assert done_shards(tmp_path, "stats", complete=lambda n: n != 3) == {}
+    stats_path(tmp_path, 5).write_text("{trunc")
+    with pytest.raises(DataError, match="00005_stats.json: unreadable stats"):
+        done_shards(tmp_path, "stats")
+    for fields, flag in (({"shard_size": 0}, "--shard-size"), ({"workers": 0}, "--workers"),
+                         ({"shard_retries": -1}, "--shard-retries"), ({"max_failure_rate": 1.5}, "--max-failure-rate")):
+        with pytest.raises(ConfigError, match=flag):
+            DistributeConfig(**fields)
+    malformed = MalformedRows()
+    for i in range(150):
+        malformed.add(f"row {i}")
+    assert malformed.count == 150 and len(malformed.examples) == 100
+
+
+def test_run_shards_bounds_in_flight_work_retries_then_reports():
+    import ray
+
+    from pipeline.distribute import DistributeConfig, Progress, ray_session, run_shards
+
+    class Job:
+        def __init__(self, number):
+            self.number = number
+
+    def work(number: int, attempt: int) -> int:
+        if number == 3 or (number == 5 and attempt == 0):
+            raise ValueError(f"shard {number} broke")
+        return number * 10
+
+    attempts, running, most, committed = Counter(), [0], [0], {}
+
+    def submit(job):
+        running[0] += 1
+        most[0] = max(most[0], running[0])
+        attempts[job.number] += 1
+        return remote.remote(job.number, attempts[job.number] - 1)
+
+    def commit(job, result):
+        running[0] -= 1
+        committed[job.number] = result
+
+    with ray_session(DistributeConfig(workers=1)):
+        remote = ray.remote(num_cpus=1, max_retries=0)(work)
+        progress = Progress()
+        failed = run_shards(map(Job, range(8)), submit, commit, retries=2, max_in_flight=3, progress=progress)
+        assert failed == {"00003": "ValueError: shard 3 broke"} and attempts[3] == 3 and attempts[5] == 2
+        assert committed == {n: n * 10 for n in range(8) if n != 3}
+        assert progress.shards_done == 7 and progress.shards_failed == 1
+        running[0] = most[0] = 0
+        committed.clear()
+        run_shards(map(Job, range(10, 30)), submit, commit, retries=0, max_in_flight=3, progress=Progress())
+        assert len(committed) == 20 and most[0] == 3  # never more than max_in_flight at once
+    assert not ray.is_initialized()  # the session it started is shut down

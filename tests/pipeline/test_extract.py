@@ -230,7 +230,8 @@ def test_extract_reads_img2dataset_files_output(tmp_path):
 
 
 def test_relative_extract_paths_are_absolute_before_they_reach_the_workers(tmp_path, monkeypatch):
-    from pipeline.detect.run import ExtractConfig
+    from pipeline.detect.config import ExtractConfig
+    from pipeline.distribute import DistributeConfig
 
     for name in ("imgs", "keep"):
         (tmp_path / name).mkdir()
@@ -239,7 +240,7 @@ def test_relative_extract_paths_are_absolute_before_they_reach_the_workers(tmp_p
     (tmp_path / "list.tsv").write_text("")
     monkeypatch.chdir(tmp_path)
     cfg = ExtractConfig(out=Path("feats"), images=Path("imgs"), weights=Path("w.pkl"), keep_images=Path("keep"),
-                        given_boxes=Path("boxes.json"), ray_address="auto")
+                        given_boxes=Path("boxes.json"), distribute=DistributeConfig(ray_address="auto"))
     assert (cfg.out, cfg.images, cfg.weights, cfg.keep_images, cfg.given_boxes) == (
         tmp_path / "feats", tmp_path / "imgs", tmp_path / "w.pkl", tmp_path / "keep", tmp_path / "boxes.json")
     cfg = ExtractConfig(out=Path("feats"), dataset="conceptual_captions", inputs=(Path("list.tsv"),), random_weights=True)
@@ -248,9 +249,8 @@ def test_relative_extract_paths_are_absolute_before_they_reach_the_workers(tmp_p
 
 
 def test_one_image_that_breaks_the_decoder_fails_alone(server):
-    from pipeline.detect.extractor import SelectionConfig
-    from pipeline.detect.boxes import BoxCount
-    from pipeline.detect.run import DetectorActor
+    from pipeline.detect.actor import DetectorActor
+    from pipeline.detect.config import BoxCount, SelectionConfig
 
     actor = DetectorActor(TINY.to_json(), None, 0, SelectionConfig("butd", BoxCount.parse("4")), "cpu", False, 2)
     rows = [{"image_id": "good", "status": "ok", "image": server.corpus["rgb.jpg"][0], "url": None},
@@ -267,7 +267,7 @@ def test_one_image_that_breaks_the_decoder_fails_alone(server):
 
 def test_keep_images_inside_the_store_is_refused(tmp_path):
     """`--keep-images X --out X` answered "another process (pid <its own>) is writing", exit 75."""
-    from pipeline.detect.run import ExtractConfig
+    from pipeline.detect.config import ExtractConfig
 
     (tmp_path / "imgs").mkdir()
     for keep in (tmp_path / "feats", tmp_path / "feats" / "images", tmp_path):

@@ -180,3 +180,21 @@ def test_allowed_networks_cover_embedded_ipv4():
     nets = ("10.0.0.0/8",)
     assert _address_allowed("10.1.2.3", False, nets) and _address_allowed("64:ff9b::a01:203", False, nets)
     assert _address_allowed("::ffff:10.1.2.3", False, nets) and not _address_allowed("::ffff:192.168.0.1", False, nets)
+
+
+@pytest.mark.parametrize("fields, flag", [
+    ({"deadline": 0}, "--deadline"), ({"connect_timeout": -1}, "--connect-timeout"), ({"max_bytes": 0}, "--max-bytes"),
+    ({"retries": -1}, "--retries"), ({"per_host": 0}, "--per-host"), ({"threads": 0}, "--threads"),
+    ({"allowed_networks": ("10.0.0.0/33",)}, "--allow-network"),
+])
+def test_fetch_config_refuses_bad_values_naming_the_flag(fields, flag):
+    from pipeline.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=flag):
+        FetchConfig(**fields)
+
+
+def test_fetch_config_normalizes_and_round_trips():
+    cfg = FetchConfig(disallowed_directives=(" NoAI", "", "noimageai "), allowed_networks=("10.1.2.3/8",))
+    assert cfg.disallowed_directives == ("noai", "noimageai") and cfg.allowed_networks == ("10.0.0.0/8",)
+    assert FetchConfig.from_json(cfg.to_json()) == cfg

@@ -9,10 +9,10 @@ from image_server import make_corpus
 
 from pipeline.datasets import read_items
 from pipeline.download.fetch import FetchConfig
-from pipeline.download.images import ImageConfig
 from pipeline.download.shard import ShardJob, download_shard
 from pipeline.errors import ConfigError
 from pipeline.image_shards import IMAGE_SHARD_SCHEMA, done_shards, iter_images
+from pipeline.images import ImageConfig
 
 CORPUS = make_corpus()
 
@@ -31,7 +31,7 @@ def test_local_files_become_a_shard_and_read_back(tmp_path):
     items += (items[0].__class__(image_id="gone", path=str(tmp_path / "missing.jpg")),)
     out = tmp_path / "shards"
     out.mkdir()
-    stats = download_shard(ShardJob(0, items), out, FetchConfig(), ImageConfig(), threads=2)
+    stats = download_shard(ShardJob(0, items), out, FetchConfig(threads=2), ImageConfig())
     assert stats["count"] == 5 and stats["successes"] == 3
     assert stats["failures"] == {"decode error": 1, "file not found": 1}
     table = pq.read_table(out / "00000.parquet")
@@ -120,7 +120,7 @@ def test_file_names_that_are_not_utf8_do_not_lose_the_shard(tmp_path):
         f.write(CORPUS["rgb.png"][0])
     out = tmp_path / "shards"
     out.mkdir()
-    stats = download_shard(ShardJob(0, tuple(read_items("folder", [folder]))), out, FetchConfig(), ImageConfig(), 2)
+    stats = download_shard(ShardJob(0, tuple(read_items("folder", [folder]))), out, FetchConfig(threads=2), ImageConfig())
     assert stats["successes"] == 2
     rows = pq.read_table(out / "00000.parquet").to_pylist()
     assert [r["image_id"] for r in rows] == ["caf\ufffd", "rgb"] and rows[0]["image"] == CORPUS["rgb.png"][0]

@@ -1,11 +1,13 @@
 import io
+from pathlib import Path
 
 import numpy as np
 import pytest
 from image_server import half_red_image, make_corpus, make_hostile
 from PIL import Image
 
-from pipeline.download.images import ImageConfig, ImageError, process_image, sniff
+from pipeline.errors import ConfigError
+from pipeline.images import ImageConfig, ImageError, load_rgb, process_image, sniff
 
 CORPUS = make_corpus()
 HOSTILE = make_hostile()
@@ -92,3 +94,45 @@ def test_large_jpeg_downscale_matches_the_target_size():
     img = process_image(buf.getvalue(), ImageConfig(max_side=480))
     assert (img.width, img.height) == (480, 360) and (img.original_width, img.original_height) == (2000, 1500)
     assert np.abs(decode(img.data).astype(int) - [10, 200, 30]).max() < 8
+
+
+@pytest.mark.parametrize("data, kind", [(HOSTILE["html"], "not an image"), (HOSTILE["truncated.jpg"], "decode error"),
+                                        (HOSTILE["bomb.png"], "decompression bomb"), (b"", "not an image")])
+def test_load_rgb_names_bad_images_as_downloads_do(data, kind):
+    with pytest.raises(ImageError) as info:
+        load_rgb(data)
+    assert info.value.kind == kind
+
+
+def test_load_rgb_is_upright_rgb():
+    pixels = load_rgb(CORPUS["exif_rotated.jpg"][0])
+    assert pixels.shape == (48, 64, 3) and pixels[24, 5, 0] > 200 and pixels[24, 58, 2] > 200
+    assert load_rgb(CORPUS["cmyk.jpg"][0]).shape == (48, 64, 3)
+
+
+@pytest.mark.parametrize("fields, flag", [
+    ({"encode_format": "gif"}, "--encode-format"), ({"resample": "nearest"}, "--resample"), ({"quality": 0}, "--quality"),
+    ({"quality": 101}, "--quality"), ({"max_pixels": 0}, "--max-pixels"), ({"min_side": -1}, "--min-side"),
+    ({"max_side": -5}, "--max-side"), ({"max_aspect_ratio": 0.5}, "--max-aspect-ratio"),
+])
+def test_image_config_refuses_bad_values_naming_the_flag(fields, flag):
+    with pytest.raises(ConfigError, match=flag):
+        ImageConfig(**fields)
+    assert ImageConfig.from_json(ImageConfig(max_side=512).to_json()) == ImageConfig(max_side=512)
+
+
+def test_one_image_module_decodes_for_download_detect_and_show():
+    """Decoding has one owner, pipeline/images.py: the old download/images.py twin is gone,
+    nothing imports its path, no other module defines the decoders, and download, detect
+    (show included) and the image shards open no image themselves."""
+    root = Path(__file__).resolve().parents[2] / "pipeline"
+    assert not (root / "download" / "images.py").exists()
+    stages = [*(root / "download").glob("*.py"), *(root / "detect").glob("*.py"), root / "image_shards.py"]
+    for path in root.rglob("*.py"):
+        if path == root / "images.py":
+            continue
+        text = path.read_text()
+        assert "pipeline.download.images" not in text, path
+        assert not any(f"def {name}(" in text for name in ("sniff", "to_rgb", "_to_rgb", "load_rgb", "process_image")), path
+        if path in stages:
+            assert "Image.open(" not in text, path

@@ -1,11 +1,17 @@
-"""Turning downloaded bytes into a stored image: pure functions, no I/O.
+"""Image decoding, the one owner for download, detect and show: pure functions, no I/O.
 
 Content is sniffed from the magic bytes (a Content-Type header is never trusted); the
 pixel count is checked from the header before the image is decoded (decompression
 bombs); EXIF orientation is applied; every mode is converted to RGB (CMYK, L, P, LA,
-RGBA over white, 16-bit scaled to 8-bit); optional filters (minimum side, maximum aspect
-ratio) and a downscale to a maximum side. When nothing needs changing the original bytes
-are kept as they are.
+RGBA over white, 16-bit scaled to 8-bit).
+
+* `process_image(data, ImageConfig)`: a downloaded image made ready to store — optional
+  filters (minimum side, maximum aspect ratio), a downscale to a maximum side, and a
+  re-encode only when something changed (otherwise the original bytes are kept).
+* `load_rgb(data)`: an (H, W, 3) uint8 array for the detector and `vlprep show`.
+
+Both raise `ImageError` with a named reason (a sample error: counted, never fatal).
+`ImageConfig` validates itself (a `ConfigError` naming the flag).
 """
 
 from __future__ import annotations
@@ -19,6 +25,9 @@ from typing import Optional
 import numpy as np
 from PIL import Image, ImageOps
 
+from pipeline.config import Config, at_least, one_of
+from pipeline.errors import ConfigError
+
 _MAGIC = (
     (b"\xff\xd8\xff", "jpeg"),
     (b"\x89PNG\r\n\x1a\n", "png"),
@@ -28,25 +37,35 @@ _MAGIC = (
     (b"II*\x00", "tiff"),
     (b"MM\x00*", "tiff"),
 )
-KEEPABLE = {"jpeg", "png", "webp"}
+KEEPABLE = {"jpeg", "png", "webp"}  # formats stored as downloaded when no change is needed
+ENCODE_FORMATS = ("jpeg", "png")  # of re-encoded images
 RESAMPLE = {
-    "area": Image.Resampling.BOX,  # area averaging when shrinking
+    "area": Image.Resampling.BOX,  # area averaging when shrinking (= OpenCV INTER_AREA)
     "bilinear": Image.Resampling.BILINEAR,
     "bicubic": Image.Resampling.BICUBIC,
     "lanczos": Image.Resampling.LANCZOS,
-}  # formats stored as downloaded when no change is needed
+}
 _ORIENTATION_TAG = 0x0112
 
 
 @dataclass(frozen=True)
-class ImageConfig:
+class ImageConfig(Config):
     max_pixels: int = 89_478_485  # Pillow's own warning threshold
     min_side: int = 0  # 0: no filter
     max_aspect_ratio: float = 0.0  # long/short side; 0: no filter
     max_side: int = 0  # downscale so the longer side is at most this; 0: keep size
-    encode_format: str = "jpeg"  # for re-encoded images: jpeg or png
-    quality: int = 95
-    resample: str = "area"  # downscale filter: area (= OpenCV INTER_AREA), bilinear, bicubic, lanczos
+    encode_format: str = "jpeg"  # for re-encoded images: ENCODE_FORMATS
+    quality: int = 95  # JPEG quality of re-encoded images, 1..100
+    resample: str = "area"  # downscale filter: a RESAMPLE name
+
+    def __post_init__(self) -> None:
+        at_least(self, {"max_pixels": 1, "min_side": 0, "max_aspect_ratio": 0, "max_side": 0, "quality": 1})
+        if self.quality > 100:
+            raise ConfigError(f"--quality must be <= 100, got {self.quality}")
+        if 0 < self.max_aspect_ratio < 1:
+            raise ConfigError(f"--max-aspect-ratio is long side / short side: 0 (off) or >= 1, got {self.max_aspect_ratio:g}")
+        one_of("encode_format", self.encode_format, ENCODE_FORMATS)
+        one_of("resample", self.resample, RESAMPLE)
 
 
 class ImageError(Exception):
@@ -77,7 +96,28 @@ def sniff(data: bytes) -> Optional[str]:
     return None
 
 
-def _to_rgb(im: Image.Image) -> Image.Image:
+def _open(data: bytes, max_pixels: int) -> tuple[str, Image.Image]:
+    """The sniffed format and the image with its header read (not decoded yet), after the
+    decompression-bomb checks; raises `ImageError`."""
+    fmt = sniff(data)
+    if fmt is None:
+        head = data[:16].decode("latin1").encode("unicode_escape").decode()
+        raise ImageError("not an image", f"{len(data):,} bytes starting {head!r}")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            im = Image.open(io.BytesIO(data))  # reads the header only
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as err:
+        raise ImageError("decompression bomb", str(err)) from err
+    except Exception as err:  # Pillow raises many types for unreadable headers
+        raise ImageError("decode error", f"{fmt}: {err}") from err
+    if im.width * im.height > max_pixels:
+        raise ImageError("decompression bomb", f"{im.width}x{im.height} exceeds {max_pixels:,} pixels")
+    return fmt, im
+
+
+def to_rgb(im: Image.Image) -> Image.Image:
+    """`im` in RGB: 16-bit scaled to 8-bit, transparency composited over white."""
     if im.mode == "RGB":
         return im
     if im.mode in ("I;16", "I;16B", "I;16L", "I"):
@@ -95,21 +135,8 @@ def _to_rgb(im: Image.Image) -> Image.Image:
 
 def process_image(data: bytes, cfg: ImageConfig) -> StoredImage:
     """Validate and normalize one image; raises `ImageError` with a named reason."""
-    fmt = sniff(data)
-    if fmt is None:
-        head = data[:16].decode("latin1").encode("unicode_escape").decode()
-        raise ImageError("not an image", f"{len(data):,} bytes starting {head!r}")
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("error", Image.DecompressionBombWarning)
-            im = Image.open(io.BytesIO(data))  # reads the header only
-    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as err:
-        raise ImageError("decompression bomb", str(err)) from err
-    except Exception as err:  # Pillow raises many types for unreadable headers
-        raise ImageError("decode error", f"{fmt}: {err}") from err
+    fmt, im = _open(data, cfg.max_pixels)
     width, height = im.size
-    if width * height > cfg.max_pixels:
-        raise ImageError("decompression bomb", f"{width}x{height} exceeds {cfg.max_pixels:,} pixels")
     try:
         orientation = im.getexif().get(_ORIENTATION_TAG, 1)
     except Exception as err:
@@ -134,7 +161,7 @@ def process_image(data: bytes, cfg: ImageConfig) -> StoredImage:
     if not resize and not animated and fmt in KEEPABLE and im.mode == "RGB" and orientation in (1, None):
         return StoredImage(data, fmt, width, height, width, height, hashlib.sha256(data).hexdigest(), False)
     try:
-        out = _to_rgb(ImageOps.exif_transpose(im) if orientation not in (1, None) else im)
+        out = to_rgb(ImageOps.exif_transpose(im) if orientation not in (1, None) else im)
         if resize:
             scale = cfg.max_side / long_
             size = (max(1, round(width * scale)), max(1, round(height * scale)))
@@ -156,19 +183,10 @@ def process_image(data: bytes, cfg: ImageConfig) -> StoredImage:
 def load_rgb(data: bytes, max_pixels: int = ImageConfig.max_pixels) -> np.ndarray:
     """Decode image bytes to an (H, W, 3) uint8 RGB array, upright (EXIF applied), with
     the same sniffing and decompression-bomb checks as downloads; raises `ImageError`."""
-    fmt = sniff(data)
-    if fmt is None:
-        raise ImageError("not an image", f"{len(data):,} bytes starting {data[:16]!r}")
+    fmt, im = _open(data, max_pixels)
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("error", Image.DecompressionBombWarning)
-            im = Image.open(io.BytesIO(data))
-        if im.width * im.height > max_pixels:
-            raise ImageError("decompression bomb", f"{im.width}x{im.height} exceeds {max_pixels:,} pixels")
         im.load()
-        return np.asarray(_to_rgb(ImageOps.exif_transpose(im)))
-    except ImageError:
-        raise
+        return np.asarray(to_rgb(ImageOps.exif_transpose(im)))
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as err:
         raise ImageError("decompression bomb", str(err)) from err
     except Exception as err:

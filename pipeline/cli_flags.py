@@ -1,0 +1,110 @@
+"""Command-line flags generated from config fields (`vlprep download` / `extract`).
+
+Each config field is declared once as a `Flag` (its help, and how its text becomes the
+field's value), in a group (`Flags`) shown as one help panel; `config_command` turns a
+command whose one parameter is its config into a command whose options are the groups'
+flags, and calls it with the config they build. A group with a ``section`` builds the
+config held in that field of the command's config, so the groups of sections two commands
+share (shards and Ray, reader, fetching, images) are declared once
+(tests/pipeline/test_cli_config.py checks fields against flags).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import typing
+from dataclasses import MISSING, dataclass
+from inspect import Parameter, Signature
+from typing import Any, Callable, Iterable, List, Literal, Mapping, Optional, Union
+
+import typer
+
+
+@dataclass(frozen=True)
+class Flag:
+    """How one config field is set on the command line (its default is the field's)."""
+
+    help: str
+    name: Optional[str] = None  # the flag, when it is not --<field name> (e.g. --input for `inputs`)
+    choices: Optional[Iterable[str]] = None  # the values allowed: shown in --help, checked by click
+    parse: Optional[Callable[[str], Any]] = None  # the flag's text -> the field's value
+    show: Callable[[Any], str] = str  # with `parse`: the field's default -> the flag's default text
+
+    def parameter(self, field: str, kind: Any, default: Any, panel: str) -> Parameter:
+        if self.parse is not None:
+            kind, default = str, default if default in (None, ...) else self.show(default)
+        elif self.choices is not None:
+            kind = Literal[tuple(self.choices)]
+        elif typing.get_origin(kind) is tuple:  # repeatable
+            kind, default = List[typing.get_args(kind)[0]], default if default is ... else list(default)
+        if default is None:
+            kind = Optional[kind]
+        option = typer.Option(default, *[self.name] if self.name else [], help=self.help, rich_help_panel=panel)
+        return Parameter(field, Parameter.KEYWORD_ONLY, default=option, annotation=kind)
+
+    def value(self, given: Any) -> Any:
+        if self.parse is not None and given is not None:
+            return self.parse(given)
+        return tuple(given) if isinstance(given, list) else given
+
+
+@dataclass(frozen=True)
+class Flags:
+    """Flags of fields of the config class `cls`, shown in one help panel. With `section`
+    they build the `cls` held in that field of the command's config; without, the fields
+    are the command's config's own. A plain string is a `Flag` with that help."""
+
+    cls: type
+    panel: str
+    flags: Mapping[str, Union[Flag, str]]
+    section: Optional[str] = None
+
+    def flag(self, field: str) -> Flag:
+        flag = self.flags[field]
+        return Flag(flag) if isinstance(flag, str) else flag
+
+    def parameters(self) -> list[Parameter]:
+        hints = typing.get_type_hints(self.cls)
+        fields = {f.name: f for f in dataclasses.fields(self.cls)}
+        return [self.flag(name).parameter(name, hints[name], _default(fields[name]), self.panel) for name in self.flags]
+
+
+def _default(field: dataclasses.Field) -> Any:
+    """A config field's default (``...``: none, the flag is required)."""
+    if field.default is not MISSING:
+        return field.default
+    return field.default_factory() if field.default_factory is not MISSING else ...
+
+
+def config_command(config_cls: type, *groups: Flags) -> Callable:
+    """Decorate a command whose one parameter is its config (a `config_cls`): its options
+    are the flags of `groups`, and it is called with the config they build (a config that
+    refuses its values raises a ConfigError naming the flag)."""
+
+    def decorate(fn: Callable) -> Callable:
+        @functools.wraps(fn)
+        def command(**given: Any) -> Any:
+            top: dict[str, Any] = {}
+            for group in groups:
+                values = {name: group.flag(name).value(given[name]) for name in group.flags}
+                if group.section:
+                    top[group.section] = group.cls(**values)
+                else:
+                    top.update(values)
+            return fn(config_cls(**top))
+
+        params = [p for group in groups for p in group.parameters()]
+        command.__signature__ = Signature(params)
+        command.__annotations__ = {p.name: p.annotation for p in params}
+        return command
+
+    return decorate
+
+
+def comma_list(text: str) -> tuple[str, ...]:
+    return tuple(text.split(","))
+
+
+def or_none(text: str) -> Optional[str]:
+    return text or None

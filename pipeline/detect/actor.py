@@ -1,0 +1,100 @@
+"""The detector as a Ray actor, and the device it runs on.
+
+`resolve_device` turns ``--device`` into the device used (``auto``: CUDA when there is
+one). `DetectorActor` loads one detector once and turns a shard's image rows into
+`RegionFeatures` records: every image that cannot be used fails alone, with a named
+reason (`image_failure`) — a row that failed earlier keeps its reason, an image that
+does not decode (`pipeline.images.load_rgb`) or a model error on it (after a failed batch
+its images are tried one by one) costs that image, never its shard.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from pipeline.detect.config import DetectorConfig, SelectionConfig
+from pipeline.detect.extractor import RegionFeatureExtractor
+from pipeline.detect.model import VGDetector
+from pipeline.detect.weights import load_detector
+from pipeline.download.fetch import redact_url
+from pipeline.errors import ConfigError
+from pipeline.images import ImageError, load_rgb
+
+log = logging.getLogger(__name__)
+
+
+def resolve_device(device: str) -> str:
+    """The device ``--device`` names (``auto``: cuda when available, else cpu)."""
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError("--device cuda asked for, but no CUDA device is available")
+    return device
+
+
+def image_failure(row: dict, kind: str, detail: str, transient: bool = False) -> dict:
+    """The failed-image entry of a shard's extract stats (URL credentials removed)."""
+    url = row.get("url")
+    return {"image_id": row["image_id"], "url": redact_url(url) if url else None, "kind": kind,
+            "detail": (detail or "")[:500], "transient": transient}
+
+
+class DetectorActor:
+    """Holds one detector (loaded once) and turns a shard's image rows into records."""
+
+    def __init__(self, cfg_json: dict, weights: Optional[str], seed: int, selection: SelectionConfig,
+                 device: str, fp16: bool, batch_size: int, given_boxes: Optional[dict] = None,
+                 preprocess: str = "caffe"):
+        cfg = DetectorConfig.from_json(cfg_json)
+        if weights is not None:
+            model, _ = load_detector(Path(weights), cfg)
+        else:
+            torch.manual_seed(seed)
+            model = VGDetector(cfg)
+        self.extractor = RegionFeatureExtractor(model, selection, device=device, fp16=fp16, preprocess=preprocess)
+        self.batch_size = batch_size
+        self.given = given_boxes
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def extract(self, number: int, rows: list[dict]) -> dict:
+        records, failures = [], []
+        ready = []
+        for row in rows:
+            if row["status"] != "ok":
+                failures.append(image_failure(row, row["error_kind"], row.get("error") or "", bool(row.get("transient"))))
+                continue
+            if self.given is not None and row["image_id"] not in self.given:
+                failures.append(image_failure(row, "no given boxes", "the --given-boxes file has no boxes for this image"))
+                continue
+            try:
+                ready.append((row, load_rgb(row["image"])))
+            except ImageError as err:
+                failures.append(image_failure(row, err.kind, err.detail))
+            except Exception as err:  # a bug must cost one image, not its shard
+                log.exception("image %s: unexpected error while decoding", row["image_id"])
+                failures.append(image_failure(row, "internal error", f"{type(err).__name__}: {err}"))
+        for start in range(0, len(ready), self.batch_size):
+            batch = ready[start : start + self.batch_size]
+            try:
+                records += self._run([img for _, img in batch], [row["image_id"] for row, _ in batch])
+            except Exception as err:  # a model failure on one batch: try its images one by one
+                if len(batch) == 1:
+                    failures.append(image_failure(batch[0][0], "extract error", f"{type(err).__name__}: {err}"))
+                    continue
+                for row, img in batch:
+                    try:
+                        records += self._run([img], [row["image_id"]])
+                    except Exception as one:
+                        failures.append(image_failure(row, "extract error", f"{type(one).__name__}: {one}"))
+        return {"number": number, "records": records, "failures": failures}
+
+    def _run(self, images: list, ids: list[str]) -> list:
+        given = [self.given[i] for i in ids] if self.given is not None else None
+        return self.extractor(images, ids, given_boxes=given)

@@ -1,0 +1,223 @@
+"""The one distributor: a stage's shards run on Ray, for `vlprep download` and `extract` alike.
+
+The shard is the unit of work, retry and resume. A stage cuts its input into numbered
+shards (`chunks`: shard k holds items k*N .. k*N+N-1 in input order, so a rerun sees the
+same shards), skips those whose done-marker exists (`done_shards`: ``NNNNN_stats.json``,
+written last), and hands the rest to `run_shards` with two functions of its own: `submit`
+starts a job's Ray work and returns its object ref, `commit` stores a finished job's
+result. The distributor
+
+* runs on Ray (`ray_session`): a local cluster of ``--workers`` CPUs, or the cluster at
+  ``--ray-address`` (whose nodes must see the same paths: configs make theirs `absolute`);
+* keeps at most `max_in_flight` jobs running at once;
+* retries a job whose work raised ``--shard-retries`` times, then reports it
+  (`shard_failure`: the task's own error, without Ray's wrapper; a full disk is not
+  retried but stops the run);
+* counts done and failed shards in a `Progress` the driver's progress bar reads.
+
+`summary` is the part of the run summary every stage writes (failures per reason, failed
+shards, malformed input rows, the verdict of `failures.verdict`, the time). Ray is
+imported when a run starts, so configs (`DistributeConfig`) and the CLI load without it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections import Counter
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator, Optional, Protocol, TypeVar
+
+from pipeline.config import Config, at_least
+from pipeline.download.failures import verdict
+from pipeline.errors import DISK_FULL, ConfigError
+from pipeline.io import read_json
+
+log = logging.getLogger(__name__)
+STATS_SUFFIX = "_stats.json"  # a shard's done-marker: NNNNN_stats.json, written last
+MAX_LISTED_MALFORMED = 100
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class DistributeConfig(Config):
+    """How a stage's shards are cut and run (the ``Shards and Ray`` flags)."""
+
+    shard_size: int = 1000  # items per shard: the unit of work, retry and resume
+    workers: int = 2  # CPUs of the local Ray cluster (ignored with ray_address)
+    ray_address: Optional[str] = None  # join this cluster instead of starting one
+    shard_retries: int = 2  # retries of a shard whose task raised, before it is reported
+    retry_failed: bool = False  # re-attempt the retryable failed items of done shards
+    max_failure_rate: float = 0.5  # the run fails (exit 1) above this failed fraction of the output's items
+
+    def __post_init__(self) -> None:
+        at_least(self, {"shard_size": 1, "workers": 1, "shard_retries": 0})
+        if not 0 <= self.max_failure_rate <= 1:
+            raise ConfigError(f"--max-failure-rate must be between 0 and 1, got {self.max_failure_rate:g}")
+
+
+def absolute(path: os.PathLike) -> Path:
+    """`path` made absolute against the current directory (without resolving symlinks):
+    with ``--ray-address`` the tasks run on other nodes, which must see the same paths."""
+    return Path(os.path.abspath(path))
+
+
+def shard_name(number: int) -> str:
+    return f"{number:05d}"
+
+
+def stats_path(folder: Path, number: int) -> Path:
+    """Where shard `number`'s done-marker lives in `folder`."""
+    return Path(folder) / f"{shard_name(number)}{STATS_SUFFIX}"
+
+
+def done_shards(folder: Path, what: str, complete: Callable[[int], bool] = lambda number: True) -> dict[int, dict]:
+    """Shard number -> stats, for every shard of `folder` with a done-marker (and
+    `complete(number)`); an unreadable marker is a DataError naming it as `what`."""
+    done = {}
+    for path in sorted(Path(folder).glob(f"[0-9]*{STATS_SUFFIX}")):
+        number = path.name[: -len(STATS_SUFFIX)]
+        if number.isdigit() and path.is_file() and complete(int(number)):
+            done[int(number)] = read_json(path, what)
+    return done
+
+
+def chunks(items: Iterable[T], size: int) -> Iterator[tuple[int, list[T]]]:
+    """(shard number, items) for consecutive runs of `size` items, in input order."""
+    batch: list[T] = []
+    number = 0
+    for item in items:
+        batch.append(item)
+        if len(batch) == size:
+            yield number, batch
+            number, batch = number + 1, []
+    if batch:
+        yield number, batch
+
+
+@dataclass
+class MalformedRows:
+    """Input rows a reader could not use: counted, the first ones kept as examples."""
+
+    count: int = 0
+    examples: list[str] = field(default_factory=list)
+
+    def add(self, row: object) -> None:
+        self.count += 1
+        if len(self.examples) < MAX_LISTED_MALFORMED:
+            self.examples.append(str(row))
+        log.warning("malformed input row %s", row)
+
+
+@dataclass
+class Progress:
+    """Live counters of a run (stages add their own); the driver's progress bar reads them."""
+
+    shards_done: int = 0  # committed in this run, or done before it
+    shards_failed: int = 0  # failed for good in this run
+    started: float = field(default_factory=time.time)
+
+
+class Job(Protocol):
+    number: int  # the shard's number
+
+
+J = TypeVar("J", bound=Job)
+
+
+@contextmanager
+def ray_session(cfg: DistributeConfig) -> Iterator[None]:
+    """Ray for one run: the cluster at ``cfg.ray_address``, or a local one of
+    ``cfg.workers`` CPUs, shut down afterwards. A Ray already initialized in this
+    process is used as it is (and left running)."""
+    import ray
+
+    started = time.time()
+    own = not ray.is_initialized()
+    if own:
+        where = {"address": cfg.ray_address} if cfg.ray_address else {"num_cpus": cfg.workers}
+        ray.init(include_dashboard=False, logging_level=logging.WARNING, log_to_driver=False, **where)
+        log.debug("ray ready after %.2f s", time.time() - started)
+    try:
+        yield
+    finally:
+        if own:
+            ray.shutdown()
+            log.debug("ray stopped after %.2f s", time.time() - started)
+
+
+def run_shards(jobs: Iterable[J], submit: Callable[[J], Any], commit: Callable[[J, Any], None], *,
+               retries: int, max_in_flight: int, progress: Progress,
+               on_progress: Optional[Callable[[], None]] = None) -> dict[str, str]:
+    """Run every job of `jobs` (inside a `ray_session`): `submit(job)` starts its Ray work
+    and returns the object ref of its result, `commit(job, result)` stores it. At most
+    `max_in_flight` jobs run at once; a job whose work raised is submitted again up to
+    `retries` times, then reported. `on_progress` is called about every 0.2 s. Returns
+    shard name -> reason for the shards that failed for good."""
+    import ray
+
+    failed: dict[str, str] = {}
+    in_flight: dict = {}  # ObjectRef -> (job, attempt)
+
+    def start(job: J, attempt: int) -> None:
+        in_flight[submit(job)] = (job, attempt)
+
+    def collect() -> None:
+        ready, _ = ray.wait(list(in_flight), num_returns=1, timeout=0.2)
+        for ref in ready:
+            job, attempt = in_flight.pop(ref)
+            try:
+                result = ray.get(ref)
+            except Exception as err:  # a shard error: retried, then reported (a full disk stops the run)
+                reason = shard_failure(err)
+                if attempt < retries:
+                    log.warning("shard %s failed (%s); retrying", shard_name(job.number), reason)
+                    start(job, attempt + 1)
+                else:
+                    failed[shard_name(job.number)] = reason
+                    progress.shards_failed += 1
+                    log.error("shard %s failed %d times: %s", shard_name(job.number), attempt + 1, reason)
+                continue
+            commit(job, result)
+            progress.shards_done += 1
+        if on_progress:
+            on_progress()
+
+    for job in jobs:
+        while len(in_flight) >= max_in_flight:
+            collect()
+        start(job, 0)
+    while in_flight:
+        collect()
+    return failed
+
+
+def shard_failure(err: Exception) -> str:
+    """The one-line reason a shard task failed, from the exception Ray raised for it (the
+    task's own exception, not Ray's wrapper and remote traceback). A full disk is raised
+    as it is: retrying cannot help, and the CLI turns it into exit 74."""
+    cause = getattr(err, "cause", None) or err  # ray.exceptions.RayTaskError keeps the task's exception
+    if isinstance(cause, OSError) and cause.errno in DISK_FULL:
+        raise cause
+    return f"{type(cause).__name__}: {cause}"[:1000]
+
+
+def summary(done: dict[int, dict], failed_shards: dict[str, str], malformed: MalformedRows, items: int,
+            successes: int, max_failure_rate: float) -> dict:
+    """The summary fields every stage writes: failures per reason over the done shards'
+    stats, the shards that failed for good, malformed input rows, the verdict on `items`
+    of which `successes` succeeded (`failures.verdict`), and when it finished."""
+    failures: Counter = Counter()
+    for stats in done.values():
+        failures.update(stats["failures"])
+    return {
+        "shards_failed": failed_shards,
+        "failures": dict(failures.most_common()),
+        "malformed_rows": malformed.count,
+        "malformed_examples": malformed.examples,
+        **verdict(items, successes, failures, failed_shards, max_failure_rate, malformed.count),
+        "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
