@@ -27,12 +27,19 @@ from pathlib import Path
 
 import torch
 import transformers
+import yaml
 
 from common import vg_like_record
-from vl_models.models.configuration import load_config
+from pipeline.mixture.build import MixtureSpec, build_mixture
+from pipeline.store import write_records
+from vl_models import families
+from vl_models.config import TrainConfig
+from vl_models.data.dataset import DataConfig, PretrainDataset
+from vl_models.data.tokenize import bundled_bert_vocab
 from vl_models.models.modeling_lxmert import LxmertForPreTraining
 from vl_models.models.modeling_vilbert import ViLBERTForPreTraining
 from vl_models.tasks.losses import LxmertVisualTargets, lxmert_visual, masked_lm, pair_classification, qa, region_kl
+from vl_models.train.trainer import run
 
 
 def lxmert_inputs(b: int, words: int, regions: int, cfg, device: str, g: torch.Generator) -> dict:
@@ -103,11 +110,6 @@ def time_steps(runs: list, x, steps: int, device: str, amp: str) -> list[tuple[f
 
 def build_data(root: Path, images: int, vocab: Path) -> None:
     """A store of `images` VG-like records and a COCO captions + VQA mixture over them."""
-    import yaml
-
-    from pipeline.mixture.build import MixtureSpec, build_mixture
-    from pipeline.store import write_records
-
     write_records(root / "feats", (vg_like_record(i) for i in range(images)), feature_dim=2048, dtype="float16")
     words = "a man woman dog cat red blue small large table street sitting standing next to on the with".split()
     g = torch.Generator().manual_seed(0)
@@ -129,9 +131,8 @@ def build_data(root: Path, images: int, vocab: Path) -> None:
 
 
 def loader_rate(root: Path, vocab: Path, batch: int, workers: int, batches: int) -> float:
-    from vl_models.data.dataset import DataConfig, PretrainDataset
-
-    data = PretrainDataset(root / "mix", [root / "feats"], vocab, DataConfig(model="lxmert", max_text=20, max_regions=36))
+    data = PretrainDataset(root / "mix", [root / "feats"], vocab, DataConfig(max_text=20, max_regions=36),
+                           families.get("lxmert"))
     loader = torch.utils.data.DataLoader(data, batch_size=batch, shuffle=True, num_workers=workers, drop_last=True)
     it = iter(loader)
     next(it)  # workers started, first batch out
@@ -143,8 +144,6 @@ def loader_rate(root: Path, vocab: Path, batch: int, workers: int, batches: int)
 
 def measured_data_wait(root: Path, vocab: Path, batch: int, steps: int) -> dict:
     """A real `vltrain pretrain` run of LXMERT-base; its last metrics row."""
-    from vl_models.train.trainer import TrainConfig, run
-
     run(TrainConfig(model="lxmert-base", stores=(str(root / "feats"),), mixture=str(root / "mix"), out=str(root / "run"),
                     vocab=str(vocab), steps=steps, batch_size=batch, workers=1, log_every=1, warmup=1,
                     checkpoint_every=10**9))
@@ -164,7 +163,7 @@ def main() -> None:
     device = args.device
     g = torch.Generator().manual_seed(0)
 
-    cfg = load_config("lxmert-base")
+    cfg = families.load_config("lxmert-base")
     torch.manual_seed(0)
     hf = transformers.LxmertForPreTraining(transformers.LxmertConfig()).to(device)
     ours = LxmertForPreTraining(cfg)
@@ -182,7 +181,7 @@ def main() -> None:
     rows = [("LXMERT-base", impl, *t) for (impl, _, _), t in zip(runs, timed)]
     del hf, ours, runs
 
-    vcfg = load_config("vilbert-base")
+    vcfg = families.load_config("vilbert-base")
     vil = ViLBERTForPreTraining(vcfg).to(device)
     ids = torch.randint(1, vcfg.vocab_size, (args.batch, 36), generator=g)
     vx = {"ids": ids.to(device), "labels": torch.where(torch.rand(args.batch, 36, generator=g) < 0.15, ids, -1).to(device),
@@ -212,9 +211,7 @@ def main() -> None:
     if args.skip_loader:
         return
 
-    from pipeline.demo import default_vocab
-
-    vocab = default_vocab()
+    vocab = bundled_bert_vocab()  # bert-base-uncased's (dev extra)
     consumed = args.batch / rows[1][3]
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)

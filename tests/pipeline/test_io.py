@@ -186,7 +186,7 @@ def test_export_overwrite_replaces_an_earlier_export(tmp_path, store):
 
 
 def test_make_shapes_never_deletes_a_users_images_folder(tmp_path):
-    from pipeline.datasets.shapes import write_world
+    from pipeline.synthetic import write_world
 
     mine = tmp_path / "project"
     (mine / "images").mkdir(parents=True)  # only names a shapes world also uses
@@ -200,7 +200,7 @@ def test_make_shapes_never_deletes_a_users_images_folder(tmp_path):
 
 
 def test_make_shapes_replaces_an_earlier_world_even_one_without_the_marker(tmp_path):
-    from pipeline.datasets.shapes import write_world
+    from pipeline.synthetic import write_world
 
     write_world(tmp_path / "w", 2, 0)
     first = tree(tmp_path / "w")

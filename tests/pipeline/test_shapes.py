@@ -12,10 +12,17 @@ from helpers import run_cli
 from PIL import Image
 
 from pipeline.datasets import Malformed, read_items
-from pipeline.datasets import shapes as S
 from pipeline.errors import ConfigError
 from pipeline.mixture.answers import normalize_answer
 from pipeline.mixture.sources import read_vqa
+from pipeline.synthetic import (
+    Background, Scene, SceneObject, generate_scene, load_scenes, render, write_cc_tsvs, write_world,
+)
+from pipeline.synthetic.scenes import (
+    BACKGROUNDS, COLORS, GRADIENTS, RGB, SHAPES, SIZE_RANGE, SIZES, TEXTURES, occlusion_ok,
+)
+from pipeline.synthetic.words import NUMBER_WORDS
+from pipeline.synthetic.world import JPEG_QUALITY
 
 N_IMAGES, SEED = 30, 7
 
@@ -23,7 +30,7 @@ N_IMAGES, SEED = 30, 7
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
     out = tmp_path_factory.mktemp("shapes") / "world"
-    return out, S.write_world(out, N_IMAGES, SEED)
+    return out, write_world(out, N_IMAGES, SEED)
 
 
 def files_of(root):
@@ -37,7 +44,7 @@ def load(path):
 # ----------------------------------------------------------------------------- a reading of the texts
 # An independent interpretation of every template, on box centres without margins.
 
-WORDS = {w: i for i, w in enumerate(S.NUMBER_WORDS)} | {"a": 1, "an": 1, "single": 1}
+WORDS = {w: i for i, w in enumerate(NUMBER_WORDS)} | {"a": 1, "an": 1, "single": 1}
 REL = r"(left of|to the left of|right of|to the right of|above|over|below|under|beneath)"
 SIDE = {"left of": "left", "to the left of": "left", "right of": "right", "to the right of": "right",
         "above": "up", "over": "up", "below": "down", "under": "down", "beneath": "down"}
@@ -46,7 +53,7 @@ SIDE = {"left of": "left", "to the left of": "left", "right of": "right", "to th
 def matching(scene, words):
     """Objects a phrase ('large red circle', 'red circles', 'red shapes', 'shapes') fits."""
     *attrs, noun = words.split()
-    noun = noun[:-1] if noun.endswith("s") and noun[:-1] in S.SHAPES else noun
+    noun = noun[:-1] if noun.endswith("s") and noun[:-1] in SHAPES else noun
     return [o for o in scene.objects if noun in (o.shape, "shape", "shapes", "objects")
             and all(a in (o.color, o.size, o.texture) for a in attrs)]
 
@@ -98,7 +105,7 @@ def answer_of(scene, q):
     raise AssertionError(f"no reading of the question {q!r}")
 
 
-COLOR = "|".join(S.COLORS)
+COLOR = "|".join(COLORS)
 
 
 def check_caption(scene, c):
@@ -124,7 +131,7 @@ def check_caption(scene, c):
         listed = re.sub(r"^(there (is|are)|a picture of) ", "", c)
         for part in re.split(", | and ", listed):
             number, rest = part.split(" ", 1)
-            if rest.rstrip("s") in S.SHAPES and rest.endswith("s"):
+            if rest.rstrip("s") in SHAPES and rest.endswith("s"):
                 assert counts[rest[:-1]] == WORDS[number], c
             else:
                 assert number in ("a", "an") and matching(scene, rest), c
@@ -170,11 +177,11 @@ def true_statement(left, right, s):
 def test_same_seed_gives_the_same_bytes_and_another_seed_differs(world, tmp_path):
     out, _ = world
     ours = files_of(out)
-    S.write_world(tmp_path / "again", N_IMAGES, SEED)
+    write_world(tmp_path / "again", N_IMAGES, SEED)
     assert files_of(tmp_path / "again") == ours
-    S.write_world(tmp_path / "again", N_IMAGES, SEED)  # an earlier world in the folder is replaced
+    write_world(tmp_path / "again", N_IMAGES, SEED)  # an earlier world in the folder is replaced
     assert files_of(tmp_path / "again") == ours
-    S.write_world(tmp_path / "other", N_IMAGES, SEED + 1)
+    write_world(tmp_path / "other", N_IMAGES, SEED + 1)
     other = files_of(tmp_path / "other")
     assert other.keys() == ours.keys()
     differing = [name for name in ours if ours[name] != other[name]]
@@ -192,8 +199,8 @@ def test_layout_and_summary(world):
                  "annotations/v2_OpenEnded_mscoco_val2014_questions.json", "annotations/refexp_val.json",
                  "annotations/nlvr2_dev.json", "annotations/scenes_train.json"):
         assert (out / name).is_file(), name
-    assert (out / "objects.txt").read_text().splitlines() == list(S.SHAPES)
-    assert (out / "attributes.txt").read_text().splitlines() == [*S.COLORS, *S.SIZES, *S.TEXTURES]
+    assert (out / "objects.txt").read_text().splitlines() == list(SHAPES)
+    assert (out / "attributes.txt").read_text().splitlines() == [*COLORS, *SIZES, *TEXTURES]
     assert load(out / "summary.json") == summary and summary["seed"] == SEED
     assert train["captions"] >= 3 * 27 and train["questions"] >= 3 * 27 and train["refexps"] >= 27
     assert train["nlvr2_statements"] > 0 and val["nlvr2_statements"] > 0
@@ -203,72 +210,72 @@ def test_layout_and_summary(world):
 
 def test_scene_invariants():
     for seed in range(300):
-        scene = S.generate_scene(np.random.default_rng(seed))
+        scene = generate_scene(np.random.default_rng(seed))
         assert 1 <= len(scene.objects) <= 6
         for k, obj in enumerate(scene.objects):
             x1, y1, x2, y2 = obj.box
             assert 0 <= x1 < x2 <= scene.width and 0 <= y1 < y2 <= scene.height
-            lo, hi = S.SIZE_RANGE[obj.size]
+            lo, hi = SIZE_RANGE[obj.size]
             assert lo * scene.width - 1 <= x2 - x1 <= hi * scene.width + 1 and x2 - x1 == y2 - y1
-            assert S.occlusion_ok(obj.box, [o.box for o in scene.objects[:k]])
-        assert set(scene.background.colors) <= set(S.BACKGROUNDS)
-    assert S.SIZE_RANGE["small"][1] < S.SIZE_RANGE["large"][0]
-    assert not S.occlusion_ok((10, 10, 20, 20), [(0, 0, 100, 100)])  # inside an earlier object
-    assert not S.occlusion_ok((0, 0, 61, 100), [(30, 0, 130, 100)])  # covers 31 % of it
-    assert S.occlusion_ok((0, 0, 60, 100), [(30, 0, 130, 100)])  # 30 % is allowed
+            assert occlusion_ok(obj.box, [o.box for o in scene.objects[:k]])
+        assert set(scene.background.colors) <= set(BACKGROUNDS)
+    assert SIZE_RANGE["small"][1] < SIZE_RANGE["large"][0]
+    assert not occlusion_ok((10, 10, 20, 20), [(0, 0, 100, 100)])  # inside an earlier object
+    assert not occlusion_ok((0, 0, 61, 100), [(30, 0, 130, 100)])  # covers 31 % of it
+    assert occlusion_ok((0, 0, 60, 100), [(30, 0, 130, 100)])  # 30 % is allowed
 
 
 def test_backgrounds_never_take_an_object_colour():
     def distance(rgb):
-        return min(np.linalg.norm(np.asarray(rgb, float) - np.array(c)) for c in S.RGB.values())
+        return min(np.linalg.norm(np.asarray(rgb, float) - np.array(c)) for c in RGB.values())
 
-    assert all(distance(rgb) > 90 for rgb in S.BACKGROUNDS.values())
-    assert len(S.GRADIENTS) >= 5
-    for a, b in S.GRADIENTS:
+    assert all(distance(rgb) > 90 for rgb in BACKGROUNDS.values())
+    assert len(GRADIENTS) >= 5
+    for a, b in GRADIENTS:
         for t in np.linspace(0, 1, 11):
-            assert distance(np.array(S.BACKGROUNDS[a]) * (1 - t) + np.array(S.BACKGROUNDS[b]) * t) > 60
+            assert distance(np.array(BACKGROUNDS[a]) * (1 - t) + np.array(BACKGROUNDS[b]) * t) > 60
 
 
-@pytest.mark.parametrize("shape", S.SHAPES)
+@pytest.mark.parametrize("shape", SHAPES)
 def test_boxes_are_tight_around_the_drawn_shape(shape):
-    bg = S.Background("solid", ("beige", "beige"), 0.0, 0)
+    bg = Background("solid", ("beige", "beige"), 0.0, 0)
     for texture, side in (("plain", 29), ("striped", 64)):
-        obj = S.SceneObject(shape, "blue", "small", texture, (10.0, 20.0, 10.0 + side, 20.0 + side))
-        pixels = np.asarray(S.render(S.Scene(128, 128, bg, (obj,)))).astype(int)
-        ys, xs = np.nonzero(np.abs(pixels - np.array(S.BACKGROUNDS["beige"])).sum(2))
+        obj = SceneObject(shape, "blue", "small", texture, (10.0, 20.0, 10.0 + side, 20.0 + side))
+        pixels = np.asarray(render(Scene(128, 128, bg, (obj,)))).astype(int)
+        ys, xs = np.nonzero(np.abs(pixels - np.array(BACKGROUNDS["beige"])).sum(2))
         assert (xs.min(), ys.min(), xs.max() + 1, ys.max() + 1) == obj.box
 
 
 def test_ground_truth_reloads_and_rerenders_to_the_same_jpeg(world):
     out, _ = world
-    scenes = S.load_scenes(out, "val")
+    scenes = load_scenes(out, "val")
     assert list(scenes) == [f"shapes_val_{i:08d}.jpg" for i in range(3)]
     for name, scene in scenes.items():
         buf = io.BytesIO()
-        S.render(scene).save(buf, "JPEG", quality=S.JPEG_QUALITY)
+        render(scene).save(buf, "JPEG", quality=JPEG_QUALITY)
         assert buf.getvalue() == (out / "images" / name).read_bytes()
     with pytest.raises(ConfigError, match="not found"):
-        S.load_scenes(out, "test")
+        load_scenes(out, "test")
 
 
 def test_texts_are_true_of_their_scenes(world):
     out, _ = world
     for split, coco in (("train", "train2014"), ("val", "val2014")):
-        scenes = list(S.load_scenes(out, split).values())
+        scenes = list(load_scenes(out, split).values())
         for ann in load(out / f"annotations/captions_{coco}.json")["annotations"]:
             check_caption(scenes[ann["image_id"] - 1], ann["caption"])
         questions = {q["question_id"]: q for q in load(out / f"annotations/v2_OpenEnded_mscoco_{coco}_questions.json")["questions"]}
         for ann in load(out / f"annotations/v2_mscoco_{coco}_annotations.json")["annotations"]:
             q = questions[ann["question_id"]]
             assert answer_of(scenes[q["image_id"] - 1], q["question"]) == ann["multiple_choice_answer"], q
-        by_name = S.load_scenes(out, split)
+        by_name = load_scenes(out, split)
         for ref in load(out / f"annotations/refexp_{split}.json"):
             assert list(refexp_target(by_name[ref["image"]], ref["sentence"]).box) == ref["box"], ref
 
 
 def test_nlvr2_statements_are_true_and_balanced(world):
     out, _ = world
-    scenes = {**S.load_scenes(out, "train"), **S.load_scenes(out, "val")}
+    scenes = {**load_scenes(out, "train"), **load_scenes(out, "val")}
     labels = []
     for nlvr, split in (("train", "train"), ("dev", "val")):
         for line in (out / f"annotations/nlvr2_{nlvr}.json").read_text().splitlines():
@@ -332,9 +339,9 @@ def test_files_load_through_our_readers(world):
 
 def test_cc_tsvs_can_be_rewritten_for_another_url(tmp_path):
     copy = tmp_path / "w"
-    S.write_world(copy, 6, 1)
+    write_world(copy, 6, 1)
     before = files_of(copy)
-    S.write_cc_tsvs(copy, "http://127.0.0.1:5555/")
+    write_cc_tsvs(copy, "http://127.0.0.1:5555/")
     after = files_of(copy)
     rows = after["Train_GCC-training.tsv"].decode().splitlines()
     assert rows[0].endswith("\thttp://127.0.0.1:5555/images/shapes_train_00000000.jpg") and len(rows) == 5
@@ -342,18 +349,18 @@ def test_cc_tsvs_can_be_rewritten_for_another_url(tmp_path):
 
 
 def test_no_textures_and_bad_arguments(tmp_path):
-    summary = S.write_world(tmp_path / "plain", 5, 3, val_fraction=0.0, textures=False)
+    summary = write_world(tmp_path / "plain", 5, 3, val_fraction=0.0, textures=False)
     assert summary["splits"]["val"]["images"] == 0
-    assert {o.texture for s in S.load_scenes(tmp_path / "plain", "train").values() for o in s.objects} == {"plain"}
+    assert {o.texture for s in load_scenes(tmp_path / "plain", "train").values() for o in s.objects} == {"plain"}
     assert (tmp_path / "plain" / "Validation_GCC-1.1.0-Validation.tsv").read_text() == ""
     for kwargs, message in (({"n_images": 0}, "n-images"), ({"val_fraction": 1.0}, "val-fraction"),
                             ({"seed": -1}, "seed"), ({"base_url": "ftp://x"}, "base-url")):
         with pytest.raises(ConfigError, match=message):
-            S.write_world(tmp_path / "bad", **{"n_images": 4, "seed": 0, **kwargs})
+            write_world(tmp_path / "bad", **{"n_images": 4, "seed": 0, **kwargs})
     (tmp_path / "busy").mkdir()
     (tmp_path / "busy" / "notes.txt").write_text("mine")
     with pytest.raises(ConfigError, match="notes.txt"):
-        S.write_world(tmp_path / "busy", 3, 0)
+        write_world(tmp_path / "busy", 3, 0)
     assert (tmp_path / "busy" / "notes.txt").read_text() == "mine"
 
 

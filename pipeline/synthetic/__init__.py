@@ -1,0 +1,28 @@
+"""The shapes world: a deterministic synthetic vision-and-language data set (offline demo data).
+
+Scenes of 1-6 coloured shapes on varied backgrounds, drawn with PIL, and language that is
+true of each scene, generated from templates: captions, VQA-style question-answer pairs with
+10 annotator answers, unambiguous referring expressions with their boxes, and NLVR2-style
+statements about pairs of scenes. `write_world` writes it all in the official file formats
+our readers take (Conceptual Captions TSVs, COCO captions, VQA v2, NLVR2) plus detector
+ground truth. The same seed gives byte-identical files. `vlprep make-shapes` writes one.
+
+One module per concern, each importing only those above it:
+
+    scenes       the vocabulary, scene types, scene sampling, scenes as JSON
+    render       a scene as an RGB image
+    words        what the language templates share (phrases, relations, sampling)
+    captions, questions, referring, statements
+                 the template families: captions; VQA questions and annotator answers;
+                 referring expressions; NLVR2 statements about scene pairs
+    world        the files on disk (`write_world`, `write_cc_tsvs`, `load_scenes`; layout there)
+
+The names below are the package's front door; the rest is imported from its module.
+"""
+
+from pipeline.synthetic.render import render
+from pipeline.synthetic.scenes import Background, Scene, SceneObject, attribute_names, generate_scene, object_names
+from pipeline.synthetic.world import load_scenes, write_cc_tsvs, write_world
+
+__all__ = ["Background", "Scene", "SceneObject", "attribute_names", "generate_scene", "load_scenes", "object_names",
+           "render", "write_cc_tsvs", "write_world"]

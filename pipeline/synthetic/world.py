@@ -1,0 +1,195 @@
+"""The shapes world on disk: `write_world` writes every file, `load_scenes` reads the ground truth back.
+
+Each image draws from its own seeded random streams (scene, texts, pairs), so the same seed
+gives byte-identical files. Layout written by `write_world` (split s = train | val; image i
+is 0-based within s):
+
+    images/shapes_<s>_<i:08d>.jpg                   256x256 RGB JPEG, quality 90
+    Train_GCC-training.tsv, Validation_GCC-1.1.0-Validation.tsv
+                                                    caption<TAB>url, one row per image
+    annotations/captions_<s>2014.json               COCO captions, image id i+1
+    annotations/v2_OpenEnded_mscoco_<s>2014_questions.json, v2_mscoco_<s>2014_annotations.json
+    annotations/refexp_<s>.json                     [{"image", "box", "sentence"}]
+    annotations/nlvr2_<train|dev>.json              NLVR2 JSON lines, pairs within the split
+    annotations/scenes_<s>.json                     ground truth (see load_scenes)
+    image_map.tsv                                   COCO_<s>2014_<i+1:012d><TAB>cc3m-<s>-<i:08d>
+    objects.txt, attributes.txt                     detector vocabularies
+    summary.json                                    counts, seed, vocab; written last
+    .vlprep-output.json                             ownership marker: a later run may replace this folder
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Optional
+
+import numpy as np
+
+from pipeline.errors import ConfigError
+from pipeline.io import atomic_write_json, replacing_output
+from pipeline.synthetic.captions import captions
+from pipeline.synthetic.questions import annotator_answers, questions
+from pipeline.synthetic.referring import referring_expressions
+from pipeline.synthetic.render import render
+from pipeline.synthetic.scenes import (
+    IMAGE_SIZE, Scene, attribute_names, generate_scene, object_names, scene_from_json, scene_to_json,
+)
+from pipeline.synthetic.statements import pair_statements
+
+JPEG_QUALITY = 90
+
+
+@dataclass(frozen=True)
+class _Split:
+    name: str  # our split name: image names, refexp/scenes files, CC ids
+    index: int  # in the seed of every random stream
+    coco: str  # COCO/VQA file split
+    nlvr2: str  # NLVR2 file split
+    tsv: str  # Conceptual Captions file
+
+
+SPLITS = (_Split("train", 0, "train2014", "train", "Train_GCC-training.tsv"),
+          _Split("val", 1, "val2014", "dev", "Validation_GCC-1.1.0-Validation.tsv"))
+WORLD_KIND = "shapes world"  # the ownership marker's kind (pipeline.io.replacing_output)
+STREAM_SCENE, STREAM_TEXT, STREAM_PAIR = 0, 1, 2
+
+
+def image_name(split: str, i: int) -> str:
+    return f"shapes_{split}_{i:08d}.jpg"
+
+
+def coco_file_name(coco_split: str, image_id: int) -> str:
+    return f"COCO_{coco_split}_{image_id:012d}.jpg"
+
+
+def _rng(seed: int, split: _Split, index: int, stream: int) -> np.random.Generator:
+    return np.random.default_rng([seed, split.index, index, stream])
+
+
+def _dump(path: Path, obj) -> None:
+    path.write_text(json.dumps(obj) + "\n", encoding="utf-8")
+
+
+def _image_url(base_url: str, name: str) -> str:
+    return f"{base_url.rstrip('/')}/images/{name}"
+
+
+def _split_sizes(n_images: int, val_fraction: float) -> dict[str, int]:
+    n_val = min(round(n_images * val_fraction), n_images - 1)
+    return {"train": n_images - n_val, "val": n_val}
+
+
+def write_cc_tsvs(world_dir: Path, base_url: str) -> None:
+    """(Re)write the two Conceptual Captions TSVs of a world for another image base URL."""
+    world_dir = Path(world_dir)
+    for split in SPLITS:
+        captions_json = json.loads((world_dir / "annotations" / f"captions_{split.coco}.json").read_text())
+        first = {}
+        for ann in captions_json["annotations"]:
+            first.setdefault(ann["image_id"], ann["caption"])
+        rows = [f"{first[i + 1]}\t{_image_url(base_url, image_name(split.name, i))}\n"
+                for i in range(len(captions_json["images"]))]
+        (world_dir / split.tsv).write_text("".join(rows), encoding="utf-8")
+
+
+def _is_world(path: Path) -> bool:
+    """A complete world written before the ownership marker existed: its summary.json says so."""
+    try:
+        return json.loads((path / "summary.json").read_text()).get("name") == "shapes"
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def _write_split(out: Path, split: _Split, n: int, seed: int, base_url: str, textures: bool,
+                 progress: Optional[Callable[[int], None]]) -> dict:
+    names, scenes, caption_anns, q_list, a_list, refexps = [], [], [], [], [], []
+    for i in range(n):
+        name = image_name(split.name, i)
+        scene = generate_scene(_rng(seed, split, i, STREAM_SCENE), IMAGE_SIZE, textures)
+        rng = _rng(seed, split, i, STREAM_TEXT)
+        render(scene).save(out / "images" / name, "JPEG", quality=JPEG_QUALITY)
+        names.append(name)
+        scenes.append(scene)
+        caption_anns += [{"id": len(caption_anns) + j + 1, "image_id": i + 1, "caption": c}
+                         for j, c in enumerate(captions(scene, rng))]
+        for j, qa in enumerate(questions(scene, rng)):
+            qid = (i + 1) * 1000 + j
+            q_list.append({"image_id": i + 1, "question": qa.question, "question_id": qid})
+            a_list.append({"question_id": qid, "image_id": i + 1, "question_type": qa.question_type,
+                           "answer_type": qa.answer_type, "multiple_choice_answer": qa.answer,
+                           "answers": annotator_answers(qa, rng)})
+        refexps += [{"image": name, "box": list(obj.box), "sentence": s} for obj, s in referring_expressions(scene, rng)]
+        if progress:
+            progress(1)
+    statements = []
+    for p in range(n if n > 1 else 0):
+        rng = _rng(seed, split, p, STREAM_PAIR)
+        left, right = (int(v) for v in rng.choice(n, 2, replace=False))
+        for j, (text, label) in enumerate(pair_statements(scenes[left], scenes[right], rng)):
+            statements.append({"identifier": f"{split.nlvr2}-{p}-0-{j}", "sentence": text,
+                               "left_url": _image_url(base_url, names[left]),
+                               "right_url": _image_url(base_url, names[right]), "label": str(label)})
+
+    info = {"description": f"shapes world ({split.name} split), seed {seed}", "version": "1.0"}
+    ann = out / "annotations"
+    _dump(ann / f"captions_{split.coco}.json", {
+        "info": info,
+        "images": [{"id": i + 1, "file_name": coco_file_name(split.coco, i + 1), "width": s.width, "height": s.height,
+                    "coco_url": _image_url(base_url, names[i])} for i, s in enumerate(scenes)],
+        "annotations": caption_anns})
+    _dump(ann / f"v2_OpenEnded_mscoco_{split.coco}_questions.json",
+          {"info": info, "task_type": "Open-Ended", "data_type": "mscoco", "data_subtype": split.coco,
+           "questions": q_list})
+    _dump(ann / f"v2_mscoco_{split.coco}_annotations.json",
+          {"info": info, "data_type": "mscoco", "data_subtype": split.coco, "annotations": a_list})
+    _dump(ann / f"refexp_{split.name}.json", refexps)
+    _dump(ann / f"scenes_{split.name}.json", [scene_to_json(s, names[i]) for i, s in enumerate(scenes)])
+    (ann / f"nlvr2_{split.nlvr2}.json").write_text("".join(json.dumps(s) + "\n" for s in statements), encoding="utf-8")
+    return {"images": n, "objects": sum(len(s.objects) for s in scenes), "captions": len(caption_anns),
+            "questions": len(q_list), "refexps": len(refexps), "nlvr2_statements": len(statements),
+            "nlvr2_true": sum(s["label"] == "True" for s in statements)}
+
+
+def write_world(out: Path, n_images: int, seed: int, val_fraction: float = 0.1, base_url: str = "http://127.0.0.1:8000",
+                textures: bool = True, progress: Optional[Callable[[int], None]] = None) -> dict:
+    """Write a complete shapes world into `out` (layout in the module docstring); returns the summary.
+
+    The world is built under a temporary name beside `out` and renamed into place when
+    complete (`pipeline.io.replacing_output`): an earlier world in `out` is replaced; a
+    non-empty folder that is not a world, `.`, a folder above the current one or a symbolic
+    link is refused with a ConfigError before anything is written. summary.json is written
+    last. `progress(1)` is called after each image.
+    """
+    if n_images < 1:
+        raise ConfigError(f"--n-images must be at least 1 (got {n_images})")
+    if not 0.0 <= val_fraction < 1.0:
+        raise ConfigError(f"--val-fraction must be in [0, 1) (got {val_fraction})")
+    if seed < 0:
+        raise ConfigError(f"--seed must be non-negative (got {seed})")
+    if not base_url.startswith(("http://", "https://")):
+        raise ConfigError(f"--base-url must start with http:// or https:// (got {base_url!r})")
+    with replacing_output(Path(out), WORLD_KIND, what="vlprep make-shapes", also_ours=_is_world) as tmp:
+        (tmp / "images").mkdir(parents=True)
+        (tmp / "annotations").mkdir()
+        sizes = _split_sizes(n_images, val_fraction)
+        splits = {s.name: _write_split(tmp, s, sizes[s.name], seed, base_url, textures, progress) for s in SPLITS}
+        write_cc_tsvs(tmp, base_url)
+        (tmp / "image_map.tsv").write_text("".join(
+            f"{coco_file_name(s.coco, i + 1)[:-4]}\tcc3m-{s.name}-{i:08d}\n" for s in SPLITS for i in range(sizes[s.name])))
+        (tmp / "objects.txt").write_text("".join(f"{n}\n" for n in object_names()))
+        (tmp / "attributes.txt").write_text("".join(f"{n}\n" for n in attribute_names()))
+        summary = {"name": "shapes", "seed": seed, "n_images": n_images, "val_fraction": val_fraction,
+                   "textures": textures, "image_size": IMAGE_SIZE, "base_url": base_url, "splits": splits,
+                   "vocab": {"objects": object_names(), "attributes": attribute_names()}}
+        atomic_write_json(tmp / "summary.json", summary)
+    return summary
+
+
+def load_scenes(world_dir: Path, split: str) -> dict[str, Scene]:
+    """The ground-truth scenes of a split ("train" or "val"), by image name, in image order."""
+    path = Path(world_dir) / "annotations" / f"scenes_{split}.json"
+    if not path.exists():
+        raise ConfigError(f"{path} not found (is {world_dir} a shapes world? splits: train, val)")
+    return {entry["image"]: scene_from_json(entry) for entry in json.loads(path.read_text(encoding="utf-8"))}

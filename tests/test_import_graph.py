@@ -1,0 +1,130 @@
+"""Imports run one way. Every `import` / `from` statement of pipeline/ and vl_models/ (those
+inside functions too, relative ones resolved) is an edge, and no edge may point up:
+
+    1. shared basics     pipeline.errors, pipeline.io, pipeline.log, pipeline.config
+    2. pipeline          the rest of it
+    3. vl_models         the rest of it
+    4. the demo          vl_models.demo (it orchestrates both packages)
+
+Within a layer, a few packages stay below others (`BELOW`): the model data and models never
+import the tasks, the trainer or evaluation; the library's detector knows no data set."""
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("pipeline", "vl_models")
+BASICS = ("pipeline.errors", "pipeline.io", "pipeline.log", "pipeline.config")
+LAYERS = ((4, "the demo", ("vl_models.demo",)), (1, "shared basics", BASICS), (2, "pipeline", ("pipeline",)),
+          (3, "vl_models", ("vl_models",)))
+# (importer, imported): no module under the first prefix imports one under the second.
+BELOW = [(low, high) for low in ("vl_models.data", "vl_models.models")
+         for high in ("vl_models.tasks", "vl_models.train", "vl_models.eval")]
+BELOW += [("pipeline.detect", "pipeline.synthetic")]
+
+
+def within(module: str, prefix: str) -> bool:
+    return module == prefix or module.startswith(prefix + ".")
+
+
+def layer(module: str) -> tuple[int, str] | None:
+    """(rank, name) of one of our modules; None for everything else (stdlib, third party)."""
+    for rank, name, prefixes in LAYERS:
+        if any(within(module, p) for p in prefixes):
+            return rank, name
+    return None
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def is_module(name: str) -> bool:
+    path = ROOT.joinpath(*name.split("."))
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+
+
+def imports(path: Path) -> list[tuple[int, str]]:
+    """(line, module) of every import in the file, relative ones made absolute; `from P import
+    name` counts as importing P.name when that is a module of ours, else P."""
+    name = module_name(path)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[:len(package.split(".")) - (node.level - 1)]
+                base = ".".join(anchor + ([base] if base else []))
+            for alias in node.names:
+                sub = f"{base}.{alias.name}"
+                found.append((node.lineno, sub if is_module(sub) else base))
+    return found
+
+
+def edges() -> list[tuple[str, int, str, str]]:
+    """(file, line, importer, imported) for every import between our modules."""
+    out = []
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            importer = module_name(path)
+            out += [(str(path.relative_to(ROOT)), line, importer, imported)
+                    for line, imported in imports(path) if layer(imported) and imported != importer]
+    return out
+
+
+def test_the_walk_sees_the_edges_it_should():
+    found = edges()
+    assert len({importer for _, _, importer, _ in found}) > 50  # every module of both packages
+    pairs = {(importer, imported) for _, _, importer, imported in found}
+    assert ("vl_models.demo", "pipeline.synthetic") in pairs  # a function-level import
+    assert ("vl_models.demo", "vl_models.train.trainer") in pairs
+    assert ("pipeline.cli", "pipeline.errors") in pairs
+    assert ("pipeline.synthetic.world", "pipeline.synthetic.scenes") in pairs
+
+
+def test_no_import_points_to_a_higher_layer():
+    upward = [f"{file}:{line}: {importer} ({layer(importer)[1]}) imports {imported} ({layer(imported)[1]})"
+              for file, line, importer, imported in edges() if layer(imported)[0] > layer(importer)[0]]
+    assert upward == [], "imports must run shared basics <- pipeline <- vl_models <- demo:\n" + "\n".join(upward)
+
+
+@pytest.mark.parametrize("low, high", BELOW, ids=lambda v: v)
+def test_lower_packages_do_not_import_higher_ones(low, high):
+    upward = [f"{file}:{line}: {importer} imports {imported}" for file, line, importer, imported in edges()
+              if within(importer, low) and within(imported, high)]
+    assert upward == [], f"{low} must not import {high}:\n" + "\n".join(upward)
+
+
+def test_moved_modules_stay_moved():
+    """The demo lives above both packages; the shapes world is `pipeline.synthetic`, split
+    by concern (no second copy, no compatibility module); its detector recipe is workflow code."""
+    assert not is_module("pipeline.demo") and is_module("vl_models.demo")
+    assert not is_module("pipeline.datasets.shapes") and is_module("pipeline.synthetic.world")
+    assert (ROOT / "workflows" / "shapes" / "shapes_detector.py").is_file()
+
+
+def _run_python(code: str) -> str:
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.strip()
+
+
+def test_importing_the_vlprep_cli_imports_no_vl_models():
+    code = "import sys, pipeline.cli; print(sorted(m for m in sys.modules if m.split('.')[0] == 'vl_models'))"
+    assert _run_python(code) == "[]"
+
+
+def test_the_demo_plugin_attaches_without_torch():
+    """`vlprep` attaches its plugins at every start: the demo's registration stays light."""
+    code = ("import sys, pipeline.cli as c; c.load_plugins(); c.load_plugins(); "
+            "names = [x.name for x in c.app.registered_commands]; "
+            "print(names.count('demo'), 'torch' in sys.modules)")
+    assert _run_python(code) == "1 False"
