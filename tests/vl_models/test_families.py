@@ -27,6 +27,7 @@ class ToyConfig(ModelConfig):
     name: str = "toy"
     vocab_size: int = 30522
     hidden_size: int = 16
+    num_attention_heads: int = 2
     feature_dim: int = 2048
 
 

@@ -63,10 +63,18 @@ class ModelFamily:
         """The masked-region targets of one example, from its padded (unmasked) regions."""
         raise NotImplementedError
 
+    region_positions: ClassVar[str] = "region_positions"  # the model's keyword for the regions to decode
+
     def forward(self, model, batch: dict, decode: bool = True):
-        """The model's outputs on a batch; with ``decode=False`` the token and region
-        decoders are skipped (nothing to predict: pair and answer heads only)."""
-        raise NotImplementedError
+        """The model's outputs on a batch, decoding tokens and regions at the masked positions;
+        with ``decode=False`` the decoders are skipped (nothing to predict: pair and answer
+        heads only)."""
+        if decode:
+            tokens, regions = batch["lm_labels"] != -1, batch["region_selected"].bool()
+        else:
+            tokens, regions = no_positions(batch)
+        return model(batch["input_ids"], batch["visual_feats"], batch["visual_pos"], batch["attention_mask"],
+                     batch["visual_mask"], lm_positions=tokens, **{self.region_positions: regions})
 
     def losses(self, model, batch: dict, qa_active: bool, visual_weighting: str) -> tuple[dict, dict]:
         """(per-task losses, metrics) of one batch, keyed by `tasks`."""

@@ -9,7 +9,7 @@ from dataclasses import replace
 import numpy as np
 
 from vl_models.data.masking import RegionMasking
-from vl_models.families.base import RETRIEVAL_METRICS, ModelFamily, no_positions
+from vl_models.families.base import RETRIEVAL_METRICS, ModelFamily
 from vl_models.models.configuration import LxmertConfig
 from vl_models.models.modeling_lxmert import LxmertForPreTraining
 from vl_models.tasks import losses as L
@@ -25,6 +25,7 @@ class Lxmert(ModelFamily):
     position = "4d"
     region_masking = RegionMasking(zero=0.8, replace=0.1)  # 10 % another image's feature, 10 % unaltered
     answers = True
+    region_positions = "feat_positions"  # LXMERT decodes features (and labels) of the masked regions
 
     def fit(self, mcfg, layout, answers, store):
         return replace(mcfg, visual_feat_dim=layout.feature_dim, num_qa_labels=max(answers, 1),
@@ -46,14 +47,6 @@ class Lxmert(ModelFamily):
         return {"obj_ids": first(regions.objects_id, -1, np.int64), "obj_conf": first(regions.objects_conf, 0, np.float32),
                 "attr_ids": first(regions.attrs_id, -1, np.int64), "attr_conf": first(regions.attrs_conf, 0, np.float32),
                 "original_feats": original}
-
-    def forward(self, model, batch, decode=True):
-        if decode:
-            tokens, regions = batch["lm_labels"] != -1, batch["region_selected"].bool()
-        else:
-            tokens, regions = no_positions(batch)
-        return model(batch["input_ids"], batch["visual_feats"], batch["visual_pos"], batch["attention_mask"],
-                     batch["visual_mask"], lm_positions=tokens, feat_positions=regions)
 
     def losses(self, model, batch, qa_active, visual_weighting):
         out = self.forward(model, batch)

@@ -6,11 +6,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-import numpy as np
-
 from pipeline.errors import ConfigError
 from vl_models.data.masking import RegionMasking
-from vl_models.families.base import RETRIEVAL_METRICS, ModelFamily, no_positions
+from vl_models.families.base import RETRIEVAL_METRICS, ModelFamily
 from vl_models.models.configuration import ViLBERTConfig
 from vl_models.models.modeling_vilbert import ViLBERTForPreTraining
 from vl_models.tasks import losses as L
@@ -43,14 +41,6 @@ class ViLBERT(ModelFamily):
         if regions.cls_prob is None:
             raise ConfigError(f"image {image!r}: ViLBERT's region loss needs cls_prob in the store")
         return {"region_prob": regions.cls_prob[0]}
-
-    def forward(self, model, batch, decode=True):
-        if decode:
-            tokens, regions = batch["lm_labels"] != -1, batch["region_selected"].bool()
-        else:
-            tokens, regions = no_positions(batch)
-        return model(batch["input_ids"], batch["visual_feats"], batch["visual_pos"], batch["attention_mask"],
-                     batch["visual_mask"], lm_positions=tokens, region_positions=regions)
 
     def losses(self, model, batch, qa_active, visual_weighting):
         out = self.forward(model, batch)

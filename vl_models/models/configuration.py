@@ -13,11 +13,29 @@ from pipeline.errors import ConfigError
 CONFIG_DIR = Path(__file__).parent / "model_configs"
 
 
+@dataclass(frozen=True)
 class ModelConfig(Config):
-    """Base of the model configs. ``model_type`` (a class attribute, not a field) is the name
-    of the model family, the key a JSON file names its family with."""
+    """Base of the model configs: the BERT-style text encoder's settings both models share
+    (BERT-base's values). ``model_type`` (a class attribute, not a field) is the name of the
+    model family, the key a JSON file names its family with."""
 
     model_type: ClassVar[str]
+
+    name: str = "bert-base"
+    vocab_size: int = 30522
+    hidden_size: int = 768
+    num_attention_heads: int = 12
+    intermediate_size: int = 3072
+    max_position_embeddings: int = 512
+    type_vocab_size: int = 2
+    hidden_dropout_prob: float = 0.1
+    attention_probs_dropout_prob: float = 0.1
+    layer_norm_eps: float = 1e-12
+    initializer_range: float = 0.02
+
+    def __post_init__(self) -> None:
+        if self.hidden_size % self.num_attention_heads:
+            raise ConfigError(f"hidden_size {self.hidden_size} is not a multiple of {self.num_attention_heads} heads")
 
     def hf_config(self) -> dict:
         """The fields of a transformers config.json for this model ({}: no transformers class)."""
@@ -36,35 +54,20 @@ class LxmertConfig(ModelConfig):
     model_type: ClassVar[str] = "lxmert"
 
     name: str = "lxmert-base"
-    vocab_size: int = 30522
-    hidden_size: int = 768
-    num_attention_heads: int = 12
-    intermediate_size: int = 3072
     l_layers: int = 9
     x_layers: int = 5
     r_layers: int = 5
     visual_feat_dim: int = 2048
     visual_pos_dim: int = 4
-    max_position_embeddings: int = 512
-    type_vocab_size: int = 2
-    hidden_dropout_prob: float = 0.1
-    attention_probs_dropout_prob: float = 0.1
-    layer_norm_eps: float = 1e-12
-    initializer_range: float = 0.02
     num_qa_labels: int = 9500
     num_object_labels: int = 1600
     num_attr_labels: int = 400
-
-    def __post_init__(self) -> None:
-        if self.hidden_size % self.num_attention_heads:
-            raise ConfigError(f"hidden_size {self.hidden_size} is not a multiple of {self.num_attention_heads} heads")
 
     def hf_config(self) -> dict:
         """`transformers.LxmertConfig`'s fields (the same names), GELU, tied LM decoder."""
         fields = self.to_json()
         fields.pop("name")
         return {**fields, "hidden_act": "gelu", "tie_word_embeddings": True}
-
 
 
 @dataclass(frozen=True)
@@ -76,17 +79,7 @@ class ViLBERTConfig(ModelConfig):
     model_type: ClassVar[str] = "vilbert"
 
     name: str = "vilbert-base"
-    vocab_size: int = 30522
-    hidden_size: int = 768
     num_hidden_layers: int = 12
-    num_attention_heads: int = 12
-    intermediate_size: int = 3072
-    max_position_embeddings: int = 512
-    type_vocab_size: int = 2
-    hidden_dropout_prob: float = 0.1
-    attention_probs_dropout_prob: float = 0.1
-    layer_norm_eps: float = 1e-12
-    initializer_range: float = 0.02
     v_feature_size: int = 2048
     v_loc_size: int = 5
     v_target_size: int = 1601
@@ -104,6 +97,7 @@ class ViLBERTConfig(ModelConfig):
     fusion_dropout: float = 0.1
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if len(self.v_biattention_id) != len(self.t_biattention_id):
             raise ConfigError("v_biattention_id and t_biattention_id must pair up (same length)")
         if list(self.v_biattention_id) != sorted(self.v_biattention_id) or list(self.t_biattention_id) != sorted(self.t_biattention_id):
@@ -111,7 +105,7 @@ class ViLBERTConfig(ModelConfig):
         if any(i > self.v_num_hidden_layers for i in self.v_biattention_id) or any(
                 i > self.num_hidden_layers for i in self.t_biattention_id):
             raise ConfigError("a co-attention id is beyond its stream's layer count")
-        for size, heads in ((self.hidden_size, self.num_attention_heads), (self.v_hidden_size, self.v_num_attention_heads),
+        for size, heads in ((self.v_hidden_size, self.v_num_attention_heads),
                             (self.bi_hidden_size, self.bi_num_attention_heads)):
             if size % heads:
                 raise ConfigError(f"hidden size {size} is not a multiple of {heads} heads")
