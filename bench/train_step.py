@@ -144,9 +144,9 @@ def loader_rate(root: Path, vocab: Path, batch: int, workers: int, batches: int)
 
 def measured_data_wait(root: Path, vocab: Path, batch: int, steps: int) -> dict:
     """A real `vltrain pretrain` run of LXMERT-base; its last metrics row."""
-    run(TrainConfig(model="lxmert-base", stores=(str(root / "feats"),), mixture=str(root / "mix"), out=str(root / "run"),
-                    vocab=str(vocab), steps=steps, batch_size=batch, workers=1, log_every=1, warmup=1,
-                    checkpoint_every=10**9))
+    run(TrainConfig.of(model="lxmert-base", stores=(str(root / "feats"),), mixture=str(root / "mix"),
+                       out=str(root / "run"), vocab=str(vocab), steps=steps, batch_size=batch, workers=1, log_every=1,
+                       warmup=1, checkpoint_every=10**9))
     rows = [json.loads(line) for line in (root / "run" / "metrics.jsonl").read_text().splitlines()]
     return [r for r in rows if "data_wait_fraction" in r][-1]
 

@@ -15,7 +15,7 @@ def config(data, tmp_path, model, **kw) -> TrainConfig:
     base = dict(model=model, stores=(str(data / "feats"),), mixture=str(data / "mix"), out=str(tmp_path / "run"),
                 vocab=str(VOCAB), steps=4, batch_size=4, lr=1e-3, warmup=1, checkpoint_every=2, log_every=1,
                 max_regions=10, max_text=12)
-    return TrainConfig(**{**base, **kw})
+    return TrainConfig.of(**{**base, **kw})
 
 
 def assert_pretraining_logits_match(ours, hf, ids, feats, pos, mask, vmask, tol: float = 1e-4) -> None:

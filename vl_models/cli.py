@@ -13,7 +13,7 @@ from rich.table import Table
 
 from pipeline.errors import ConfigError
 from pipeline.log import cli_app, named_errors
-from vl_models.config import AMP, DEVICES, OPTIMIZERS, REGION_OVERLAP, VISUAL_WEIGHTING, TaskConfig, TrainConfig
+from vl_models.config import AMP, DEVICES, OPTIMIZERS, REGION_OVERLAP, VISUAL_WEIGHTING, TrainConfig
 
 app = cli_app("vltrain", "Train ViLBERT- and LXMERT-style models on vlprep feature stores.")
 out = Console()
@@ -115,18 +115,13 @@ def pretrain(
         raise ConfigError("give --steps or --epochs, not both")
     if _given(ctx, "steps"):  # over a recipe's epochs
         o["epochs"] = 0
-    cfg = TrainConfig(
-        model=o["model"], stores=tuple(str(s) for s in shards), mixture=str(mixture), out=str(out), vocab=str(vocab),
-        steps=o["steps"], epochs=o["epochs"] or None, batch_size=o["batch_size"], grad_accum=o["grad_accum"],
-        lr=o["lr"], optimizer=o["optimizer"], warmup=o["warmup"], clip=o["clip"], weight_decay=o["weight_decay"],
-        device=o["device"], amp=o["amp"], workers=o["workers"], compile=o["compile"], init=str(init) if init else None,
-        checkpoint_every=o["checkpoint_every"], eval_every=o["eval_every"], log_every=o["log_every"], seed=o["seed"],
-        resume=resume, overwrite=overwrite, stop_at=stop_at or None, keep_last=o["keep_last"],
-        best_metric=o["best_metric"], report_to=tuple(o["report_to"]), max_text=o["max_text"] or None,
-        max_regions=o["max_regions"], region_overlap=o["region_overlap"], verify_shards=o["verify_shards"],
-        task=TaskConfig(visual_weighting=o["visual_weighting"], qa_from_epoch=o["qa_from_epoch"],
-                        weights=_pairs(o["weight"], "--weight", float),
-                        from_step=_pairs(o["task_from"], "--task-from", int)))
+    # Every other option is a training setting of the same name (a test checks both ways).
+    settings = {k: v for k, v in o.items() if k not in ("recipe", "shards", "weight", "task_from")}
+    settings.update(stores=tuple(str(s) for s in shards), mixture=str(mixture), out=str(out), vocab=str(vocab),
+                    init=str(init) if init else None, epochs=o["epochs"] or None, stop_at=stop_at or None,
+                    max_text=o["max_text"] or None, weights=_pairs(o["weight"], "--weight", float),
+                    from_step=_pairs(o["task_from"], "--task-from", int))
+    cfg = TrainConfig.of(**settings)
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     from vl_models.train.runlog import progress_line

@@ -3,21 +3,22 @@ value is a `ConfigError` naming its flag before any model, data or file is touch
 
 No torch here: the `vltrain` command line reads its choices (`OPTIMIZERS`, `AMP`, ...) from
 this module without loading the trainer. Every field of `TrainConfig` and `TaskConfig` is a
-`vltrain pretrain` flag (checked by a test); the CLI shows them in these sections:
+`vltrain pretrain` flag (checked by a test); the config and the CLI's help have these sections:
 
-* inputs and output: model, stores (``--shards``), mixture, out, vocab, init;
-* schedule and optimizer: steps / epochs, batch_size, grad_accum, lr, optimizer, warmup,
+* inputs and output (`TrainConfig` itself): model, stores (``--shards``), mixture, out,
+  vocab, init;
+* ``optim`` (`OptimConfig`): steps / epochs, batch_size, grad_accum, lr, optimizer, warmup,
   weight_decay, clip;
-* data: max_text, max_regions, region_overlap, workers, verify_shards;
-* tasks (`TaskConfig`): per-task weights and start steps, LXMERT's visual weighting and QA epoch;
-* run: seed, device, amp, compile, resume / overwrite / stop_at, checkpoint_every, eval_every,
-  log_every, keep_last, best_metric, report_to.
+* ``data`` (`DataSettings`): max_text, max_regions, region_overlap, workers, verify_shards;
+* ``task`` (`TaskConfig`): per-task weights and start steps, LXMERT's visual weighting and QA epoch;
+* ``run`` (`RunSettings`): seed, device, amp, compile, resume / overwrite / stop_at,
+  checkpoint_every, eval_every, log_every, keep_last, best_metric, report_to.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Optional
 
 from pipeline.config import Config, at_least, one_of
@@ -62,12 +63,9 @@ class TaskConfig(Config):
 
 
 @dataclass(frozen=True)
-class TrainConfig(Config):
-    model: str  # a config name (lxmert-base, vilbert-tiny, ...) or a JSON path
-    stores: tuple[str, ...]
-    mixture: str
-    out: str
-    vocab: str  # a vocab.txt, a BERT WordPiece tokenizer.json, or a folder with either
+class OptimConfig(Config):
+    """Schedule and optimizer."""
+
     steps: int = 1000
     epochs: Optional[float] = None  # passes over the train split: sets `steps` when the data is known
     batch_size: int = 32  # per rank, per micro-step
@@ -77,39 +75,10 @@ class TrainConfig(Config):
     warmup: float = 100  # steps; below 1: a fraction of `steps`
     weight_decay: float = 0.01
     clip: float = 1.0
-    seed: int = 0
-    workers: int = 0
-    device: str = "cpu"  # cpu | cuda (one GPU per rank)
-    amp: str = "none"  # none | bf16 | fp16 (fp16 with a GradScaler, CUDA only)
-    init: Optional[str] = None  # start from a checkpoint (see `weights.init_pretraining`); not on resume
-    compile: bool = False  # torch.compile the backbone (the heads decode at data-dependent positions)
-    checkpoint_every: int = 500
-    eval_every: int = 0  # steps between validation passes (0: only at the end)
-    log_every: int = 10
-    resume: bool = False  # continue the run in `out` (a new one if there is none)
-    stop_at: Optional[int] = None  # end this invocation at this step (the schedule still spans `steps`)
-    max_text: Optional[int] = None  # default per model: ViLBERT 36, LXMERT 20
-    max_regions: int = 36
-    region_overlap: str = "keep"  # ViLBERT: "zero" also zeroes regions overlapping a masked one (12-in-1)
-    task: TaskConfig = field(default_factory=TaskConfig)
-    keep_last: int = 3  # checkpoints kept (0: all), besides the best one
-    best_metric: Optional[str] = None  # a validation score, e.g. eval_qa_score or eval_region_kl:min
-    report_to: tuple[str, ...] = ()  # "tensorboard"
-    overwrite: bool = False  # replace a run in `out` (removes only the trainer's files there)
-    verify_shards: bool = False  # check each store shard's sha256 on first use
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "stores", tuple(str(s) for s in self.stores))
-        object.__setattr__(self, "report_to", tuple(self.report_to))
-        at_least(self, {"steps": 1, "batch_size": 1, "grad_accum": 1, "log_every": 1, "checkpoint_every": 1,
-                        "warmup": 0, "eval_every": 0, "workers": 0, "keep_last": 0, "max_regions": 1})
-        if self.max_text is not None:
-            at_least(self, {"max_text": 3})  # [CLS], one word, [SEP]
-        for name, allowed in (("optimizer", OPTIMIZERS), ("amp", AMP), ("device", DEVICES),
-                              ("region_overlap", REGION_OVERLAP)):
-            one_of(name, getattr(self, name), allowed)
-        if self.amp == "fp16" and self.device != "cuda":
-            raise ConfigError("--amp fp16 needs --device cuda (use bf16 on CPU)")
+        at_least(self, {"steps": 1, "batch_size": 1, "grad_accum": 1, "warmup": 0})
+        one_of("optimizer", self.optimizer, OPTIMIZERS)
         if self.epochs is not None and not (math.isfinite(self.epochs) and self.epochs > 0):
             raise ConfigError(f"--epochs must be finite and > 0, got {self.epochs}")
         if not math.isfinite(self.warmup) or (self.warmup >= 1 and self.warmup != int(self.warmup)):
@@ -117,17 +86,132 @@ class TrainConfig(Config):
         if not (math.isfinite(self.lr) and self.lr >= 0 and math.isfinite(self.clip) and self.clip > 0):
             raise ConfigError(f"--lr must be finite and >= 0 and --clip finite and > 0, got {self.lr}, {self.clip}")
 
-
-    def scheduled(self, train_items: int, world: int) -> "TrainConfig":
-        """This config with `steps` from `epochs` (whole optimizer steps over `train_items`
-        on `world` ranks); unchanged without `epochs`."""
-        if self.epochs is None:
-            return self
-        per_step = self.batch_size * self.grad_accum * world
-        return replace(self, steps=max(1, math.ceil(self.epochs * (train_items // per_step))))
-
     @property
     def warmup_steps(self) -> int:
         """`warmup` in steps (a fraction below 1 is of `steps`; it stays a fraction in the
         saved config, so a resume that grows the run keeps it)."""
         return round(self.warmup * self.steps) if 0 < self.warmup < 1 else int(self.warmup)
+
+
+@dataclass(frozen=True)
+class DataSettings(Config):
+    """What the examples look like and how they are loaded."""
+
+    max_text: Optional[int] = None  # default per model family: ViLBERT 36, LXMERT 20
+    max_regions: int = 36
+    region_overlap: str = "keep"  # ViLBERT: "zero" also zeroes regions overlapping a masked one (12-in-1)
+    workers: int = 0
+    verify_shards: bool = False  # check each store shard's sha256 on first use
+
+    def __post_init__(self) -> None:
+        at_least(self, {"max_regions": 1, "workers": 0})
+        if self.max_text is not None:
+            at_least(self, {"max_text": 3})  # [CLS], one word, [SEP]
+        one_of("region_overlap", self.region_overlap, REGION_OVERLAP)
+
+
+@dataclass(frozen=True)
+class RunSettings(Config):
+    """Devices, checkpoints, logging, and how this invocation relates to an earlier run."""
+
+    seed: int = 0
+    device: str = "cpu"  # cpu | cuda (one GPU per rank)
+    amp: str = "none"  # none | bf16 | fp16 (fp16 with a GradScaler, CUDA only)
+    compile: bool = False  # torch.compile the backbone (the heads decode at data-dependent positions)
+    resume: bool = False  # continue the run in `out` (a new one if there is none)
+    overwrite: bool = False  # replace a run in `out` (removes only the trainer's files there)
+    stop_at: Optional[int] = None  # end this invocation at this step (the schedule still spans `steps`)
+    checkpoint_every: int = 500
+    eval_every: int = 0  # steps between validation passes (0: only at the end)
+    log_every: int = 10
+    keep_last: int = 3  # checkpoints kept (0: all), besides the best one
+    best_metric: Optional[str] = None  # a validation score, e.g. eval_qa_score or eval_region_kl:min
+    report_to: tuple[str, ...] = ()  # "tensorboard"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "report_to", tuple(self.report_to))
+        at_least(self, {"log_every": 1, "checkpoint_every": 1, "eval_every": 0, "keep_last": 0})
+        one_of("amp", self.amp, AMP)
+        one_of("device", self.device, DEVICES)
+        if self.amp == "fp16" and self.device != "cuda":
+            raise ConfigError("--amp fp16 needs --device cuda (use bf16 on CPU)")
+
+
+SECTIONS = {"optim": OptimConfig, "data": DataSettings, "task": TaskConfig, "run": RunSettings}
+
+
+@dataclass(frozen=True)
+class TrainConfig(Config):
+    """A training run: its inputs and output, and one section per concern (`SECTIONS`).
+    Field names are unique across sections, so a setting is named by its field alone:
+    `TrainConfig.of` and `with_` take them flat (as the command line does), and every
+    section field is a flag of the same name."""
+
+    model: str  # a config name (lxmert-base, vilbert-tiny, ...) or a JSON path
+    stores: tuple[str, ...]
+    mixture: str
+    out: str
+    vocab: str  # a vocab.txt, a BERT WordPiece tokenizer.json, or a folder with either
+    init: Optional[str] = None  # start from a checkpoint (see `weights.init_pretraining`); not on resume
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    data: DataSettings = field(default_factory=DataSettings)
+    task: TaskConfig = field(default_factory=TaskConfig)
+    run: RunSettings = field(default_factory=RunSettings)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "stores", tuple(str(s) for s in self.stores))
+
+    @classmethod
+    def of(cls, **settings) -> "TrainConfig":
+        """A config from flat settings (``steps=4, lr=1e-3, resume=True, ...``), each put
+        into its section; ConfigError naming an unknown one."""
+        own, sections = _sort(settings)
+        return cls(**own, **{name: SECTIONS[name](**values) for name, values in sections.items()})
+
+    def with_(self, **settings) -> "TrainConfig":
+        """This config with some settings changed, named flat as in `of`."""
+        own, sections = _sort(settings)
+        changed = {name: replace(getattr(self, name), **values) for name, values in sections.items()}
+        return replace(self, **own, **changed)
+
+    def scheduled(self, train_items: int, world: int) -> "TrainConfig":
+        """This config with `steps` from `epochs` (whole optimizer steps over `train_items`
+        on `world` ranks); unchanged without `epochs`."""
+        optim = self.optim
+        if optim.epochs is None:
+            return self
+        per_step = optim.batch_size * optim.grad_accum * world
+        return self.with_(steps=max(1, math.ceil(optim.epochs * (train_items // per_step))))
+
+
+def flat_settings(saved: dict) -> dict:
+    """A saved training config (`TrainConfig.to_json`, as in a run's config.json) with its
+    sections opened: every setting by its field name, as `TrainConfig.of` takes them.
+    Configs saved before the sections come back the same way (their ``task`` was a
+    section already)."""
+    out = {}
+    for key, value in saved.items():
+        if key in SECTIONS and isinstance(value, dict):
+            out.update(value)
+        else:
+            out[key] = value
+    return out
+
+
+def section_fields() -> dict[str, str]:
+    """Every section field's name -> its section."""
+    return {f.name: name for name, cls in SECTIONS.items() for f in fields(cls)}
+
+
+def _sort(settings: dict) -> tuple[dict, dict]:
+    where = section_fields()
+    own_names = {f.name for f in fields(TrainConfig)} - set(SECTIONS)
+    own, sections = {}, {}
+    for key, value in settings.items():
+        if key in own_names:
+            own[key] = value
+        elif key in where:
+            sections.setdefault(where[key], {})[key] = value
+        else:
+            raise ConfigError(f"unknown training setting {key!r}")
+    return own, sections

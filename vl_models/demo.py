@@ -37,7 +37,7 @@ from rich.console import Console
 
 from pipeline.config import Config, at_least
 from pipeline.log import named_errors
-from vl_models.config import TaskConfig, TrainConfig
+from vl_models.config import TrainConfig
 from vl_models.data.tokenize import bundled_bert_vocab
 
 # `vlprep` imports this module at every start (to attach the command): the stages import
@@ -190,11 +190,11 @@ def _mixture(world: Path, store: Path, mix: Path, kinds: tuple[str, ...]) -> dic
 
 def _train_config(cfg: DemoConfig, kind: str, out: Path, vocab: Path, steps: int) -> TrainConfig:
     pair = PAIR_TASK[kind]
-    return TrainConfig(model=MODELS[kind], stores=(str(out / "features"),), mixture=str(out / MIXTURES[kind]),
-                       out=str(out / "runs" / kind), vocab=str(vocab), steps=steps, batch_size=32, lr=1e-3,
-                       warmup=max(1, steps // 20), checkpoint_every=max(1, steps // 2), eval_every=steps,
-                       log_every=max(1, steps // 60), max_text=24, max_regions=20, seed=cfg.seed, resume=True,
-                       task=TaskConfig(weights={pair: 3.0}))
+    return TrainConfig.of(model=MODELS[kind], stores=(str(out / "features"),), mixture=str(out / MIXTURES[kind]),
+                          out=str(out / "runs" / kind), vocab=str(vocab), steps=steps, batch_size=32, lr=1e-3,
+                          warmup=max(1, steps // 20), checkpoint_every=max(1, steps // 2), eval_every=steps,
+                          log_every=max(1, steps // 60), max_text=24, max_regions=20, seed=cfg.seed, resume=True,
+                          weights={pair: 3.0})
 
 
 def _pretrain(cfg: DemoConfig, kind: str, out: Path, vocab: Path, say: Callable[[str], None]) -> dict:
@@ -226,7 +226,7 @@ def _evaluate(cfg: DemoConfig, kind: str, out: Path, vocab: Path) -> dict:
     answers = Mixture.open(mixture).answers
     family = families.get(kind)
     val = PretrainDataset(mixture, [out / "features"], vocab, DataConfig(
-        max_text=tcfg.max_text, max_regions=tcfg.max_regions, split="val", mismatch_prob=0.5, seed=cfg.seed), family)
+        max_text=tcfg.data.max_text, max_regions=tcfg.data.max_regions, split="val", mismatch_prob=0.5, seed=cfg.seed), family)
     result = {}
     for name in ("untrained", "pretrained"):
         torch.manual_seed(cfg.seed)

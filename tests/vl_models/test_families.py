@@ -101,9 +101,9 @@ def test_a_registered_family_trains_evaluates_and_resumes(data, tmp_path, toy):
     assert not {"loss_qa", "eval_qa_score"} & set(last)
     saved = json.loads((tmp_path / "run" / "config.json").read_text())
     assert saved["kind"] == "toy" and saved["model"]["hidden_size"] == 8
-    assert run(replace(cfg, steps=4, resume=True))["step"] == 4
+    assert run(cfg.with_(steps=4, resume=True))["step"] == 4
     with pytest.raises(ConfigError, match="toy has no task.*region"):
-        run(replace(config(data, tmp_path / "other", str(model_file)), task=replace(cfg.task, weights={"region": 1.0})))
+        run(config(data, tmp_path / "other", str(model_file), weights={"region": 1.0}))
 
 
 def test_the_registry_finds_families_by_name_and_refuses_clashes(toy):

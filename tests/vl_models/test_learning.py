@@ -18,7 +18,6 @@ from train_helpers import VOCAB
 from pipeline.mixture.build import MixtureSpec, build_mixture
 from pipeline.records import RegionFeatures
 from pipeline.store import write_records
-from vl_models.config import TaskConfig
 from vl_models.config import TrainConfig
 from vl_models.train.trainer import run
 
@@ -52,10 +51,10 @@ def caption(concept) -> str:
 
 
 def train(tmp_path, model, weights, steps) -> dict:
-    return run(TrainConfig(model=model, stores=(str(tmp_path / "feats"),), mixture=str(tmp_path / "mix"),
-                           out=str(tmp_path / "run"), vocab=str(VOCAB), steps=20000, stop_at=steps, batch_size=32,
-                           lr=1e-3, warmup=0, checkpoint_every=10000, log_every=100, max_regions=3, max_text=8, seed=0,
-                           task=TaskConfig(weights=weights)))
+    return run(TrainConfig.of(model=model, stores=(str(tmp_path / "feats"),), mixture=str(tmp_path / "mix"),
+                              out=str(tmp_path / "run"), vocab=str(VOCAB), steps=20000, stop_at=steps, batch_size=32,
+                              lr=1e-3, warmup=0, checkpoint_every=10000, log_every=100, max_regions=3, max_text=8,
+                              seed=0, weights=weights))
 
 
 def test_vilbert_alignment_is_learned(tmp_path):

@@ -8,6 +8,7 @@ from typer.testing import CliRunner
 
 from pipeline.errors import ConfigError
 from vl_models.cli import app
+from vl_models.config import flat_settings
 from vl_models.train.recipes import RECIPE_DIR, load_recipe
 
 # The published numbers (LXMERT paper §3.3 and airsplay/lxmert run/lxmert_pretrain.bash; ViLBERT
@@ -42,9 +43,9 @@ def test_the_lxmert_recipe_sets_the_schedule_and_flags_win(data, tmp_path):
     result = _pretrain(data, tmp_path, "--recipe", "lxmert-paper", "--model", "lxmert-tiny", "--batch-size", "4",
                        "--epochs", "2")
     assert result.exit_code == 0, result.output
-    train = json.loads((tmp_path / "run" / "config.json").read_text())["train"]
+    train = flat_settings(json.loads((tmp_path / "run" / "config.json").read_text())["train"])
     assert (train["model"], train["batch_size"], train["optimizer"], train["lr"]) == ("lxmert-tiny", 4, "bertadam", 1e-4)
-    assert train["task"]["qa_from_epoch"] == 10 and train["max_text"] == 20 and train["epochs"] == 2
+    assert train["qa_from_epoch"] == 10 and train["max_text"] == 20 and train["epochs"] == 2
     assert train["steps"] == 6  # 2 epochs of 12 train items in batches of 4
     assert train["warmup"] == 0.05  # a fraction of the steps, kept as given
 
@@ -53,7 +54,7 @@ def test_steps_on_the_command_line_win_over_a_recipes_epochs(data, tmp_path):
     result = _pretrain(data, tmp_path, "--recipe", "lxmert-paper", "--model", "lxmert-tiny", "--batch-size", "4",
                        "--steps", "2")
     assert result.exit_code == 0, result.output
-    train = json.loads((tmp_path / "run" / "config.json").read_text())["train"]
+    train = flat_settings(json.loads((tmp_path / "run" / "config.json").read_text())["train"])
     assert train["steps"] == 2 and train["epochs"] is None and train["optimizer"] == "bertadam"
 
 
@@ -63,7 +64,7 @@ def test_every_recipe_value_reaches_the_run(data, tmp_path):
     mine.write_text("model: lxmert-tiny\nverify_shards: true\nsteps: 1\nbatch_size: 4\nseed: 5\n")
     result = _pretrain(data, tmp_path, "--recipe", str(mine))
     assert result.exit_code == 0, result.output
-    train = json.loads((tmp_path / "run" / "config.json").read_text())["train"]
+    train = flat_settings(json.loads((tmp_path / "run" / "config.json").read_text())["train"])
     assert train["verify_shards"] is True and train["seed"] == 5 and train["steps"] == 1
 
 
@@ -85,10 +86,10 @@ def test_a_recipe_file_is_checked(data, tmp_path):
 
 def test_epochs_and_warmup_fraction_resolve_to_steps(data, tmp_path):
     cfg = config(data, tmp_path, "lxmert-tiny", epochs=2.5, warmup=0.1, batch_size=4)
-    assert cfg.scheduled(train_items=100, world=2).steps == 30  # 12 steps per epoch on 2 ranks
-    assert cfg.scheduled(train_items=100, world=2).warmup_steps == 3
-    assert config(data, tmp_path, "lxmert-tiny", warmup=7).scheduled(100, 1).warmup_steps == 7
-    assert config(data, tmp_path, "lxmert-tiny", steps=9).scheduled(100, 1).steps == 9  # no --epochs: as given
+    assert cfg.scheduled(train_items=100, world=2).optim.steps == 30  # 12 steps per epoch on 2 ranks
+    assert cfg.scheduled(train_items=100, world=2).optim.warmup_steps == 3
+    assert config(data, tmp_path, "lxmert-tiny", warmup=7).scheduled(100, 1).optim.warmup_steps == 7
+    assert config(data, tmp_path, "lxmert-tiny", steps=9).scheduled(100, 1).optim.steps == 9  # no --epochs: as given
     with pytest.raises(ConfigError, match="warmup"):
         config(data, tmp_path, "lxmert-tiny", warmup=2.5)
     with pytest.raises(ConfigError, match="epochs"):

@@ -19,6 +19,7 @@ from helpers import REPO, make_record
 
 from pipeline.errors import EXIT_CONFIG, EXIT_DATA, EXIT_DIVERGED, EXIT_IO, CheckpointError, ConfigError, DataError
 from pipeline.store import FeatureStore, write_records
+from vl_models.config import flat_settings
 from vl_models.train import checkpoint
 from vl_models.train.trainer import run
 
@@ -169,7 +170,7 @@ def test_resume_with_more_steps_goes_on_with_a_note(copy, data, tmp_path):
     notes = [r for r in rows(copy) if "note" in r]
     assert len(notes) == 1 and notes[0]["step"] == 2 and "steps: 4 -> 5" in notes[0]["note"]
     assert train_steps(copy) == [1, 2, 3]
-    assert json.loads((copy / "config.json").read_text())["train"]["steps"] == 5
+    assert json.loads((copy / "config.json").read_text())["train"]["optim"]["steps"] == 5
 
 
 def test_resume_with_more_epochs_goes_on_with_a_note(data, tmp_path):
@@ -180,7 +181,7 @@ def test_resume_with_more_epochs_goes_on_with_a_note(data, tmp_path):
     out = tmp_path / "run"
     notes = [r for r in rows(out) if "note" in r]
     assert len(notes) == 1 and "epochs: 1 -> 2" in notes[0]["note"] and "steps: 3 -> 6" in notes[0]["note"]
-    saved = json.loads((out / "config.json").read_text())["train"]
+    saved = flat_settings(json.loads((out / "config.json").read_text())["train"])
     assert (saved["steps"], saved["warmup"]) == (6, 0.5)
 
 
@@ -236,10 +237,9 @@ def test_sigkill_after_a_logged_step_resumes_exactly_without_duplicate_rows(data
     """Killed after step 3 was logged (checkpoint at 2): the resume drops row 3 and the
     stale temporary checkpoint, and ends where a straight run ends."""
     cfg = config(data, tmp_path, "lxmert-tiny", checkpoint_every=2)
-    kwargs = {**cfg.to_json(), "stores": tuple(cfg.stores), "task": None}
     code = ("import os, signal\nfrom vl_models.config import TrainConfig\nfrom vl_models.train.trainer import run\n"
-            f"kwargs = {kwargs!r}\nkwargs.pop('task')\n"
-            "run(TrainConfig(**kwargs), on_step=lambda step, m: step == 3 and os.kill(os.getpid(), signal.SIGKILL))\n")
+            f"cfg = TrainConfig.from_json({cfg.to_json()!r})\n"
+            "run(cfg, on_step=lambda step, m: step == 3 and os.kill(os.getpid(), signal.SIGKILL))\n")
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == -9, proc.stderr[-2000:]
     out = tmp_path / "run"
@@ -330,15 +330,18 @@ def test_every_train_config_field_has_a_flag_and_every_flag_a_field():
     import typer
 
     from vl_models.cli import app
-    from vl_models.config import TaskConfig, TrainConfig
+    from vl_models.config import SECTIONS, TrainConfig
 
     params = {p.name for p in typer.main.get_command(app).commands["pretrain"].params}
     renamed = {"stores": "shards", "weights": "weight", "from_step": "task_from"}  # flag named for one item
-    containers = {"task"}  # TrainConfig.task is the TaskConfig whose fields are flags themselves
     cli_only = {"recipe"}  # fills the defaults of the other flags
-    fields = {renamed.get(f.name, f.name) for cls in (TrainConfig, TaskConfig) for f in dataclasses.fields(cls)}
-    assert sorted(fields - containers - params) == []
+    own = {f.name for f in dataclasses.fields(TrainConfig)} - set(SECTIONS)  # the sections' fields are flags
+    fields = own | {f.name for cls in SECTIONS.values() for f in dataclasses.fields(cls)}
+    fields = {renamed.get(name, name) for name in fields}
+    assert sorted(fields - params) == []
     assert sorted(params - fields - cli_only) == []
+    names = [f.name for cls in SECTIONS.values() for f in dataclasses.fields(cls)]
+    assert len(names) == len(set(names)) and not own & set(names)  # a setting is named by its field alone
 
 
 def test_enumerated_flags_are_choices_checked_before_any_work(data, tmp_path):

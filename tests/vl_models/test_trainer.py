@@ -22,7 +22,7 @@ def test_pretraining_runs_and_writes_a_run_folder(data, tmp_path, model):
     assert rows[-1]["peak_rss_mb"] > 50 and 0 <= rows[-1]["data_wait_fraction"] < 1 and rows[-1]["samples_per_s"] > 0
     assert (tmp_path / "run" / "checkpoints" / "latest").read_text() == "step_0000004.pt"
     cfg = json.loads((tmp_path / "run" / "config.json").read_text())
-    assert cfg["kind"] == model.split("-")[0] and cfg["train"]["steps"] == 4
+    assert cfg["kind"] == model.split("-")[0] and cfg["train"]["optim"]["steps"] == 4
 
 
 def test_resume_continues_bit_exactly(data, tmp_path):
@@ -141,13 +141,12 @@ def test_evaluation_samples_every_source_of_the_split(data, tmp_path):
 
 
 def test_a_task_counts_from_its_start_step(data, tmp_path):
-    from vl_models.config import TaskConfig
     from vl_models.train.trainer import build_model
 
     cfg = config(data, tmp_path, "vilbert-tiny", steps=4, checkpoint_every=1, weight_decay=0.0,
-                 task=TaskConfig(from_step={"alignment": 3}))
+                 from_step={"alignment": 3})
     run(cfg)
-    torch.manual_seed(cfg.seed)
+    torch.manual_seed(cfg.run.seed)
     _, _, fresh = build_model(cfg, len(json.loads((data / "mix" / "answers.json").read_text())["answers"]))
     head = "cls.bi_seq_relationship.weight"  # used by the alignment loss alone
     saved = {s: torch.load(tmp_path / "run" / "checkpoints" / f"step_{s:07d}.pt", weights_only=True)["model"][head]

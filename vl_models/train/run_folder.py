@@ -22,8 +22,9 @@ from typing import Optional, Sequence
 
 from pipeline.errors import ConfigError, DataError
 from pipeline.io import atomic_write_bytes, atomic_write_json, remove_path
-from pipeline.store import FeatureStore
 from pipeline.mixture.mixture import ANSWERS_FILE, ITEMS_FILE, Mixture
+from pipeline.store import FeatureStore
+from vl_models.config import flat_settings
 from vl_models.train import checkpoint
 
 log = logging.getLogger(__name__)
@@ -39,7 +40,7 @@ OUTPUTS = (CONFIG, METRICS, checkpoint.FOLDER, TENSORBOARD, "curves.png")
 _RUN_KEYS = ("train", "model", "kind")  # what every vltrain config.json holds
 _TENSORBOARD_EVENTS = "events.out.tfevents."
 
-# TrainConfig fields a resume may change. They decide how the run is carried out, kept or
+# Training settings (fields of TrainConfig and its sections) a resume may change. They decide how the run is carried out, kept or
 # reported, not what it computes: where it is (out; the paths of mixture, stores and vocab,
 # whose contents are compared instead), when it stops, evaluates, checkpoints and logs,
 # loader workers (examples do not depend on them), retention, reporting, shard
@@ -88,20 +89,20 @@ def plan(out: Path, cfg, resolved: dict) -> Plan:
     """Decide how `cfg` (a TrainConfig) starts in `out`; reads only. ConfigError: a run is
     there and neither --resume nor --overwrite was given, or the resume changes what it
     must keep; CheckpointError: the checkpoint to resume from is missing or damaged."""
-    if cfg.resume and cfg.overwrite:
+    if cfg.run.resume and cfg.run.overwrite:
         raise ConfigError("pass either --resume or --overwrite, not both")
     if not _holds_run(out):
         foreign = _present(out)
         if foreign:
             raise ConfigError(f"{out} holds {', '.join(foreign)} but no run of vltrain (its config.json would say "
                               "so): they are not the trainer's to reuse or remove; choose another --out")
-        if cfg.resume:
+        if cfg.run.resume:
             log.info("%s: no run to resume: starting a new one", out)
         return Plan()
-    if cfg.overwrite:
+    if cfg.run.overwrite:
         log.info("--overwrite: removing %s from %s", ", ".join(_present(out)), out)
         return Plan(overwrite=True)
-    if not cfg.resume:
+    if not cfg.run.resume:
         pointer = out / checkpoint.FOLDER / checkpoint.LATEST
         step = checkpoint.step_of(pointer.read_text().strip()) if pointer.exists() else None
         where = f"last checkpoint: step {step}" if step is not None else "no checkpoint yet"
@@ -123,8 +124,8 @@ def plan(out: Path, cfg, resolved: dict) -> Plan:
     else:
         saved, step = None, 0
     notes = compare(saved, resolved, out) if saved else []
-    if cfg.steps < step:
-        raise ConfigError(f"{out} is already at step {step}: --steps {cfg.steps} ends before it")
+    if cfg.optim.steps < step:
+        raise ConfigError(f"{out} is already at step {step}: --steps {cfg.optim.steps} ends before it")
     return Plan(step=step, state=state, notes=notes)
 
 
@@ -172,12 +173,14 @@ def compare(saved: dict, new: dict, out: Path) -> list[str]:
 
 def _fields(resolved: dict) -> dict:
     """{"train.lr": ..., "model.hidden_size": ..., "inputs.mixture": ..., "world_size": ...}
-    with JSON values (tuples as lists), one level into each section."""
+    with JSON values (tuples as lists), one level into each part; the training config's
+    sections are opened too (`flat_settings`), so a setting is named by its field alone, as
+    in configs saved before the sections."""
     obj = json.loads(json.dumps(resolved))
     out = {}
     for key, value in obj.items():
         if isinstance(value, dict):
-            out.update({f"{key}.{k}": v for k, v in value.items()})
+            out.update({f"{key}.{k}": v for k, v in (flat_settings(value) if key == "train" else value).items()})
         else:
             out[key] = value
     return out

@@ -97,16 +97,16 @@ def run(cfg: TrainConfig, on_step: Optional[Callable[[int, dict], None]] = None)
     """Train; returns the last logged metrics ({} when a resumed run was already at its end).
     `on_step(step, metrics)` is called on rank 0 at every logged step."""
     rank, world, local = distributed.world()
-    device = resolve_device(cfg.device, local)
-    runlog.check_reporters(cfg.report_to)
+    device = resolve_device(cfg.run.device, local)
+    runlog.check_reporters(cfg.run.report_to)
     out = Path(cfg.out)
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out} is a file, not a folder")
     mixture = Mixture.open(cfg.mixture)
-    torch.manual_seed(cfg.seed)
+    torch.manual_seed(cfg.run.seed)
     family, mcfg, model = build_model(cfg, len(mixture.answers))
     cfg.task.check(family)
-    best_metric = BestMetric.parse(cfg.best_metric, family) if cfg.best_metric else None
+    best_metric = BestMetric.parse(cfg.run.best_metric, family) if cfg.run.best_metric else None
     data, val = _datasets(cfg, mixture, family, world)
     cfg = cfg.scheduled(len(data), world)
     if data.tokenizer.vocab_size > mcfg.vocab_size:
@@ -114,7 +114,7 @@ def run(cfg: TrainConfig, on_step: Optional[Callable[[int, dict], None]] = None)
                           f"vocab_size {mcfg.vocab_size} ({mcfg.name}): use the model's vocab, or a model config "
                           "with a larger vocab_size")
     if best_metric and val is None:
-        raise ConfigError(f"--best-metric {cfg.best_metric}: {cfg.mixture} has no val split to score")
+        raise ConfigError(f"--best-metric {cfg.run.best_metric}: {cfg.mixture} has no val split to score")
     resolved = {"train": cfg.to_json(), "model": mcfg.to_json(), "kind": family.name, "world_size": world,
                 "inputs": run_folder.input_digests(mixture, [Path(p) for p in cfg.stores],
                                                    data.tokenizer.path)}
@@ -132,21 +132,22 @@ def run(cfg: TrainConfig, on_step: Optional[Callable[[int, dict], None]] = None)
         return _train(cfg, family, model, data, val, device, start, resolved, best_metric, on_step)
 
 
-def _datasets(cfg: TrainConfig, mixture: Mixture, family: ModelFamily, world: int) -> tuple[PretrainDataset, Optional[PretrainDataset]]:
+def _datasets(cfg: TrainConfig, mixture: Mixture, family: ModelFamily,
+              world: int) -> tuple[PretrainDataset, Optional[PretrainDataset]]:
     """The train split (checked to fill a batch on every rank) and the val split (None
     without one); ConfigError naming the images that no store holds."""
     data = PretrainDataset(mixture, [Path(s) for s in cfg.stores], Path(cfg.vocab), DataConfig(
-        max_text=cfg.max_text, max_regions=cfg.max_regions, seed=cfg.seed, region_overlap=cfg.region_overlap),
-        family, verify_shards=cfg.verify_shards)
+        max_text=cfg.data.max_text, max_regions=cfg.data.max_regions, seed=cfg.run.seed,
+        region_overlap=cfg.data.region_overlap), family, verify_shards=cfg.data.verify_shards)
     per_rank = len(data) // world
-    if per_rank < cfg.batch_size:
+    if per_rank < cfg.optim.batch_size:
         ranks = f" ({per_rank} per rank over {world} ranks)" if world > 1 else ""
         raise ConfigError(f"the train split of {cfg.mixture} has {len(data)} items{ranks}, fewer than --batch-size "
-                          f"{cfg.batch_size}: no full batch; lower --batch-size (or use fewer ranks)")
+                          f"{cfg.optim.batch_size}: no full batch; lower --batch-size (or use fewer ranks)")
     try:
         val = PretrainDataset(mixture, [Path(s) for s in cfg.stores], Path(cfg.vocab),
                               replace(data.cfg, split="val", mismatch_prob=0.5), family,
-                              verify_shards=cfg.verify_shards)
+                              verify_shards=cfg.data.verify_shards)
     except ConfigError:
         val = None
         log.info("%s has no val split: no validation", cfg.mixture)
@@ -165,9 +166,9 @@ def _train(cfg: TrainConfig, family: ModelFamily, model, data: PretrainDataset, 
     main = distributed.is_main()
     out = Path(cfg.out)
     model.to(device)
-    sampler = ResumableSampler(len(data), rank, world, cfg.seed)
-    optimizer = make_optimizer(model, cfg.optimizer, cfg.lr, cfg.weight_decay)
-    scaler = torch.amp.GradScaler("cuda", enabled=cfg.amp == "fp16")
+    sampler = ResumableSampler(len(data), rank, world, cfg.run.seed)
+    optimizer = make_optimizer(model, cfg.optim.optimizer, cfg.optim.lr, cfg.optim.weight_decay)
+    scaler = torch.amp.GradScaler("cuda", enabled=cfg.run.amp == "fp16")
     step, best = start.step, None
     if start.state is not None:
         state = start.state
@@ -180,55 +181,57 @@ def _train(cfg: TrainConfig, family: ModelFamily, model, data: PretrainDataset, 
         if best_metric and (saved_best.get("metric"), saved_best.get("mode")) == (best_metric.name, best_metric.mode):
             best = saved_best  # a changed --best-metric starts its own record
         log.info("resumed %s at step %d", out, step)
-    if world > 1 or cfg.compile:  # DDP and the compiler expect sparse-flagged embeddings' grads sparse
+    if world > 1 or cfg.run.compile:  # DDP and the compiler expect sparse-flagged embeddings' grads sparse
         for module in model.modules():
             if isinstance(module, torch.nn.Embedding):
                 module.sparse = False
-    if cfg.compile:
+    if cfg.run.compile:
         family.backbone(model).compile()  # in place: checkpoint keys unchanged
     wrapped = (torch.nn.parallel.DistributedDataParallel(model, find_unused_parameters=family.unused_parameters)
                if world > 1 else model)
-    metrics_log = runlog.RunLog(out, cfg.report_to, step) if main else None
+    metrics_log = runlog.RunLog(out, cfg.run.report_to, step) if main else None
     if metrics_log and start.notes:
         metrics_log.note(step, f"resumed at step {step} with changed settings: {'; '.join(start.notes)}")
         log.info("resumed with changed settings: %s", "; ".join(start.notes))
-    autocast = torch.autocast(device.split(":")[0], dtype=torch.bfloat16 if cfg.amp == "bf16" else torch.float16,
-                              enabled=cfg.amp != "none")
+    autocast = torch.autocast(device.split(":")[0], enabled=cfg.run.amp != "none",
+                              dtype=torch.bfloat16 if cfg.run.amp == "bf16" else torch.float16)
     consumed = {"position": sampler.position}  # items used this epoch (workers may have prefetched more)
     batches = _batches(data, sampler, cfg, consumed)
     checks = (*family.tasks, "total")  # the losses whose finiteness all ranks agree on
     metrics: dict = {}
     started, waited, first, skipped = time.perf_counter(), 0.0, step, 0
     model.train()
-    end = min(cfg.steps, cfg.stop_at or cfg.steps)
+    end = min(cfg.optim.steps, cfg.run.stop_at or cfg.optim.steps)
+    per_step = cfg.optim.batch_size * cfg.optim.grad_accum * world  # examples per optimizer step
     try:
         while step < end:
             for group in optimizer.param_groups:
-                group["lr"] = lr_at(step, cfg.lr, cfg.warmup_steps, cfg.steps)
+                group["lr"] = lr_at(step, cfg.optim.lr, cfg.optim.warmup_steps, cfg.optim.steps)
             sums: dict = {}
             nonfinite: set = set()
-            for micro in range(cfg.grad_accum):
+            for micro in range(cfg.optim.grad_accum):
                 t0 = time.perf_counter()
                 batch = {k: v.to(device) for k, v in next(batches).items()}
                 waited += time.perf_counter() - t0
                 # DDP all-reduces the gradients on the last micro-step only (they accumulate locally before).
-                last_micro = micro == cfg.grad_accum - 1
+                last_micro = micro == cfg.optim.grad_accum - 1
                 with wrapped.no_sync() if world > 1 and not last_micro else contextlib.nullcontext():
                     with autocast:
                         loss, losses, task_metrics = pretrain_losses(family, wrapped, batch, cfg.task, sampler.epoch,
                                                                      step)
-                    scaler.scale(loss / cfg.grad_accum).backward()  # on every rank, finite or not: DDP stays in step
+                    # on every rank, finite or not: DDP stays in step
+                    scaler.scale(loss / cfg.optim.grad_accum).backward()
                 values = {f"loss_{k}": float(v.detach()) for k, v in losses.items()}
                 nonfinite |= {k[len("loss_"):] for k, v in values.items() if not math.isfinite(v)}
                 if not math.isfinite(float(loss.detach())):
                     nonfinite.add("total")
                 for k, v in {**values, **task_metrics}.items():
-                    sums[k] = sums.get(k, 0.0) + v / cfg.grad_accum
+                    sums[k] = sums.get(k, 0.0) + v / cfg.optim.grad_accum
             flags = distributed.any_rank(torch.tensor([float(c in nonfinite) for c in checks], device=device))
             if flags.any():
                 _diverged(cfg, step + 1, [c for c, f in zip(checks, flags.tolist()) if f])
             scaler.unscale_(optimizer)
-            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.clip)
             scale = scaler.get_scale() if scaler.is_enabled() else None
             scaler.step(optimizer)
             scaler.update()
@@ -236,31 +239,32 @@ def _train(cfg: TrainConfig, family: ModelFamily, model, data: PretrainDataset, 
                 skipped += 1
             optimizer.zero_grad(set_to_none=True)
             step += 1
-            if main and (step % cfg.log_every == 0 or step == cfg.steps):
+            if main and (step % cfg.run.log_every == 0 or step == cfg.optim.steps):
                 elapsed = max(time.perf_counter() - started, 1e-9)
                 metrics = {"step": step, "epoch": sampler.epoch, "lr": optimizer.param_groups[0]["lr"], **sums,
-                           "samples_per_s": (step - first) * cfg.batch_size * cfg.grad_accum * world / elapsed,
+                           "samples_per_s": (step - first) * per_step / elapsed,
                            "data_wait_fraction": waited / elapsed, "eta_s": (end - step) * elapsed / (step - first),
-                           **({"skipped_steps": skipped} if cfg.amp == "fp16" else {}), **_memory(device)}
+                           **({"skipped_steps": skipped} if cfg.run.amp == "fp16" else {}), **_memory(device)}
                 metrics_log.write(metrics)
                 if on_step:
                     on_step(step, metrics)
             improved = False
-            if val is not None and main and ((cfg.eval_every and step % cfg.eval_every == 0) or step == end):
-                scores = evaluate(family, model, val, device, batch_size=cfg.batch_size)
+            every = cfg.run.eval_every
+            if val is not None and main and ((every and step % every == 0) or step == end):
+                scores = evaluate(family, model, val, device, batch_size=cfg.optim.batch_size)
                 metrics_log.write({"step": step, **scores})
                 metrics = {**metrics, **scores}
                 if best_metric and best_metric.better(scores.get(best_metric.name), best and best["value"]):
                     best = {"metric": best_metric.name, "mode": best_metric.mode, "value": scores[best_metric.name],
                             "step": step}
                     improved = True
-            if main and (step % cfg.checkpoint_every == 0 or step == end or improved):
+            if main and (step % cfg.run.checkpoint_every == 0 or step == end or improved):
                 checkpoint.check_finite(model, step)
                 checkpoint.save(out, step, {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
                                             "scaler": scaler.state_dict(),
                                             "sampler": {**sampler.state_dict(), "position": consumed["position"]},
                                             "best": best, "run": resolved},
-                                keep_last=cfg.keep_last, best=checkpoint.file_name(best["step"]) if best else None)
+                                keep_last=cfg.run.keep_last, best=checkpoint.file_name(best["step"]) if best else None)
     finally:
         if metrics_log:
             metrics_log.close()
@@ -272,8 +276,8 @@ def _diverged(cfg: TrainConfig, step: int, losses: list[str]) -> None:
     last = latest.read_text().strip() if latest.exists() else "none"
     raise DivergedError(f"step {step}: the loss is not finite ({', '.join(losses)}); stopped before the optimizer "
                         f"step, nothing non-finite was checkpointed (last checkpoint: {last}). Start again with a "
-                        f"lower --lr (now {cfg.lr:g}) or more --warmup (--overwrite, or --init from that checkpoint "
-                        "into a new --out)")
+                        f"lower --lr (now {cfg.optim.lr:g}) or more --warmup (--overwrite, or --init from that "
+                        "checkpoint into a new --out)")
 
 
 def _memory(device: str) -> dict:
@@ -291,9 +295,9 @@ def _batches(data: PretrainDataset, sampler: ResumableSampler, cfg: TrainConfig,
     while True:
         data.set_epoch(sampler.epoch)
         # Its own generator: creating a loader must not draw from the global RNG (resume exactness).
-        generator = torch.Generator().manual_seed(cfg.seed * 1000 + sampler.epoch)
-        loader = torch.utils.data.DataLoader(data, batch_size=cfg.batch_size, sampler=sampler, drop_last=True,
-                                             num_workers=cfg.workers, generator=generator)
+        generator = torch.Generator().manual_seed(cfg.run.seed * 1000 + sampler.epoch)
+        loader = torch.utils.data.DataLoader(data, batch_size=cfg.optim.batch_size, sampler=sampler, drop_last=True,
+                                             num_workers=cfg.data.workers, generator=generator)
         for batch in loader:
             consumed["position"] += len(batch["input_ids"])
             yield batch
