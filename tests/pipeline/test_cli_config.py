@@ -137,3 +137,22 @@ def test_the_cli_loads_without_torch_or_ray():
     code = "import sys, pipeline.cli; print(sorted({'torch', 'ray'} & set(sys.modules)))"
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+@pytest.mark.parametrize("command, config, mapped", [
+    ("import", "pipeline.legacy.convert:ImportConfig", {"sources": "paths", "dest": "paths"}),  # SOURCES... DEST
+    ("export", "pipeline.legacy.convert:ExportConfig", {}),
+    ("demo", "vl_models.demo:DemoConfig", {}),  # the plugin command
+])
+def test_the_other_commands_reach_every_field_of_their_config(command, config, mapped):
+    """`vlprep demo` could not set its detector weights or config (fields without a flag)."""
+    import importlib
+
+    from pipeline.cli import app, load_plugins
+
+    load_plugins()
+    module, name = config.split(":")
+    cls = getattr(importlib.import_module(module), name)
+    params = {p.name for p in typer.main.get_command(app).commands[command].params}
+    fields = {mapped.get(f.name, f.name) for f in dataclasses.fields(cls)}
+    assert sorted(fields - params) == [] and sorted(params - fields) == []

@@ -22,7 +22,7 @@ import contextlib
 import logging
 import math
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -132,24 +132,26 @@ def run(cfg: TrainConfig, on_step: Optional[Callable[[int, dict], None]] = None)
         return _train(cfg, family, model, data, val, device, start, resolved, best_metric, on_step)
 
 
+def split_data(cfg: TrainConfig, mixture: Mixture, family: ModelFamily, split: str) -> PretrainDataset:
+    """A split of the run's mixture as the run's model sees it (the train split in training,
+    the val split in validation and in any later evaluation of the run)."""
+    return PretrainDataset(mixture, [Path(s) for s in cfg.stores], Path(cfg.vocab), DataConfig(
+        split=split, max_text=cfg.data.max_text, max_regions=cfg.data.max_regions, seed=cfg.run.seed,
+        region_overlap=cfg.data.region_overlap), family, verify_shards=cfg.data.verify_shards)
+
+
 def _datasets(cfg: TrainConfig, mixture: Mixture, family: ModelFamily,
               world: int) -> tuple[PretrainDataset, Optional[PretrainDataset]]:
     """The train split (checked to fill a batch on every rank) and the val split (None
     without one); ConfigError naming the images that no store holds."""
-    data = PretrainDataset(mixture, [Path(s) for s in cfg.stores], Path(cfg.vocab), DataConfig(
-        max_text=cfg.data.max_text, max_regions=cfg.data.max_regions, seed=cfg.run.seed,
-        region_overlap=cfg.data.region_overlap), family, verify_shards=cfg.data.verify_shards)
+    data = split_data(cfg, mixture, family, "train")
     per_rank = len(data) // world
     if per_rank < cfg.optim.batch_size:
         ranks = f" ({per_rank} per rank over {world} ranks)" if world > 1 else ""
         raise ConfigError(f"the train split of {cfg.mixture} has {len(data)} items{ranks}, fewer than --batch-size "
                           f"{cfg.optim.batch_size}: no full batch; lower --batch-size (or use fewer ranks)")
-    try:
-        val = PretrainDataset(mixture, [Path(s) for s in cfg.stores], Path(cfg.vocab),
-                              replace(data.cfg, split="val", mismatch_prob=0.5), family,
-                              verify_shards=cfg.data.verify_shards)
-    except ConfigError:
-        val = None
+    val = split_data(cfg, mixture, family, "val") if "val" in mixture.splits else None
+    if val is None:
         log.info("%s has no val split: no validation", cfg.mixture)
     missing = sorted(set(data.missing_images()) | set(val.missing_images() if val is not None else ()))
     if missing:
