@@ -33,8 +33,8 @@ from common import vg_like_record
 from pipeline.mixture.build import MixtureSpec, build_mixture
 from pipeline.store import write_records
 from vl_models import families
-from vl_models.config import TrainConfig
-from vl_models.data.dataset import DataConfig, PretrainDataset
+from vl_models.config import DataSettings, TrainConfig
+from vl_models.data.dataset import PretrainDataset
 from vl_models.data.tokenize import bundled_bert_vocab
 from vl_models.models.modeling_lxmert import LxmertForPreTraining
 from vl_models.models.modeling_vilbert import ViLBERTForPreTraining
@@ -131,7 +131,7 @@ def build_data(root: Path, images: int, vocab: Path) -> None:
 
 
 def loader_rate(root: Path, vocab: Path, batch: int, workers: int, batches: int) -> float:
-    data = PretrainDataset(root / "mix", [root / "feats"], vocab, DataConfig(max_text=20, max_regions=36),
+    data = PretrainDataset(root / "mix", [root / "feats"], vocab, DataSettings(max_text=20, max_regions=36),
                            families.get("lxmert"))
     loader = torch.utils.data.DataLoader(data, batch_size=batch, shuffle=True, num_workers=workers, drop_last=True)
     it = iter(loader)

@@ -9,7 +9,8 @@ this module without loading the trainer. Every field of `TrainConfig` and `TaskC
   vocab, init;
 * ``optim`` (`OptimConfig`): steps / epochs, batch_size, grad_accum, lr, optimizer, warmup,
   weight_decay, clip;
-* ``data`` (`DataSettings`): max_text, max_regions, region_overlap, workers, verify_shards;
+* ``data`` (`DataSettings`): max_text, max_regions, region_overlap, the masking and mismatch
+  rates, workers, verify_shards;
 * ``task`` (`TaskConfig`): per-task weights and start steps, LXMERT's visual weighting and QA epoch;
 * ``run`` (`RunSettings`): seed, device, amp, compile, resume / overwrite / stop_at,
   checkpoint_every, eval_every, log_every, keep_last, best_metric, report_to.
@@ -21,7 +22,7 @@ import math
 from dataclasses import dataclass, field, fields, replace
 from typing import Optional
 
-from pipeline.config import Config, at_least, one_of
+from pipeline.config import Config, at_least, flag, one_of
 from pipeline.errors import ConfigError
 
 OPTIMIZERS = ("adamw", "bertadam", "sgd")
@@ -95,11 +96,17 @@ class OptimConfig(Config):
 
 @dataclass(frozen=True)
 class DataSettings(Config):
-    """What the examples look like and how they are loaded."""
+    """What the examples look like (`PretrainDataset`) and how they are loaded."""
 
-    max_text: Optional[int] = None  # default per model family: ViLBERT 36, LXMERT 20
-    max_regions: int = 36
-    region_overlap: str = "keep"  # ViLBERT: "zero" also zeroes regions overlapping a masked one (12-in-1)
+    max_text: Optional[int] = None  # text tokens per item; None: the model family's default
+    max_regions: int = 36  # region slots per image (ViLBERT adds its IMG token on top)
+    # ViLBERT: "keep" leaves the regions overlapping a selected one (IoU > 0.4) as they are;
+    # "zero" (12-in-1's variant, `image_feat[masked_label] = 0`) zeroes them and every selected
+    # region (no 10 % left unaltered). The loss is on the selected regions either way.
+    region_overlap: str = "keep"
+    mlm_prob: float = 0.15  # words selected for masked LM (both papers)
+    region_prob: float = 0.15  # regions selected for masked-region modelling (both papers)
+    mismatch_prob: float = 0.5  # texts swapped for another image's (the pair task's negatives)
     workers: int = 0
     verify_shards: bool = False  # check each store shard's sha256 on first use
 
@@ -108,6 +115,10 @@ class DataSettings(Config):
         if self.max_text is not None:
             at_least(self, {"max_text": 3})  # [CLS], one word, [SEP]
         one_of("region_overlap", self.region_overlap, REGION_OVERLAP)
+        for name in ("mlm_prob", "region_prob", "mismatch_prob"):
+            value = getattr(self, name)
+            if not 0 <= value <= 1:
+                raise ConfigError(f"{flag(name)} must be between 0 and 1, got {value}")
 
 
 @dataclass(frozen=True)
@@ -152,7 +163,7 @@ class TrainConfig(Config):
     mixture: str
     out: str
     vocab: str  # a vocab.txt, a BERT WordPiece tokenizer.json, or a folder with either
-    init: Optional[str] = None  # start from a checkpoint (see `weights.init_pretraining`); not on resume
+    init: Optional[str] = None  # start from a checkpoint (`weights.init_pretraining`); not on resume
     optim: OptimConfig = field(default_factory=OptimConfig)
     data: DataSettings = field(default_factory=DataSettings)
     task: TaskConfig = field(default_factory=TaskConfig)

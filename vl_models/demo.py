@@ -52,7 +52,6 @@ PRESETS = {  # images in the world, optimizer steps per model
 MODELS = {"vilbert": "vilbert-small", "lxmert": "lxmert-small"}
 MIXTURE_KINDS = {"mixture_captions": ("coco_captions",), "mixture_captions_qa": ("coco_captions", "vqa")}
 MIXTURES = {"vilbert": "mixture_captions", "lxmert": "mixture_captions_qa"}  # ViLBERT: captions alone, as CC
-PAIR_TASK = {"vilbert": "alignment", "lxmert": "matching"}  # the head that scores retrieval
 RETRIEVAL_IMAGES = 40
 RETRIEVAL_CAPTIONS = 5  # queries per image: up to this many of its captions
 
@@ -189,7 +188,9 @@ def _mixture(world: Path, store: Path, mix: Path, kinds: tuple[str, ...]) -> dic
 
 
 def _train_config(cfg: DemoConfig, kind: str, out: Path, vocab: Path, steps: int) -> TrainConfig:
-    pair = PAIR_TASK[kind]
+    from vl_models import families
+
+    pair = families.get(kind).pair_task  # the task whose head scores retrieval: weighted up
     return TrainConfig.of(model=MODELS[kind], stores=(str(out / "features"),), mixture=str(out / MIXTURES[kind]),
                           out=str(out / "runs" / kind), vocab=str(vocab), steps=steps, batch_size=32, lr=1e-3,
                           warmup=max(1, steps // 20), checkpoint_every=max(1, steps // 2), eval_every=steps,

@@ -33,13 +33,20 @@ READERS: dict[str, DatasetReader] = {
 }
 
 
+def check_inputs(inputs: Sequence[Path]) -> None:
+    """A ConfigError, before any work, unless there is an input and every input exists."""
+    if not inputs:
+        raise ConfigError("give at least one --input")
+    missing = [str(p) for p in inputs if not Path(p).exists()]
+    if missing:
+        raise ConfigError(f"input not found: {', '.join(missing)}")
+
+
 def read_items(dataset: str, inputs: Sequence[Path], opts: ReaderOptions = ReaderOptions()) -> Iterator[ReaderResult]:
     """Stream the items of `inputs` with the reader named `dataset`."""
     if dataset not in READERS:
         raise ConfigError(f"unknown dataset {dataset!r}; known: {', '.join(READERS)}")
-    missing = [str(p) for p in inputs if not Path(p).exists()]
-    if missing:
-        raise ConfigError(f"input not found: {', '.join(missing)}")
+    check_inputs(inputs)
     paths = [Path(p) for p in inputs]
     names = ", ".join(str(p) for p in paths)
     return named_read_errors(READERS[dataset].read(paths, opts), f"{dataset} input {names}")

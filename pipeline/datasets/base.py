@@ -1,7 +1,6 @@
 """What every dataset reader shares: options, results, the registry entry.
 
-The file-reading rules (malformed rows, texts, JSON, gzip) are `pipeline.sources.base`'s;
-`replace_surrogates` is re-exported here for `pipeline.image_shards`.
+The file-reading rules (malformed rows, texts, JSON, gzip) are `pipeline.sources.base`'s.
 """
 
 from __future__ import annotations
@@ -12,7 +11,7 @@ from pathlib import Path
 from typing import Callable, Iterator, Optional, Sequence, Union
 
 from pipeline.records import SourceItem
-from pipeline.sources.base import Malformed, replace_surrogates
+from pipeline.sources.base import Malformed
 
 ReaderResult = Union[SourceItem, Malformed]
 
@@ -38,4 +37,4 @@ def url_sha1(url: str) -> str:
     return hashlib.sha1(url.encode("utf-8")).hexdigest()[:16]
 
 
-__all__ = ["DatasetReader", "Malformed", "ReaderOptions", "ReaderResult", "replace_surrogates", "url_sha1"]
+__all__ = ["DatasetReader", "Malformed", "ReaderOptions", "ReaderResult", "url_sha1"]

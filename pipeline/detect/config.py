@@ -22,7 +22,7 @@ from pipeline.config import Config, at_least, flag, from_json, one_of
 from pipeline.datasets import READERS, ReaderOptions
 from pipeline.distribute import DistributeConfig, absolute
 from pipeline.download.fetch import FetchConfig
-from pipeline.download.shard import check_inputs
+from pipeline.datasets import check_inputs
 from pipeline.errors import ConfigError
 from pipeline.images import ImageConfig
 from pipeline.io import read_named_json

@@ -23,11 +23,11 @@ from typing import Callable, Iterator, Optional
 
 from pipeline import __version__
 from pipeline.config import Config, one_of
-from pipeline.datasets import READERS, Malformed, ReaderOptions, read_items
+from pipeline.datasets import READERS, Malformed, ReaderOptions, check_inputs, read_items
 from pipeline.distribute import DistributeConfig, MalformedRows, Progress, absolute, ray_session, run_shards, summary
 from pipeline.download.failures import Policy, policy_of, should_retry
 from pipeline.download.fetch import FetchConfig
-from pipeline.download.shard import ShardJob, check_inputs, download_shard, shard_jobs
+from pipeline.download.shard import ShardJob, download_shard, shard_jobs
 from pipeline.errors import ConfigError
 from pipeline.image_shards import done_shards
 from pipeline.images import ImageConfig

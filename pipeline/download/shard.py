@@ -8,8 +8,7 @@ The tasks take plain data and return plain data. Sample errors are data: a faile
 becomes a row with status "failed", a named reason and whether it is transient —
 whatever goes wrong with one item (an unexpected exception included, as "internal
 error") never takes its shard down. Items of one shard that share a URL are fetched
-once. Rows never hold URL credentials. `check_inputs` refuses missing inputs before any
-work starts.
+once. Rows never hold URL credentials.
 """
 
 from __future__ import annotations
@@ -26,7 +25,6 @@ from pipeline.datasets import Malformed, ReaderOptions, read_items
 from pipeline.distribute import MalformedRows, chunks, shard_name
 from pipeline.download.failures import Policy, policy_of, should_retry
 from pipeline.download.fetch import Fetched, FetchConfig, FetchError, HostLimiter, fetch, redact_url
-from pipeline.errors import ConfigError
 from pipeline.image_shards import item_row, read_shard_rows, row_item, write_shard
 from pipeline.images import ImageConfig, ImageError, process_image
 from pipeline.records import SourceItem
@@ -43,15 +41,6 @@ class ShardJob:
     items: tuple[SourceItem, ...]
     retry_failed: bool = False  # reprocess the retryable failures of the existing shard (failures.should_retry)
     previous_policy: Optional[Policy] = None  # the options the existing shard was made under, from its stats
-
-
-def check_inputs(inputs: Sequence[Path]) -> None:
-    """A ConfigError, before any work, unless there is an input and every input exists."""
-    if not inputs:
-        raise ConfigError("give at least one --input")
-    missing = [str(p) for p in inputs if not Path(p).exists()]
-    if missing:
-        raise ConfigError(f"input not found: {', '.join(missing)}")
 
 
 def shard_jobs(dataset: str, inputs: Sequence[Path], reader: ReaderOptions, shard_size: int,

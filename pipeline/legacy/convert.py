@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
 from pipeline import __version__
+from pipeline.config import Config
 from pipeline.errors import ConfigError, InvalidRecordError
 from pipeline.io import atomic_write_json, check_output, replacing_output
 from pipeline.legacy import FORMATS
@@ -24,7 +25,7 @@ Progress = Optional[Callable[[int], None]]
 
 
 @dataclass(frozen=True)
-class ImportConfig:
+class ImportConfig(Config):
     fmt: str
     sources: tuple[Path, ...]
     dest: Path
@@ -54,15 +55,10 @@ class ImportConfig:
         if FORMATS[self.fmt].needs_pickle and not self.trust_pickle:
             raise pickle_refusal(self.fmt)
 
-    def to_json(self) -> dict:
-        out = asdict(self)
-        out["sources"] = [str(s) for s in self.sources]
-        out["dest"] = str(self.dest)
-        return out
 
 
 @dataclass
-class ImportReport:
+class ImportReport(Config):
     rows_read: int = 0
     imported: int = 0
     already_present: int = 0
@@ -77,10 +73,6 @@ class ImportReport:
             self.skipped_rows.append(str(skip))
         log.warning("skipped %s", skip)
 
-    def to_json(self) -> dict:
-        out = asdict(self)
-        out["skipped_by_kind"] = dict(self.skipped_by_kind)
-        return out
 
 
 def run_import(cfg: ImportConfig, progress: Progress = None) -> ImportReport:

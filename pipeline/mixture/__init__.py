@@ -2,6 +2,6 @@
 owns the format and its reader (`Mixture.open`), `sources` makes text items from the
 source files, `answers` normalizes answers and makes the answer table."""
 
-from pipeline.mixture.mixture import Mixture, check_mixture
+from pipeline.mixture.mixture import Mixture
 
-__all__ = ["Mixture", "check_mixture"]
+__all__ = ["Mixture"]

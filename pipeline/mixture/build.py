@@ -66,7 +66,8 @@ from pipeline.mixture.mixture import (
     ANSWER_SCORES, ANSWERS_FILE, FORMAT, ITEMS_FILE, ITEMS_SCHEMA, MANIFEST_FILE, MIXTURE_SCHEMA_VERSION,
     mixture_manifest,
 )
-from pipeline.mixture.sources import KINDS, QUESTION_KINDS, ImageIds, Skip, read_source
+from pipeline.mixture.sources import KINDS, QUESTION_KINDS, ImageIds, read_source
+from pipeline.sources.base import Skip
 from pipeline.schema import Field, Schema
 
 __all__ = ["KINDS", "SPEC_SCHEMA", "MixtureSpec", "SourceSpec", "build_mixture", "render_report"]

@@ -6,11 +6,12 @@ shard of the store follows it, and a writer resuming the store must ask for the 
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from typing import Literal, Optional
 
 import numpy as np
 
+from pipeline.config import Config
 from pipeline.errors import ConfigError
 
 Backend = Literal["arrow", "lmdb"]
@@ -41,6 +42,9 @@ class ProbStorage:
     def __str__(self) -> str:
         return f"topk:{self.k}" if self.mode == "topk" else self.mode
 
+    def to_json(self) -> str:
+        return str(self)
+
     def encode_topk(self, prob: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(N, k) uint16 column ids and (N, k) values, largest first."""
         ids = np.argsort(-prob, axis=1, kind="stable")[:, : self.k].astype(np.uint16)
@@ -54,7 +58,7 @@ class ProbStorage:
 
 
 @dataclass(frozen=True)
-class StoreLayout:
+class StoreLayout(Config):
     backend: Backend = "arrow"
     feature_dim: int = 2048
     dtype: str = "float16"  # features and probability tables; boxes/confidences are float32
@@ -98,11 +102,6 @@ class StoreLayout:
             "cls_prob": str(self.cls_prob),
             "attr_prob": str(self.attr_prob),
         }
-
-    def to_json(self) -> dict:
-        out = asdict(self)
-        out["cls_prob"], out["attr_prob"] = str(self.cls_prob), str(self.attr_prob)
-        return out
 
     @classmethod
     def from_json(cls, obj: dict) -> "StoreLayout":

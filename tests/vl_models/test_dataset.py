@@ -5,13 +5,14 @@ import torch
 from train_helpers import VOCAB
 
 from vl_models import families
-from vl_models.data.dataset import DataConfig, PretrainDataset
+from vl_models.config import DataSettings
+from vl_models.data.dataset import PretrainDataset
 
 
 @pytest.mark.parametrize("model", ["lxmert", "vilbert"])
 def test_examples_have_the_model_inputs_and_targets(data, model):
-    cfg = DataConfig(max_text=12, max_regions=10, mismatch_prob=0.5, seed=1)
-    ds = PretrainDataset(data / "mix", [data / "feats"], VOCAB, cfg, families.get(model))
+    ds = PretrainDataset(data / "mix", [data / "feats"], VOCAB, DataSettings(max_text=12, max_regions=10),
+                         families.get(model), seed=1)
     assert len(ds) == 12
     slots = 11 if model == "vilbert" else 10
     ex = ds[3]
@@ -36,7 +37,7 @@ def test_examples_have_the_model_inputs_and_targets(data, model):
 
 
 def test_dataloader_with_two_workers(data):
-    ds = PretrainDataset(data / "mix", [data / "feats"], VOCAB, DataConfig(max_text=12, max_regions=10),
+    ds = PretrainDataset(data / "mix", [data / "feats"], VOCAB, DataSettings(max_text=12, max_regions=10),
                          families.get("lxmert"))
     loader = torch.utils.data.DataLoader(ds, batch_size=4, num_workers=2)
     batches = list(loader)
@@ -45,8 +46,8 @@ def test_dataloader_with_two_workers(data):
 
 
 def _vilbert_examples(data, epochs=4, **kw):
-    cfg = DataConfig(max_text=12, max_regions=kw.pop("max_regions", 10), region_prob=0.4, seed=3, **kw)
-    ds = PretrainDataset(data / "mix", [data / "feats"], VOCAB, cfg, families.get("vilbert"))
+    settings = DataSettings(max_text=12, max_regions=kw.pop("max_regions", 10), region_prob=0.4, **kw)
+    ds = PretrainDataset(data / "mix", [data / "feats"], VOCAB, settings, families.get("vilbert"), seed=3)
     for epoch in range(epochs):
         ds.set_epoch(epoch)
         for i in range(len(ds)):
@@ -126,6 +127,7 @@ def test_vilbert_12in1_variant_zeroes_overlapping_regions_too(data):
         zeroed_neighbours += int(neighbour.sum())
     assert zeroed_neighbours > 10
     with pytest.raises(Exception, match="--region-overlap must be one of keep, zero"):
-        DataConfig(region_overlap="sometimes")
+        DataSettings(region_overlap="sometimes")
     with pytest.raises(Exception, match="lxmert supports keep"):
-        PretrainDataset(data / "mix", [data / "feats"], VOCAB, DataConfig(region_overlap="zero"), families.get("lxmert"))
+        PretrainDataset(data / "mix", [data / "feats"], VOCAB, DataSettings(region_overlap="zero"),
+                        families.get("lxmert"))

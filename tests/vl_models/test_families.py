@@ -53,6 +53,7 @@ class Toy(ModelFamily):
     name = "toy"
     config_class = ToyConfig
     tasks = ("mlm", "matching")
+    pair_task = "matching"
     eval_metrics = {"eval_mlm_acc": "max", "eval_matching_acc": "max", **RETRIEVAL_METRICS}
     max_text = 12
     position = "4d"
@@ -138,3 +139,17 @@ def test_no_model_name_decides_anything_outside_the_families():
                 if strings & FAMILY_NAMES:
                     offenders.append(f"{path.relative_to(REPO)}:{node.lineno}")
     assert not offenders, offenders
+
+
+@pytest.mark.parametrize("setting, message", [
+    ({"weights": {"region": 1.0}}, "lxmert has no task"),
+    ({"best_metric": "eval_region_kl"}, "not a validation score of lxmert"),
+    ({"region_overlap": "zero"}, "lxmert supports keep"),
+])
+def test_what_the_family_refuses_is_refused_before_the_model_is_built(data, tmp_path, monkeypatch, setting, message):
+    def build(mcfg):
+        raise AssertionError("the model was built before the settings were checked")
+
+    monkeypatch.setattr(families.get("lxmert"), "build", build)
+    with pytest.raises(ConfigError, match=message):
+        run(config(data, tmp_path, "lxmert-tiny", **setting))

@@ -7,6 +7,7 @@ import torch
 from train_helpers import config
 
 from pipeline.errors import ConfigError
+from vl_models import families
 from vl_models.families import load_config
 from vl_models.models.modeling_lxmert import LxmertForPreTraining
 from vl_models.models.modeling_vilbert import ViLBERTForPreTraining
@@ -15,6 +16,7 @@ from vl_models.train import checkpoint
 from vl_models.train.trainer import run
 
 transformers = pytest.importorskip("transformers")
+VILBERT = families.get("vilbert")
 
 
 def bert_for_pretraining(layers: int = 3, width: int = 32, heads: int = 4, inner: int = 64):
@@ -63,7 +65,7 @@ def test_vilbert_from_bert_for_pretraining(bert_layouts, layout):
     layouts, bert = bert_layouts
     model = ViLBERTForPreTraining(load_config("vilbert-tiny"))
     visual_before = model.bert.v_embeddings.image_embeddings.weight.clone()
-    said = init_pretraining(model, layouts[layout])
+    said = init_pretraining(model, layouts[layout], VILBERT.load_checkpoint)
     _assert_filled(model.state_dict(), bert.state_dict(), "bert.", 3)
     assert torch.equal(model.bert.v_embeddings.image_embeddings.weight, visual_before)  # not in BERT: as initialized
     assert "BERT" in said and "cls.seq_relationship" in said and "pooler" in said  # what BERT has that ViLBERT does not use
@@ -74,7 +76,8 @@ def test_lxmert_from_bert_takes_the_first_language_layers(bert_layouts):
     encoder, its pooler and its MLM head; BERT's deeper layers are left out."""
     layouts, bert = bert_layouts
     model = LxmertForPreTraining(load_config("lxmert-tiny"))  # l_layers 2 of BERT's 3
-    said = init_pretraining(model, layouts["pytorch_model.bin (gamma/beta), folder"])
+    said = init_pretraining(model, layouts["pytorch_model.bin (gamma/beta), folder"],
+                            families.get("lxmert").load_checkpoint)
     state, ref = model.state_dict(), bert.state_dict()
     _assert_filled(state, ref, "lxmert.", 2)
     assert torch.equal(state["lxmert.pooler.dense.weight"], ref["bert.pooler.dense.weight"])
@@ -89,7 +92,7 @@ def test_a_decoder_bias_alone_is_the_lm_bias(tmp_path):
     state["cls.predictions.decoder.bias"] = state.pop("cls.predictions.bias").clone() + 1
     torch.save(state, tmp_path / "pytorch_model.bin")
     model = ViLBERTForPreTraining(load_config("vilbert-tiny"))
-    init_pretraining(model, tmp_path)
+    init_pretraining(model, tmp_path, VILBERT.load_checkpoint)
     assert torch.equal(model.cls.predictions.bias, state["cls.predictions.decoder.bias"])
 
 
@@ -97,11 +100,11 @@ def test_bert_that_does_not_fit_is_refused_naming_the_keys(tmp_path):
     wide = bert_for_pretraining(width=64, inner=64)
     torch.save(wide.state_dict(), tmp_path / "pytorch_model.bin")
     with pytest.raises(ConfigError, match="misshaped: .*embeddings.word_embeddings.weight"):
-        init_pretraining(ViLBERTForPreTraining(load_config("vilbert-tiny")), tmp_path)
+        init_pretraining(ViLBERTForPreTraining(load_config("vilbert-tiny")), tmp_path, VILBERT.load_checkpoint)
     shallow = bert_for_pretraining(layers=2)
     torch.save(shallow.state_dict(), tmp_path / "pytorch_model.bin")
     with pytest.raises(ConfigError, match="missing: .*encoder.layer.2"):
-        init_pretraining(ViLBERTForPreTraining(load_config("vilbert-tiny")), tmp_path)
+        init_pretraining(ViLBERTForPreTraining(load_config("vilbert-tiny")), tmp_path, VILBERT.load_checkpoint)
 
 
 def test_pretrain_init_from_a_bert_folder(data, tmp_path, bert_layouts):

@@ -126,14 +126,15 @@ def test_validation_metrics_and_plot(data, tmp_path):
 
 def test_evaluation_samples_every_source_of_the_split(data, tmp_path):
     """The val split lists its captions before its questions; a capped evaluation still scores QA."""
-    from vl_models.data.dataset import DataConfig, PretrainDataset
+    from vl_models.config import DataSettings
+    from vl_models.data.dataset import PretrainDataset
     from vl_models.eval.evaluate import evaluate
     from vl_models.train.trainer import build_model
 
     cfg = config(data, tmp_path, "lxmert-tiny")
     family, _, model = build_model(cfg, len(json.loads((data / "mix" / "answers.json").read_text())["answers"]))
-    val = PretrainDataset(data / "mix", [data / "feats"], VOCAB, DataConfig(split="val", max_text=12, max_regions=10,
-                                                                               mismatch_prob=0.0), family)
+    val = PretrainDataset(data / "mix", [data / "feats"], VOCAB,
+                          DataSettings(max_text=12, max_regions=10, mismatch_prob=0.0), family, split="val")
     kinds = list(val.mixture.kinds[val.rows])
     assert kinds.index("question") >= 3, kinds  # the first three items are captions
     scores = evaluate(family, model, val, max_items=3)

@@ -8,59 +8,42 @@ a generator seeded by those three numbers, so a resumed run sees the same exampl
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, Optional, Sequence, Union
+from typing import Sequence, Union
 
 import numpy as np
 import torch
 
-from pipeline.config import one_of
 from pipeline.errors import ConfigError
 from pipeline.mixture import Mixture
 from pipeline.records import img_token_feature, pad_regions
 from pipeline.store import FeatureStore
+from vl_models.config import DataSettings
 from vl_models.data.masking import mask_regions, mask_tokens, mismatch, overlapping, sample_answer
-from vl_models.config import REGION_OVERLAP
 from vl_models.data.tokenize import WordPiece
 
 
-@dataclass(frozen=True)
-class DataConfig:
-    split: str = "train"
-    max_text: Optional[int] = None  # text tokens per item (None: the family's default, ViLBERT 36, LXMERT 20)
-    max_regions: int = 36  # ViLBERT adds its IMG token on top
-    mlm_prob: float = 0.15
-    region_prob: float = 0.15
-    mismatch_prob: float = 0.5
-    seed: int = 0
-    # ViLBERT: "keep" leaves the regions overlapping a selected one (IoU > 0.4) as they are;
-    # "zero" (12-in-1's variant, `image_feat[masked_label] = 0`) zeroes them and every selected
-    # region (no 10 % left unaltered). The loss is on the selected regions either way.
-    region_overlap: Literal["keep", "zero"] = "keep"
-
-    def __post_init__(self) -> None:
-        one_of("region_overlap", self.region_overlap, REGION_OVERLAP)
-
-
 class PretrainDataset(torch.utils.data.Dataset):
-    """A split of a mixture as `family`'s model sees it (`vl_models.families`: box encoding,
-    IMG token, text length, region masking, region targets)."""
+    """Split `split` of a mixture as `family`'s model sees it (`vl_models.families`: box
+    encoding, IMG token, text length, region masking, region targets), with the text
+    length, region slots and masking rates of `settings`; examples are seeded by `seed`."""
 
-    def __init__(self, mixture: Union[Mixture, Path], stores: Sequence[Path], vocab_file: Path, cfg: DataConfig,
-                 family, verify_shards: bool = False):
-        if cfg.region_overlap not in family.region_overlap:
-            raise ConfigError(f"--region-overlap {cfg.region_overlap}: {family.name} supports "
+    def __init__(self, mixture: Union[Mixture, Path], stores: Sequence[Path], vocab_file: Path,
+                 settings: DataSettings, family, split: str = "train", seed: int = 0):
+        if settings.region_overlap not in family.region_overlap:
+            raise ConfigError(f"--region-overlap {settings.region_overlap}: {family.name} supports "
                               f"{', '.join(family.region_overlap)}")
-        self.cfg = cfg
+        self.cfg = settings
         self.family = family
-        self.max_text = cfg.max_text or family.max_text
+        self.seed = seed
+        self.max_text = settings.max_text or family.max_text
         self.mixture = mixture if isinstance(mixture, Mixture) else Mixture.open(mixture)
-        self.rows = self.mixture.rows(cfg.split)
+        self.rows = self.mixture.rows(split)
         if not len(self.rows):
-            raise ConfigError(f"{self.mixture.path}: no items in split {cfg.split!r}")
+            raise ConfigError(f"{self.mixture.path}: no items in split {split!r}")
         self.images = self.mixture.store_keys
-        self.stores = [FeatureStore.open(p, dtype="float32", verify=True if verify_shards else None) for p in stores]
+        self.stores = [FeatureStore.open(p, dtype="float32", verify=True if settings.verify_shards else None)
+                       for p in stores]
         self.tokenizer = WordPiece(vocab_file)
         self.epoch = 0
 
@@ -80,6 +63,24 @@ class PretrainDataset(torch.utils.data.Dataset):
                 return store.get(key)
         raise KeyError(f"image {key!r} is in no feature store (build the mixture with --stores to catch this)")
 
+    def labels(self, i: int) -> tuple[list[int], list[float]]:
+        """Item `i`'s answer ids and soft scores (empty for a caption)."""
+        return self.mixture.labels(int(self.rows[i]))
+
+    def captions(self, images: int, per_image: int) -> list[list[int]]:
+        """The mixture rows of the captions of the split's first `images` images (in split
+        order), up to `per_image` each: retrieval's queries (read with `text`, the image of
+        the first with `image`)."""
+        kinds = self.mixture.kinds
+        found: dict[str, list[int]] = {}
+        for row in self.rows:
+            image = self.images[row]
+            if kinds[row] != "caption" or len(found.get(image, ())) >= per_image:
+                continue
+            if image in found or len(found) < images:
+                found.setdefault(image, []).append(int(row))
+        return list(found.values())
+
     def text(self, row: int) -> dict:
         """One item's text, unmasked."""
         enc = self.tokenizer.encode(self.mixture.text(row), self.max_text)
@@ -98,7 +99,7 @@ class PretrainDataset(torch.utils.data.Dataset):
 
     def __getitem__(self, i: int) -> dict:
         cfg = self.cfg
-        rng = np.random.default_rng([cfg.seed, self.epoch, int(i)])
+        rng = np.random.default_rng([self.seed, self.epoch, int(i)])
         row = int(self.rows[i])
         image = self.images[row]
         text_row, matched = row, 1

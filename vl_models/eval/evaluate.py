@@ -38,7 +38,7 @@ def evaluate(family, model, data: PretrainDataset, device: str = "cpu", batch_si
         if family.answers:
             answers = family.answer_logits(family.forward(model, batch, decode=False))
             for j, i in enumerate(idx):
-                ids, scores = data.mixture.labels(int(data.rows[i]))
+                ids, scores = data.labels(i)
                 if ids and int(batch["matched"][j]) == 1:
                     qa_pred.append(int(answers[j].argmax()))
                     qa_ids.append(ids)
@@ -55,19 +55,11 @@ def evaluate(family, model, data: PretrainDataset, device: str = "cpu", batch_si
 def retrieval(family, model, data: PretrainDataset, device: str, limit: int, captions_per_image: int = 1) -> dict:
     """Caption -> image R@K over the first `limit` images of the split, each queried with up
     to `captions_per_image` of its captions (the first ones)."""
-    kinds = data.mixture.kinds
-    captions: dict[str, list[int]] = {}
-    for row in data.rows:
-        image = data.images[row]
-        if kinds[row] != "caption" or len(captions.get(image, ())) >= captions_per_image:
-            continue
-        if image not in captions and len(captions) >= limit:
-            continue
-        captions.setdefault(image, []).append(int(row))
-    image_rows = [rows[0] for rows in captions.values()]
+    captions = data.captions(limit, captions_per_image)
+    image_rows = [rows[0] for rows in captions]
     if len(image_rows) < 2:
         return {}
-    queries = [(row, target) for target, rows in enumerate(captions.values()) for row in rows]
+    queries = [(row, target) for target, rows in enumerate(captions) for row in rows]
     collate = torch.utils.data.default_collate
     images = {k: v.to(device) for k, v in collate([data.image(row) for row in image_rows]).items()}
     scores = np.zeros((len(queries), len(image_rows)), np.float32)

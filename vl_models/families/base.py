@@ -45,6 +45,7 @@ class ModelFamily:
     region_overlap: ClassVar[tuple[str, ...]] = ("keep",)  # the masking variants it supports
     unused_parameters: ClassVar[bool] = False  # parameters outside the forward pass (DDP must look)
     answers: ClassVar[bool] = False  # a QA head over the mixture's answer table (`answer_logits`)
+    pair_task: ClassVar[str]  # the task (in `tasks`) whose head gives `pair_score`
 
     def fit(self, mcfg: Any, layout: StoreLayout, answers: int, store: str) -> Any:
         """`mcfg` with the dimensions the data fixes (feature width, label counts, answer
@@ -54,6 +55,12 @@ class ModelFamily:
     def build(self, mcfg: Any) -> torch.nn.Module:
         """The pretraining model (all heads)."""
         raise NotImplementedError
+
+    def load_checkpoint(self, model: torch.nn.Module, state: dict) -> str:
+        """Fill `model` strictly from a checkpoint of this model's own published format (a
+        state dict); returns what was loaded, for the log (`--init`; BERT checkpoints are
+        read for every family by `weights.init_pretraining`)."""
+        raise NotImplementedError(f"{self.name} reads no checkpoint format of its own")
 
     def backbone(self, model: torch.nn.Module) -> torch.nn.Module:
         """The module `--compile` compiles in place (the heads decode at data-dependent positions)."""

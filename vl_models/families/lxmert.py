@@ -12,6 +12,7 @@ from vl_models.data.masking import RegionMasking
 from vl_models.families.base import RETRIEVAL_METRICS, ModelFamily
 from vl_models.models.configuration import LxmertConfig
 from vl_models.models.modeling_lxmert import LxmertForPreTraining
+from vl_models.models.weights import load_lxmert_pretraining
 from vl_models.tasks import losses as L
 
 
@@ -19,6 +20,7 @@ class Lxmert(ModelFamily):
     name = "lxmert"
     config_class = LxmertConfig
     tasks = ("mlm", "matching", "obj", "attr", "feat", "qa")
+    pair_task = "matching"
     eval_metrics = {"eval_mlm_acc": "max", "eval_matching_acc": "max", "eval_obj_acc": "max", "eval_attr_acc": "max",
                     "eval_qa_acc": "max", "eval_qa_score": "max", **RETRIEVAL_METRICS}
     max_text = 20
@@ -35,6 +37,10 @@ class Lxmert(ModelFamily):
     def build(self, mcfg):
         return LxmertForPreTraining(mcfg)
 
+    def load_checkpoint(self, model, state):
+        model.load_state_dict(load_lxmert_pretraining(state, model.cfg).state_dict())  # HF or original .pth
+        return "LXMERT pretraining checkpoint"
+
     def backbone(self, model):
         return model.lxmert
 
@@ -44,8 +50,10 @@ class Lxmert(ModelFamily):
         def first(value, fill, dtype):
             return value[0] if value is not None else np.full(slots, fill, dtype)
 
-        return {"obj_ids": first(regions.objects_id, -1, np.int64), "obj_conf": first(regions.objects_conf, 0, np.float32),
-                "attr_ids": first(regions.attrs_id, -1, np.int64), "attr_conf": first(regions.attrs_conf, 0, np.float32),
+        return {"obj_ids": first(regions.objects_id, -1, np.int64),
+                "obj_conf": first(regions.objects_conf, 0, np.float32),
+                "attr_ids": first(regions.attrs_id, -1, np.int64),
+                "attr_conf": first(regions.attrs_conf, 0, np.float32),
                 "original_feats": original}
 
     def losses(self, model, batch, qa_active, visual_weighting):
@@ -53,8 +61,9 @@ class Lxmert(ModelFamily):
         mlm, m1 = L.masked_lm(out.lm_logits, batch["lm_labels"][batch["lm_labels"] != -1])
         matched, m2 = L.pair_classification(out.matched_logits, batch["matched"], "matching")
         targets = L.LxmertVisualTargets(
-            obj_ids=batch["obj_ids"], obj_conf=batch["obj_conf"], attr_ids=batch["attr_ids"], attr_conf=batch["attr_conf"],
-            features=batch["original_feats"], selected=batch["region_selected"], real=batch["visual_mask"].bool())
+            obj_ids=batch["obj_ids"], obj_conf=batch["obj_conf"], attr_ids=batch["attr_ids"],
+            attr_conf=batch["attr_conf"], features=batch["original_feats"], selected=batch["region_selected"],
+            real=batch["visual_mask"].bool())
         visual, m3 = L.lxmert_visual(out.obj_logits, out.attr_logits, out.feat_pred, targets, visual_weighting)
         qa, m4 = L.qa(out.answer_logits, batch["qa_label"], active=qa_active)
         return {"mlm": mlm, "matching": matched, **visual, "qa": qa}, {**m1, **m2, **m3, **m4}

@@ -11,6 +11,7 @@ from vl_models.data.masking import RegionMasking
 from vl_models.families.base import RETRIEVAL_METRICS, ModelFamily
 from vl_models.models.configuration import ViLBERTConfig
 from vl_models.models.modeling_vilbert import ViLBERTForPreTraining
+from vl_models.models.weights import load_vilbert_pretraining
 from vl_models.tasks import losses as L
 
 
@@ -18,12 +19,13 @@ class ViLBERT(ModelFamily):
     name = "vilbert"
     config_class = ViLBERTConfig
     tasks = ("mlm", "region", "alignment")
+    pair_task = "alignment"
     eval_metrics = {"eval_mlm_acc": "max", "eval_alignment_acc": "max", "eval_region_kl": "min", **RETRIEVAL_METRICS}
     max_text = 36
     position = "5d"
     img_token = True  # never masked; the mean of the regions the model sees
     region_masking = RegionMasking(zero=0.9)  # paper §3.2: 90 % zeroed, 10 % unaltered
-    region_overlap = ("keep", "zero")  # zero: 12-in-1's variant (see DataConfig)
+    region_overlap = ("keep", "zero")  # zero: 12-in-1's variant (see vl_models.config.DataSettings)
     unused_parameters = True  # q_dense1/2 exist in its checkpoints but take no part in the forward pass
 
     def fit(self, mcfg, layout, answers, store):
@@ -33,6 +35,11 @@ class ViLBERT(ModelFamily):
 
     def build(self, mcfg):
         return ViLBERTForPreTraining(mcfg)
+
+    def load_checkpoint(self, model, state):
+        loaded, heads = load_vilbert_pretraining(state, model.cfg)  # vilbert-multi-task's layout
+        model.load_state_dict(loaded.state_dict())
+        return "ViLBERT checkpoint" + (f" (task heads not used in pretraining: {', '.join(heads)})" if heads else "")
 
     def backbone(self, model):
         return model.bert

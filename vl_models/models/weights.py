@@ -13,8 +13,8 @@ safetensors file is tied again. ViLBERT: vilbert-multi-task checkpoints (``bert.
 ``cls.*`` pretraining heads, and the fine-tuned task heads ``vil_prediction`` & co, handed
 back by name for the tasks that use them). BERT checkpoints (`BertForPreTraining` as the
 hub's ``bert-base-uncased/``, old ``gamma/beta`` names included, or a bare `BertModel` such
-as MiniLM) initialize either model's text side (`init_from_bert`). `init_pretraining` picks
-the right loader for a `vltrain pretrain --init` checkpoint.
+as MiniLM) initialize either model's text side (`init_from_bert`). `init_pretraining` reads a
+`vltrain pretrain --init` checkpoint: BERT's layout here, the model's own through its family.
 """
 
 from __future__ import annotations
@@ -23,13 +23,13 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import Optional, Union
+from typing import Any, Callable, Optional, Union
 
 import torch
 
 from pipeline.errors import ConfigError
 from vl_models.data.tokenize import WordPiece
-from vl_models.models.configuration import LxmertConfig, ViLBERTConfig
+from vl_models.models.configuration import LxmertConfig, ModelConfig, ViLBERTConfig
 from vl_models.models.modeling_lxmert import LxmertForPreTraining, LxmertModel
 from vl_models.models.modeling_vilbert import ViLBERTForPreTraining, ViLBERTModel
 
@@ -120,21 +120,16 @@ def load_vilbert_pretraining(source: Union[Path, dict], cfg: ViLBERTConfig
     return model, heads
 
 
-def init_pretraining(model, source: Path) -> str:
+def init_pretraining(model, source: Path, load_own: Callable[[Any, dict], str]) -> str:
     """Fill a pretraining model from a checkpoint, strictly; returns what was loaded. A BERT
     checkpoint (`BertForPreTraining` or `BertModel`, e.g. ``bert-base-uncased/``) fills the
-    text side of either model (`init_from_bert`); otherwise LXMERT takes an HF
-    `LxmertForPreTraining` or original ``.pth``, ViLBERT a vilbert-multi-task checkpoint."""
+    text side of either model (`init_from_bert`); any other is the model's own format, read
+    by `load_own(model, state)` (the model family's `load_checkpoint`)."""
     state = read_state_dict(source)
     if _is_bert(state):
         left_out = init_from_bert(model, state)
         return "BERT text side" + (f" (BERT's {', '.join(left_out)} left out)" if left_out else "")
-    if isinstance(model, LxmertForPreTraining):
-        model.load_state_dict(load_lxmert_pretraining(state, model.cfg).state_dict())
-        return "LXMERT pretraining checkpoint"
-    loaded, heads = load_vilbert_pretraining(state, model.cfg)
-    model.load_state_dict(loaded.state_dict())
-    return "ViLBERT checkpoint" + (f" (task heads not used in pretraining: {', '.join(heads)})" if heads else "")
+    return load_own(model, state)
 
 
 # Tensors of a vision-and-language checkpoint that a plain BERT one never has.
@@ -264,12 +259,12 @@ def export_hf(model, folder: Path, tokenizer: Optional[WordPiece] = None, proven
     from ``text_stream/`` as a `transformers.BertModel`. config.json carries a ``vltrain``
     record (our config, the class, `provenance`): `load_exported` reads it, and it marks the
     folder as ours."""
-    cfg = model.cfg
+    cfg, architecture = getattr(model, "cfg", None), type(model).__name__
+    if not isinstance(cfg, ModelConfig):
+        raise ConfigError(f"cannot export a {architecture}: not a model of a vltrain model family (its .cfg is no "
+                          "ModelConfig)")
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    architecture = type(model).__name__
-    if not isinstance(model, (LxmertModel, LxmertForPreTraining, ViLBERTForPreTraining)):
-        raise ConfigError(f"cannot export a {architecture}: LxmertModel, LxmertForPreTraining or ViLBERTForPreTraining")
     record = {"kind": cfg.model_type, "architecture": architecture, "config": cfg.to_json(), **(provenance or {})}
     config = {"model_type": cfg.model_type, "architectures": [architecture], **cfg.hf_config()}
     if isinstance(model, ViLBERTForPreTraining):  # no transformers class: its text stream as a BertModel

@@ -3,9 +3,11 @@
 Model dims that come from the data are taken from it: region feature width and class /
 attribute counts from the first feature store, the QA head from the mixture's answer
 table. What can be wrong with the invocation or the inputs is checked before any work
-and any write: device, reporters, mixture, vocab, a batch the data can fill on every
-rank, images missing from the stores, and the run folder (`run_folder.plan`: an earlier
-run there is continued only with ``resume``, replaced only with ``overwrite``).
+and any write: device, reporters, mixture, the model family's tasks (--weight,
+--task-from), --best-metric and --region-overlap, vocab, a batch the data can fill on every
+rank, images missing from the stores; the model is built only once those pass, then the
+run folder is checked (`run_folder.plan`: an earlier run there is continued only with
+``resume``, replaced only with ``overwrite``).
 
 The run folder gets ``config.json`` (resolved), ``metrics.jsonl`` (rank 0), with
 ``report_to`` TensorBoard events, and ``checkpoints/`` (atomic and checksummed; ``latest``
@@ -33,7 +35,7 @@ from pipeline.io import exclusive_lock
 from pipeline.store import FeatureStore
 from vl_models import families
 from pipeline.mixture import Mixture
-from vl_models.data.dataset import DataConfig, PretrainDataset
+from vl_models.data.dataset import PretrainDataset
 from vl_models.data.sampler import ResumableSampler
 from vl_models.eval.evaluate import evaluate
 from vl_models.families.base import ModelFamily
@@ -84,12 +86,17 @@ def resolve_device(name: str, local_rank: int) -> str:
     return f"cuda:{local_rank}"
 
 
-def build_model(cfg: TrainConfig, answers: int) -> tuple[ModelFamily, object, torch.nn.Module]:
-    """(family, model config fitted to the data, model) for `cfg.model`: the feature width
-    and label counts from the first store, the answer-table size from `answers`."""
+def model_config(cfg: TrainConfig, answers: int) -> tuple[ModelFamily, object]:
+    """(family, model config fitted to the data) for `cfg.model`: the feature width and label
+    counts from the first store, the answer-table size from `answers`. Nothing is built."""
     mcfg = families.load_config(cfg.model)
     family = families.of_config(mcfg)
-    mcfg = family.fit(mcfg, FeatureStore.open(cfg.stores[0]).layout, answers, cfg.stores[0])
+    return family, family.fit(mcfg, FeatureStore.open(cfg.stores[0]).layout, answers, cfg.stores[0])
+
+
+def build_model(cfg: TrainConfig, answers: int) -> tuple[ModelFamily, object, torch.nn.Module]:
+    """(family, fitted model config, model) of a run (`model_config`, then the family's builder)."""
+    family, mcfg = model_config(cfg, answers)
     return family, mcfg, family.build(mcfg)
 
 
@@ -103,8 +110,7 @@ def run(cfg: TrainConfig, on_step: Optional[Callable[[int, dict], None]] = None)
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out} is a file, not a folder")
     mixture = Mixture.open(cfg.mixture)
-    torch.manual_seed(cfg.run.seed)
-    family, mcfg, model = build_model(cfg, len(mixture.answers))
+    family, mcfg = model_config(cfg, len(mixture.answers))
     cfg.task.check(family)
     best_metric = BestMetric.parse(cfg.run.best_metric, family) if cfg.run.best_metric else None
     data, val = _datasets(cfg, mixture, family, world)
@@ -115,6 +121,8 @@ def run(cfg: TrainConfig, on_step: Optional[Callable[[int, dict], None]] = None)
                           "with a larger vocab_size")
     if best_metric and val is None:
         raise ConfigError(f"--best-metric {cfg.run.best_metric}: {cfg.mixture} has no val split to score")
+    torch.manual_seed(cfg.run.seed)  # every check passed: build the model
+    model = family.build(mcfg)
     resolved = {"train": cfg.to_json(), "model": mcfg.to_json(), "kind": family.name, "world_size": world,
                 "inputs": run_folder.input_digests(mixture, [Path(p) for p in cfg.stores],
                                                    data.tokenizer.path)}
@@ -128,16 +136,16 @@ def run(cfg: TrainConfig, on_step: Optional[Callable[[int, dict], None]] = None)
             run_folder.begin(out, start, resolved)
         distributed.barrier(device)
         if cfg.init and start.state is None:
-            log.info("initialized from %s: %s", cfg.init, init_pretraining(model, Path(cfg.init)))
+            log.info("initialized from %s: %s", cfg.init, init_pretraining(model, Path(cfg.init),
+                                                                               family.load_checkpoint))
         return _train(cfg, family, model, data, val, device, start, resolved, best_metric, on_step)
 
 
 def split_data(cfg: TrainConfig, mixture: Mixture, family: ModelFamily, split: str) -> PretrainDataset:
     """A split of the run's mixture as the run's model sees it (the train split in training,
     the val split in validation and in any later evaluation of the run)."""
-    return PretrainDataset(mixture, [Path(s) for s in cfg.stores], Path(cfg.vocab), DataConfig(
-        split=split, max_text=cfg.data.max_text, max_regions=cfg.data.max_regions, seed=cfg.run.seed,
-        region_overlap=cfg.data.region_overlap), family, verify_shards=cfg.data.verify_shards)
+    return PretrainDataset(mixture, [Path(s) for s in cfg.stores], Path(cfg.vocab), cfg.data, family, split,
+                           seed=cfg.run.seed)
 
 
 def _datasets(cfg: TrainConfig, mixture: Mixture, family: ModelFamily,
