@@ -1,0 +1,76 @@
+"""Predictions in the official submission formats, written atomically (a killed write
+leaves the previous file or none):
+
+* VQA v2 (EvalAI and the official evaluator): a JSON list ``[{"question_id": int, "answer": str}]``;
+* GQA (EvalAI and the official ``eval.py``): a JSON list ``[{"questionId": str, "prediction": str}]``;
+* NLVR2 (lil-lab's ``metrics.py``): CSV lines ``identifier,True|False``, no header;
+* VCR (the leaderboard's CSV): ``annot_id``, the 4 answer probabilities, and the 4 rationale
+  probabilities conditioned on each answer (``rationale_conditioned_on_a{i}_{j}``).
+
+Each writer checks that it got one prediction per id (DataError otherwise) and returns the
+path it wrote.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from pipeline.errors import DataError
+from pipeline.io import atomic_write_bytes
+
+VCR_COLUMNS = ("annot_id", *(f"answer_{i}" for i in range(4)),
+               *(f"rationale_conditioned_on_a{i}_{j}" for i in range(4) for j in range(4)))
+
+
+def _check(kind: str, ids: Sequence, predictions: Sequence) -> None:
+    if len(ids) != len(predictions):
+        raise DataError(f"{kind} submission: {len(predictions)} predictions for {len(ids)} ids")
+    if len(set(ids)) != len(ids):
+        raise DataError(f"{kind} submission: an id is listed twice")
+
+
+def write_vqa_results(path: Path, question_ids: Sequence[int], answers: Sequence[str]) -> Path:
+    _check("VQA", question_ids, answers)
+    rows = [{"question_id": int(q), "answer": str(a)} for q, a in zip(question_ids, answers)]
+    atomic_write_bytes(Path(path), json.dumps(rows).encode())
+    return Path(path)
+
+
+def write_gqa_predictions(path: Path, question_ids: Sequence[str], predictions: Sequence[str]) -> Path:
+    _check("GQA", question_ids, predictions)
+    rows = [{"questionId": str(q), "prediction": str(p)} for q, p in zip(question_ids, predictions)]
+    atomic_write_bytes(Path(path), json.dumps(rows).encode())
+    return Path(path)
+
+
+def write_nlvr2_predictions(path: Path, identifiers: Sequence[str], predictions: Sequence[bool]) -> Path:
+    _check("NLVR2", identifiers, predictions)
+    lines = "".join(f"{i},{bool(p)}\n" for i, p in zip(identifiers, predictions))
+    atomic_write_bytes(Path(path), lines.encode())
+    return Path(path)
+
+
+def write_vcr_submission(path: Path, annot_ids: Sequence[str], answer_probs: np.ndarray,
+                         rationale_probs: np.ndarray) -> Path:
+    """`answer_probs` (N, 4); `rationale_probs` (N, 4, 4): row i, answer a, rationale r is
+    P(rationale r | question, answer a)."""
+    answer_probs, rationale_probs = np.asarray(answer_probs, np.float64), np.asarray(rationale_probs, np.float64)
+    _check("VCR", annot_ids, answer_probs)
+    if answer_probs.shape != (len(annot_ids), 4) or rationale_probs.shape != (len(annot_ids), 4, 4):
+        raise DataError(f"VCR submission: answer probabilities {answer_probs.shape} and rationale probabilities "
+                        f"{rationale_probs.shape}, expected ({len(annot_ids)}, 4) and ({len(annot_ids)}, 4, 4)")
+    if not (np.isfinite(answer_probs).all() and np.isfinite(rationale_probs).all()):
+        raise DataError("VCR submission: a probability is not finite")
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(VCR_COLUMNS)
+    for annot, answers, rationales in zip(annot_ids, answer_probs, rationale_probs):
+        writer.writerow([annot, *(repr(float(v)) for v in answers), *(repr(float(v)) for v in rationales.reshape(-1))])
+    atomic_write_bytes(Path(path), out.getvalue().encode())
+    return Path(path)
