@@ -131,16 +131,17 @@ def pretrain(
 
     stderr = Console(stderr=True)
     if not stderr.is_terminal:  # a batch job: a log line per logged step instead of a bar
-        last = run(cfg, on_step=lambda step, metrics: logging.getLogger("vltrain").info(progress_line(metrics, steps)))
+        last = run(cfg, on_step=lambda step, metrics, total: logging.getLogger("vltrain").info(
+            progress_line(metrics, total)))
     else:
         columns = [TextColumn("pretraining"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
                    TimeElapsedColumn(), TimeRemainingColumn()]
         with Progress(*columns, console=stderr, transient=True) as bar:
-            task = bar.add_task("steps", total=steps, info="")
+            task = bar.add_task("steps", total=None, info="")  # the total comes with the first step
 
-            def update(step: int, metrics: dict) -> None:
+            def update(step: int, metrics: dict, total: int) -> None:
                 loss = sum(v for k, v in metrics.items() if k.startswith("loss_"))
-                bar.update(task, completed=step, info=f"loss {loss:.3f}, {metrics['samples_per_s']:.1f} samples/s")
+                bar.update(task, completed=step, total=total, info=f"loss {loss:.3f}, {metrics['samples_per_s']:.1f} samples/s")
 
             last = run(cfg, on_step=update)
     shown = {k: round(v, 4) for k, v in last.items() if k.startswith(("loss_", "eval_"))}

@@ -204,7 +204,7 @@ def _pretrain(cfg: DemoConfig, kind: str, out: Path, vocab: Path, say: Callable[
     steps = cfg.preset("steps")
     started = time.perf_counter()
     last = run(_train_config(cfg, kind, out, vocab, steps),
-               on_step=lambda step, m: step % max(1, steps // 5) == 0 and say(
+               on_step=lambda step, m, total: step % max(1, steps // 5) == 0 and say(
                    f"      {kind} step {step}/{steps}: " + ", ".join(f"{k[5:]} {v:.3f}" for k, v in m.items()
                                                                   if k.startswith("loss_"))))
     return {"model": MODELS[kind], "steps": steps, "seconds": round(time.perf_counter() - started, 1),

@@ -239,7 +239,7 @@ def test_sigkill_after_a_logged_step_resumes_exactly_without_duplicate_rows(data
     cfg = config(data, tmp_path, "lxmert-tiny", checkpoint_every=2)
     code = ("import os, signal\nfrom vl_models.config import TrainConfig\nfrom vl_models.train.trainer import run\n"
             f"cfg = TrainConfig.from_json({cfg.to_json()!r})\n"
-            "run(cfg, on_step=lambda step, m: step == 3 and os.kill(os.getpid(), signal.SIGKILL))\n")
+            "run(cfg, on_step=lambda step, m, total: step == 3 and os.kill(os.getpid(), signal.SIGKILL))\n")
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == -9, proc.stderr[-2000:]
     out = tmp_path / "run"
@@ -320,6 +320,16 @@ def test_progress_lines_when_stderr_is_not_a_terminal(data, tmp_path):
         assert f"step {step}/2" in proc.stderr, proc.stderr
     line = next(line for line in proc.stderr.splitlines() if "step 2/2" in line)
     assert "loss" in line and "lr" in line and "samples/s" in line and "ETA" in line
+
+
+def test_progress_lines_count_to_the_steps_epochs_give(data, tmp_path):
+    """With --epochs (or a recipe's), the progress lines' total is the schedule's last step
+    (12 train items, batch 4: 3 steps an epoch), not --steps' default of 1000."""
+    args = pretrain_args(data, tmp_path / "run", "--epochs", "1")
+    at = args.index("--steps")
+    proc = vltrain(*args[:at], *args[at + 2:])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "step 3/3" in proc.stderr and "/1000" not in proc.stderr, proc.stderr
 
 
 def test_every_train_config_field_has_a_flag_and_every_flag_a_field():

@@ -100,9 +100,10 @@ def build_model(cfg: TrainConfig, answers: int) -> tuple[ModelFamily, object, to
     return family, mcfg, family.build(mcfg)
 
 
-def run(cfg: TrainConfig, on_step: Optional[Callable[[int, dict], None]] = None) -> dict:
+def run(cfg: TrainConfig, on_step: Optional[Callable[[int, dict, int], None]] = None) -> dict:
     """Train; returns the last logged metrics ({} when a resumed run was already at its end).
-    `on_step(step, metrics)` is called on rank 0 at every logged step."""
+    `on_step(step, metrics, steps)` is called on rank 0 at every logged step; `steps` is the
+    schedule's last step (from --epochs when given, so a progress bar knows its total)."""
     rank, world, local = distributed.world()
     device = resolve_device(cfg.run.device, local)
     runlog.check_reporters(cfg.run.report_to)
@@ -171,7 +172,7 @@ def _datasets(cfg: TrainConfig, mixture: Mixture, family: ModelFamily,
 
 def _train(cfg: TrainConfig, family: ModelFamily, model, data: PretrainDataset, val: Optional[PretrainDataset],
            device: str, start: run_folder.Plan, resolved: dict, best_metric: Optional[BestMetric],
-           on_step: Optional[Callable[[int, dict], None]]) -> dict:
+           on_step: Optional[Callable[[int, dict, int], None]]) -> dict:
     rank, world, _ = distributed.world()
     main = distributed.is_main()
     out = Path(cfg.out)
@@ -257,7 +258,7 @@ def _train(cfg: TrainConfig, family: ModelFamily, model, data: PretrainDataset, 
                            **({"skipped_steps": skipped} if cfg.run.amp == "fp16" else {}), **_memory(device)}
                 metrics_log.write(metrics)
                 if on_step:
-                    on_step(step, metrics)
+                    on_step(step, metrics, cfg.optim.steps)
             improved = False
             every = cfg.run.eval_every
             if val is not None and main and ((every and step % every == 0) or step == end):
