@@ -134,3 +134,24 @@ def test_pretraining_heads_match_transformers():
                 for k, v in hf.state_dict().items()}
     again = load_lxmert_pretraining(original, cfg)
     assert torch.equal(again.answer_head.logit_fc[3].weight, ours.answer_head.logit_fc[3].weight)
+
+
+def test_answer_rows_are_copied_by_answer_string():
+    """LXMERT's fine-tuning starts its answer head from the pretraining QA head by answer
+    string (`copy_answer_rows`): matching answers (normalized alike) get the trained rows."""
+    import pytest
+    import torch
+
+    from pipeline.errors import ConfigError
+    from vl_models.models.weights import copy_answer_rows
+
+    old_answers = ["yes", "no", "grey", "two", "a dog"]
+    weight, bias = torch.randn(5, 8), torch.randn(5)
+    head = torch.nn.Linear(8, 4)
+    fresh = head.weight.detach().clone()
+    copied = copy_answer_rows(head, weight, bias, old_answers, ["No", "gray", "2", "cat"])
+    assert copied == 3  # "No" -> no, "gray" = normalized "grey", "2" = normalized "two"; "cat" is new
+    assert torch.equal(head.weight[0], weight[1]) and torch.equal(head.bias[1], bias[2])
+    assert torch.equal(head.weight[2], weight[3]) and torch.equal(head.weight[3], fresh[3])
+    with pytest.raises(ConfigError, match="does not match its answer table"):
+        copy_answer_rows(head, weight[:4], bias, old_answers, ["no"] * 4)

@@ -23,11 +23,12 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, Optional, Sequence, Union
 
 import torch
 
 from pipeline.errors import ConfigError
+from pipeline.mixture.answers import normalize_answer
 from vl_models.data.tokenize import WordPiece
 from vl_models.models.configuration import LxmertConfig, ModelConfig, ViLBERTConfig
 from vl_models.models.modeling_lxmert import LxmertForPreTraining, LxmertModel
@@ -135,6 +136,30 @@ def init_pretraining(model, source: Path, load_own: Callable[[Any, dict], str]) 
 # Tensors of a vision-and-language checkpoint that a plain BERT one never has.
 _NOT_BERT = (".c_layer.", ".v_layer.", "v_embeddings.", "x_layers.", "r_layers.", "visn_fc.", "obj_predict_head.",
              "answer_head.", "imagePredictions.", "bi_seq_relationship.")
+
+
+def copy_answer_rows(head: torch.nn.Linear, weight: torch.Tensor, bias: torch.Tensor, old_answers: Sequence[str],
+                     new_answers: Sequence[str]) -> int:
+    """Initialize an answer classifier (`head`: one output row per entry of `new_answers`)
+    from a trained one (`weight`, `bias`, one row per entry of `old_answers`) by answer
+    string, as LXMERT's fine-tuning does with its pretraining QA head: a new answer that the
+    old table has (both normalized as the mixtures' answers are, `normalize_answer`) gets
+    that row; the others keep `head`'s initialization. Returns how many rows were copied."""
+    if weight.shape != (len(old_answers), head.in_features) or bias.shape != (len(old_answers),):
+        raise ConfigError(f"answer head of {tuple(weight.shape)} / {tuple(bias.shape)} for {len(old_answers)} answers "
+                          f"and width {head.in_features}: the checkpoint's head does not match its answer table")
+    if head.out_features != len(new_answers):
+        raise ConfigError(f"the new answer head has {head.out_features} rows for {len(new_answers)} answers")
+    old_row = {}
+    for i, answer in enumerate(old_answers):
+        old_row.setdefault(normalize_answer(answer), i)
+    pairs = [(j, old_row[key]) for j, key in enumerate(map(normalize_answer, new_answers)) if key in old_row]
+    if pairs:
+        new, old = (torch.tensor(index) for index in zip(*pairs))
+        with torch.no_grad():
+            head.weight[new] = weight[old].to(head.weight.dtype)
+            head.bias[new] = bias[old].to(head.bias.dtype)
+    return len(pairs)
 
 
 def _is_bert(state: dict) -> bool:
