@@ -59,6 +59,7 @@ class Flags:
     panel: str
     flags: Mapping[str, Union[Flag, str]]
     section: Optional[str] = None
+    defaults: Any = None  # an instance of `cls` whose values are the flags' defaults (None: the fields')
 
     def flag(self, field: str) -> Flag:
         flag = self.flags[field]
@@ -67,7 +68,10 @@ class Flags:
     def parameters(self) -> list[Parameter]:
         hints = typing.get_type_hints(self.cls)
         fields = {f.name: f for f in dataclasses.fields(self.cls)}
-        return [self.flag(name).parameter(name, hints[name], _default(fields[name]), self.panel) for name in self.flags]
+        def default(name: str) -> Any:
+            return _default(fields[name]) if self.defaults is None else getattr(self.defaults, name)
+
+        return [self.flag(name).parameter(name, hints[name], default(name), self.panel) for name in self.flags]
 
 
 def _default(field: dataclasses.Field) -> Any:

@@ -13,7 +13,11 @@ from rich.table import Table
 
 from pipeline.errors import ConfigError
 from pipeline.log import cli_app, named_errors
-from vl_models.config import AMP, DEVICES, OPTIMIZERS, REGION_OVERLAP, VISUAL_WEIGHTING, TrainConfig
+from pipeline.cli_flags import Flag, Flags, config_command, or_none
+from vl_models.config import (
+    AMP, DEVICES, OPTIMIZERS, REGION_OVERLAP, TASK_SAMPLING, VISUAL_WEIGHTING, DataSettings, FinetuneConfig,
+    OptimConfig, RunSettings, TrainConfig, TransferSettings,
+)
 
 app = cli_app("vltrain", "Train ViLBERT- and LXMERT-style models on vlprep feature stores.")
 out = Console()
@@ -125,28 +129,129 @@ def pretrain(
                     max_text=o["max_text"] or None, weights=_pairs(o["weight"], "--weight", float),
                     from_step=_pairs(o["task_from"], "--task-from", int))
     cfg = TrainConfig.of(**settings)
+    _train_with_progress(run, cfg, "pretraining")
+
+
+_FT = FinetuneConfig(tasks=("vqa",), task_data=(".",), stores=(".",), out=".")  # the sections' defaults
+_RUN = "Run: devices, checkpoints, logging"
+FINETUNE_FLAGS = (
+    Flags(FinetuneConfig, "Inputs and output", {
+        "tasks": Flag("Task(s) to fine-tune, repeatable (one backbone, a head each): vqa, gqa, nlvr2, flickr30k, "
+                      "coco-retrieval, refcoco+, refcoco, refcocog, vcr.", name="--task"),
+        "task_data": Flag("The task dataset of each --task, in the same order (`vlprep build-task`).", name="--data"),
+        "stores": Flag("Feature store(s) with the tasks' images (repeatable).", name="--shards"),
+        "out": "Run folder: config.json, metrics.jsonl, checkpoints/ (best: by the first task's metric).",
+        "init": Flag("Start from: a pretraining run folder or checkpoint of ours (model config and vocab come with "
+                     "it), a fine-tuning run (its backbone), an HF LXMERT or vilbert-multi-task checkpoint (with "
+                     "--model), or a BERT; none: from scratch (with --model).", parse=or_none),
+        "model": Flag("Model config (when --init is no run of ours): lxmert-base, vilbert-base, ..., or a JSON path.",
+                      parse=or_none),
+        "vocab": Flag("BERT WordPiece vocab (default: the --init run's).", parse=or_none),
+    }),
+    Flags(OptimConfig, "Schedule and optimizer", {
+        "steps": "Optimizer steps (with --epochs 0).",
+        "epochs": Flag("Passes over the tasks' training examples; sets --steps (0: use --steps).",
+                       parse=lambda text: float(text) or None, show=lambda v: str(v or 0)),
+        "batch_size": "Examples per rank per micro-step (all of one task).",
+        "grad_accum": "Micro-steps per optimizer step.",
+        "lr": "Peak learning rate (linear warmup, then linear decay).",
+        "optimizer": Flag("adamw, bertadam (LXMERT's) or sgd.", choices=OPTIMIZERS),
+        "warmup": "Warmup: steps, or a fraction of all steps when below 1.",
+        "weight_decay": "Weight decay.", "clip": "Gradient clipping (global norm)."}, section="optim", defaults=_FT.optim),
+    Flags(DataSettings, "Data", {
+        "max_text": Flag("Text tokens per candidate (0: the task's, else the model's).",
+                         parse=lambda text: int(text) or None, show=lambda v: str(v or 0)),
+        "max_regions": "Regions per image (ViLBERT adds its IMG token).",
+        "workers": "DataLoader worker processes.",
+        "verify_shards": "Check each feature-store shard's sha256 on first use."}, section="data"),
+    Flags(TransferSettings, "Tasks", {
+        "task_sampling": Flag("Several tasks: one-task batches round-robin, or in proportion to the tasks' sizes.",
+                              choices=TASK_SAMPLING),
+        "train_split": Flag("Split(s) to train on, comma-separated (default: the task's, e.g. train; VQA as LXMERT: "
+                            "train,nominival-lxmert).", parse=or_none),
+        "val_split": Flag("Split validated each epoch (default: the task's: val, dev or test).", parse=or_none),
+        "eval_items": "Rows scored per validation (0: the whole split).",
+        "init_answers": Flag("The --init checkpoint's QA answer table (LXMERT's all_ans.json), when it is no run "
+                             "of ours: answer heads start from its rows.", parse=or_none),
+        "copy_answers": "Start answer heads from the --init model's QA head, row by answer string (LXMERT's)."},
+          section="transfer"),
+    Flags(RunSettings, _RUN, {
+        "seed": "Seed of initialization and sampling.",
+        "device": Flag("cpu or cuda (under torchrun: one GPU per rank).", choices=DEVICES),
+        "amp": Flag("Mixed precision: none, bf16, or fp16 (CUDA).", choices=AMP),
+        "compile": "torch.compile the backbone.",
+        "resume": "Continue the run in OUT (bit-exact; a new run if OUT holds none).",
+        "overwrite": "Start again in an OUT that holds a run (removes only the trainer's files).",
+        "stop_at": Flag("End this invocation at this step (0: run to the end).", parse=lambda text: int(text) or None,
+                        show=lambda v: str(v or 0)),
+        "checkpoint_every": "Steps between checkpoints.",
+        "eval_every": "Steps between validations (0: every epoch).",
+        "log_every": "Steps between metrics rows.",
+        "keep_last": "Checkpoints kept (0: all), besides the best one.",
+        "best_metric": Flag("The validation score that picks checkpoints/best (default: the first task's, e.g. "
+                            "eval_vqa_accuracy).", parse=or_none),
+        "report_to": "Also report to: tensorboard."}, section="run"),
+)
+
+
+@app.command()
+@named_errors
+@config_command(FinetuneConfig, *FINETUNE_FLAGS)
+def finetune(cfg: FinetuneConfig) -> None:
+    """Fine-tune a pretrained (or untrained) model on downstream tasks, with the pretraining
+    trainer (AMP, DDP under torchrun, resume, checkpoints, validation each epoch with the
+    task's official metric, the best checkpoint kept).
+
+    Example: vltrain finetune --task vqa --data tasks/vqa --shards coco_feats --init runs/lxmert --epochs 4 --out runs/vqa
+    """
+    from vl_models.transfer.finetune import run_finetune
+
+    _train_with_progress(run_finetune, cfg, "fine-tuning")
+
+
+@app.command()
+@named_errors
+def evaluate(
+    task: str = typer.Option(..., help="The task: vqa, gqa, nlvr2, flickr30k, coco-retrieval, refcoco+, refcoco, refcocog, vcr."),
+    checkpoint: str = typer.Option(..., help="A fine-tuning run folder (its latest checkpoint; --step best: the best) or checkpoint file; with --zero-shot a pretraining run or checkpoint."),
+    data: Path = typer.Option(..., help="The task dataset (`vlprep build-task`)."),
+    split: str = typer.Option(..., help="The split to score (e.g. val, minval, test-dev, dev, test1, testA, test)."),
+    shards: List[Path] = typer.Option([], "--shards", help="Feature store(s) (default: the run's)."),
+    vocab: Path = typer.Option(None, help="Vocab (default: the run's)."),
+    out: Path = typer.Option(None, help="Folder for metrics.json and the submission file (default: RUN/eval/TASK-SPLIT)."),
+    zero_shot: bool = typer.Option(False, "--zero-shot", help="Retrieval with the pretraining pair head (alignment / matching), no fine-tuning: ViLBERT's zero-shot Flickr30k."),
+    model: str = typer.Option(None, help="Model config, when --checkpoint is no run of ours (HF LXMERT, vilbert-multi-task)."),
+    step: str = typer.Option(None, help="In a run folder: the checkpoint of this step, or best."),
+    device: Literal[DEVICES] = typer.Option("cpu", help="cpu or cuda."),
+    batch_size: int = typer.Option(64, help="Examples (retrieval: captions) per forward."),
+    limit: int = typer.Option(0, help="Score only the first N rows (retrieval: images) of the split (0: all)."),
+) -> None:
+    """Score a checkpoint on a task split with the task's official metric and write the
+    predictions in the official submission format (VQA / GQA results JSON, NLVR2 CSV, VCR CSV).
+
+    Example: vltrain evaluate --task vqa --checkpoint runs/vqa --step best --data tasks/vqa --split test-dev
+    """
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-    from vl_models.train.runlog import progress_line
+    from vl_models.train.checkpoint import resolve
+    from vl_models.transfer.evaluate import evaluate_checkpoint
 
-    stderr = Console(stderr=True)
-    if not stderr.is_terminal:  # a batch job: a log line per logged step instead of a bar
-        last = run(cfg, on_step=lambda step, metrics, total: logging.getLogger("vltrain").info(
-            progress_line(metrics, total)))
-    else:
-        columns = [TextColumn("pretraining"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
-                   TimeElapsedColumn(), TimeRemainingColumn()]
-        with Progress(*columns, console=stderr, transient=True) as bar:
-            task = bar.add_task("steps", total=None, info="")  # the total comes with the first step
-
-            def update(step: int, metrics: dict, total: int) -> None:
-                loss = sum(v for k, v in metrics.items() if k.startswith("loss_"))
-                bar.update(task, completed=step, total=total, info=f"loss {loss:.3f}, {metrics['samples_per_s']:.1f} samples/s")
-
-            last = run(cfg, on_step=update)
-    shown = {k: round(v, 4) for k, v in last.items() if k.startswith(("loss_", "eval_"))}
-    Console().print(f"done: step {last.get('step', 'unchanged: the run was at its end')} -> {out}")
-    Console().print(shown)
+    source = str(resolve(checkpoint, step)) if step else checkpoint
+    columns = [TextColumn(f"{task} {split}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+               TimeRemainingColumn()]
+    with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
+        job = bar.add_task("scoring", total=None)
+        result = evaluate_checkpoint(task, source, data, split, [str(s) for s in shards], str(vocab) if vocab else None,
+                                     out, zero_shot, model, device, batch_size, limit,
+                                     progress=lambda done, total: bar.update(job, completed=done, total=total))
+    table = Table(title=f"{task} {split}: {result['examples']} rows")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    for name, value in result["metrics"].items():
+        table.add_row(name, f"{value:.2f}")
+    out_console = Console()
+    out_console.print(table)
+    out_console.print("wrote " + ", ".join(result["files"]))
 
 
 @app.command()
@@ -220,6 +325,33 @@ def preview_batch(
             table.add_row(name, str(tuple(value.shape)), str(value.dtype))
     out.print(table)
     out.print(f"real slots per image: {batch.num_boxes.tolist()}")
+
+
+def _train_with_progress(run, cfg, label: str) -> None:
+    """Call ``run(cfg, on_step)`` with a progress bar on a terminal (a log line per logged step
+    in a batch job), then print the last losses and validation scores."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    from vl_models.train.runlog import progress_line
+
+    stderr = Console(stderr=True)
+    if not stderr.is_terminal:  # a batch job: a log line per logged step instead of a bar
+        last = run(cfg, on_step=lambda step, metrics, total: logging.getLogger("vltrain").info(
+            progress_line(metrics, total)))
+    else:
+        columns = [TextColumn(label), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
+                   TimeElapsedColumn(), TimeRemainingColumn()]
+        with Progress(*columns, console=stderr, transient=True) as bar:
+            task = bar.add_task("steps", total=None, info="")  # the total comes with the first step
+
+            def update(step: int, metrics: dict, total: int) -> None:
+                loss = sum(v for k, v in metrics.items() if k.startswith("loss_"))
+                bar.update(task, completed=step, total=total, info=f"loss {loss:.3f}, {metrics['samples_per_s']:.1f} samples/s")
+
+            last = run(cfg, on_step=update)
+    shown = {k: round(v, 4) for k, v in last.items() if k.startswith(("loss_", "eval_"))}
+    Console().print(f"done: step {last.get('step', 'unchanged: the run was at its end')} -> {cfg.out}")
+    Console().print(shown)
 
 
 def _pairs(items: List[str], flag: str, convert) -> dict:

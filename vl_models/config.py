@@ -148,16 +148,66 @@ class RunSettings(Config):
             raise ConfigError("--amp fp16 needs --device cuda (use bf16 on CPU)")
 
 
-SECTIONS = {"optim": OptimConfig, "data": DataSettings, "task": TaskConfig, "run": RunSettings}
+TASK_SAMPLING = ("round-robin", "proportional")
 
 
 @dataclass(frozen=True)
-class TrainConfig(Config):
-    """A training run: its inputs and output, and one section per concern (`SECTIONS`).
+class TransferSettings(Config):
+    """Fine-tuning specifics (`vltrain finetune`)."""
+
+    task_sampling: str = "round-robin"  # several tasks: batches round-robin, or in proportion to their sizes
+    train_split: Optional[str] = None  # a task dataset's split(s) to train on (comma: a union); None: the task's
+    val_split: Optional[str] = None  # the split validated every epoch; None: the task's (if the data has it)
+    eval_items: int = 0  # rows scored per validation (0: the whole split)
+    init_answers: Optional[str] = None  # the --init checkpoint's QA answer table (for a checkpoint not of ours)
+    copy_answers: bool = True  # start answer heads from the --init QA head's rows, by answer string (LXMERT's)
+
+    def __post_init__(self) -> None:
+        one_of("task_sampling", self.task_sampling, TASK_SAMPLING)
+        at_least(self, {"eval_items": 0})
+
+
+SECTIONS = {"optim": OptimConfig, "data": DataSettings, "task": TaskConfig, "run": RunSettings}
+FINETUNE_SECTIONS = {"optim": OptimConfig, "data": DataSettings, "transfer": TransferSettings, "run": RunSettings}
+
+
+class _Sectioned:
+    """Settings named flat (`of`, `with_`), each put into its section (`sections`)."""
+
+    sections: dict = {}
+
+    @classmethod
+    def of(cls, **settings):
+        """A config from flat settings (``steps=4, lr=1e-3, resume=True, ...``), each put
+        into its section; ConfigError naming an unknown one."""
+        own, sections = _sort(cls, settings)
+        defaults = {f.name: f.default_factory() for f in fields(cls) if f.name in cls.sections}
+        return cls(**own, **{name: replace(defaults[name], **values) for name, values in sections.items()})
+
+    def with_(self, **settings):
+        """This config with some settings changed, named flat as in `of`."""
+        own, sections = _sort(type(self), settings)
+        changed = {name: replace(getattr(self, name), **values) for name, values in sections.items()}
+        return replace(self, **own, **changed)
+
+    def scheduled(self, train_items: int, world: int):
+        """This config with `steps` from `epochs` (whole optimizer steps over `train_items`
+        on `world` ranks); unchanged without `epochs`."""
+        optim = self.optim
+        if optim.epochs is None:
+            return self
+        per_step = optim.batch_size * optim.grad_accum * world
+        return self.with_(steps=max(1, math.ceil(optim.epochs * (train_items // per_step))))
+
+
+@dataclass(frozen=True)
+class TrainConfig(_Sectioned, Config):
+    """A pretraining run: its inputs and output, and one section per concern (`SECTIONS`).
     Field names are unique across sections, so a setting is named by its field alone:
     `TrainConfig.of` and `with_` take them flat (as the command line does), and every
     section field is a flag of the same name."""
 
+    sections = SECTIONS
     model: str  # a config name (lxmert-base, vilbert-tiny, ...) or a JSON path
     stores: tuple[str, ...]
     mixture: str
@@ -172,27 +222,37 @@ class TrainConfig(Config):
     def __post_init__(self) -> None:
         object.__setattr__(self, "stores", tuple(str(s) for s in self.stores))
 
-    @classmethod
-    def of(cls, **settings) -> "TrainConfig":
-        """A config from flat settings (``steps=4, lr=1e-3, resume=True, ...``), each put
-        into its section; ConfigError naming an unknown one."""
-        own, sections = _sort(settings)
-        return cls(**own, **{name: SECTIONS[name](**values) for name, values in sections.items()})
 
-    def with_(self, **settings) -> "TrainConfig":
-        """This config with some settings changed, named flat as in `of`."""
-        own, sections = _sort(settings)
-        changed = {name: replace(getattr(self, name), **values) for name, values in sections.items()}
-        return replace(self, **own, **changed)
+@dataclass(frozen=True)
+class FinetuneConfig(_Sectioned, Config):
+    """A fine-tuning run (`vltrain finetune`): tasks with their task datasets (aligned), the
+    feature stores, where the model comes from, and the sections of `FINETUNE_SECTIONS`."""
 
-    def scheduled(self, train_items: int, world: int) -> "TrainConfig":
-        """This config with `steps` from `epochs` (whole optimizer steps over `train_items`
-        on `world` ranks); unchanged without `epochs`."""
-        optim = self.optim
-        if optim.epochs is None:
-            return self
-        per_step = optim.batch_size * optim.grad_accum * world
-        return self.with_(steps=max(1, math.ceil(optim.epochs * (train_items // per_step))))
+    sections = FINETUNE_SECTIONS
+    tasks: tuple[str, ...]
+    task_data: tuple[str, ...]  # one task dataset folder per task (`vlprep build-task`)
+    stores: tuple[str, ...]
+    out: str
+    init: Optional[str] = None  # a pretraining run folder or checkpoint, HF LXMERT, vilbert-multi-task; None: scratch
+    model: Optional[str] = None  # a model config; None: the --init run's
+    vocab: Optional[str] = None  # None: the --init run's
+    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=5e-5, warmup=0.1, epochs=4))
+    data: DataSettings = field(default_factory=DataSettings)
+    transfer: TransferSettings = field(default_factory=TransferSettings)
+    run: RunSettings = field(default_factory=RunSettings)
+
+    def __post_init__(self) -> None:
+        for name in ("tasks", "task_data", "stores"):
+            object.__setattr__(self, name, tuple(str(v) for v in getattr(self, name)))
+        if not self.tasks:
+            raise ConfigError("--task: name at least one task")
+        if len(self.task_data) != len(self.tasks):
+            raise ConfigError(f"--data: one task dataset per --task ({len(self.tasks)} tasks, "
+                              f"{len(self.task_data)} --data)")
+        if len(set(self.tasks)) != len(self.tasks):
+            raise ConfigError(f"--task: a task is named twice ({', '.join(self.tasks)})")
+        if not self.stores:
+            raise ConfigError("--shards: name the feature store(s) of the tasks' images")
 
 
 def flat_settings(saved: dict) -> dict:
@@ -202,21 +262,21 @@ def flat_settings(saved: dict) -> dict:
     section already)."""
     out = {}
     for key, value in saved.items():
-        if key in SECTIONS and isinstance(value, dict):
+        if key in (SECTIONS.keys() | FINETUNE_SECTIONS.keys()) and isinstance(value, dict):
             out.update(value)
         else:
             out[key] = value
     return out
 
 
-def section_fields() -> dict[str, str]:
-    """Every section field's name -> its section."""
-    return {f.name: name for name, cls in SECTIONS.items() for f in fields(cls)}
+def section_fields(config: type = None) -> dict[str, str]:
+    """Every section field's name -> its section (of `config`, default TrainConfig)."""
+    return {f.name: name for name, cls in (config or TrainConfig).sections.items() for f in fields(cls)}
 
 
-def _sort(settings: dict) -> tuple[dict, dict]:
-    where = section_fields()
-    own_names = {f.name for f in fields(TrainConfig)} - set(SECTIONS)
+def _sort(config: type, settings: dict) -> tuple[dict, dict]:
+    where = section_fields(config)
+    own_names = {f.name for f in fields(config)} - set(config.sections)
     own, sections = {}, {}
     for key, value in settings.items():
         if key in own_names:

@@ -123,12 +123,14 @@ def answer_table(counts: Counter, top_k: int) -> list[str]:
 
 
 _FILE_FORMATS = ('an answer table is a JSON list of strings (VQA label2ans), a JSON list of {"ans": ...} objects '
-                 '(LXMERT all_ans.json) or {"answers": [...]} (a mixture\'s answers.json); other files: one answer a line')
+                 '(LXMERT all_ans.json), {"answers": [...]} (a mixture\'s answers.json) or {answer: index} (LXMERT\'s '
+                 'and ViLBERT\'s ans2label files, indices 0..n-1); other files: one answer a line')
 
 
 def read_answer_file(path: Path) -> list[str]:
     """The entries of an answer-table file, in the file's order: a ``.json`` file holds a
-    list of strings, a list of ``{"ans": ...}`` objects or ``{"answers": [...]}``; any other
+    list of strings, a list of ``{"ans": ...}`` objects, ``{"answers": [...]}`` or an
+    ``{answer: index}`` map (in index order; the indices must be 0..n-1); any other
     file holds one answer a line (every line is an entry; a final newline ends the last).
     ConfigError naming the file (and the entry) otherwise."""
     path = Path(path)
@@ -141,6 +143,10 @@ def read_answer_file(path: Path) -> list[str]:
     data = parse_json(text, path)
     if isinstance(data, dict) and isinstance(data.get("answers"), list):
         data = data["answers"]
+    elif isinstance(data, dict) and data and all(type(v) is int for v in data.values()):
+        if sorted(data.values()) != list(range(len(data))):
+            raise ConfigError(f"{path}: an {{answer: index}} table needs the indices 0..{len(data) - 1}, each once")
+        data = sorted(data, key=data.get)
     if not isinstance(data, list):
         raise ConfigError(f"{path}: {_FILE_FORMATS}")
     entries = []

@@ -78,13 +78,56 @@ def check_mixture(folder: Path) -> dict:
                       f"{MIXTURE_SCHEMA_VERSION}); rebuild it with `vlprep build-mixture --spec SPEC --out {folder}`")
 
 
-class Mixture:
+class ItemsFolder:
+    """What a mixture and a task dataset (`pipeline.task_data`) share: a folder with
+    ``items.arrow`` (memory-mapped, its columns checked against `schema`) and
+    ``answers.json`` (the answer table); `what` and `rebuild` name it in errors."""
+
+    schema: pa.Schema
+    what: str  # "mixture", "task dataset"
+    rebuild: str  # how to make a good one again
+
+    def file(self, name: str) -> Path:
+        """A file of the folder (``items.arrow``, ``answers.json``); DataError if it is missing."""
+        path = self.path / name
+        if not path.is_file():
+            raise DataError(f"{path} is missing: the {self.what} is incomplete; {self.rebuild}")
+        return path
+
+    def _read_answers(self) -> list[str]:
+        path = self.file(ANSWERS_FILE)
+        try:
+            answers = json.loads(path.read_text())["answers"]
+            if not isinstance(answers, list) or not all(isinstance(a, str) for a in answers):
+                raise TypeError("answers is not a list of strings")
+        except (ValueError, KeyError, TypeError) as err:
+            raise DataError(f"{path}: unreadable answer table ({type(err).__name__}: {err}); {self.rebuild}") from err
+        return answers
+
+    def _map_items(self) -> pa.Table:
+        path = self.file(ITEMS_FILE)
+        try:
+            items = pa.ipc.open_file(pa.memory_map(str(path))).read_all()
+        except (pa.ArrowInvalid, OSError) as err:
+            raise DataError(f"{path}: unreadable ({err}); {self.rebuild}") from err
+        missing = [name for name in self.schema.names if name not in items.column_names]
+        if missing:
+            raise DataError(f"{path}: no column {', '.join(missing)} (not a {self.what}'s items); {self.rebuild}")
+        return items
+
+    def __len__(self) -> int:
+        return self.items.num_rows
+
+
+class Mixture(ItemsFolder):
     """A mixture folder, opened for reading.
 
     `manifest` (checked: `check_mixture`), `items` (``items.arrow`` as a memory-mapped Arrow
     table: DataLoader workers share the page cache; pickling reopens the folder instead of
     copying the table), `answers` (the answer table: QA label i is ``answers[i]``);
     `splits`, `rows(split)`, `store_keys` and per-row `text` / `labels` for readers."""
+
+    schema, what, rebuild = ITEMS_SCHEMA, "mixture", _REBUILD
 
     def __init__(self, path: Union[str, Path]):
         self.path = Path(path)
@@ -98,37 +141,6 @@ class Mixture:
 
     def __reduce__(self):
         return (type(self), (self.path,))
-
-    def file(self, name: str) -> Path:
-        """A file of the folder (``items.arrow``, ``answers.json``); DataError if it is missing."""
-        path = self.path / name
-        if not path.is_file():
-            raise DataError(f"{path} is missing: the mixture is incomplete; {_REBUILD}")
-        return path
-
-    def _read_answers(self) -> list[str]:
-        path = self.file(ANSWERS_FILE)
-        try:
-            answers = json.loads(path.read_text())["answers"]
-            if not isinstance(answers, list) or not all(isinstance(a, str) for a in answers):
-                raise TypeError("answers is not a list of strings")
-        except (ValueError, KeyError, TypeError) as err:
-            raise DataError(f"{path}: unreadable answer table ({type(err).__name__}: {err}); {_REBUILD}") from err
-        return answers
-
-    def _map_items(self) -> pa.Table:
-        path = self.file(ITEMS_FILE)
-        try:
-            items = pa.ipc.open_file(pa.memory_map(str(path))).read_all()
-        except (pa.ArrowInvalid, OSError) as err:
-            raise DataError(f"{path}: unreadable ({err}); {_REBUILD}") from err
-        missing = [name for name in ITEMS_SCHEMA.names if name not in items.column_names]
-        if missing:
-            raise DataError(f"{path}: no column {', '.join(missing)} (not a mixture's items); {_REBUILD}")
-        return items
-
-    def __len__(self) -> int:
-        return self.items.num_rows
 
     @cached_property
     def _split(self) -> np.ndarray:

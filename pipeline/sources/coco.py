@@ -79,8 +79,11 @@ def read_captions(path: Path) -> CocoCaptions:
 
 
 def coco_split(name: str) -> Optional[str]:
-    """'captions_train2014.json' / 'v2_OpenEnded_mscoco_val2014_questions.json' -> 'train2014' /
-    'val2014'; None when the name holds none of `SPLITS`."""
+    """The split of the images a file is about: 'captions_train2014.json' /
+    'v2_OpenEnded_mscoco_val2014_questions.json' -> 'train2014' / 'val2014'; test-dev2015
+    (VQA's test-dev questions) -> 'test2015', whose images test-dev's are; None when the name
+    holds none of `SPLITS`."""
+    name = name.replace("test-dev2015", "test2015")
     return next((split for split in SPLITS if split in name), None)
 
 

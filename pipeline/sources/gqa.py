@@ -1,9 +1,13 @@
-"""GQA balanced questions (``train_balanced_questions.json``, ...), streamed:
-``{question id: {"imageId", "question", "answer", ...}}``. Images are VG ids.
+"""GQA questions (``train_balanced_questions.json``, ``testdev_balanced_questions.json``,
+``submission_all_questions.json``, ...), streamed: ``{question id: {"imageId", "question",
+"answer", ...}}``. Images are VG ids.
 
-Rows: a question needs imageId and question; the test files give no "answer" (the
-question is kept without one); a null answer, or a null or blank question, is a `Skip`;
-anything else is `Malformed` (``train_balanced_questions.json:["02930152"]``).
+Rows: a question needs imageId and question; anything else is `Malformed`
+(``train_balanced_questions.json:["02930152"]``); a null or blank question is a `Skip`. The
+test and submission files give no "answer": such a question is kept with answer None. A
+null answer is a `Skip` by default (a training question whose answer is lost: what
+`vlprep build-mixture` reads); a task reading files without answers asks
+``answers_required=False`` to keep it with answer None too.
 """
 
 from __future__ import annotations
@@ -19,19 +23,23 @@ from pipeline.sources.jsonstream import iter_json
 
 @dataclass(frozen=True)
 class GqaQuestion:
-    image: str  # VG id
+    image: str  # VG id (imageId)
     text: str  # cleaned, not blank
-    answer: Optional[str]  # as given; None: the file gives none (test files)
+    answer: Optional[str]  # as given; None: the file gives none (test / submission files)
+    question_id: str  # the file's key ("02930152")
 
 
-def read_questions(path: Path) -> Iterator[Union[GqaQuestion, Skip, Malformed]]:
+def read_questions(path: Path, answers_required: bool = True) -> Iterator[Union[GqaQuestion, Skip, Malformed]]:
+    """The questions of `path` in file order; with `answers_required` a null (non-string)
+    answer is a `Skip`, without it the question is kept with answer None."""
     for qid, q in iter_json(path):
         if not isinstance(q, dict) or not is_id(q.get("imageId")) or "question" not in q:
             yield Malformed(Path(path), f"[{json.dumps(qid)}]", "needs imageId and question")
             continue
         image = str(q["imageId"])
-        if "answer" in q and not isinstance(q["answer"], str):
+        if "answer" in q and not isinstance(q["answer"], str) and answers_required:
             yield Skip(image, NULL_ANSWER)
             continue
+        answer = q["answer"] if isinstance(q.get("answer"), str) else None
         text = text_or_skip(image, q["question"])
-        yield text if isinstance(text, Skip) else GqaQuestion(image, text, q.get("answer"))
+        yield text if isinstance(text, Skip) else GqaQuestion(image, text, answer, str(qid))

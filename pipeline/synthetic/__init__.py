@@ -5,7 +5,8 @@ true of each scene, generated from templates: captions, VQA-style question-answe
 10 annotator answers, unambiguous referring expressions with their boxes, and NLVR2-style
 statements about pairs of scenes. `write_world` writes it all in the official file formats
 our readers take (Conceptual Captions TSVs, COCO captions, VQA v2, NLVR2) plus detector
-ground truth. The same seed gives byte-identical files. `vlprep make-shapes` writes one.
+ground truth, and the transfer tasks' files (Flickr30k retrieval in the Karpathy format,
+RefCOCO+, VCR). The same seed gives byte-identical files. `vlprep make-shapes` writes one.
 
 One module per concern, each importing only those above it:
 
@@ -15,6 +16,7 @@ One module per concern, each importing only those above it:
     captions, questions, referring, statements
                  the template families: captions; VQA questions and annotator answers;
                  referring expressions; NLVR2 statements about scene pairs
+    tasks        the transfer tasks' files (Flickr30k, RefCOCO+, VCR) from what the splits drew
     world        the files on disk (`write_world`, `write_cc_tsvs`, `load_scenes`; layout there)
 
 The names below are the package's front door; the rest is imported from its module.

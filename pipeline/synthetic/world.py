@@ -12,10 +12,21 @@ is 0-based within s):
     annotations/refexp_<s>.json                     [{"image", "box", "sentence"}]
     annotations/nlvr2_<train|dev>.json              NLVR2 JSON lines, pairs within the split
     annotations/scenes_<s>.json                     ground truth (see load_scenes)
-    image_map.tsv                                   COCO_<s>2014_<i+1:012d><TAB>cc3m-<s>-<i:08d>
+    annotations/dataset_flickr30k.json              Karpathy-format retrieval split, 5 captions per
+                                                    image; train images "train", val images "test"
+    annotations/refcoco+/refs(unc).p, instances.json
+                                                    RefCOCO+ refs (a protocol-2 pickle) and COCO
+                                                    instances; val images val/testA/testB by i % 3
+    annotations/vcr/<s>.jsonl, vcr/metadata/COCO_<s>2014_<i+1:012d>.json
+                                                    VCR: one 4-choice colour question per image
+    image_map.tsv                                   COCO_<s>2014_<i+1:012d><TAB>cc3m-<s>-<i:08d>, then
+                                                    <train|dev>-<p>-0-img<0|1><TAB>the pair's image
     objects.txt, attributes.txt                     detector vocabularies
     summary.json                                    counts, seed, vocab; written last
     .vlprep-output.json                             ownership marker: a later run may replace this folder
+
+The task files (Flickr30k, RefCOCO+, VCR) are made by `pipeline.synthetic.tasks` from what the
+splits drew; their own draws come from streams of their own, so the other files stay as they were.
 """
 
 from __future__ import annotations
@@ -37,6 +48,7 @@ from pipeline.synthetic.scenes import (
     IMAGE_SIZE, Scene, attribute_names, generate_scene, object_names, scene_from_json, scene_to_json,
 )
 from pipeline.synthetic.statements import pair_statements
+from pipeline.synthetic.tasks import SplitDraws, retrieval_captions, task_counts, task_files, vcr_question
 
 JPEG_QUALITY = 90
 
@@ -54,6 +66,7 @@ SPLITS = (_Split("train", 0, "train2014", "train", "Train_GCC-training.tsv"),
           _Split("val", 1, "val2014", "dev", "Validation_GCC-1.1.0-Validation.tsv"))
 WORLD_KIND = "shapes world"  # the ownership marker's kind (pipeline.io.replacing_output)
 STREAM_SCENE, STREAM_TEXT, STREAM_PAIR = 0, 1, 2
+STREAM_RETRIEVAL, STREAM_VCR = 3, 4  # the task files' own draws (retrieval's extra captions, VCR)
 
 
 def image_name(split: str, i: int) -> str:
@@ -62,6 +75,11 @@ def image_name(split: str, i: int) -> str:
 
 def coco_file_name(coco_split: str, image_id: int) -> str:
     return f"COCO_{coco_split}_{image_id:012d}.jpg"
+
+
+def store_key(split: str, i: int) -> str:
+    """The feature-store key of image i of a split (the id the CC extraction gives it)."""
+    return f"cc3m-{split}-{i:08d}"
 
 
 def _rng(seed: int, split: _Split, index: int, stream: int) -> np.random.Generator:
@@ -103,8 +121,11 @@ def _is_world(path: Path) -> bool:
 
 
 def _write_split(out: Path, split: _Split, n: int, seed: int, base_url: str, textures: bool,
-                 progress: Optional[Callable[[int], None]]) -> dict:
+                 progress: Optional[Callable[[int], None]]) -> tuple[dict, SplitDraws, list[str]]:
+    """Write the split's images and files; returns its counts, its draws for the task files and
+    its NLVR2 image map lines."""
     names, scenes, caption_anns, q_list, a_list, refexps = [], [], [], [], [], []
+    retrieval, referring, vcr = [], [], []
     for i in range(n):
         name = image_name(split.name, i)
         scene = generate_scene(_rng(seed, split, i, STREAM_SCENE), IMAGE_SIZE, textures)
@@ -112,22 +133,31 @@ def _write_split(out: Path, split: _Split, n: int, seed: int, base_url: str, tex
         render(scene).save(out / "images" / name, "JPEG", quality=JPEG_QUALITY)
         names.append(name)
         scenes.append(scene)
+        image_captions = captions(scene, rng)
         caption_anns += [{"id": len(caption_anns) + j + 1, "image_id": i + 1, "caption": c}
-                         for j, c in enumerate(captions(scene, rng))]
+                         for j, c in enumerate(image_captions)]
         for j, qa in enumerate(questions(scene, rng)):
             qid = (i + 1) * 1000 + j
             q_list.append({"image_id": i + 1, "question": qa.question, "question_id": qid})
             a_list.append({"question_id": qid, "image_id": i + 1, "question_type": qa.question_type,
                            "answer_type": qa.answer_type, "multiple_choice_answer": qa.answer,
                            "answers": annotator_answers(qa, rng)})
-        refexps += [{"image": name, "box": list(obj.box), "sentence": s} for obj, s in referring_expressions(scene, rng)]
+        image_refexps = referring_expressions(scene, rng)
+        refexps += [{"image": name, "box": list(obj.box), "sentence": s} for obj, s in image_refexps]
+        referring.append([(scene.objects.index(obj), s) for obj, s in image_refexps])  # boxes are unique
+        retrieval.append(retrieval_captions(scene, image_captions, _rng(seed, split, i, STREAM_RETRIEVAL)))
+        vcr.append(vcr_question(scene, _rng(seed, split, i, STREAM_VCR)))
         if progress:
             progress(1)
-    statements = []
+    statements, nlvr2_map = [], []
     for p in range(n if n > 1 else 0):
         rng = _rng(seed, split, p, STREAM_PAIR)
         left, right = (int(v) for v in rng.choice(n, 2, replace=False))
-        for j, (text, label) in enumerate(pair_statements(scenes[left], scenes[right], rng)):
+        pair = pair_statements(scenes[left], scenes[right], rng)
+        if pair:  # the pair's official image names: the identifier, less the statement number, + -img0|1
+            nlvr2_map += [f"{split.nlvr2}-{p}-0-img{k}\t{store_key(split.name, side)}\n"
+                          for k, side in enumerate((left, right))]
+        for j, (text, label) in enumerate(pair):
             statements.append({"identifier": f"{split.nlvr2}-{p}-0-{j}", "sentence": text,
                                "left_url": _image_url(base_url, names[left]),
                                "right_url": _image_url(base_url, names[right]), "label": str(label)})
@@ -147,9 +177,12 @@ def _write_split(out: Path, split: _Split, n: int, seed: int, base_url: str, tex
     _dump(ann / f"refexp_{split.name}.json", refexps)
     _dump(ann / f"scenes_{split.name}.json", [scene_to_json(s, names[i]) for i, s in enumerate(scenes)])
     (ann / f"nlvr2_{split.nlvr2}.json").write_text("".join(json.dumps(s) + "\n" for s in statements), encoding="utf-8")
-    return {"images": n, "objects": sum(len(s.objects) for s in scenes), "captions": len(caption_anns),
-            "questions": len(q_list), "refexps": len(refexps), "nlvr2_statements": len(statements),
-            "nlvr2_true": sum(s["label"] == "True" for s in statements)}
+    counts = {"images": n, "objects": sum(len(s.objects) for s in scenes), "captions": len(caption_anns),
+              "questions": len(q_list), "refexps": len(refexps), "nlvr2_statements": len(statements),
+              "nlvr2_true": sum(s["label"] == "True" for s in statements)}
+    draws = SplitDraws(split.name, [coco_file_name(split.coco, i + 1) for i in range(n)], scenes, retrieval,
+                       referring, vcr)
+    return counts | task_counts(draws), draws, nlvr2_map
 
 
 def write_world(out: Path, n_images: int, seed: int, val_fraction: float = 0.1, base_url: str = "http://127.0.0.1:8000",
@@ -174,10 +207,16 @@ def write_world(out: Path, n_images: int, seed: int, val_fraction: float = 0.1, 
         (tmp / "images").mkdir(parents=True)
         (tmp / "annotations").mkdir()
         sizes = _split_sizes(n_images, val_fraction)
-        splits = {s.name: _write_split(tmp, s, sizes[s.name], seed, base_url, textures, progress) for s in SPLITS}
+        written = {s.name: _write_split(tmp, s, sizes[s.name], seed, base_url, textures, progress) for s in SPLITS}
+        splits = {name: counts for name, (counts, _, _) in written.items()}
+        for path, data in task_files([draws for _, draws, _ in written.values()]).items():
+            (tmp / "annotations" / path).parent.mkdir(parents=True, exist_ok=True)
+            (tmp / "annotations" / path).write_bytes(data)
         write_cc_tsvs(tmp, base_url)
-        (tmp / "image_map.tsv").write_text("".join(
-            f"{coco_file_name(s.coco, i + 1)[:-4]}\tcc3m-{s.name}-{i:08d}\n" for s in SPLITS for i in range(sizes[s.name])))
+        coco_map = [f"{coco_file_name(s.coco, i + 1)[:-4]}\t{store_key(s.name, i)}\n"
+                    for s in SPLITS for i in range(sizes[s.name])]
+        nlvr2_map = [line for *_, lines in written.values() for line in lines]  # appended: earlier lines stay
+        (tmp / "image_map.tsv").write_text("".join(coco_map + nlvr2_map))
         (tmp / "objects.txt").write_text("".join(f"{n}\n" for n in object_names()))
         (tmp / "attributes.txt").write_text("".join(f"{n}\n" for n in attribute_names()))
         summary = {"name": "shapes", "seed": seed, "n_images": n_images, "val_fraction": val_fraction,

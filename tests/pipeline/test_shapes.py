@@ -197,7 +197,9 @@ def test_layout_and_summary(world):
     for name in ("Train_GCC-training.tsv", "Validation_GCC-1.1.0-Validation.tsv", "image_map.tsv", "summary.json",
                  "annotations/captions_val2014.json", "annotations/v2_mscoco_train2014_annotations.json",
                  "annotations/v2_OpenEnded_mscoco_val2014_questions.json", "annotations/refexp_val.json",
-                 "annotations/nlvr2_dev.json", "annotations/scenes_train.json"):
+                 "annotations/nlvr2_dev.json", "annotations/scenes_train.json", "annotations/dataset_flickr30k.json",
+                 "annotations/refcoco+/refs(unc).p", "annotations/refcoco+/instances.json", "annotations/vcr/val.jsonl",
+                 "annotations/vcr/train.jsonl", "annotations/vcr/metadata/COCO_val2014_000000000003.json"):
         assert (out / name).is_file(), name
     assert (out / "objects.txt").read_text().splitlines() == list(SHAPES)
     assert (out / "attributes.txt").read_text().splitlines() == [*COLORS, *SIZES, *TEXTURES]
@@ -320,7 +322,8 @@ def test_files_load_through_our_readers(world):
 
     image_map = dict(line.split("\t") for line in (out / "image_map.tsv").read_text().splitlines())
     assert image_map["COCO_train2014_000000000001"] == "cc3m-train-00000000"
-    assert image_map["COCO_val2014_000000000003"] == "cc3m-val-00000002" and len(image_map) == N_IMAGES
+    assert image_map["COCO_val2014_000000000003"] == "cc3m-val-00000002"
+    assert len(image_map) == N_IMAGES + 2 * (27 + 3)  # and the NLVR2 image names of each pair with statements
 
     nlvr = list(read_items("nlvr2", [out / "annotations/nlvr2_train.json"]))
     assert nlvr and not [r for r in nlvr if isinstance(r, Malformed)]

@@ -87,6 +87,21 @@ class WordPiece:
         special[0] = special[len(pieces) + 1] = True
         return Encoded(ids, mask, special)
 
+    def encode_pair(self, first: str, second: str, max_length: int) -> Encoded:
+        """``[CLS] first [SEP] second [SEP]`` (VCR's question and choice), the longer side
+        truncated first, as BERT's pair inputs."""
+        a = self.tok.encode(first, add_special_tokens=False).ids
+        b = self.tok.encode(second, add_special_tokens=False).ids
+        while len(a) + len(b) > max_length - 3:
+            (a if len(a) > len(b) else b).pop()
+        pieces = [self.cls_id, *a, self.sep_id, *b, self.sep_id]
+        ids = np.full(max_length, self.pad_id, np.int64)
+        ids[: len(pieces)] = pieces
+        mask = (np.arange(max_length) < len(pieces)).astype(np.int64)
+        special = ~mask.astype(bool)
+        special[[0, len(a) + 1, len(pieces) - 1]] = True
+        return Encoded(ids, mask, special)
+
     def save_pretrained(self, folder: Path, model_max_length: int) -> None:
         """Write the tokenizer as `transformers.AutoTokenizer` reads it: vocab.txt,
         tokenizer.json (fast: adds [CLS] ... [SEP]), tokenizer_config.json and

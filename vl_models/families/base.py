@@ -8,7 +8,9 @@ A family says
   IMG token leads the regions, the default text length, the region-masking flavour and the
   regression / classification targets of its masked regions (`visual_targets`);
 * its pretraining losses (`losses`, named by `tasks`), its image-text pair score
-  (`pair_score`, for retrieval), its QA head if it has one (`answer_logits`);
+  (`pair_logit` / `pair_score`, for retrieval), its QA head if it has one (`answer_logits`);
+* what fine-tuning heads read (`encode`: pooled pair vector, region states, pair logit;
+  `widths`);
 * its validation scores and their direction (`eval_metrics`), the module `torch.compile`
   wraps (`backbone`), and whether DDP must look for unused parameters.
 
@@ -18,6 +20,7 @@ new file that defines a family and calls `register`.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
@@ -29,6 +32,15 @@ from vl_models.data.masking import RegionMasking
 
 # Caption -> image retrieval over the val split, scored by the pair head (every family).
 RETRIEVAL_METRICS = {f"eval_retrieval_R@{k}": "max" for k in (1, 5, 10)}
+
+
+@dataclass
+class Encoded:
+    """A backbone's outputs for B x C candidates (flattened, candidate-major within an example)."""
+
+    pooled: torch.Tensor  # (B*C, H) the pooled pair vector
+    vision: torch.Tensor  # (B*C, N, H_v) the region states
+    pair: torch.Tensor  # (B*C,) the pair head's logit (higher: the text matches the image)
 
 
 class ModelFamily:
@@ -87,9 +99,30 @@ class ModelFamily:
         """(per-task losses, metrics) of one batch, keyed by `tasks`."""
         raise NotImplementedError
 
-    def pair_score(self, model, batch: dict) -> torch.Tensor:
-        """(B,) higher = the text matches the image."""
+    def pair_logit(self, outputs) -> torch.Tensor:
+        """(B,) the pair head's log-odds that the text matches the image, from `forward`'s outputs."""
         raise NotImplementedError
+
+    def pair_score(self, model, batch: dict) -> torch.Tensor:
+        """(B,) the probability that the text matches the image (the pair head's two-way softmax)."""
+        return torch.sigmoid(self.pair_logit(self.forward(model, batch, decode=False)).float())
+
+    def widths(self, mcfg) -> tuple[int, int]:
+        """(pooled pair vector, region state) widths of the backbone: the transfer heads' inputs."""
+        raise NotImplementedError
+
+    def encode(self, model, batch: dict):
+        """The backbone's outputs for fine-tuning heads (`Encoded`):
+        `batch` holds C candidates per example ((B, C, ...) tensors), flattened to B*C pairs."""
+        flat = {k: batch[k].flatten(0, 1) for k in
+                ("input_ids", "attention_mask", "visual_feats", "visual_pos", "visual_mask")}
+        out = self.forward(model, flat, decode=False)
+        return Encoded(pooled=out.model.pooled_output, vision=out.model.vision_output, pair=self.pair_logit(out))
+
+    def qa_head(self, model: torch.nn.Module):
+        """The pretraining QA head's ``Linear, GeLU, LayerNorm, Linear`` (an `nn.Sequential`)
+        that fine-tuning answer heads start from; None for a family without one."""
+        return None
 
     def answer_logits(self, outputs) -> torch.Tensor:
         """The QA head's logits in `forward`'s outputs (families with `answers`)."""

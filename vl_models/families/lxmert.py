@@ -68,9 +68,15 @@ class Lxmert(ModelFamily):
         qa, m4 = L.qa(out.answer_logits, batch["qa_label"], active=qa_active)
         return {"mlm": mlm, "matching": matched, **visual, "qa": qa}, {**m1, **m2, **m3, **m4}
 
-    def pair_score(self, model, batch):
-        logits = self.forward(model, batch, decode=False).matched_logits
-        return logits.float().softmax(-1)[:, 1]
+    def pair_logit(self, outputs):
+        logits = outputs.matched_logits.float()
+        return logits[:, 1] - logits[:, 0]  # class 1 = matched
+
+    def widths(self, mcfg):
+        return mcfg.hidden_size, mcfg.hidden_size
+
+    def qa_head(self, model):
+        return model.answer_head.logit_fc
 
     def answer_logits(self, outputs):
         return outputs.answer_logits

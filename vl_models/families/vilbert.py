@@ -56,9 +56,12 @@ class ViLBERT(ModelFamily):
         align, m3 = L.pair_classification(out.alignment_logits, 1 - batch["matched"], "alignment")
         return {"mlm": mlm, "region": region, "alignment": align}, {**m1, **m2, **m3}
 
-    def pair_score(self, model, batch):
-        logits = self.forward(model, batch, decode=False).alignment_logits
-        return logits.float().softmax(-1)[:, 0]
+    def pair_logit(self, outputs):
+        logits = outputs.alignment_logits.float()
+        return logits[:, 0] - logits[:, 1]  # class 0 = aligned
+
+    def widths(self, mcfg):
+        return mcfg.bi_hidden_size, mcfg.v_hidden_size
 
 
 FAMILY = ViLBERT()

@@ -1,4 +1,4 @@
-"""The run folder of `vltrain pretrain`: which files are the trainer's, whether a run may
+"""The run folder of `vltrain pretrain` and `vltrain finetune`: which files are the trainer's, whether a run may
 start, resume or overwrite there, and what a resume may change.
 
 `plan` decides, reading only; `begin` then does the writes (rank 0). So a refused start
@@ -50,7 +50,7 @@ _TENSORBOARD_EVENTS = "events.out.tfevents."
 RESUME_SAFE = frozenset({
     "out", "resume", "overwrite", "init", "mixture", "stores", "vocab", "steps", "epochs", "stop_at", "eval_every",
     "checkpoint_every", "log_every", "workers", "keep_last", "best_metric", "report_to", "verify_shards",
-    "device", "compile",
+    "device", "compile", "task_data", "eval_items",
 })
 _NOT_NOTED = frozenset({"out", "resume", "overwrite", "init", "stop_at"})  # they change at every split run
 
@@ -65,23 +65,34 @@ class Plan:
     notes: list[str] = field(default_factory=list)  # the resume's allowed changes, for metrics.jsonl
 
 
-def input_digests(mixture: Mixture, stores: Sequence[Path], vocab: Path) -> dict:
-    """Content identities of a run's inputs: the mixture's items and answer table; each
-    store's identity (`Manifest.identity`: layout and detector) and shards (names, rows
-    and checksums: a re-extracted, re-imported or extended store is another input); the
-    vocab file."""
+def content_digest(data) -> str:
+    """sha256 over the items and answer table of a mixture or task dataset (`Mixture`,
+    `TaskData`: both name them ``items.arrow`` and ``answers.json``)."""
     h = hashlib.sha256()
     for name in (ITEMS_FILE, ANSWERS_FILE):
-        with open(mixture.file(name), "rb") as f:
+        with open(data.file(name), "rb") as f:
             while block := f.read(1 << 22):
                 h.update(block)
+    return h.hexdigest()
+
+
+def answers_digest(data) -> str:
+    """sha256 of an answer table (a classifier head's rows mean these answers, in this order)."""
+    return hashlib.sha256(json.dumps(data.answers).encode()).hexdigest()
+
+
+def input_digests(mixture: Optional[Mixture], stores: Sequence[Path], vocab: Path) -> dict:
+    """Content identities of a run's inputs: the mixture's items and answer table (for a
+    fine-tuning run, each task dataset's: the caller puts them in); each store's identity
+    (`Manifest.identity`: layout and detector) and shards (names, rows and checksums: a
+    re-extracted, re-imported or extended store is another input); the vocab file."""
 
     def store_identity(path: Path) -> str:
         manifest = FeatureStore.open(path).manifest
         content = {**manifest.identity(), "shards": manifest.shards_digest()}
         return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()
 
-    return {"mixture": h.hexdigest(), "stores": [store_identity(Path(p)) for p in stores],
+    return {**({"mixture": content_digest(mixture)} if mixture is not None else {}), "stores": [store_identity(Path(p)) for p in stores],
             "vocab": hashlib.sha256(Path(vocab).read_bytes()).hexdigest()}
 
 

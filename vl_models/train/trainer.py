@@ -26,7 +26,7 @@ import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import torch
 
@@ -55,11 +55,11 @@ class BestMetric:
     mode: str  # max | min
 
     @classmethod
-    def parse(cls, spec: str, family: ModelFamily) -> "BestMetric":
+    def parse(cls, spec: str, known: dict[str, str], owner: str) -> "BestMetric":
+        """`spec` among the validation scores `known` (name -> better direction) of `owner`."""
         name, _, mode = spec.partition(":")
-        known = family.eval_metrics
         if name not in known:
-            raise ConfigError(f"--best-metric {name!r} is not a validation score of {family.name}; "
+            raise ConfigError(f"--best-metric {name!r} is not a validation score of {owner}; "
                               f"known: {', '.join(known)}")
         mode = mode or known[name]
         if mode not in ("max", "min"):
@@ -100,26 +100,52 @@ def build_model(cfg: TrainConfig, answers: int) -> tuple[ModelFamily, object, to
     return family, mcfg, family.build(mcfg)
 
 
+@dataclass
+class Job:
+    """What a run trains, for the loop (`train_loop`): pretraining (`run`) or fine-tuning
+    (`vl_models.transfer.finetune`). `batches(sampler, consumed)` gives endless batches and
+    counts the items handed out in ``consumed["position"]``; `loss(model, batch, epoch,
+    step)` gives (total, per-part losses, metrics); `checks` are the parts whose finiteness
+    all ranks agree on; `validate(model)` scores the model (None: no validation);
+    `compile_target(model)` is what --compile compiles."""
+
+    sampler: Any
+    batches: Callable[[Any, dict], Iterator[dict]]
+    loss: Callable[..., tuple]
+    checks: tuple[str, ...]
+    validate: Optional[Callable[[torch.nn.Module], dict]]
+    compile_target: Callable[[torch.nn.Module], torch.nn.Module]
+    unused_parameters: bool
+
+
+def check_out(out: Path) -> None:
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out} is a file, not a folder")
+
+
+def check_vocab(tokenizer, mcfg) -> None:
+    """ConfigError when the vocab has more tokens than the model's embeddings."""
+    if tokenizer.vocab_size > mcfg.vocab_size:
+        raise ConfigError(f"{tokenizer.path}: {tokenizer.vocab_size} tokens, more than the model's "
+                          f"vocab_size {mcfg.vocab_size} ({mcfg.name}): use the model's vocab, or a model config "
+                          "with a larger vocab_size")
+
+
 def run(cfg: TrainConfig, on_step: Optional[Callable[[int, dict, int], None]] = None) -> dict:
-    """Train; returns the last logged metrics ({} when a resumed run was already at its end).
+    """Pretrain; returns the last logged metrics ({} when a resumed run was already at its end).
     `on_step(step, metrics, steps)` is called on rank 0 at every logged step; `steps` is the
     schedule's last step (from --epochs when given, so a progress bar knows its total)."""
     rank, world, local = distributed.world()
     device = resolve_device(cfg.run.device, local)
     runlog.check_reporters(cfg.run.report_to)
-    out = Path(cfg.out)
-    if out.exists() and not out.is_dir():
-        raise ConfigError(f"--out {out} is a file, not a folder")
+    check_out(Path(cfg.out))
     mixture = Mixture.open(cfg.mixture)
     family, mcfg = model_config(cfg, len(mixture.answers))
     cfg.task.check(family)
-    best_metric = BestMetric.parse(cfg.run.best_metric, family) if cfg.run.best_metric else None
+    best_metric = BestMetric.parse(cfg.run.best_metric, family.eval_metrics, family.name) if cfg.run.best_metric else None
     data, val = _datasets(cfg, mixture, family, world)
     cfg = cfg.scheduled(len(data), world)
-    if data.tokenizer.vocab_size > mcfg.vocab_size:
-        raise ConfigError(f"{data.tokenizer.path}: {data.tokenizer.vocab_size} tokens, more than the model's "
-                          f"vocab_size {mcfg.vocab_size} ({mcfg.name}): use the model's vocab, or a model config "
-                          "with a larger vocab_size")
+    check_vocab(data.tokenizer, mcfg)
     if best_metric and val is None:
         raise ConfigError(f"--best-metric {cfg.run.best_metric}: {cfg.mixture} has no val split to score")
     torch.manual_seed(cfg.run.seed)  # every check passed: build the model
@@ -127,6 +153,24 @@ def run(cfg: TrainConfig, on_step: Optional[Callable[[int, dict, int], None]] = 
     resolved = {"train": cfg.to_json(), "model": mcfg.to_json(), "kind": family.name, "world_size": world,
                 "inputs": run_folder.input_digests(mixture, [Path(p) for p in cfg.stores],
                                                    data.tokenizer.path)}
+
+    def init() -> str:
+        return init_pretraining(model, Path(cfg.init), family.load_checkpoint)
+
+    job = Job(sampler=ResumableSampler(len(data), rank, world, cfg.run.seed),
+              batches=lambda sampler, consumed: loader_batches(data, sampler, cfg, consumed),
+              loss=lambda wrapped, batch, epoch, step: pretrain_losses(family, wrapped, batch, cfg.task, epoch, step),
+              checks=(*family.tasks, "total"),
+              validate=(lambda m: evaluate(family, m, val, device, batch_size=cfg.optim.batch_size)) if val else None,
+              compile_target=family.backbone, unused_parameters=family.unused_parameters)
+    return launch(cfg, model, resolved, job, device, best_metric, on_step, init if cfg.init else None)
+
+
+def launch(cfg, model: torch.nn.Module, resolved: dict, job: Job, device: str, best_metric: Optional[BestMetric],
+           on_step: Optional[Callable[[int, dict, int], None]], init: Optional[Callable[[], str]]) -> dict:
+    """Take the run folder (lock, `run_folder.plan`, `begin`), start the process group,
+    initialize the model (`init`, not on a resume) and train."""
+    out = Path(cfg.out)
     with contextlib.ExitStack() as held:
         if distributed.is_main():  # a second writer of this folder is turned away at once
             held.enter_context(exclusive_lock(out, "training run"))
@@ -136,10 +180,9 @@ def run(cfg: TrainConfig, on_step: Optional[Callable[[int, dict, int], None]] = 
         if distributed.is_main():
             run_folder.begin(out, start, resolved)
         distributed.barrier(device)
-        if cfg.init and start.state is None:
-            log.info("initialized from %s: %s", cfg.init, init_pretraining(model, Path(cfg.init),
-                                                                               family.load_checkpoint))
-        return _train(cfg, family, model, data, val, device, start, resolved, best_metric, on_step)
+        if init and start.state is None:
+            log.info("initialized from %s: %s", cfg.init, init())
+        return train_loop(cfg, model, job, device, start, resolved, best_metric, on_step)
 
 
 def split_data(cfg: TrainConfig, mixture: Mixture, family: ModelFamily, split: str) -> PretrainDataset:
@@ -170,14 +213,14 @@ def _datasets(cfg: TrainConfig, mixture: Mixture, family: ModelFamily,
     return data, val
 
 
-def _train(cfg: TrainConfig, family: ModelFamily, model, data: PretrainDataset, val: Optional[PretrainDataset],
-           device: str, start: run_folder.Plan, resolved: dict, best_metric: Optional[BestMetric],
-           on_step: Optional[Callable[[int, dict, int], None]]) -> dict:
-    rank, world, _ = distributed.world()
+def train_loop(cfg, model, job: Job, device: str, start: run_folder.Plan, resolved: dict,
+               best_metric: Optional[BestMetric], on_step: Optional[Callable[[int, dict, int], None]]) -> dict:
+    """The optimizer loop of a run (`cfg`: a TrainConfig or FinetuneConfig; its optim and run sections)."""
+    _, world, _ = distributed.world()
     main = distributed.is_main()
     out = Path(cfg.out)
     model.to(device)
-    sampler = ResumableSampler(len(data), rank, world, cfg.run.seed)
+    sampler = job.sampler
     optimizer = make_optimizer(model, cfg.optim.optimizer, cfg.optim.lr, cfg.optim.weight_decay)
     scaler = torch.amp.GradScaler("cuda", enabled=cfg.run.amp == "fp16")
     step, best = start.step, None
@@ -197,8 +240,8 @@ def _train(cfg: TrainConfig, family: ModelFamily, model, data: PretrainDataset, 
             if isinstance(module, torch.nn.Embedding):
                 module.sparse = False
     if cfg.run.compile:
-        family.backbone(model).compile()  # in place: checkpoint keys unchanged
-    wrapped = (torch.nn.parallel.DistributedDataParallel(model, find_unused_parameters=family.unused_parameters)
+        job.compile_target(model).compile()  # in place: checkpoint keys unchanged
+    wrapped = (torch.nn.parallel.DistributedDataParallel(model, find_unused_parameters=job.unused_parameters)
                if world > 1 else model)
     metrics_log = runlog.RunLog(out, cfg.run.report_to, step) if main else None
     if metrics_log and start.notes:
@@ -207,8 +250,8 @@ def _train(cfg: TrainConfig, family: ModelFamily, model, data: PretrainDataset, 
     autocast = torch.autocast(device.split(":")[0], enabled=cfg.run.amp != "none",
                               dtype=torch.bfloat16 if cfg.run.amp == "bf16" else torch.float16)
     consumed = {"position": sampler.position}  # items used this epoch (workers may have prefetched more)
-    batches = _batches(data, sampler, cfg, consumed)
-    checks = (*family.tasks, "total")  # the losses whose finiteness all ranks agree on
+    batches = job.batches(sampler, consumed)
+    checks = job.checks  # the losses whose finiteness all ranks agree on
     metrics: dict = {}
     started, waited, first, skipped = time.perf_counter(), 0.0, step, 0
     model.train()
@@ -228,8 +271,7 @@ def _train(cfg: TrainConfig, family: ModelFamily, model, data: PretrainDataset, 
                 last_micro = micro == cfg.optim.grad_accum - 1
                 with wrapped.no_sync() if world > 1 and not last_micro else contextlib.nullcontext():
                     with autocast:
-                        loss, losses, task_metrics = pretrain_losses(family, wrapped, batch, cfg.task, sampler.epoch,
-                                                                     step)
+                        loss, losses, task_metrics = job.loss(wrapped, batch, sampler.epoch, step)
                     # on every rank, finite or not: DDP stays in step
                     scaler.scale(loss / cfg.optim.grad_accum).backward()
                 values = {f"loss_{k}": float(v.detach()) for k, v in losses.items()}
@@ -261,8 +303,8 @@ def _train(cfg: TrainConfig, family: ModelFamily, model, data: PretrainDataset, 
                     on_step(step, metrics, cfg.optim.steps)
             improved = False
             every = cfg.run.eval_every
-            if val is not None and main and ((every and step % every == 0) or step == end):
-                scores = evaluate(family, model, val, device, batch_size=cfg.optim.batch_size)
+            if job.validate is not None and main and ((every and step % every == 0) or step == end):
+                scores = job.validate(model)
                 metrics_log.write({"step": step, **scores})
                 metrics = {**metrics, **scores}
                 if best_metric and best_metric.better(scores.get(best_metric.name), best and best["value"]):
@@ -301,14 +343,16 @@ def _memory(device: str) -> dict:
     return out
 
 
-def _batches(data: PretrainDataset, sampler: ResumableSampler, cfg: TrainConfig, consumed: dict):
-    """Endless batches; `consumed["position"]` counts the items handed to the loop."""
+def loader_batches(data, sampler, cfg, consumed: dict, batched: bool = False):
+    """Endless batches; `consumed["position"]` counts the items handed to the loop. With
+    `batched` the sampler yields whole batches (`TaskBatchSampler`), else item indices."""
     while True:
         data.set_epoch(sampler.epoch)
         # Its own generator: creating a loader must not draw from the global RNG (resume exactness).
         generator = torch.Generator().manual_seed(cfg.run.seed * 1000 + sampler.epoch)
-        loader = torch.utils.data.DataLoader(data, batch_size=cfg.optim.batch_size, sampler=sampler, drop_last=True,
-                                             num_workers=cfg.data.workers, generator=generator)
+        how = ({"batch_sampler": sampler} if batched else
+               {"batch_size": cfg.optim.batch_size, "sampler": sampler, "drop_last": True})
+        loader = torch.utils.data.DataLoader(data, num_workers=cfg.data.workers, generator=generator, **how)
         for batch in loader:
             consumed["position"] += len(batch["input_ids"])
             yield batch

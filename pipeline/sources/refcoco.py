@@ -1,0 +1,125 @@
+"""RefCOCO, RefCOCO+ and RefCOCOg (the refer toolkit's release): a refs pickle and the COCO
+instances file beside it.
+
+* ``refs(unc).p`` / ``refs(umd).p`` / ``refs(google).p``: a pickled list of refs
+  ``{"ref_id", "ann_id", "image_id", "split": "train" | "val" | "testA" | "testB" | "test",
+  "sentences": [{"sent", "raw", "tokens", "sent_id"}], "sent_ids", "category_id",
+  "file_name"}``. Loaded only through `pipeline.safe_pickle` (plain values, nothing else): a
+  pickle asking for anything more raises `UnsafePickleError` naming the file.
+* ``instances.json`` (COCO's format, streamed): ``{"images": [{"id", "file_name", "width",
+  "height"}], "annotations": [{"id", "image_id", "bbox": [x, y, w, h], "category_id", ...}],
+  "categories": [...]}``: the referred object's box and its image's name and size.
+
+One `RefExpression` per sentence, in refs order. Rows: a ref needs integer ref_id, ann_id and
+image_id, a split and a list of sentences, each an object with an integer sent_id; its
+ann_id must be an annotation of its image_id in instances.json. Anything else is
+`Malformed` (``refs(unc).p:[12]``), as are instances' images without an integer id,
+file_name, width and height and annotations without an integer id and image_id and a bbox of
+four numbers (``instances.json:annotations[3]``, yielded first). A null or blank sentence
+is a `Skip`. A refs file that is not a list is a ConfigError.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator, Union
+
+from pipeline.errors import ConfigError, UnsafePickleError
+from pipeline.safe_pickle import safe_loads
+from pipeline.sources.base import Malformed, Skip, is_int, reading, text_or_skip
+from pipeline.sources.jsonstream import iter_json
+
+
+@dataclass(frozen=True)
+class RefExpression:
+    ref_id: int
+    sent_id: int
+    split: str  # train | val | testA | testB | test, as given
+    image: str  # the COCO file stem of the image, from instances.json ("COCO_train2014_000000581857")
+    image_id: int
+    ann_id: int  # the referred object's annotation
+    sentence: str  # the cleaned "sent", not blank
+    box: tuple[float, float, float, float]  # the referred object: x1, y1, x2, y2 in pixels
+    width: int  # the image's
+    height: int
+
+
+@dataclass(frozen=True)
+class _Image:
+    stem: str
+    width: int
+    height: int
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def load_refs(path: Path) -> list:
+    """The refs list of a refs pickle, through the restricted unpickler; UnsafePickleError
+    naming the file when it asks for anything but plain values (or is no pickle at all),
+    ConfigError when it holds something else than a list."""
+    path = Path(path)
+    with reading(str(path)):
+        data = path.read_bytes()
+    try:
+        refs = safe_loads(data, encoding="utf-8")
+    except UnsafePickleError as err:
+        raise UnsafePickleError(f"{path}: {err}") from err
+    if not isinstance(refs, list):
+        raise ConfigError(f"{path}: not a refs file (needs a pickled list of refs, found {type(refs).__name__})")
+    return refs
+
+
+def _well_formed(ref: Any) -> bool:
+    return isinstance(ref, dict) and all(is_int(ref.get(key)) for key in ("ref_id", "ann_id", "image_id")) \
+        and isinstance(ref.get("split"), str) and ref["split"] != "" and isinstance(ref.get("sentences"), list) \
+        and all(isinstance(s, dict) and is_int(s.get("sent_id")) for s in ref["sentences"])
+
+
+def _instances(path: Path, image_ids: set[int], ann_ids: set[int], images: dict[int, _Image],
+               boxes: dict[int, tuple[int, tuple[float, ...]]]) -> Iterator[Malformed]:
+    """Fill `images` and `boxes` (annotation id -> (image id, x, y, w, h)) with the wanted
+    ids' entries of instances.json; yield its malformed rows."""
+    for i, img in iter_json(path, member="images", array=True):
+        if not isinstance(img, dict) or not is_int(img.get("id")) or not isinstance(img.get("file_name"), str) \
+                or not is_int(img.get("width")) or not is_int(img.get("height")):
+            yield Malformed(path, f"images[{i}]", "needs an integer id, file_name, width and height")
+        elif img["id"] in image_ids:
+            images[img["id"]] = _Image(img["file_name"].rsplit(".", 1)[0], img["width"], img["height"])
+    for i, ann in iter_json(path, member="annotations", array=True):
+        bbox = ann.get("bbox") if isinstance(ann, dict) else None
+        if not isinstance(ann, dict) or not is_int(ann.get("id")) or not is_int(ann.get("image_id")) \
+                or not isinstance(bbox, list) or len(bbox) != 4 or not all(_number(v) for v in bbox):
+            yield Malformed(path, f"annotations[{i}]", "needs an integer id and image_id and a bbox [x, y, w, h]")
+        elif ann["id"] in ann_ids:
+            boxes[ann["id"]] = (ann["image_id"], tuple(float(v) for v in bbox))
+
+
+def read_refs(refs: Path, instances: Path) -> Iterator[Union[RefExpression, Skip, Malformed]]:
+    """The referring expressions of a refs pickle, one per sentence, with their boxes from
+    `instances`; instances' malformed rows first."""
+    refs, instances = Path(refs), Path(instances)
+    rows = load_refs(refs)
+    wanted = [ref for ref in rows if _well_formed(ref)]
+    images: dict[int, _Image] = {}
+    boxes: dict[int, tuple[int, tuple[float, ...]]] = {}
+    yield from _instances(instances, {r["image_id"] for r in wanted}, {r["ann_id"] for r in wanted}, images, boxes)
+    for i, ref in enumerate(rows):
+        where = f"[{i}]"
+        if not _well_formed(ref):
+            yield Malformed(refs, where, "needs integer ref_id, ann_id and image_id, a split and sentences "
+                                         "(objects with an integer sent_id)")
+            continue
+        image, found = images.get(ref["image_id"]), boxes.get(ref["ann_id"])
+        if image is None or found is None or found[0] != ref["image_id"]:
+            yield Malformed(refs, where, f"annotation {ref['ann_id']} of image {ref['image_id']} is not in "
+                                         f"{instances.name}")
+            continue
+        x, y, w, h = found[1]
+        for s in ref["sentences"]:
+            text = text_or_skip(image.stem, s.get("sent"))
+            yield text if isinstance(text, Skip) else RefExpression(
+                ref["ref_id"], s["sent_id"], ref["split"], image.stem, ref["image_id"], ref["ann_id"], text,
+                (x, y, x + w, y + h), image.width, image.height)

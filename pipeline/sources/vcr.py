@@ -1,0 +1,149 @@
+"""VCR (Visual Commonsense Reasoning): the JSON-lines files ``train.jsonl``, ``val.jsonl``,
+``test.jsonl`` (streamed) and the per-image metadata JSON.
+
+* A line: ``{"annot_id": "val-0", "objects": ["person", "person", "car"], "img_fn":
+  "lsmdc_<movie>/<clip>@0.jpg", "metadata_fn": "lsmdc_<movie>/<clip>@0.json", "question":
+  tokens, "answer_choices": [tokens] * 4, "rationale_choices": [tokens] * 4,
+  "answer_label": 0-3, "rationale_label": 0-3, ...}`` (no labels in test). Tokens are words
+  (strings) and tags: lists of indices into ``objects`` (``[0]``, ``[1, 2]``).
+* Metadata (``read_vcr_metadata``): ``{"boxes": [[x1, y1, x2, y2, score]], "names",
+  "width", "height", "segms"}``: the detections the tags index, in pixels.
+
+Texts are rendered as the reference setups do (R2C, VL-BERT): a tagged person becomes a
+gender-neutral name, `NAMES`[index % len(NAMES)], any other object its class name; the
+objects of one tag are joined with " and "; the tokens are joined with spaces
+(punctuation stays a token) and cleaned (`pipeline.sources.base.clean_text`).
+
+Rows: a line needs annot_id, img_fn, a list of object names, a question and four answer
+and four rationale choices, each a non-empty list of tokens whose tags index ``objects``,
+and labels, when given, in 0-3. Anything else is `Malformed` (``val.jsonl:12``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Any, Iterator, NamedTuple, Optional, Union
+
+import numpy as np
+
+from pipeline.errors import ConfigError
+from pipeline.sources.base import Malformed, clean_text, is_int, load_json_file
+from pipeline.sources.jsonlines import iter_json_lines
+
+CHOICES = 4
+# The gender-neutral names R2C and VL-BERT give tagged people, by object index (cycled).
+NAMES = ("Casey", "Riley", "Jessie", "Jackie", "Avery", "Jaime", "Peyton", "Kerry", "Jody", "Kendall", "Peyton",
+         "Skyler", "Frankie", "Pat", "Quinn")
+_IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
+
+
+@dataclass(frozen=True)
+class VcrQuestion:
+    annot_id: str  # "val-0"
+    image: str  # img_fn without its extension, its folder kept: "lsmdc_<movie>/<clip>@0"
+    metadata_fn: str  # as given ("" when absent): the metadata JSON, relative to the images' root
+    objects: tuple[str, ...]  # the detections' class names, as the tags index them
+    question: str  # rendered
+    answers: tuple[str, ...]  # the 4 answer choices, rendered
+    rationales: tuple[str, ...]  # the 4 rationale choices, rendered
+    answer_label: Optional[int]  # 0-3; None when the file gives none (test)
+    rationale_label: Optional[int]
+
+
+class VcrMetadata(NamedTuple):
+    boxes: np.ndarray  # (N, 4) float32, x1, y1, x2, y2 in pixels (the detector's score dropped)
+    names: tuple[str, ...]  # the boxes' class names (the question's `objects`)
+    width: int
+    height: int
+
+
+class _Bad(ValueError):
+    """A line without VCR's shape; the message says why."""
+
+
+def _name(objects: tuple[str, ...], index: Any) -> str:
+    if not is_int(index) or not 0 <= index < len(objects):
+        raise _Bad(f"tag {index!r} is not an index of the {len(objects)} objects")
+    return NAMES[index % len(NAMES)] if objects[index] == "person" else objects[index]
+
+
+def render_tokens(tokens: Any, objects: tuple[str, ...]) -> str:
+    """The text of a token list: tags become names ("Casey", "car"; "Casey and Riley");
+    ValueError when it is not a non-empty list of words and tags indexing `objects`."""
+    if not isinstance(tokens, list) or not tokens:
+        raise _Bad("a text needs a non-empty list of tokens")
+    words = []
+    for token in tokens:
+        if isinstance(token, str):
+            words.append(token)
+        elif isinstance(token, list) and token:
+            words.append(" and ".join(_name(objects, index) for index in token))
+        else:
+            raise _Bad(f"token {token!r} is neither a word nor a list of object indices")
+    return clean_text(" ".join(words))
+
+
+def _label(value: Any) -> Optional[int]:
+    if value is None:
+        return None
+    if not is_int(value) or not 0 <= value < CHOICES:
+        raise _Bad(f"label {value!r} is not in 0-{CHOICES - 1}")
+    return value
+
+
+def _choices(value: Any, objects: tuple[str, ...]) -> tuple[str, ...]:
+    if not isinstance(value, list) or len(value) != CHOICES:
+        raise _Bad(f"needs {CHOICES} answer and {CHOICES} rationale choices")
+    return tuple(render_tokens(choice, objects) for choice in value)
+
+
+def _image(img_fn: str) -> str:
+    suffix = PurePosixPath(img_fn).suffix
+    return img_fn[: -len(suffix)] if suffix.lower() in _IMAGE_SUFFIXES else img_fn
+
+
+def _question(obj: Any) -> VcrQuestion:
+    """The question of one line; _Bad saying why not."""
+    if not isinstance(obj, dict) or not isinstance(obj.get("annot_id"), str) or not isinstance(obj.get("img_fn"), str) \
+            or not obj["img_fn"] or not isinstance(obj.get("objects"), list) \
+            or not all(isinstance(o, str) for o in obj["objects"]):
+        raise _Bad("needs annot_id, img_fn and objects (a list of class names)")
+    objects = tuple(obj["objects"])
+    metadata_fn = obj.get("metadata_fn")
+    return VcrQuestion(
+        obj["annot_id"], _image(obj["img_fn"]), metadata_fn if isinstance(metadata_fn, str) else "", objects,
+        render_tokens(obj.get("question"), objects), _choices(obj.get("answer_choices"), objects),
+        _choices(obj.get("rationale_choices"), objects), _label(obj.get("answer_label")),
+        _label(obj.get("rationale_label")))
+
+
+def read_vcr(path: Path) -> Iterator[Union[VcrQuestion, Malformed]]:
+    """The questions of a VCR file, one a line, in file order."""
+    path = Path(path)
+    for where, obj in iter_json_lines(path):
+        if isinstance(obj, Malformed):
+            yield obj
+            continue
+        try:
+            question: Union[VcrQuestion, Malformed] = _question(obj)
+        except _Bad as err:
+            question = Malformed(path, where, str(err))
+        yield question
+
+
+def read_vcr_metadata(path: Path) -> VcrMetadata:
+    """The detections of one image's metadata JSON (for ``vlprep extract --given-boxes``);
+    ConfigError naming the file when it is not such JSON."""
+    path = Path(path)
+    data = load_json_file(path)
+    boxes, names = (data.get("boxes"), data.get("names")) if isinstance(data, dict) else (None, None)
+    if not isinstance(boxes, list) or not isinstance(names, list) or len(boxes) != len(names) \
+            or not all(isinstance(n, str) for n in names) \
+            or not all(isinstance(b, list) and len(b) in (4, 5) and all(isinstance(v, (int, float)) for v in b)
+                       for b in boxes) \
+            or not is_int(data.get("width")) or not is_int(data.get("height")):
+        raise ConfigError(f"{path}: not a VCR metadata file (needs boxes [[x1, y1, x2, y2, score]], as many names, "
+                          "an integer width and height)")
+    array = np.array([b[:4] for b in boxes], dtype=np.float32).reshape(len(boxes), 4)
+    return VcrMetadata(array, tuple(names), data["width"], data["height"])

@@ -1,0 +1,131 @@
+"""The task-dataset format (what `vlprep build-task` writes for fine-tuning and evaluation on
+a downstream task) and its one reader, `TaskData.open`.
+
+A task folder holds ``manifest.json`` (``"format": "vlprep-task"``, the schema version, the
+task's name, counts per split, the files read with their sha256, malformed-row counts),
+``items.arrow`` (one row per question / statement / caption / expression, `ITEMS_SCHEMA`),
+``answers.json`` (the answer table of classifier tasks: answer id = position; ``[]`` for
+the others) and ``report.md``. docs/task-format.md describes every field. Items join the
+feature stores by ``images`` (store keys, as mixture items do); a row may belong to several
+named splits (VQA's ``val`` and ``minval``), so ``splits`` is a list.
+
+    data = TaskData.open(path)         # checks the manifest, maps items.arrow, reads answers.json
+    rows = data.rows("train")          # row indices of a split
+    data.column("text")[rows[0]], data.images(rows[0]), data.answers
+
+Errors: a folder that is no task dataset, one of another schema version, or one of
+another task than asked for is a ConfigError; a missing or unreadable file a DataError.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import cached_property
+from pathlib import Path
+from typing import Optional, Union
+
+import numpy as np
+import pyarrow as pa
+
+from pipeline.errors import ConfigError
+from pipeline.mixture.mixture import ANSWERS_FILE, ITEMS_FILE, MANIFEST_FILE, ItemsFolder
+
+__all__ = ["ANSWERS_FILE", "FORMAT", "ITEMS_FILE", "ITEMS_SCHEMA", "MANIFEST_FILE", "REPORT_FILE", "TASK_SCHEMA_VERSION",
+           "TaskData", "task_manifest"]
+FORMAT = "vlprep-task"  # manifest.json's "format", and the output folder's ownership kind
+TASK_SCHEMA_VERSION = 1
+REPORT_FILE = "report.md"  # the other files are named as a mixture's
+ITEMS_SCHEMA = pa.schema(
+    [
+        pa.field("uid", pa.string(), nullable=False),  # the official id: question id, identifier, ...
+        pa.field("splits", pa.list_(pa.string()), nullable=False),  # the named splits the row is in
+        pa.field("images", pa.list_(pa.string()), nullable=False),  # feature-store keys (NLVR2: left, right)
+        pa.field("text", pa.string(), nullable=False),  # question, statement, caption, expression
+        pa.field("choices", pa.list_(pa.string())),  # VCR: the 4 answers
+        pa.field("rationales", pa.list_(pa.string())),  # VCR: the 4 rationales
+        pa.field("label", pa.int32()),  # NLVR2: 1 = True; VCR: the right answer; null: unknown (test)
+        pa.field("rationale_label", pa.int32()),  # VCR: the right rationale
+        pa.field("answer_ids", pa.list_(pa.int32())),  # VQA / GQA: soft targets over answers.json
+        pa.field("answer_scores", pa.list_(pa.float32())),
+        pa.field("answers", pa.list_(pa.string())),  # the annotators' answers as given (official metrics)
+        pa.field("answer_type", pa.string()),  # VQA: yes/no | number | other
+        pa.field("question_type", pa.string()),
+        pa.field("box", pa.list_(pa.float32())),  # RefCOCO: the referred box, x1 y1 x2 y2 in pixels
+        pa.field("group", pa.string()),  # retrieval: the caption's image; RefCOCO: the ref id
+    ],
+    metadata={"vlprep.task_schema_version": str(TASK_SCHEMA_VERSION)},
+)
+_REBUILD = "rebuild it with `vlprep build-task`"
+
+
+def task_manifest(folder: Path) -> Optional[dict]:
+    """The manifest.json of a task folder (of any schema version); None if it is none."""
+    try:
+        manifest = json.loads((Path(folder) / MANIFEST_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return manifest if isinstance(manifest, dict) and manifest.get("format") == FORMAT else None
+
+
+class TaskData(ItemsFolder):
+    """A task folder, opened for reading: `manifest`, `task` (its name), `answers` (the
+    answer table), `items` (``items.arrow`` memory-mapped; pickling reopens the folder),
+    `splits`, `rows(split)`, `column(name)` (a whole column as a Python list, cached) and
+    `images(row)`."""
+
+    schema, what, rebuild = ITEMS_SCHEMA, "task dataset", _REBUILD
+
+    def __init__(self, path: Union[str, Path], task: Optional[str] = None):
+        self.path = Path(path)
+        manifest = task_manifest(self.path)
+        if manifest is None:
+            raise ConfigError(f"{self.path} is not a task dataset (no {FORMAT} manifest.json): "
+                              "build one with `vlprep build-task`")
+        version = manifest.get("schema_version")
+        if version != TASK_SCHEMA_VERSION:
+            raise ConfigError(f"{self.path}: task schema {version}, this vlprep reads schema {TASK_SCHEMA_VERSION}; "
+                              f"{_REBUILD}")
+        if task is not None and manifest.get("task") != task:
+            raise ConfigError(f"{self.path} holds {manifest.get('task')!r} data, not {task!r}: pass the folder "
+                              f"`vlprep build-task --task {task}` wrote")
+        self.manifest = manifest
+        self.task = manifest["task"]
+        self.answers = self._read_answers()
+        self.items = self._map_items()
+        self._columns: dict[str, list] = {}
+
+    @classmethod
+    def open(cls, path: Union[str, Path], task: Optional[str] = None) -> "TaskData":
+        return cls(path, task)
+
+    def __reduce__(self):
+        return (type(self), (self.path, self.task))
+
+    @cached_property
+    def _splits(self) -> list[list[str]]:
+        return self.items.column("splits").to_pylist()
+
+    @property
+    def splits(self) -> tuple[str, ...]:
+        """The named splits that have rows, sorted."""
+        return tuple(sorted({s for names in self._splits for s in names}))
+
+    def rows(self, split: str) -> np.ndarray:
+        """The row indices (int64, ascending) of the rows in `split` (several splits: a
+        comma-separated list, their union); empty if none."""
+        wanted = {s.strip() for s in split.split(",") if s.strip()}
+        return np.array([i for i, names in enumerate(self._splits) if wanted & set(names)], np.int64)
+
+    def column(self, name: str) -> list:
+        """Column `name` as a Python list (read once)."""
+        if name not in self._columns:
+            self._columns[name] = self.items.column(name).to_pylist()
+        return self._columns[name]
+
+    def images(self, row: int) -> list[str]:
+        return self.column("images")[row]
+
+    def store_keys(self, rows: np.ndarray) -> set[str]:
+        """Every image the rows name."""
+        images = self.column("images")
+        return {key for row in rows for key in images[int(row)]}

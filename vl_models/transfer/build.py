@@ -1,0 +1,144 @@
+"""`vlprep build-task`: a task's official files -> a task dataset (`pipeline.task_data`).
+
+The task (`vl_models.transfer.get`) reads its files (`Task.read`); rows are kept in file
+order, with the named splits the task adds (`Task.named_splits`: VQA's minival). Images are
+named as the files name them and mapped to feature-store keys through ``--image-map``
+(``name<TAB>store key`` lines, as build-mixture's; unmapped names are keys as they are).
+
+Classifier tasks (VQA, GQA) get an answer table: the answers (`Task.table_answer`: VQA's
+normalized) occurring at least ``min_count`` times over the train and val rows, most
+frequent first (ties alphabetical), or exactly the table of ``answers_from`` in its order
+(`pipeline.mixture.answers.read_answer_file`: the seeds' label files). Each row's soft
+targets (`Task.targets`) are kept where the table has the answer; the manifest says how
+many training rows keep at least one.
+
+Malformed rows are named (file:where, reason), counted and left out; skipped rows (null or
+blank texts) are counted per reason. The folder is built under a temporary name and swapped
+in when complete (`pipeline.io.replacing_output`): an earlier task dataset there is replaced,
+anything else is refused.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from pathlib import Path
+from typing import Callable, Optional, Sequence
+
+import pyarrow as pa
+
+from pipeline import __version__
+from pipeline.errors import ConfigError
+from pipeline.io import atomic_write_json, replacing_output, sha256_file
+from pipeline.mixture.answers import read_answer_file
+from pipeline.mixture.sources import read_image_map
+from pipeline.sources.base import Malformed, Skip
+from pipeline.task_data import (
+    ANSWERS_FILE, FORMAT, ITEMS_FILE, ITEMS_SCHEMA, MANIFEST_FILE, REPORT_FILE, TASK_SCHEMA_VERSION, task_manifest,
+)
+from vl_models.transfer.task import Row, Task
+
+log = logging.getLogger(__name__)
+LISTED = 20  # malformed rows named in the manifest and report
+
+
+def build_task(task: Task, files: Sequence[Path], out: Path, image_map: Optional[Path] = None,
+               answers_from: Optional[Path] = None, min_count: Optional[int] = None,
+               progress: Optional[Callable[[int], None]] = None) -> dict:
+    """Read `files` for `task` and write the task dataset to `out`; returns the manifest."""
+    files = [Path(f) for f in files]
+    missing = [str(f) for f in files if not f.is_file()]
+    if not files or missing:
+        raise ConfigError(f"build-task --task {task.name}: no such file(s): {', '.join(missing)}" if missing else
+                          f"build-task --task {task.name} needs its files: {task.files}")
+    if min_count is not None and min_count < 1:
+        raise ConfigError(f"--min-count must be at least 1, got {min_count}")
+    aliases = read_image_map(image_map) if image_map else {}
+    rows: list[Row] = []
+    skipped: Counter = Counter()
+    malformed: list[str] = []
+    for read in task.read(files):
+        if isinstance(read, Malformed):
+            malformed.append(str(read))
+        elif isinstance(read, Skip):
+            skipped[read.reason] += 1
+        else:
+            rows.append(read)
+            if progress and len(rows) % 10000 == 0:
+                progress(10000)
+    if not rows:
+        raise ConfigError(f"{', '.join(map(str, files))}: no {task.name} rows"
+                          + (f" ({len(malformed)} malformed, e.g. {malformed[0]})" if malformed else ""))
+    named = {name: set(indices) for name, indices in task.named_splits(rows).items()}
+    table, table_info = _answer_table(task, rows, answers_from, min_count)
+    index = {a: i for i, a in reversed(list(enumerate(table)))}
+    columns: dict[str, list] = {name: [] for name in ITEMS_SCHEMA.names}
+    kept_targets = 0
+    for i, row in enumerate(rows):
+        targets = {index[a]: s for a, s in task.targets(row).items() if a in index} if table else {}
+        kept_targets += bool(targets) and row.split == task.train_split
+        record = {**{k: getattr(row, k) for k in ("uid", "text", "choices", "rationales", "label", "rationale_label",
+                                                   "answers", "answer_type", "question_type", "box", "group")},
+                  "splits": [row.split, *(name for name, members in named.items() if i in members)],
+                  "images": [aliases.get(name, name) for name in row.images],
+                  "answer_ids": list(targets) or None, "answer_scores": list(targets.values()) or None}
+        for name in ITEMS_SCHEMA.names:
+            columns[name].append(record[name])
+    splits = Counter(s for names in columns["splits"] for s in names)
+    train_rows = splits.get(task.train_split, 0)
+    manifest = {
+        "format": FORMAT, "schema_version": TASK_SCHEMA_VERSION, "task": task.name, "created_by": f"vlprep {__version__}",
+        "rows": len(rows), "splits": dict(sorted(splits.items())),
+        "answers": {**table_info, "count": len(table),
+                    "train_rows_with_target": kept_targets, "train_rows": train_rows} if task.head == "answers" else None,
+        "image_map": str(image_map) if image_map else None,
+        "files": [{"path": str(f), "sha256": sha256_file(f)} for f in files],
+        "skipped": dict(skipped), "malformed": {"count": len(malformed), "examples": malformed[:LISTED]},
+    }
+    with replacing_output(Path(out), FORMAT, inputs=files, what="vlprep build-task",
+                          also_ours=lambda p: task_manifest(p) is not None) as tmp:
+        tmp.mkdir(parents=True)
+        table_arrow = pa.Table.from_pydict(columns, schema=ITEMS_SCHEMA)
+        with pa.OSFile(str(tmp / ITEMS_FILE), "wb") as sink, pa.ipc.new_file(sink, ITEMS_SCHEMA) as writer:
+            writer.write_table(table_arrow)
+        atomic_write_json(tmp / ANSWERS_FILE, {"answers": table})
+        (tmp / REPORT_FILE).write_text(render_report(manifest))
+        atomic_write_json(tmp / MANIFEST_FILE, manifest)
+    for line in malformed[:LISTED]:
+        log.warning("malformed: %s", line)
+    return manifest
+
+
+def _answer_table(task: Task, rows: list[Row], answers_from: Optional[Path],
+                  min_count: Optional[int]) -> tuple[list[str], dict]:
+    if task.head != "answers":
+        if answers_from or min_count:
+            raise ConfigError(f"--answers-from / --min-count: {task.name} has no answer table")
+        return [], {}
+    if answers_from:
+        table = [task.table_answer(a) for a in read_answer_file(Path(answers_from))]
+        return table, {"from": str(answers_from)}
+    min_count = min_count or task.min_count
+    counts = Counter(task.table_answer(r.answer) for r in rows if r.answer and r.split in task.table_splits)
+    counts.pop("", None)
+    table = [a for a, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])) if n >= min_count]
+    if not table:
+        raise ConfigError(f"no answer occurs {min_count} times in the {'/'.join(task.table_splits)} rows: "
+                          "lower --min-count, or give --answers-from")
+    return table, {"min_count": min_count, "counted_over": list(task.table_splits)}
+
+
+def render_report(m: dict) -> str:
+    lines = [f"# Task dataset: {m['task']}", "", f"{m['rows']} rows ({m['created_by']}).", "",
+             "| split | rows |", "|---|---|", *(f"| {s} | {n} |" for s, n in m["splits"].items()), ""]
+    if m["answers"]:
+        a = m["answers"]
+        source = f"from {a['from']}" if "from" in a else f"answers seen at least {a['min_count']} times"
+        lines += [f"Answer table: {a['count']} answers ({source}); {a['train_rows_with_target']} of "
+                  f"{a['train_rows']} training rows have a target in it.", ""]
+    if m["skipped"]:
+        lines += ["Skipped: " + ", ".join(f"{n} {reason}" for reason, n in m["skipped"].items()), ""]
+    bad = m["malformed"]
+    lines += [f"Malformed rows: {bad['count']}" + (" (left out):" if bad["count"] else "")]
+    lines += [f"- {line}" for line in bad["examples"]]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,166 @@
+"""Scoring a fine-tuned (or, for retrieval, pretrained) model on a task split: predictions
+in split order (`predict`), the task's official metric and its submission file.
+
+Retrieval scores every caption against every image of the split (`score_pairs`): n_captions
+x n_images pair forwards, in batches of captions against one image at a time. What is
+computed once and reused: each caption's tokens (one tensor for the split) and each image's
+padded regions (read from the store once, moved to the device once). The pair forwards
+themselves are not cached: both families' pair scores come from layers where the streams
+meet (ViLBERT's co-attention, LXMERT's cross-modality layers), so each pair is a full
+forward. A progress callback gets the pairs done, for a bar with an ETA.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable, Optional, Sequence
+
+import numpy as np
+import torch
+
+from pipeline.errors import ConfigError
+from pipeline.io import atomic_write_json
+from pipeline.task_data import TaskData
+from vl_models import families, transfer
+from vl_models.config import DataSettings
+from vl_models.models.weights import init_pretraining
+from vl_models.train.run_folder import answers_digest
+from vl_models.transfer.dataset import CANDIDATE_KEYS, TaskDataset
+from vl_models.transfer.heads import RetrievalHead, TransferModel, build_transfer_model
+from vl_models.transfer.runs import backbone_state, data_settings, is_finetuned, model_of, our_run
+from vl_models.transfer.task import Predictions
+
+Progress = Optional[Callable[[int, int], None]]  # (done, total) in examples or pairs
+
+
+def _to(batch: dict, device: str) -> dict:
+    return {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items()}
+
+
+@torch.no_grad()
+def predict(model, view: TaskDataset, device: str = "cpu", batch_size: int = 32, limit: int = 0,
+            progress: Progress = None, workers: int = 0) -> Predictions:
+    """The task's predictions on the view's examples (the first `limit` rows' when > 0)."""
+    task = view.task
+    was_training = model.training
+    model.eval()
+    try:
+        if getattr(task, "pairwise", False):
+            return score_pairs(model, view, device, batch_size, limit, progress)
+        rows = view.rows[:limit] if limit else view.rows
+        examples = _example_indices(view, len(rows))
+        loader = torch.utils.data.DataLoader(torch.utils.data.Subset(view, examples), batch_size=batch_size,
+                                             num_workers=workers)
+        values: dict[str, list] = {}
+        done = 0
+        for batch in loader:
+            batch = _to(batch, device)
+            logits = model(task.name, batch)
+            for k, v in {**task.predict(logits, batch), "index": batch["index"].cpu().numpy()}.items():
+                values.setdefault(k, []).append(np.asarray(v))
+            done += len(batch["index"])
+            if progress:
+                progress(done, len(examples))
+        return Predictions(rows=rows, values={k: np.concatenate(v) for k, v in values.items()})
+    finally:
+        model.train(was_training)
+
+
+def _example_indices(view: TaskDataset, rows: int) -> list[int]:
+    """The example indices of the view's first `rows` rows: one per row, or for a task with
+    more (VCR) the first block of one per row, then each row's group of the rest."""
+    n = len(view.rows)
+    if len(view) == n:
+        return list(range(rows))
+    per_row = (len(view) - n) // n  # examples after the first block, per row
+    return list(range(rows)) + [n + r * per_row + k for r in range(rows) for k in range(per_row)]
+
+
+@torch.no_grad()
+def score_pairs(model, view: TaskDataset, device: str, batch_size: int, limit: int = 0,
+                progress: Progress = None) -> Predictions:
+    """Caption x image pair scores (the pair head's logits) over a retrieval split: the
+    captions of the split (of its first `limit` images' when > 0) against its images."""
+    images = list(dict.fromkeys(view.value("images", i)[0] for i in range(len(view.rows))))
+    if limit:
+        images = images[:limit]
+    chosen = set(images)
+    captions = [i for i in range(len(view.rows)) if view.value("images", i)[0] in chosen]
+    image_of_caption = np.array([images.index(view.value("images", i)[0]) for i in captions])
+    texts = torch.utils.data.default_collate([view.text(view.value("text", i)) for i in captions])
+    texts = _to(texts, device)
+    family = model.family
+    scores = np.zeros((len(captions), len(images)), np.float32)
+    total, done = len(captions) * len(images), 0
+    for j, key in enumerate(images):
+        region = view.image(key)
+        image = {k: torch.as_tensor(region[k]).to(device) for k in CANDIDATE_KEYS if k in region}
+        for start in range(0, len(captions), batch_size):
+            stop = min(start + batch_size, len(captions))
+            n = stop - start
+            batch = {"input_ids": texts["input_ids"][start:stop, None], "attention_mask":
+                     texts["attention_mask"][start:stop, None],
+                     **{k: v.expand(n, 1, *v.shape) for k, v in image.items()}}
+            scores[start:stop, j] = family.encode(model.backbone, batch).pair.float().cpu().numpy()
+            done += n
+            if progress:
+                progress(done, total)
+    return Predictions(rows=view.rows[captions], values={"scores": scores, "image_of_caption": image_of_caption,
+                                                         "images": images})
+
+
+def evaluate_checkpoint(task_name: str, source: str, data_dir: Path, split: str, stores: Sequence[str] = (),
+                        vocab: Optional[str] = None, out: Optional[Path] = None, zero_shot: bool = False,
+                        model: Optional[str] = None, device: str = "cpu", batch_size: int = 64, limit: int = 0,
+                        progress: Progress = None) -> dict:
+    """`vltrain evaluate`: score a fine-tuned run's `task` head on a split of a task dataset
+    (or, with `zero_shot`, a pretrained model's pair head on a retrieval task), write
+    ``metrics.json`` and the task's submission file into `out` (default: the run folder's
+    ``eval/<task>-<split>/``); returns {"metrics", "files", "examples"}."""
+    task = transfer.get(task_name)
+    data = TaskData.open(data_dir, task=task.name)
+    ckpt, run = our_run(source)
+    if zero_shot:
+        if not getattr(task, "pairwise", False):
+            raise ConfigError(f"--zero-shot: {task.name} needs a fine-tuned head; only retrieval tasks "
+                              f"({', '.join(n for n in transfer.names() if getattr(transfer.get(n), 'pairwise', False))}) "
+                              "score with the pretraining pair head")
+        family, mcfg = model_of(model, None if model else run, (stores or run["train"]["stores"])[0], 1)
+        tmodel = TransferModel(family, family.build(mcfg), {task.name: RetrievalHead(task.candidates)})
+        if is_finetuned(run):
+            tmodel.backbone.load_state_dict(backbone_state(ckpt))
+        else:
+            init_pretraining(tmodel.backbone, ckpt or Path(source), family.load_checkpoint)
+    else:
+        if not is_finetuned(run) or task.name not in run["tasks"]:
+            raise ConfigError(f"{source} is no fine-tuning run of {task.name} (its tasks: "
+                              f"{', '.join((run or {}).get('tasks') or ['none'])}); zero-shot retrieval: --zero-shot")
+        if run["answers"][task.name] != answers_digest(data):
+            raise ConfigError(f"{data.path}: its answer table is not the one the {task.name} head was trained on: "
+                              "evaluate on a task dataset built with the same answer table (--answers-from)")
+        family = families.from_run(run)
+        mcfg = family.config_class.from_json(run["model"])
+        tmodel = build_transfer_model(family, mcfg, [task], [data])
+        tmodel.load_state_dict(backbone_state(ckpt, heads=(task.name,)))
+    settings = data_settings(run) if run else DataSettings()
+    view = TaskDataset(data, task, [Path(s) for s in (stores or run["train"]["stores"])],
+                       Path(vocab or (run and run["train"].get("vocab")) or ""), family, settings, split, train=False)
+    missing = view.missing_images()
+    if missing:
+        raise ConfigError(f"{len(missing)} images of {data.path} ({split}) are in no feature store, e.g. "
+                          f"{', '.join(missing[:5])}")
+    tmodel.to(device)
+    predictions = predict(tmodel, view, device, batch_size, limit, progress)
+    metrics = task.score(data, predictions)
+    if out is None:
+        if ckpt is None:
+            raise ConfigError("--out: where to write the metrics and predictions (the checkpoint is no run folder's)")
+        out = ckpt.parent.parent / "eval" / f"{task.name}-{split}{'-zero-shot' if zero_shot else ''}"
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    files = [task.write_submission(data, predictions, out)]
+    report = {"task": task.name, "split": split, "checkpoint": str(ckpt or source), "zero_shot": zero_shot,
+              "rows": int(len(predictions.rows)), "metrics": metrics}
+    atomic_write_json(out / "metrics.json", report)
+    return {"metrics": metrics, "files": [str(f) for f in files] + [str(out / "metrics.json")],
+            "examples": int(len(predictions.rows))}

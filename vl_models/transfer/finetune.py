@@ -1,0 +1,161 @@
+"""`vltrain finetune`: the trainer's loop (`vl_models.train.trainer`: AMP, DDP, resume,
+atomic checkpoints, validation, the best checkpoint) on downstream tasks.
+
+The model is a `heads.TransferModel`: the family's pretraining model (from ``--init``: a
+pretraining run folder or checkpoint of ours — its model config and vocab come with it —,
+an HF LXMERT or vilbert-multi-task checkpoint with ``--model``, or none: from scratch) and
+one head per task. Answer heads start from the --init QA head's rows where the answers
+match (`weights.copy_answer_rows`, LXMERT's fine-tuning; the QA table is the --init run's
+mixture's, or ``--init-answers``).
+
+Several tasks (``--task vqa --task gqa ...``) train one backbone with a head each, in
+one-task batches ordered round-robin or in proportion to the tasks' sizes
+(`TaskBatchSampler`); validation scores every task each epoch (``eval_<task>_<metric>``)
+and the best checkpoint is kept by the first task's metric unless --best-metric says
+otherwise.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from pathlib import Path
+from typing import Callable, Optional
+
+import torch
+
+from pipeline.errors import ConfigError
+from pipeline.mixture import Mixture
+from pipeline.mixture.answers import read_answer_file
+from pipeline.task_data import TaskData
+from vl_models import transfer
+from vl_models.config import FinetuneConfig
+from vl_models.data.sampler import TaskBatchSampler
+from vl_models.models.weights import copy_answer_rows, init_pretraining
+from vl_models.train import distributed, run_folder, runlog
+from vl_models.train.trainer import BestMetric, Job, check_out, check_vocab, launch, loader_batches, resolve_device
+from vl_models.transfer.dataset import TaskDataset
+from vl_models.transfer.evaluate import predict
+from vl_models.transfer.heads import TransferModel, build_transfer_model
+from vl_models.transfer.runs import backbone_state, is_finetuned, model_of, our_run
+
+log = logging.getLogger(__name__)
+
+
+class _Tasks(torch.utils.data.ConcatDataset):
+    """The tasks' training views end to end (the `TaskBatchSampler`'s offsets)."""
+
+    def set_epoch(self, epoch: int) -> None:
+        for view in self.datasets:
+            view.set_epoch(epoch)
+
+
+def run_finetune(cfg: FinetuneConfig, on_step: Optional[Callable[[int, dict, int], None]] = None) -> dict:
+    """Fine-tune; returns the last logged metrics. Everything that can be wrong with the
+    invocation is checked before the model is built and before the run folder is touched."""
+    rank, world, local = distributed.world()
+    device = resolve_device(cfg.run.device, local)
+    runlog.check_reporters(cfg.run.report_to)
+    check_out(Path(cfg.out))
+    tasks = [transfer.get(name) for name in cfg.tasks]
+    datas = [TaskData.open(path, task=t.name) for t, path in zip(tasks, cfg.task_data)]
+    source, run = our_run(cfg.init)
+    old_answers = _init_answers(cfg, run)
+    family, mcfg = model_of(cfg.model, run, cfg.stores[0], len(old_answers or ()))
+    vocab = cfg.vocab or (run and run["train"].get("vocab"))
+    if not vocab:
+        raise ConfigError("--vocab: name the vocab (the --init is no run of ours to take it from)")
+    stores = [Path(s) for s in cfg.stores]
+
+    def view(t: int, split: str, train: bool) -> TaskDataset:
+        return TaskDataset(datas[t], tasks[t], stores, Path(vocab), family, cfg.data, split, cfg.run.seed, train, t)
+
+    views = [view(t, cfg.transfer.train_split or task.train_split, True) for t, task in enumerate(tasks)]
+    vals = [view(t, cfg.transfer.val_split or task.val_split, False)
+            if (cfg.transfer.val_split or task.val_split) in datas[t].splits else None for t, task in enumerate(tasks)]
+    _check_data(cfg, views, vals, world)
+    check_vocab(views[0].tokenizer, mcfg)
+    sampler = TaskBatchSampler([len(v) for v in views], cfg.optim.batch_size, rank, world, cfg.run.seed,
+                               cfg.transfer.task_sampling)
+    per_epoch = max(1, len(sampler) // cfg.optim.grad_accum)
+    if cfg.optim.epochs is not None:
+        cfg = cfg.with_(steps=max(1, math.ceil(cfg.optim.epochs * per_epoch)))
+    if cfg.run.eval_every == 0:
+        cfg = cfg.with_(eval_every=per_epoch)  # validation each epoch
+    known = {t.metric: "max" for t, v in zip(tasks, vals) if v is not None}
+    spec = cfg.run.best_metric or next(iter(known), None)
+    best_metric = BestMetric.parse(spec, known, f"the tasks with a validation split ({', '.join(known) or 'none'})"
+                                   ) if spec else None
+    torch.manual_seed(cfg.run.seed)  # every check passed: build the model
+    model = build_transfer_model(family, mcfg, tasks, datas)
+    resolved = {"train": cfg.to_json(), "model": mcfg.to_json(), "kind": family.name, "tasks": list(cfg.tasks),
+                "answers": {t.name: run_folder.answers_digest(d) for t, d in zip(tasks, datas)},
+                "world_size": world,
+                "inputs": {**run_folder.input_digests(None, stores, views[0].tokenizer.path),
+                           "task_data": [run_folder.content_digest(d) for d in datas]}}
+
+    def init() -> str:
+        if is_finetuned(run):  # a fine-tuned backbone (its heads stay behind)
+            model.backbone.load_state_dict(backbone_state(source))
+            said = f"the backbone of fine-tuning run {source}"
+        else:
+            said = init_pretraining(model.backbone, source or Path(cfg.init), family.load_checkpoint)
+        return said + _copy_answers(model, family, tasks, datas, old_answers)
+
+    def loss(wrapped, batch, epoch, step):
+        name = tasks[int(batch["task_id"][0])].name
+        value, metrics = model.heads[name].loss(wrapped(name, batch), batch)
+        return value, {name: value}, {f"{name}_{k}": v for k, v in metrics.items()}
+
+    def validate(m) -> dict:
+        scores = {}
+        for task, val in zip(tasks, vals):
+            if val is not None:
+                found = task.score(val.data, predict(m, val, device, cfg.optim.batch_size, cfg.transfer.eval_items))
+                scores.update({f"eval_{task.name}_{k}": v for k, v in found.items()})
+        return scores
+
+    data = _Tasks(views)
+    job = Job(sampler=sampler, batches=lambda s, consumed: loader_batches(data, s, cfg, consumed, batched=True),
+              loss=loss, checks=(*cfg.tasks, "total"), validate=validate if known else None,
+              compile_target=lambda m: family.backbone(m.backbone), unused_parameters=True)
+    return launch(cfg, model, resolved, job, device, best_metric, on_step, init if cfg.init else None)
+
+
+def _check_data(cfg: FinetuneConfig, views, vals, world: int) -> None:
+    for v in views:
+        if len(v) // world < cfg.optim.batch_size:
+            raise ConfigError(f"{v.data.path}: {len(v)} {v.task.name} training examples in split {v.split!r}, fewer "
+                              f"than --batch-size {cfg.optim.batch_size} per rank ({world} ranks): no full batch")
+    missing = sorted({k for v in [*views, *(x for x in vals if x is not None)] for k in v.missing_images()})
+    if missing:
+        raise ConfigError(f"{len(missing)} images of the task data are in no feature store ({', '.join(cfg.stores)}), "
+                          f"e.g. {', '.join(missing[:5])}: extract them (or map their names with build-task "
+                          "--image-map)")
+
+
+def _init_answers(cfg: FinetuneConfig, run: Optional[dict]) -> Optional[list[str]]:
+    """The --init checkpoint's QA answer table: --init-answers, else its run's mixture's (if still there)."""
+    if cfg.transfer.init_answers:
+        return read_answer_file(Path(cfg.transfer.init_answers))
+    mixture = run and run["train"].get("mixture")
+    if mixture and Path(mixture).is_dir():
+        return Mixture.open(mixture).answers
+    return None
+
+
+def _copy_answers(model: TransferModel, family, tasks, datas, old_answers: Optional[list[str]]) -> str:
+    """Start each answer head from the pretraining QA head (LXMERT's fine-tuning): the hidden
+    layers as they are, the output rows by answer string. Returns a note for the log."""
+    qa = family.qa_head(model.backbone)
+    if qa is None or not old_answers:
+        return ""
+    notes = []
+    for task, data in zip(tasks, datas):
+        if task.head != "answers" or qa[3].out_features != len(old_answers):
+            continue
+        head = model.heads[task.name].logit_fc
+        head[:3].load_state_dict(qa[:3].state_dict())
+        copied = copy_answer_rows(head[3], qa[3].weight.detach(), qa[3].bias.detach(), old_answers, data.answers)
+        notes.append(f"{task.name}: {copied} of {len(data.answers)} answer rows from the QA head")
+    return f"; {'; '.join(notes)}" if notes else ""

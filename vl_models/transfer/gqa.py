@@ -1,0 +1,56 @@
+"""GQA (Hudson & Manning): the balanced questions JSON (``{qid: {imageId, question, answer,
+...}}``; train, val, testdev; the submission file without answers), an answer classifier
+over the train+val answers (or exactly the seeds' tables: LXMERT's 1,842 answers, ViLBERT's
+1,533, with ``--answers-from``), scored by exact match; the submission is the official
+``[{"questionId", "prediction"}]`` JSON."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pipeline.sources.base import Malformed, Skip
+from pipeline.sources.gqa import read_questions
+from vl_models.eval.metrics import gqa_accuracy
+from vl_models.eval.submissions import write_gqa_predictions
+from vl_models.transfer.task import Row, column
+from vl_models.transfer.vqa import Classifier
+
+# The file name's first part -> the split (train_balanced_questions.json, testdev_balanced_..., submission_all_...)
+SPLIT_NAMES = {"train": "train", "val": "val", "testdev": "testdev", "test": "test", "challenge": "challenge",
+               "submission": "submission"}
+
+
+class Gqa(Classifier):
+    name = "gqa"
+    files = "<split>_balanced_questions.json (train, val, testdev, test), submission_all_questions.json"
+    metric = "eval_gqa_accuracy"
+
+    def read(self, files):
+        for path in map(Path, files):
+            split = SPLIT_NAMES.get(path.name.split("_", 1)[0], path.name.split("_", 1)[0])
+            for q in read_questions(path, answers_required=False):
+                if isinstance(q, (Skip, Malformed)):
+                    yield q
+                    continue
+                yield Row(uid=q.question_id, split=split, images=(q.image,), text=q.text,
+                          answers=[q.answer] if q.answer is not None else None, answer=q.answer)
+
+    def targets(self, row):
+        return {row.answer: 1.0} if row.answer is not None else {}
+
+    def score(self, data, predictions):
+        truth = column(data, "answers", predictions.rows)
+        known = [i for i, a in enumerate(truth) if a]
+        if not known:
+            return {}
+        answers = self.answers_of(data, predictions)
+        scores = gqa_accuracy([{"questionId": i, "prediction": answers[i]} for i in known],
+                              {str(i): {"answer": truth[i][0]} for i in known})
+        return {"accuracy": 100 * scores["accuracy"]}
+
+    def write_submission(self, data, predictions, folder):
+        return write_gqa_predictions(Path(folder) / "gqa_predictions.json",
+                                     column(data, "uid", predictions.rows), self.answers_of(data, predictions))
+
+
+TASK = Gqa()

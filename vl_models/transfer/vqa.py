@@ -1,0 +1,117 @@
+"""VQA v2 (Antol et al.; Goyal et al.): questions + annotations JSON (train2014, val2014;
+test-dev2015 and test2015 questions alone), an answer classifier over the answers given as
+``multiple_choice_answer`` at least 9 times in train+val (3,129 in the reference setups) with
+the official soft scores as targets, scored by the official accuracy (overall and per
+answer type); the submission is the official results JSON.
+
+Named splits besides train / val / test-dev / test: ``minval`` (ViLBERT's: the last 3,000
+val questions), ``minval-lxmert`` (LXMERT's: the questions of the first 5,000 val images)
+and ``nominival-lxmert`` (the rest of val, which LXMERT trains on).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from pipeline.errors import ConfigError
+from pipeline.mixture.answers import normalize_answer, soft_scores
+from pipeline.sources.base import Malformed, Skip
+from pipeline.sources.coco import coco_split
+from pipeline.sources.vqa import read_vqa, read_vqa_questions
+from vl_models.eval.metrics import vqa_report
+from vl_models.eval.submissions import write_vqa_results
+from vl_models.transfer.task import Predictions, Row, Task, column
+
+SPLIT_NAMES = {"train2014": "train", "val2014": "val", "test-dev2015": "test-dev", "test2015": "test"}
+VILBERT_MINVAL = 3000
+LXMERT_MINVAL_IMAGES = 5000
+
+
+class Classifier(Task):
+    """Answer-classifier tasks (VQA, GQA): one question, one image; soft targets over the table."""
+
+    head = "answers"
+
+    def example(self, view, i, rng):
+        text, image = view.text(view.value("text", i)), view.image(view.value("images", i)[0])
+        target = np.zeros(len(view.data.answers), np.float32)
+        ids, scores = view.value("answer_ids", i) or [], view.value("answer_scores", i) or []
+        target[ids] = scores
+        return {**view.candidates([(text, image)]), "target": target}
+
+    def predict(self, logits, batch):
+        return {"answer": logits.argmax(-1).cpu().numpy()}
+
+    def answers_of(self, data, predictions: Predictions) -> list[str]:
+        return [data.answers[int(a)] for a in predictions.values["answer"]]
+
+
+class Vqa(Classifier):
+    name = "vqa"
+    files = ("v2_OpenEnded_mscoco_<split>_questions.json, each followed by its v2_mscoco_<split>_annotations.json "
+             "(test-dev2015 / test2015 questions alone)")
+    metric = "eval_vqa_accuracy"
+    min_count = 9
+
+    def read(self, files):
+        files = [Path(f) for f in files]
+        i = 0
+        while i < len(files):
+            questions = files[i]
+            split = SPLIT_NAMES.get(coco_split(questions.name) or "")
+            if split is None:
+                raise ConfigError(f"{questions.name}: not a VQA v2 questions file (train2014, val2014, test-dev2015, "
+                                  "test2015)")
+            has_answers = split in ("train", "val")
+            if has_answers and (i + 1 >= len(files) or "annotations" not in files[i + 1].name):
+                raise ConfigError(f"{questions.name}: its annotations file must follow it in the file list")
+            reader = read_vqa(questions, files[i + 1]) if has_answers else read_vqa_questions(questions)
+            i += 2 if has_answers else 1
+            for q in reader:
+                if isinstance(q, (Skip, Malformed)):
+                    yield q
+                    continue
+                yield Row(uid=str(q.question_id), split=split, images=(q.image,), text=q.text,
+                          answers=list(q.answers) if has_answers else None, answer_type=q.answer_type or None,
+                          question_type=q.question_type or None, answer=q.multiple_choice_answer or None)
+
+    def named_splits(self, rows):
+        val = [i for i, r in enumerate(rows) if r.split == "val"]
+        first_images: dict[str, None] = {}
+        for i in val:
+            if len(first_images) >= LXMERT_MINVAL_IMAGES:
+                break
+            first_images.setdefault(rows[i].images[0])
+        lxmert = [i for i in val if rows[i].images[0] in first_images]
+        chosen = set(lxmert)
+        return {"minval": val[-VILBERT_MINVAL:], "minval-lxmert": lxmert,
+                "nominival-lxmert": [i for i in val if i not in chosen]}
+
+    def targets(self, row):
+        return soft_scores(row.answers or ())
+
+    def table_answer(self, answer):
+        return normalize_answer(answer)
+
+    def score(self, data, predictions):
+        rows = predictions.rows
+        annotators = column(data, "answers", rows)
+        known = [i for i, a in enumerate(annotators) if a]
+        if not known:
+            return {}
+        answers, types = self.answers_of(data, predictions), column(data, "answer_type", rows)
+        report = vqa_report([{"question_id": i, "answer": answers[i]} for i in known],
+                            [{"question_id": i, "answer_type": types[i] or "other",
+                              "answers": [{"answer": a} for a in annotators[i]]} for i in known])
+        return {"accuracy": report["overall"],
+                **{f"accuracy_{t.replace('/', '_')}": v for t, v in report["perAnswerType"].items()}}
+
+    def write_submission(self, data, predictions, folder):
+        return write_vqa_results(Path(folder) / "vqa_results.json",
+                                 [int(u) for u in column(data, "uid", predictions.rows)],
+                                 self.answers_of(data, predictions))
+
+
+TASK = Vqa()
