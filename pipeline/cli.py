@@ -494,9 +494,13 @@ def make_shapes(
     - `Train_GCC-training.tsv`, `Validation_GCC-1.1.0-Validation.tsv`: Conceptual Captions TSVs (one row per image, URL under --base-url)
     - `annotations/captions_{train,val}2014.json`: COCO captions (all captions of each image)
     - `annotations/v2_OpenEnded_mscoco_{train,val}2014_questions.json`, `v2_mscoco_{train,val}2014_annotations.json`: VQA v2 (10 answers each)
-    - `image_map.tsv`: `COCO_<s>2014_<id>` to `cc3m-<s>-<i>`, the ids the CC extraction gives the images
+    - `image_map.tsv`: `COCO_<s>2014_<id>` to `cc3m-<s>-<i>`, the ids the CC extraction gives the images,
+      then the NLVR2 image names `<split>-<p>-0-img0|1`
     - `annotations/refexp_{train,val}.json`: referring expressions with their target boxes
     - `annotations/nlvr2_{train,dev}.json`: NLVR2 statements about image pairs (JSON lines)
+    - `annotations/dataset_flickr30k.json`: a Flickr30k retrieval split (Karpathy format, 5 captions per image; val = test)
+    - `annotations/refcoco+/refs(unc).p`, `instances.json`: RefCOCO+ refs and boxes
+    - `annotations/vcr/{train,val}.jsonl`, `vcr/metadata/*.json`: VCR-format 4-choice questions
     - `annotations/scenes_{train,val}.json`, `objects.txt`, `attributes.txt`: detector ground truth and vocabularies
     - `summary.json`: counts per split and text kind, written last (marks a complete world)
 

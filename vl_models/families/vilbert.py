@@ -56,9 +56,10 @@ class ViLBERT(ModelFamily):
         align, m3 = L.pair_classification(out.alignment_logits, 1 - batch["matched"], "alignment")
         return {"mlm": mlm, "region": region, "alignment": align}, {**m1, **m2, **m3}
 
-    def pair_logit(self, outputs):
-        logits = outputs.alignment_logits.float()
-        return logits[:, 0] - logits[:, 1]  # class 0 = aligned
+    pair_output, pair_positive = "alignment_logits", 0  # class 0 = aligned
+
+    def pair_head(self, model):
+        return model.cls.bi_seq_relationship
 
     def widths(self, mcfg):
         return mcfg.bi_hidden_size, mcfg.v_hidden_size

@@ -127,16 +127,33 @@ class LxmertModel(nn.Module):
     def forward(self, input_ids: torch.Tensor, visual_feats: torch.Tensor, visual_pos: torch.Tensor,
                 attention_mask: Optional[torch.Tensor] = None, visual_attention_mask: Optional[torch.Tensor] = None,
                 token_type_ids: Optional[torch.Tensor] = None) -> LxmertModelOutput:
-        lang_mask = sdpa_mask(attention_mask if attention_mask is not None else torch.ones_like(input_ids))
-        visn_mask = sdpa_mask(visual_attention_mask)
-        enc = self.encoder
+        lang = self.encode_text(input_ids, attention_mask, token_type_ids)
+        visn = self.encode_vision(visual_feats, visual_pos, visual_attention_mask)
+        return self.cross(lang, attention_mask if attention_mask is not None else torch.ones_like(input_ids),
+                          visn, visual_attention_mask)
+
+    # The language and object-relationship encoders see one modality each: retrieval computes
+    # them once per caption and once per image, and only `cross` per pair.
+    def encode_text(self, input_ids, attention_mask=None, token_type_ids=None) -> torch.Tensor:
+        """The language encoder's output (B, L, H)."""
+        mask = sdpa_mask(attention_mask if attention_mask is not None else torch.ones_like(input_ids))
         lang = self.embeddings(input_ids, token_type_ids)
-        visn = enc.visn_fc(visual_feats, visual_pos)
-        for layer in enc.layer:
-            lang = layer(lang, lang_mask)
-        for layer in enc.r_layers:
-            visn = layer(visn, visn_mask)
-        for layer in enc.x_layers:
+        for layer in self.encoder.layer:
+            lang = layer(lang, mask)
+        return lang
+
+    def encode_vision(self, visual_feats, visual_pos, visual_attention_mask=None) -> torch.Tensor:
+        """The object-relationship encoder's output (B, N, H)."""
+        mask = sdpa_mask(visual_attention_mask)
+        visn = self.encoder.visn_fc(visual_feats, visual_pos)
+        for layer in self.encoder.r_layers:
+            visn = layer(visn, mask)
+        return visn
+
+    def cross(self, lang, attention_mask, visn, visual_attention_mask) -> LxmertModelOutput:
+        """The cross-modality encoder and the pooler over both encoders' outputs."""
+        lang_mask, visn_mask = sdpa_mask(attention_mask), sdpa_mask(visual_attention_mask)
+        for layer in self.encoder.x_layers:
             lang, visn = layer(lang, lang_mask, visn, visn_mask)
         return LxmertModelOutput(lang, visn, self.pooler(lang))
 

@@ -131,7 +131,24 @@ class ViLBERTEncoder(nn.Module):
         self.c_layer = nn.ModuleList([ViLBERTConnectionLayer(cfg) for _ in cfg.v_biattention_id])
 
     def forward(self, text, text_mask, vision, vision_mask) -> tuple[torch.Tensor, torch.Tensor]:
-        t_start = v_start = 0
+        return self.joint(self.text_prefix(text, text_mask), text_mask, self.vision_prefix(vision, vision_mask),
+                          vision_mask)
+
+    # The layers before the first co-attention block see one stream each: retrieval computes
+    # them once per caption and once per image, and only `joint` per pair.
+    def text_prefix(self, text, text_mask) -> torch.Tensor:
+        for layer in self.layer[:self.cfg.t_biattention_id[0]]:
+            text = layer(text, text_mask)
+        return text
+
+    def vision_prefix(self, vision, vision_mask) -> torch.Tensor:
+        for layer in self.v_layer[:self.cfg.v_biattention_id[0]]:
+            vision = layer(vision, vision_mask)
+        return vision
+
+    def joint(self, text, text_mask, vision, vision_mask) -> tuple[torch.Tensor, torch.Tensor]:
+        """From the first co-attention block on (`text_prefix` / `vision_prefix` applied)."""
+        t_start, v_start = self.cfg.t_biattention_id[0], self.cfg.v_biattention_id[0]
         for block, v_id, t_id in zip(self.c_layer, self.cfg.v_biattention_id, self.cfg.t_biattention_id):
             for layer in self.layer[t_start:t_id]:
                 text = layer(text, text_mask)
@@ -171,11 +188,23 @@ class ViLBERTModel(nn.Module):
     def forward(self, input_ids: torch.Tensor, image_feat: torch.Tensor, image_loc: torch.Tensor,
                 attention_mask: Optional[torch.Tensor] = None, image_attention_mask: Optional[torch.Tensor] = None,
                 token_type_ids: Optional[torch.Tensor] = None) -> ViLBERTModelOutput:
-        text_mask = sdpa_mask(attention_mask if attention_mask is not None else torch.ones_like(input_ids))
-        vision_mask = sdpa_mask(image_attention_mask)
-        text = self.embeddings(input_ids, token_type_ids)
-        vision = self.v_embeddings(image_feat, image_loc)
-        text, vision = self.encoder(text, text_mask, vision, vision_mask)
+        text = self.encode_text(input_ids, attention_mask, token_type_ids)
+        vision = self.encode_vision(image_feat, image_loc, image_attention_mask)
+        return self.cross(text, attention_mask if attention_mask is not None else torch.ones_like(input_ids),
+                          vision, image_attention_mask)
+
+    def encode_text(self, input_ids, attention_mask=None, token_type_ids=None) -> torch.Tensor:
+        """The text stream up to its first co-attention block (B, L, H)."""
+        mask = sdpa_mask(attention_mask if attention_mask is not None else torch.ones_like(input_ids))
+        return self.encoder.text_prefix(self.embeddings(input_ids, token_type_ids), mask)
+
+    def encode_vision(self, image_feat, image_loc, image_attention_mask=None) -> torch.Tensor:
+        """The visual stream up to its first co-attention block (B, N, H_v)."""
+        return self.encoder.vision_prefix(self.v_embeddings(image_feat, image_loc), sdpa_mask(image_attention_mask))
+
+    def cross(self, text, attention_mask, vision, image_attention_mask) -> ViLBERTModelOutput:
+        """The co-attention blocks and the layers after them, and the poolers."""
+        text, vision = self.encoder.joint(text, sdpa_mask(attention_mask), vision, sdpa_mask(image_attention_mask))
         pooled_t, pooled_v = self.t_pooler(text), self.v_pooler(vision)
         return ViLBERTModelOutput(text, vision, pooled_t, pooled_v, self.fusion_dropout(pooled_t * pooled_v))
 

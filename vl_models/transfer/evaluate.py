@@ -2,12 +2,14 @@
 in split order (`predict`), the task's official metric and its submission file.
 
 Retrieval scores every caption against every image of the split (`score_pairs`): n_captions
-x n_images pair forwards, in batches of captions against one image at a time. What is
-computed once and reused: each caption's tokens (one tensor for the split) and each image's
-padded regions (read from the store once, moved to the device once). The pair forwards
-themselves are not cached: both families' pair scores come from layers where the streams
-meet (ViLBERT's co-attention, LXMERT's cross-modality layers), so each pair is a full
-forward. A progress callback gets the pairs done, for a bar with an ETA.
+x n_images pair scores, in batches of captions against one image at a time. What is computed
+once and reused: each caption's tokens and its single-modality states (LXMERT's language
+encoder; ViLBERT's text layers before the first co-attention block), and each image's regions
+(read from the store once) and single-modality states (LXMERT's object-relationship encoder;
+ViLBERT's visual layers before the first co-attention block, none in the published configs:
+its image embedding). Only the layers where the streams meet run per pair (LXMERT's
+cross-modality encoder, ViLBERT's co-attention blocks and what follows them), then the pair
+head. A progress callback gets the pairs done, for a bar with an ETA.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from vl_models import families, transfer
 from vl_models.config import DataSettings
 from vl_models.models.weights import init_pretraining
 from vl_models.train.run_folder import answers_digest
-from vl_models.transfer.dataset import CANDIDATE_KEYS, TaskDataset
+from vl_models.transfer.dataset import TaskDataset
 from vl_models.transfer.heads import RetrievalHead, TransferModel, build_transfer_model
 from vl_models.transfer.runs import backbone_state, data_settings, is_finetuned, model_of, our_run
 from vl_models.transfer.task import Predictions
@@ -49,8 +51,10 @@ def predict(model, view: TaskDataset, device: str = "cpu", batch_size: int = 32,
             return score_pairs(model, view, device, batch_size, limit, progress)
         rows = view.rows[:limit] if limit else view.rows
         examples = _example_indices(view, len(rows))
+        # Its own generator: iterating a loader must not draw from the global RNG (a validation
+        # inside a run would shift the run's dropout and a resume would no longer be exact).
         loader = torch.utils.data.DataLoader(torch.utils.data.Subset(view, examples), batch_size=batch_size,
-                                             num_workers=workers)
+                                             num_workers=workers, generator=torch.Generator().manual_seed(0))
         values: dict[str, list] = {}
         done = 0
         for batch in loader:
@@ -87,21 +91,25 @@ def score_pairs(model, view: TaskDataset, device: str, batch_size: int, limit: i
     chosen = set(images)
     captions = [i for i in range(len(view.rows)) if view.value("images", i)[0] in chosen]
     image_of_caption = np.array([images.index(view.value("images", i)[0]) for i in captions])
-    texts = torch.utils.data.default_collate([view.text(view.value("text", i)) for i in captions])
-    texts = _to(texts, device)
+    texts = _to(torch.utils.data.default_collate([view.text(view.value("text", i)) for i in captions]), device)
     family = model.family
+    base = family.backbone(model.backbone)
+    ids, masks = texts["input_ids"], texts["attention_mask"]
+    states = torch.cat([base.encode_text(ids[s:s + batch_size], masks[s:s + batch_size])
+                        for s in range(0, len(captions), batch_size)])  # each caption's stream, once
     scores = np.zeros((len(captions), len(images)), np.float32)
     total, done = len(captions) * len(images), 0
     for j, key in enumerate(images):
         region = view.image(key)
-        image = {k: torch.as_tensor(region[k]).to(device) for k in CANDIDATE_KEYS if k in region}
+        feats, pos, vmask = (torch.as_tensor(region[k])[None].to(device) for k in
+                             ("visual_feats", "visual_pos", "visual_mask"))
+        vision = base.encode_vision(feats, pos, vmask)  # each image's stream, once
         for start in range(0, len(captions), batch_size):
             stop = min(start + batch_size, len(captions))
             n = stop - start
-            batch = {"input_ids": texts["input_ids"][start:stop, None], "attention_mask":
-                     texts["attention_mask"][start:stop, None],
-                     **{k: v.expand(n, 1, *v.shape) for k, v in image.items()}}
-            scores[start:stop, j] = family.encode(model.backbone, batch).pair.float().cpu().numpy()
+            logits = family.cached_pair_logit(model.backbone, states[start:stop], masks[start:stop],
+                                              vision.expand(n, -1, -1), vmask.expand(n, -1))
+            scores[start:stop, j] = logits.cpu().numpy()
             done += n
             if progress:
                 progress(done, total)

@@ -24,7 +24,7 @@ from vl_models.eval.metrics import vqa_report
 from vl_models.eval.submissions import write_vqa_results
 from vl_models.transfer.task import Predictions, Row, Task, column
 
-SPLIT_NAMES = {"train2014": "train", "val2014": "val", "test-dev2015": "test-dev", "test2015": "test"}
+SPLIT_NAMES = {"train2014": "train", "val2014": "val", "test2015": "test"}  # test-dev2015: its images are test2015's
 VILBERT_MINVAL = 3000
 LXMERT_MINVAL_IMAGES = 5000
 
@@ -60,7 +60,7 @@ class Vqa(Classifier):
         i = 0
         while i < len(files):
             questions = files[i]
-            split = SPLIT_NAMES.get(coco_split(questions.name) or "")
+            split = "test-dev" if "test-dev2015" in questions.name else SPLIT_NAMES.get(coco_split(questions.name) or "")
             if split is None:
                 raise ConfigError(f"{questions.name}: not a VQA v2 questions file (train2014, val2014, test-dev2015, "
                                   "test2015)")

@@ -1,0 +1,383 @@
+"""Transfer: task datasets from official-format files (`vlprep build-task`), fine-tuning on
+each head kind with a planted signal, resume and DDP exactness, evaluation with the official
+metrics and the official submission files, the command lines."""
+
+import csv
+import json
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from helpers import REPO
+from task_files import COLORS, IMAGES, VAL_FROM, color, write_task_world
+from train_helpers import VOCAB
+
+from pipeline.errors import ConfigError
+from pipeline.task_data import TaskData
+from vl_models import transfer
+from vl_models.config import FinetuneConfig
+from vl_models.data.sampler import TaskBatchSampler
+from vl_models.eval.metrics import vqa_report
+from vl_models.transfer.build import build_task
+from vl_models.transfer.evaluate import evaluate_checkpoint
+from vl_models.transfer.finetune import run_finetune
+
+TASKS = ("vqa", "gqa", "nlvr2", "flickr30k", "refcoco+", "vcr")
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tasks")
+    files = write_task_world(root)
+    for name in TASKS:
+        image_map = root / "files" / "refcoco+" / "image_map.tsv" if name == "refcoco+" else files["image_map"]
+        build_task(transfer.get(name), files[name], root / name, image_map=image_map,
+                   min_count=1 if name == "vqa" else None)
+    return root
+
+
+def settings(world, tmp_path, tasks, model="lxmert-tiny", **kw):
+    base = dict(tasks=tasks, task_data=[str(world / t) for t in tasks], stores=[str(world / "feats")],
+                out=str(tmp_path / "ft"), model=model, vocab=str(VOCAB), epochs=None, steps=4, batch_size=4,
+                max_regions=8, max_text=12, lr=1e-3, warmup=2, log_every=1, checkpoint_every=2)
+    return FinetuneConfig.of(**{**base, **kw})
+
+
+# --- task datasets -------------------------------------------------------------------------
+
+
+def test_each_task_reads_its_official_files(world):
+    expect = {"vqa": {"train": 48, "val": 24, "minval": 24, "minval-lxmert": 24},
+              "gqa": {"train": 24, "val": 6, "testdev": 6, "submission": 6},
+              "nlvr2": {"train": 24, "dev": 12}, "flickr30k": {"train": 120, "test": 60},
+              "refcoco+": {"train": 24, "val": 6, "testA": 6}, "vcr": {"train": 24, "val": 12}}
+    for name, splits in expect.items():
+        data = TaskData.open(world / name, task=name)
+        assert data.manifest["splits"] == splits, name
+        assert data.manifest["malformed"]["count"] == 0
+        keys = data.store_keys(np.arange(len(data)))
+        assert keys <= {f"img_{i}" for i in range(IMAGES)}, (name, sorted(keys)[:3])  # mapped to store keys
+    vqa = TaskData.open(world / "vqa")
+    assert set(vqa.answers) == {*COLORS, "yes", "no"}
+    row = vqa.rows("train")[0]  # 'what color is the picture?' of image 0: red by all 10 annotators
+    assert vqa.answers[vqa.column("answer_ids")[row][0]] == "red" and vqa.column("answer_scores")[row] == [1.0]
+    assert vqa.column("answers")[row] == ["red"] * 10 and vqa.column("answer_type")[row] == "other"
+    nlvr2 = TaskData.open(world / "nlvr2")
+    assert nlvr2.column("images")[:2] == [["img_0", "img_1"], ["img_1", "img_4"]]
+    assert nlvr2.column("label")[:4] == [0, 1, 0, 1]
+    ref = TaskData.open(world / "refcoco+")
+    assert ref.column("box")[0] == [5.0, 5.0, 70.0, 110.0]  # image 0's marked region: the grid's first box
+    vcr = TaskData.open(world / "vcr")
+    assert vcr.column("text")[0] == "what color is ball ?" and vcr.column("choices")[0][0] == "it is red ."
+
+
+def test_vqa_named_splits_answer_table_and_soft_scores(tmp_path):
+    """The table counts multiple_choice_answer over train+val (>= --min-count); soft targets
+    are the official ones (3 of 10 annotators: 0.9); ViLBERT's minval is the last 3,000 val
+    questions, LXMERT's the questions of the first 5,000 val images; test-dev has no labels."""
+    qs = {"train2014": [], "val2014": [], "test-dev2015": []}
+    anns = {"train2014": [], "val2014": []}
+    for s, split in enumerate(qs):
+        for qid in range(20):
+            image = qid // 4 + (0 if split == "train2014" else 100)
+            qs[split].append({"image_id": image, "question": f"q {qid}?", "question_id": qid + 1000 * s})
+            if split in anns:
+                answers = ["dog"] * 7 + ["bird"] * 3 if qid % 2 else ["cat"] * 10
+                anns[split].append({"question_id": qid + 1000 * s, "answer_type": "other",
+                                    "multiple_choice_answer": answers[0], "answers": [{"answer": a} for a in answers]})
+    files = []
+    for split, questions in qs.items():
+        (tmp_path / f"v2_OpenEnded_mscoco_{split}_questions.json").write_text(json.dumps({"questions": questions}))
+        files.append(tmp_path / f"v2_OpenEnded_mscoco_{split}_questions.json")
+        if split in anns:
+            (tmp_path / f"v2_mscoco_{split}_annotations.json").write_text(json.dumps({"annotations": anns[split]}))
+            files.append(tmp_path / f"v2_mscoco_{split}_annotations.json")
+    with pytest.raises(ConfigError, match="no answer occurs 21 times"):  # 'dog' and 'cat': 20 times each
+        build_task(transfer.get("vqa"), files, tmp_path / "t", min_count=21)
+    manifest = build_task(transfer.get("vqa"), files, tmp_path / "t", min_count=20)
+    data = TaskData.open(tmp_path / "t")
+    assert data.answers == ["cat", "dog"] and manifest["answers"]["train_rows_with_target"] == 20
+    odd = data.rows("train")[1]
+    assert dict(zip(data.column("answer_ids")[odd], data.column("answer_scores")[odd])) == {1: 1.0}  # 'bird' not in the table
+    assert data.column("answers")[odd].count("bird") == 3
+    val = [int(r) for r in data.rows("val")]
+    assert [int(r) for r in data.rows("minval")] == val[-3000:] and len(data.rows("test-dev")) == 20
+    assert data.column("label")[int(data.rows("test-dev")[0])] is None
+    assert data.column("images")[val[0]] == ["COCO_val2014_000000000100"]
+    (tmp_path / "ans2label.json").write_text(json.dumps({"dog": 1, "cat": 0, "bird": 2}))  # LXMERT's table format
+    build_task(transfer.get("vqa"), files, tmp_path / "t", answers_from=tmp_path / "ans2label.json")
+    data = TaskData.open(tmp_path / "t")
+    assert data.answers == ["cat", "dog", "bird"]
+    assert dict(zip(data.column("answer_ids")[odd], data.column("answer_scores")[odd])) == pytest.approx(
+        {1: 1.0, 2: 0.9})
+
+
+def test_malformed_rows_are_named_counted_and_left_out(world, tmp_path):
+    good = (world / "files" / "dev.json").read_text().splitlines()
+    bad = tmp_path / "dev.json"
+    bad.write_text("\n".join([good[0], "{not json", good[1].replace('"True"', '"maybe"').replace('"False"', '"maybe"'),
+                              *good[2:]]) + "\n")
+    manifest = build_task(transfer.get("nlvr2"), [bad], tmp_path / "t")
+    assert manifest["malformed"]["count"] == 2
+    assert [e.split(":")[:2] for e in manifest["malformed"]["examples"]] == [["dev.json", "2"], ["dev.json", "3"]]
+    assert manifest["rows"] == len(good) - 1
+    report = (tmp_path / "t" / "report.md").read_text()
+    assert "Malformed rows: 2" in report and "dev.json:2" in report
+
+
+def test_task_data_refusals(world, tmp_path):
+    with pytest.raises(ConfigError, match="holds 'vqa' data, not 'gqa'"):
+        TaskData.open(world / "vqa", task="gqa")
+    with pytest.raises(ConfigError, match="not a task dataset"):
+        TaskData.open(tmp_path)
+    with pytest.raises(ConfigError, match="no such file"):
+        build_task(transfer.get("vqa"), [tmp_path / "missing.json"], tmp_path / "t")
+    with pytest.raises(ConfigError, match="has no answer table"):
+        build_task(transfer.get("nlvr2"), [world / "files" / "dev.json"], tmp_path / "t", min_count=3)
+    (tmp_path / "taken").mkdir()
+    (tmp_path / "taken" / "mine.txt").write_text("x")
+    with pytest.raises(ConfigError):
+        build_task(transfer.get("nlvr2"), [world / "files" / "dev.json"], tmp_path / "taken")
+    assert (tmp_path / "taken" / "mine.txt").read_text() == "x"
+
+
+# --- learning: one task of each head kind, a planted signal --------------------------------
+
+LEARNING = {  # task: (model, steps, metric, at least)
+    "vqa": ("lxmert-tiny", 40, "eval_vqa_accuracy", 90.0),  # answer classifier
+    "nlvr2": ("lxmert-tiny", 40, "eval_nlvr2_accuracy", 90.0),  # pair classifier
+    "refcoco+": ("lxmert-tiny", 30, "eval_refcoco+_accuracy", 90.0),  # per-region scorer
+    "vcr": ("vilbert-tiny", 60, "eval_vcr_q2a", 80.0),  # 4-way choice
+}
+
+
+@pytest.mark.parametrize("task", LEARNING)
+def test_each_head_kind_learns_a_planted_signal(world, tmp_path, task):
+    model, steps, metric, floor = LEARNING[task]
+    last = run_finetune(settings(world, tmp_path, [task], model, steps=steps, batch_size=8, warmup=4,
+                                 checkpoint_every=1000, log_every=10))
+    assert last[metric] >= floor, last
+
+
+# --- resume, multi-task, DDP ---------------------------------------------------------------
+
+
+def test_finetune_resume_is_bit_exact_and_multitask_batches_alternate(world, tmp_path):
+    """Two tasks round-robin: 6 steps straight equal 3 + resume + 3 (weights bit for bit);
+    each step trains one task, alternating, and both are validated."""
+    straight = run_finetune(settings(world, tmp_path / "a", ["vqa", "nlvr2"], steps=6, checkpoint_every=3))
+    run_finetune(settings(world, tmp_path / "b", ["vqa", "nlvr2"], steps=6, checkpoint_every=3, stop_at=3))
+    resumed = run_finetune(settings(world, tmp_path / "b", ["vqa", "nlvr2"], steps=6, checkpoint_every=3, resume=True))
+    a = torch.load(tmp_path / "a" / "ft" / "checkpoints" / "step_0000006.pt", weights_only=True)["model"]
+    b = torch.load(tmp_path / "b" / "ft" / "checkpoints" / "step_0000006.pt", weights_only=True)["model"]
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert straight["eval_vqa_accuracy"] == resumed["eval_vqa_accuracy"]
+    rows = [json.loads(line) for line in (tmp_path / "a" / "ft" / "metrics.jsonl").read_text().splitlines()]
+    trained = [("loss_vqa" in r, "loss_nlvr2" in r) for r in rows if "loss_vqa" in r or "loss_nlvr2" in r]
+    assert trained == [(True, False), (False, True)] * 3
+    assert {"eval_vqa_accuracy", "eval_nlvr2_accuracy", "eval_nlvr2_consistency"} <= set(straight)
+    assert (tmp_path / "a" / "ft" / "checkpoints" / "best").is_file()  # kept by the first task's metric
+
+
+def test_task_batch_sampler_orders_and_resumes():
+    rr = TaskBatchSampler([8, 4, 12], batch_size=2, seed=1)
+    assert rr.order(0) == [0, 1, 2, 0, 1, 2, 0, 2, 0, 2, 2, 2]
+    prop = TaskBatchSampler([8, 4, 12], batch_size=2, seed=1, mode="proportional")
+    assert sorted(prop.order(0)) == sorted(rr.order(0)) and prop.order(0) != prop.order(1)
+    batches = list(iter(rr))
+    assert all(len(b) == 2 for b in batches) and sorted(i for b in batches for i in b) == list(range(24))
+    assert all(len({0 if i < 8 else 1 if i < 12 else 2 for i in b}) == 1 for b in batches)  # one task per batch
+    again = TaskBatchSampler([8, 4, 12], batch_size=2, seed=1)
+    again.load_state_dict({**rr.state_dict(), "position": 10})  # 5 batches consumed
+    assert list(iter(again)) == batches[5:]
+    with pytest.raises(ValueError, match="another"):
+        again.load_state_dict({**rr.state_dict(), "sizes": [8, 4]})
+
+
+def no_dropout(tmp_path) -> str:
+    cfg = json.loads((REPO / "vl_models" / "models" / "model_configs" / "lxmert-tiny.json").read_text())
+    cfg.update(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, name="lxmert-tiny-nodrop")
+    (tmp_path / "nodrop.json").write_text(json.dumps(cfg))
+    return str(tmp_path / "nodrop.json")
+
+
+def test_torchrun_two_processes_finetune_like_one(world, tmp_path):
+    """`vltrain finetune` under torchrun: 2 ranks x batch 2 = 1 process x batch 4, to float noise."""
+    common = ["-m", "vl_models.cli", "finetune", "--task", "vqa", "--data", str(world / "vqa"), "--shards",
+              str(world / "feats"), "--model", no_dropout(tmp_path), "--vocab", str(VOCAB), "--epochs", "0",
+              "--steps", "3", "--lr", "1e-2", "--warmup", "1", "--optimizer", "sgd", "--max-regions", "8",
+              "--eval-items", "4"]
+    two = subprocess.run([shutil.which("torchrun"), "--nproc_per_node", "2", "--master_port", "29541", *common,
+                          "--batch-size", "2", "--out", str(tmp_path / "ddp")], capture_output=True, text=True,
+                         cwd=REPO, timeout=300)
+    assert two.returncode == 0, two.stderr[-3000:]
+    one = subprocess.run([sys.executable, *common, "--batch-size", "4", "--out", str(tmp_path / "one")],
+                         capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert one.returncode == 0, one.stderr[-3000:]
+    a = torch.load(tmp_path / "ddp" / "checkpoints" / "step_0000003.pt", weights_only=True)["model"]
+    b = torch.load(tmp_path / "one" / "checkpoints" / "step_0000003.pt", weights_only=True)["model"]
+    assert max((a[k].float() - b[k].float()).abs().max().item() for k in a) < 1e-5
+
+
+# --- evaluation: official metrics, submission files ----------------------------------------
+
+
+@pytest.fixture(scope="module")
+def finetuned(world, tmp_path_factory):
+    """One short fine-tuning run per task with a submission format (and retrieval)."""
+    root = tmp_path_factory.mktemp("runs")
+    runs = {}
+    for task in ("vqa", "gqa", "nlvr2", "vcr", "flickr30k", "refcoco+"):
+        run_finetune(settings(world, root / task, [task], steps=2, eval_items=4))
+        runs[task] = root / task / "ft"
+    return runs
+
+
+def test_vqa_evaluation_writes_the_official_results_json(world, finetuned, tmp_path):
+    result = evaluate_checkpoint("vqa", str(finetuned["vqa"]), world / "vqa", "val", out=tmp_path / "e")
+    results = json.loads((tmp_path / "e" / "vqa_results.json").read_text())
+    data = TaskData.open(world / "vqa")
+    rows = data.rows("val")
+    assert sorted(r["question_id"] for r in results) == sorted(int(data.column("uid")[r]) for r in rows)
+    annotations = [{"question_id": int(data.column("uid")[r]), "answer_type": data.column("answer_type")[r],
+                    "answers": [{"answer": a} for a in data.column("answers")[r]]} for r in rows]
+    official = vqa_report(results, annotations)  # the official evaluator's numbers on the written file
+    assert result["metrics"]["accuracy"] == official["overall"]
+    assert result["metrics"]["accuracy_yes_no"] == official["perAnswerType"]["yes/no"]
+    saved = json.loads((tmp_path / "e" / "metrics.json").read_text())
+    assert saved["metrics"] == result["metrics"] and saved["rows"] == 24
+
+
+def test_gqa_nlvr2_vcr_submissions_are_in_the_official_formats(world, finetuned, tmp_path):
+    gqa = evaluate_checkpoint("gqa", str(finetuned["gqa"]), world / "gqa", "submission", out=tmp_path / "g")
+    assert gqa["metrics"] == {}  # the submission file has no answers: predictions only
+    rows = json.loads((tmp_path / "g" / "gqa_predictions.json").read_text())
+    assert {r["questionId"] for r in rows} == {f"s{i}" for i in range(30, IMAGES)}
+    assert all(r["prediction"] in COLORS for r in rows)
+    nlvr2 = evaluate_checkpoint("nlvr2", str(finetuned["nlvr2"]), world / "nlvr2", "dev", out=tmp_path / "n")
+    lines = (tmp_path / "n" / "nlvr2_predictions.csv").read_text().splitlines()
+    assert len(lines) == 12 and all(line.split(",")[1] in ("True", "False") for line in lines)
+    assert set(nlvr2["metrics"]) == {"accuracy", "consistency"}
+    vcr = evaluate_checkpoint("vcr", str(finetuned["vcr"]), world / "vcr", "val", out=tmp_path / "v")
+    with open(tmp_path / "v" / "vcr_submission.csv") as f:
+        table = list(csv.reader(f))
+    assert len(table[0]) == 21 and table[0][:2] == ["annot_id", "answer_0"] and len(table) == 13
+    probs = np.array([[float(v) for v in r[1:]] for r in table[1:]])
+    assert np.allclose(probs[:, :4].sum(1), 1) and np.allclose(probs[:, 4:].reshape(-1, 4, 4).sum(2), 1)
+    assert set(vcr["metrics"]) == {"q2a", "qa2r", "q2ar"}
+
+
+def test_retrieval_scores_every_pair_and_zero_shot_uses_the_pair_head(world, finetuned, tmp_path):
+    seen = []
+    result = evaluate_checkpoint("flickr30k", str(finetuned["flickr30k"]), world / "flickr30k", "test",
+                                 out=tmp_path / "r", progress=lambda done, total: seen.append((done, total)))
+    assert seen[-1] == (60 * 12, 60 * 12)  # 60 captions x 12 images
+    assert {"text_to_image_R@1", "image_to_text_R@10", "text_to_image_median_rank"} <= set(result["metrics"])
+    ranked = json.loads((tmp_path / "r" / "flickr30k_rankings.json").read_text())
+    assert len(ranked) == 60 and all(len(r["images"]) == 10 for r in ranked)
+    zero = evaluate_checkpoint("flickr30k", str(finetuned["vqa"]), world / "flickr30k", "test", out=tmp_path / "z",
+                               zero_shot=True, limit=4)
+    assert zero["examples"] == 20  # the captions of the first 4 images
+    with pytest.raises(ConfigError, match="needs a fine-tuned head"):
+        evaluate_checkpoint("vqa", str(finetuned["vqa"]), world / "vqa", "val", zero_shot=True)
+    with pytest.raises(ConfigError, match="no fine-tuning run of nlvr2"):
+        evaluate_checkpoint("nlvr2", str(finetuned["vqa"]), world / "nlvr2", "dev")
+
+
+def test_grounding_is_scored_on_the_chosen_region_box(world, finetuned, tmp_path):
+    result = evaluate_checkpoint("refcoco+", str(finetuned["refcoco+"]), world / "refcoco+", "testA",
+                                 out=tmp_path / "g")
+    chosen = json.loads((tmp_path / "g" / "refcoco+_predictions.json").read_text())
+    data = TaskData.open(world / "refcoco+")
+    truth = [data.column("box")[int(r)] for r in data.rows("testA")]
+    hits = [c["box"] == t for c, t in zip(chosen, truth)]  # disjoint boxes: IoU > 0.5 only for the referred one
+    assert result["metrics"]["accuracy"] == pytest.approx(100 * np.mean(hits))
+
+
+# --- the command lines ---------------------------------------------------------------------
+
+
+def test_command_lines_build_finetune_and_evaluate(world, tmp_path):
+    files = world / "files"
+    build = subprocess.run(["vlprep", "build-task", "--task", "nlvr2", "--out", str(tmp_path / "t"),
+                            str(files / "train.json"), str(files / "dev.json"), "--image-map",
+                            str(files / "image_map.tsv")], capture_output=True, text=True, timeout=120)
+    assert build.returncode == 0, build.stderr
+    assert "nlvr2: 36 rows (dev 12, train 24)" in build.stdout
+    bad = subprocess.run(["vlprep", "build-task", "--task", "nlvr3", "--out", str(tmp_path / "u"),
+                          str(files / "dev.json")], capture_output=True, text=True, timeout=120)
+    assert bad.returncode != 0 and "unknown task 'nlvr3'" in bad.stderr
+    ft = subprocess.run([sys.executable, "-m", "vl_models.cli", "finetune", "--task", "nlvr2", "--data",
+                         str(tmp_path / "t"), "--shards", str(world / "feats"), "--model", "vilbert-tiny", "--vocab",
+                         str(VOCAB), "--epochs", "0", "--steps", "2", "--batch-size", "4", "--max-regions", "6",
+                         "--out", str(tmp_path / "run")], capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert ft.returncode == 0, ft.stderr[-2000:]
+    assert "eval_nlvr2_accuracy" in ft.stdout
+    ev = subprocess.run([sys.executable, "-m", "vl_models.cli", "evaluate", "--task", "nlvr2", "--checkpoint",
+                         str(tmp_path / "run"), "--step", "best", "--data", str(tmp_path / "t"), "--split", "dev"],
+                        capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert ev.returncode == 0, ev.stderr[-2000:]
+    assert "accuracy" in ev.stdout and (tmp_path / "run" / "eval" / "nlvr2-dev" / "nlvr2_predictions.csv").is_file()
+    mismatch = subprocess.run([sys.executable, "-m", "vl_models.cli", "finetune", "--task", "vqa", "--task", "gqa",
+                               "--data", str(world / "vqa"), "--shards", str(world / "feats"), "--out",
+                               str(tmp_path / "x")], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert mismatch.returncode != 0 and "one task dataset per --task" in mismatch.stderr
+
+
+def test_every_finetune_config_field_has_a_flag_and_every_flag_a_field():
+    import dataclasses
+
+    import typer
+
+    from vl_models.cli import app
+    from vl_models.config import FINETUNE_SECTIONS
+
+    params = {p.name for p in typer.main.get_command(app).commands["finetune"].params}
+    pretraining_only = {"region_overlap", "mlm_prob", "region_prob", "mismatch_prob"}  # masking: not in fine-tuning
+    own = {f.name for f in dataclasses.fields(FinetuneConfig)} - set(FINETUNE_SECTIONS)
+    fields = own | {f.name for cls in FINETUNE_SECTIONS.values() for f in dataclasses.fields(cls)}
+    assert sorted(fields - params - pretraining_only) == []
+    assert sorted(params - fields) == []
+
+
+def test_wordpiece_pairs_truncate_the_longer_side():
+    from vl_models.data.tokenize import WordPiece
+
+    tok = WordPiece(VOCAB)
+    enc = tok.encode_pair("what color is the ball", "it is red", 9)
+    words = tok.tok.decode(enc.ids.tolist(), skip_special_tokens=False).split()
+    assert words == ["[CLS]", "what", "color", "is", "[SEP]", "it", "is", "red", "[SEP]"]
+    assert enc.mask.tolist() == [1] * 9 and enc.special.tolist() == [True] + [False] * 3 + [True] + [False] * 3 + [True]
+
+
+@pytest.mark.parametrize("model", ["vilbert-tiny", "lxmert-tiny"])
+def test_retrieval_reuses_single_stream_states_with_the_same_scores(world, model):
+    """`score_pairs` runs each caption's and each image's single-modality layers once: its
+    scores equal full pair forwards (`ModelFamily.encode`) of the same pairs."""
+    from vl_models import families
+    from vl_models.config import DataSettings
+    from vl_models.transfer.dataset import TaskDataset
+    from vl_models.transfer.evaluate import score_pairs
+    from vl_models.transfer.heads import build_transfer_model
+    from vl_models.transfer.runs import model_of
+
+    data = TaskData.open(world / "flickr30k")
+    family, mcfg = model_of(model, None, str(world / "feats"), 1)
+    torch.manual_seed(0)
+    tmodel = build_transfer_model(family, mcfg, [transfer.get("flickr30k")], [data]).eval()
+    view = TaskDataset(data, transfer.get("flickr30k"), [world / "feats"], VOCAB, family,
+                       DataSettings(max_regions=8, max_text=12), "test", train=False)
+    found = score_pairs(tmodel, view, "cpu", batch_size=7, limit=3)
+    scores, images = found.values["scores"], found.values["images"]
+    assert scores.shape == (15, 3) and images == ["img_24", "img_25", "img_26"]
+    collate = torch.utils.data.default_collate
+    for c, row in enumerate(found.rows[:6]):
+        i = int(np.nonzero(view.rows == row)[0][0])
+        batch = collate([{**view.candidates([(view.text(view.value("text", i)), view.image(key))]), "x": 0}
+                         for key in images])
+        with torch.no_grad():
+            full = family.encode(tmodel.backbone, batch).pair.numpy()
+        assert np.abs(full - scores[c]).max() < 1e-5, (c, full, scores[c])
