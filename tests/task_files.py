@@ -101,12 +101,13 @@ def write_image_map(files: Path) -> Path:
 
 
 def _pairs():
-    """(split, pair number, left image, right image): an image and the next one (another
-    colour) for even pairs, the one three on (the same colour) for odd ones."""
+    """(split, pair number, left image, right image): the left image is red for even pairs and
+    not for odd ones (half the statements are true); the right one is another image."""
     for split, images in (("train", range(VAL_FROM)), ("dev", range(VAL_FROM, IMAGES))):
         images = list(images)
         for p in range(len(images)):
-            yield split, p, images[p], images[(p + (3 if p % 2 else 1)) % len(images)]
+            left = (3 * (p // 2) + p % 2) % len(images)  # images[3k] are red
+            yield split, p, images[left], images[(left + 2) % len(images)]
 
 
 def _nlvr2_images():
@@ -116,15 +117,15 @@ def _nlvr2_images():
 
 
 def write_nlvr2(files: Path) -> list[Path]:
-    """One statement per pair, 'the two images have the same colour': true for odd pairs."""
+    """One statement per pair, 'the left image is red': true for even pairs."""
     out = []
     for split in ("train", "dev"):
         rows = []
         for s, p, left, right in _pairs():
             if s != split:
                 continue
-            rows.append({"identifier": f"{split}-{p}-0-0", "sentence": "the two images have the same colour",
-                         "label": str(color(left) == color(right)), "left_url": f"http://x/{key(left)}.jpg",
+            rows.append({"identifier": f"{split}-{p}-0-0", "sentence": "the left image is red",
+                         "label": str(color(left) == 0), "left_url": f"http://x/{key(left)}.jpg",
                          "right_url": f"http://x/{key(right)}.jpg"})
         out.append(_lines(files / f"{split}.json", rows))
     return out

@@ -123,3 +123,23 @@ def read_refs(refs: Path, instances: Path) -> Iterator[Union[RefExpression, Skip
             yield text if isinstance(text, Skip) else RefExpression(
                 ref["ref_id"], s["sent_id"], ref["split"], image.stem, ref["image_id"], ref["ann_id"], text,
                 (x, y, x + w, y + h), image.width, image.height)
+
+
+def annotation_boxes(instances: Path, images: set[str]) -> dict[str, list[list[float]]]:
+    """Every annotation's box (x1, y1, x2, y2, pixels) on the named images (COCO file stems),
+    in file order: the ground-truth region candidates, as `vlprep extract --given-boxes`
+    reads them. Malformed entries are left out (`read_refs` names them)."""
+    instances = Path(instances)
+    ids = {}
+    for _, img in iter_json(instances, member="images", array=True):
+        if isinstance(img, dict) and is_int(img.get("id")) and isinstance(img.get("file_name"), str):
+            stem = img["file_name"].rsplit(".", 1)[0]
+            if stem in images:
+                ids[img["id"]] = stem
+    out: dict[str, list[list[float]]] = {}
+    for _, ann in iter_json(instances, member="annotations", array=True):
+        bbox = ann.get("bbox") if isinstance(ann, dict) else None
+        if isinstance(bbox, list) and len(bbox) == 4 and all(_number(v) for v in bbox) and ann.get("image_id") in ids:
+            x, y, w, h = (float(v) for v in bbox)
+            out.setdefault(ids[ann["image_id"]], []).append([x, y, x + w, y + h])
+    return out

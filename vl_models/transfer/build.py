@@ -12,7 +12,8 @@ frequent first (ties alphabetical), or exactly the table of ``answers_from`` in 
 targets (`Task.targets`) are kept where the table has the answer; the manifest says how
 many training rows keep at least one.
 
-Malformed rows are named (file:where, reason), counted and left out; skipped rows (null or
+A task may add files of its own (RefCOCO: ``given_boxes.json``, the ground-truth boxes for
+`vlprep extract --given-boxes`). Malformed rows are named (file:where, reason), counted and left out; skipped rows (null or
 blank texts) are counted per reason. The folder is built under a temporary name and swapped
 in when complete (`pipeline.io.replacing_output`): an earlier task dataset there is replaced,
 anything else is refused.
@@ -84,6 +85,7 @@ def build_task(task: Task, files: Sequence[Path], out: Path, image_map: Optional
                   "answer_ids": list(targets) or None, "answer_scores": list(targets.values()) or None}
         for name in ITEMS_SCHEMA.names:
             columns[name].append(record[name])
+    extra = task.extra_files(files, rows)
     splits = Counter(s for names in columns["splits"] for s in names)
     train_rows = splits.get(task.train_split, 0)
     manifest = {
@@ -94,6 +96,7 @@ def build_task(task: Task, files: Sequence[Path], out: Path, image_map: Optional
         "image_map": str(image_map) if image_map else None,
         "files": [{"path": str(f), "sha256": sha256_file(f)} for f in files],
         "skipped": dict(skipped), "malformed": {"count": len(malformed), "examples": malformed[:LISTED]},
+        "extra_files": sorted(extra),
     }
     with replacing_output(Path(out), FORMAT, inputs=files, what="vlprep build-task",
                           also_ours=lambda p: task_manifest(p) is not None) as tmp:
@@ -102,6 +105,8 @@ def build_task(task: Task, files: Sequence[Path], out: Path, image_map: Optional
         with pa.OSFile(str(tmp / ITEMS_FILE), "wb") as sink, pa.ipc.new_file(sink, ITEMS_SCHEMA) as writer:
             writer.write_table(table_arrow)
         atomic_write_json(tmp / ANSWERS_FILE, {"answers": table})
+        for name, content in extra.items():
+            atomic_write_json(tmp / name, content)
         (tmp / REPORT_FILE).write_text(render_report(manifest))
         atomic_write_json(tmp / MANIFEST_FILE, manifest)
     for line in malformed[:LISTED]:

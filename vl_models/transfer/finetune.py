@@ -64,7 +64,8 @@ def run_finetune(cfg: FinetuneConfig, on_step: Optional[Callable[[int, dict, int
     family, mcfg = model_of(cfg.model, run, cfg.stores[0], len(old_answers or ()))
     vocab = cfg.vocab or (run and run["train"].get("vocab"))
     if not vocab:
-        raise ConfigError("--vocab: name the vocab (the --init is no run of ours to take it from)")
+        raise ConfigError("--vocab: name the vocab (there is no --init run of ours to take it from)")
+    cfg = cfg.with_(vocab=str(vocab))  # recorded: a run fine-tuned from this one finds it
     stores = [Path(s) for s in cfg.stores]
 
     def view(t: int, split: str, train: bool) -> TaskDataset:

@@ -3,7 +3,8 @@
 the referred box; splits train / val / testA / testB (RefCOCOg: train / val / test).
 
 The region candidates are the feature store's boxes — build it with `vlprep extract
---given-boxes` (ground-truth boxes and/or detections). Each region's target is its IoU with
+--given-boxes` (ground-truth boxes and/or detections); build-task writes the ground-truth
+boxes of the task's images into the task folder (``given_boxes.json``) for that. Each region's target is its IoU with
 the referred box, values below 0.5 set to 0 (ViLBERT's); a per-region scorer is trained with
 BCE, and an expression counts as right when its best-scored region overlaps the referred
 box by IoU > 0.5 (`metrics.grounding_accuracy`).
@@ -18,11 +19,12 @@ import numpy as np
 from pipeline.errors import ConfigError
 from pipeline.io import atomic_write_json
 from pipeline.sources.base import Malformed, Skip
-from pipeline.sources.refcoco import read_refs
+from pipeline.sources.refcoco import annotation_boxes, read_refs
 from vl_models.eval.metrics import box_iou_pairs, grounding_accuracy
 from vl_models.transfer.task import Row, Task, column
 
 TARGET_IOU = 0.5
+GIVEN_BOXES = "given_boxes.json"  # written into the task folder by build-task
 
 
 class Referring(Task):
@@ -43,6 +45,11 @@ class Referring(Task):
                 continue
             yield Row(uid=f"{ref.ref_id}-{ref.sent_id}", split=ref.split, images=(ref.image,), text=ref.sentence,
                       box=[float(v) for v in ref.box], group=str(ref.ref_id))
+
+    def extra_files(self, files, rows):
+        """``given_boxes.json``: every COCO annotation's box on the task's images, by image name
+        (`vlprep extract --given-boxes`: ground-truth region candidates, as ViLBERT's training adds)."""
+        return {GIVEN_BOXES: annotation_boxes(Path(files[1]), {r.images[0] for r in rows})}
 
     def example(self, view, i, rng):
         image = view.image(view.value("images", i)[0])

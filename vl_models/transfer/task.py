@@ -86,6 +86,11 @@ class Task:
         """Further named splits (name -> indices into `rows`) besides each row's own."""
         return {}
 
+    def extra_files(self, files: Sequence[Path], rows: list[Row]) -> dict[str, Any]:
+        """Further JSON files for the task folder, by name (RefCOCO: the ground-truth boxes
+        for `vlprep extract --given-boxes`)."""
+        return {}
+
     def targets(self, row: Row) -> dict[str, float]:
         """Classifier tasks: the row's soft target per answer (as `table_answer` writes it)."""
         return {}
