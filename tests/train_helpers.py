@@ -1,8 +1,10 @@
 """Helpers of the trainer tests: the real BERT vocab and a tiny run's config (importable
 from any test folder: a `conftest` module name is shared by every folder)."""
 
+import json
 
 import torch
+from helpers import REPO
 
 from vl_models.config import TrainConfig
 from vl_models.data.tokenize import bundled_bert_vocab
@@ -26,3 +28,11 @@ def assert_pretraining_logits_match(ours, hf, ids, feats, pos, mask, vmask, tol:
     for x, y in ((a.lm_logits, b.prediction_logits), (a.matched_logits, b.cross_relationship_score),
                  (a.answer_logits, b.question_answering_score)):
         assert (x - y).abs().max() <= tol
+
+
+def no_dropout_config(tmp_path) -> str:
+    """lxmert-tiny with dropout off (DDP and compiled runs draw dropout masks differently)."""
+    cfg = json.loads((REPO / "vl_models" / "models" / "model_configs" / "lxmert-tiny.json").read_text())
+    cfg.update(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, name="lxmert-tiny-nodrop")
+    (tmp_path / "nodrop.json").write_text(json.dumps(cfg))
+    return str(tmp_path / "nodrop.json")

@@ -2,7 +2,7 @@ import json
 
 import pytest
 import torch
-from train_helpers import VOCAB, config
+from train_helpers import VOCAB, config, no_dropout_config
 from helpers import REPO
 
 from pipeline.errors import ConfigError
@@ -48,14 +48,6 @@ def test_init_from_a_checkpoint(data, tmp_path):
         assert torch.equal(a[key], b[key]), key
     with pytest.raises(ConfigError, match="does not match"):
         run(config(data, tmp_path / "third", "vilbert-tiny", steps=1, init=str(first)))
-
-
-def no_dropout_config(tmp_path) -> str:
-    """lxmert-tiny with dropout off (DDP and compiled runs draw dropout masks differently)."""
-    cfg = json.loads((REPO / "vl_models" / "models" / "model_configs" / "lxmert-tiny.json").read_text())
-    cfg.update(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, name="lxmert-tiny-nodrop")
-    (tmp_path / "nodrop.json").write_text(json.dumps(cfg))
-    return str(tmp_path / "nodrop.json")
 
 
 def test_compiled_backbone_trains_like_eager(data, tmp_path):

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import torch
 from helpers import REPO
-from task_files import COLORS, IMAGES, VAL_FROM, color, write_task_world
-from train_helpers import VOCAB
+from task_files import COLORS, IMAGES, write_task_world
+from train_helpers import VOCAB, no_dropout_config
 
 from pipeline.errors import ConfigError
 from pipeline.task_data import TaskData
@@ -204,17 +204,10 @@ def test_task_batch_sampler_orders_and_resumes():
         again.load_state_dict({**rr.state_dict(), "sizes": [8, 4]})
 
 
-def no_dropout(tmp_path) -> str:
-    cfg = json.loads((REPO / "vl_models" / "models" / "model_configs" / "lxmert-tiny.json").read_text())
-    cfg.update(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, name="lxmert-tiny-nodrop")
-    (tmp_path / "nodrop.json").write_text(json.dumps(cfg))
-    return str(tmp_path / "nodrop.json")
-
-
 def test_torchrun_two_processes_finetune_like_one(world, tmp_path):
     """`vltrain finetune` under torchrun: 2 ranks x batch 2 = 1 process x batch 4, to float noise."""
     common = ["-m", "vl_models.cli", "finetune", "--task", "vqa", "--data", str(world / "vqa"), "--shards",
-              str(world / "feats"), "--model", no_dropout(tmp_path), "--vocab", str(VOCAB), "--epochs", "0",
+              str(world / "feats"), "--model", no_dropout_config(tmp_path), "--vocab", str(VOCAB), "--epochs", "0",
               "--steps", "3", "--lr", "1e-2", "--warmup", "1", "--optimizer", "sgd", "--max-regions", "8",
               "--eval-items", "4"]
     two = subprocess.run([shutil.which("torchrun"), "--nproc_per_node", "2", "--master_port", "29541", *common,
@@ -365,7 +358,6 @@ def test_wordpiece_pairs_truncate_the_longer_side():
 def test_retrieval_reuses_single_stream_states_with_the_same_scores(world, model):
     """`score_pairs` runs each caption's and each image's single-modality layers once: its
     scores equal full pair forwards (`ModelFamily.encode`) of the same pairs."""
-    from vl_models import families
     from vl_models.config import DataSettings
     from vl_models.transfer.dataset import TaskDataset
     from vl_models.transfer.evaluate import score_pairs
