@@ -129,14 +129,15 @@ class ModelFamily:
         """(pooled pair vector, region state) widths of the backbone: the transfer heads' inputs."""
         raise NotImplementedError
 
-    def encode(self, model, batch: dict):
-        """The backbone's outputs for fine-tuning heads (`Encoded`):
-        `batch` holds C candidates per example ((B, C, ...) tensors), flattened to B*C pairs."""
-        flat = {k: batch[k].flatten(0, 1) for k in
-                ("input_ids", "attention_mask", "visual_feats", "visual_pos", "visual_mask")}
-        out = self.forward(model, flat, decode=False)
-        return Encoded(pooled=out.model.pooled_output, vision=out.model.vision_output, pair=self.pair_logit(out))
-
+    def encode(self, model, batch: dict) -> Encoded:
+        """The backbone's outputs for fine-tuning heads (`Encoded`): `batch` holds C candidates
+        per example ((B, C, ...) tensors), flattened to B*C pairs. Of the pretraining heads only
+        the pair head runs."""
+        flat = [batch[k].flatten(0, 1) for k in ("input_ids", "visual_feats", "visual_pos", "attention_mask",
+                                                 "visual_mask")]
+        out = self.backbone(model)(*flat)
+        return Encoded(pooled=out.pooled_output, vision=out.vision_output,
+                       pair=self._margin(self.pair_head(model)(out.pooled_output)))
     def qa_head(self, model: torch.nn.Module):
         """The pretraining QA head's ``Linear, GeLU, LayerNorm, Linear`` (an `nn.Sequential`)
         that fine-tuning answer heads start from; None for a family without one."""
