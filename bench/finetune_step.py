@@ -128,6 +128,8 @@ def main() -> None:
     parser.add_argument("--amp", default="none", choices=["none", "bf16"])
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     parser.add_argument("--quick", action="store_true", help="smoke run: lxmert-tiny, 16 answers, 2 steps")
+    parser.add_argument("--compile", action="store_true",
+                        help="also time ours with the backbone compiled as `vltrain finetune --compile` does")
     args = parser.parse_args()
     if args.quick:
         args.model, args.answers, args.steps, args.warmup = "lxmert-tiny", 16, 2, 1
@@ -142,7 +144,14 @@ def main() -> None:
     hf.eval()
     with torch.no_grad():
         diff = (ours_loss(ours, batch) - hf_loss(hf, batch)).abs().item()
-    timed = time_steps([(hf, hf_loss), (ours, ours_loss)], batch, args.steps, args.warmup, args.device, args.amp)
+    runs, names = [(hf, hf_loss), (ours, ours_loss)], ["transformers", "ours"]
+    if args.compile:  # a second copy of ours, its backbone compiled in place (the trainer's compile target)
+        compiled, _ = build_pair(mcfg, args.answers, args.device)
+        compiled.load_state_dict(ours.state_dict())
+        compiled.family.backbone(compiled.backbone).compile()
+        runs.append((compiled, ours_loss))
+        names.append("ours, compiled")
+    timed = time_steps(runs, batch, args.steps, args.warmup, args.device, args.amp)
 
     name = torch.cuda.get_device_name() if args.device.startswith("cuda") else f"CPU, {os.cpu_count()} cores"
     print(f"device: {name}; torch {torch.__version__} ({torch.get_num_threads()} threads), transformers "
@@ -152,12 +161,13 @@ def main() -> None:
           f"{args.warmup} warm-up; eval-mode loss difference {diff:.2e}\n")
     print(f"{'implementation':<16} {'forward s':>10} {'backward s':>11} {'AdamW s':>8} {'step s':>8} {'steps/s':>8} "
           f"{'samples/s':>10}")
-    for impl, t in zip(("transformers", "ours"), timed):
+    for impl, t in zip(names, timed):
         print(f"{impl:<16} {t['forward']:10.3f} {t['backward']:11.3f} {t['optimizer']:8.3f} {t['step']:8.3f} "
               f"{1 / t['step']:8.3f} {args.batch / t['step']:10.1f}")
-    hf_t, our_t = timed
-    print(f"\nratio ours / transformers (steps/s): {hf_t['step'] / our_t['step']:.2f}x (target >= 1.2x); "
-          f"forward {hf_t['forward'] / our_t['forward']:.2f}x, backward {hf_t['backward'] / our_t['backward']:.2f}x")
+    hf_t = timed[0]
+    for impl, our_t in zip(names[1:], timed[1:]):
+        print(f"\nratio {impl} / transformers (steps/s): {hf_t['step'] / our_t['step']:.2f}x (target >= 1.2x); "
+              f"forward {hf_t['forward'] / our_t['forward']:.2f}x, backward {hf_t['backward'] / our_t['backward']:.2f}x")
 
 
 if __name__ == "__main__":
