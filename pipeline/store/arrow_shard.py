@@ -17,7 +17,7 @@ from __future__ import annotations
 import bisect
 import json
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Iterator, Optional, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -174,8 +174,13 @@ class ArrowShardReader:
     def image_ids(self) -> list[str]:
         return [b.image_id(r) for b in self._batches for r in range(b.rows)]
 
-    def record(self, row: int, expect: Optional[str] = None) -> Optional[RegionFeatures]:
-        """The record at `row`; None if `expect` is given and is not its image id."""
+    def id_keys(self) -> Iterator[memoryview]:
+        """Each row's image id as UTF-8 bytes (views into the map), in row order."""
+        return (b.id_bytes(r) for b in self._batches for r in range(b.rows))
+
+    def record(self, row: int, expect: Optional[str] = None, convert: bool = True) -> Optional[RegionFeatures]:
+        """The record at `row`; None if `expect` is given and is not its image id. With
+        ``convert=False`` arrays stay in the stored dtype (zero-copy views)."""
         batch, r = self._locate(row)
         if expect is None:
             image_id = batch.image_id(r)
@@ -183,7 +188,7 @@ class ArrowShardReader:
             image_id = expect
         else:
             return None
-        return self._assemble(image_id, batch.image_h[r], batch.image_w[r], batch.arrays(r))
+        return self._assemble(image_id, batch.image_h[r], batch.image_w[r], batch.arrays(r), convert)
 
     def close(self) -> None:
         self._batches = []

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import zlib
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Iterable, Optional
 
 import numpy as np
 import pyarrow as pa
@@ -29,8 +29,8 @@ _HASH_KEY = b"vlprep.index.hash"
 HASH_NAME = "crc32|adler32<<32"
 
 
-def id_hash(key: bytes) -> int:
-    """64-bit hash of an id's UTF-8 bytes: CRC-32 (low half, picks the slot) and
+def id_hash(key) -> int:
+    """64-bit hash of an id's UTF-8 bytes (bytes or a memoryview of them): CRC-32 (low half, picks the slot) and
     Adler-32 (high half); never 0 (the empty-slot mark). Fast in pure Python; a
     collision costs one extra id comparison, never a wrong record."""
     return (zlib.crc32(key) | (zlib.adler32(key) << 32)) or 1
@@ -46,19 +46,28 @@ class IdIndex:
         self._source = source  # keeps a memory map alive
 
     @classmethod
-    def build(cls, shard_ids: Sequence[Sequence[str]], binding: str) -> "IdIndex":
-        """Index the ids of each shard (in row order); `binding` is the manifest's
-        `shards_digest()` for those shards."""
-        hashes = np.array([id_hash(i.encode("utf-8")) for ids in shard_ids for i in ids], np.uint64)
-        shard = np.concatenate([np.full(len(ids), s, np.uint32) for s, ids in enumerate(shard_ids)] or [np.zeros(0, np.uint32)])
-        row = np.concatenate([np.arange(len(ids), dtype=np.uint32) for ids in shard_ids] or [np.zeros(0, np.uint32)])
+    def build(cls, shard_keys: Iterable[Iterable[bytes]], total: int, binding: str) -> "IdIndex":
+        """Index `total` ids streamed shard by shard: `shard_keys` yields, per shard, its ids'
+        UTF-8 bytes in row order (bytes or memoryviews: only hashed, never kept). `binding`
+        is the manifest's `shards_digest()` for those shards. Memory: the table (16 bytes per
+        slot, 2-4 slots per id) plus one shard's hashes; no collection of all ids."""
         size = 16
-        while size < 2 * len(hashes):
+        while size < 2 * total:
             size *= 2
-        table_h = np.zeros(size, np.uint64)
-        table_s = np.zeros(size, np.uint32)
-        table_r = np.zeros(size, np.uint32)
-        pos = (hashes & np.uint64(size - 1)).astype(np.int64)
+        table = cls(np.zeros(size, np.uint64), np.zeros(size, np.uint32), np.zeros(size, np.uint32), binding)
+        placed = 0
+        for shard, keys in enumerate(shard_keys):
+            hashes = np.fromiter(map(id_hash, keys), np.uint64)
+            placed += len(hashes)
+            if placed > total:
+                raise ValueError(f"more ids than the {total} announced")
+            table._insert(hashes, shard)
+        return table
+
+    def _insert(self, hashes: np.ndarray, shard: int) -> None:
+        """Place one shard's hashes (row i = hashes[i]), probing linearly past taken slots."""
+        table_h, mask = self._hashes, self._mask
+        pos = (hashes & np.uint64(mask)).astype(np.int64)
         pending = np.arange(len(hashes))
         while pending.size:
             slots = pos[pending]
@@ -66,12 +75,13 @@ class IdIndex:
             # First claimant of each free slot takes it; everyone else probes onward.
             won_slots, first = np.unique(slots[free], return_index=True)
             winners = pending[free][first]
-            table_h[won_slots], table_s[won_slots], table_r[won_slots] = hashes[winners], shard[winners], row[winners]
+            table_h[won_slots] = hashes[winners]
+            self._shards[won_slots] = shard
+            self._rows[won_slots] = winners
             placed = np.zeros(len(hashes), bool)
             placed[winners] = True
             pending = pending[~placed[pending]]
-            pos[pending] = (pos[pending] + 1) & (size - 1)
-        return cls(table_h, table_s, table_r, binding)
+            pos[pending] = (pos[pending] + 1) & mask
 
     def candidates(self, key: bytes) -> list[tuple[int, int]]:
         """(shard, row) of every entry whose hash matches that of the id `key` (UTF-8)."""

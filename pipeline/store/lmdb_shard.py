@@ -33,7 +33,7 @@ import errno
 import os
 import struct
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Iterator, Optional, Sequence
 
 import lmdb
 import numpy as np
@@ -228,6 +228,10 @@ class LmdbShardReader:
     def image_ids(self) -> list[str]:
         return [self.image_id(r) for r in range(self.rows)]
 
+    def id_keys(self) -> Iterator[bytes]:
+        """Each row's image id as UTF-8 bytes, in row order."""
+        return (self.image_id(r).encode("utf-8") for r in range(self.rows))
+
     def _plan(self, header: tuple, row: int, size: int) -> tuple[np.dtype, list[Optional[str]]]:
         """A structured dtype laying out every present column of a value with this
         header (one view gives them all), and the field name per column (None when
@@ -274,8 +278,9 @@ class LmdbShardReader:
         if problems:
             raise self._damaged(row, "header does not fit the store layout: " + ", ".join(problems))
 
-    def record(self, row: int, expect: Optional[str] = None) -> Optional[RegionFeatures]:
-        """The record at `row`; None if `expect` is given and is not its image id."""
+    def record(self, row: int, expect: Optional[str] = None, convert: bool = True) -> Optional[RegionFeatures]:
+        """The record at `row`; None if `expect` is given and is not its image id. With
+        ``convert=False`` arrays stay in the stored dtype (zero-copy views)."""
         value = self._value(row)
         header = _unpack_header(value)
         if header[0] != MAGIC or header[1] != VALUE_VERSION:
@@ -292,7 +297,7 @@ class LmdbShardReader:
             raise self._damaged(row, f"value of {len(value)} bytes, its header describes {layout.itemsize}")
         block = np.ndarray((), layout, value)
         arrays = [None if name is None else block[name] for name in names]
-        return self._assemble(image_id, header[4], header[5], arrays)
+        return self._assemble(image_id, header[4], header[5], arrays, convert)
 
     def close(self) -> None:
         self._txn.abort()

@@ -11,9 +11,9 @@ Readers open shards lazily and per process, so a `FeatureStore` may be created b
 a `DataLoader` forks its workers (or be pickled to Ray actors): each process maps the
 files itself and shares the page cache, never a per-worker copy of the data.
 
-Damage is a `StoreError` naming the shard, never a crash: opening a store checks every
-shard's size against the manifest (a truncated memory-mapped file would kill the reader
-with SIGBUS), readers check each record's structure, and with ``verify=True`` (or
+Damage is a `StoreError` naming the shard, never a crash: a shard's size is checked
+against the manifest before it is first mapped (a truncated memory-mapped file would kill
+the reader with SIGBUS), readers check each record's structure, and with ``verify=True`` (or
 ``VLPREP_VERIFY_SHARDS=1``) each shard's sha256 is checked once per process on first use,
 which also catches flipped bits inside the numbers.
 
@@ -39,6 +39,7 @@ from pipeline.io import (
 )
 from pipeline.records import RegionFeatures, validate_record
 from pipeline.store import arrow_shard, lmdb_shard
+from pipeline.store.batch import RegionBuffer
 from pipeline.store.index import INDEX_FILE, IdIndex, id_hash
 from pipeline.store.layout import ProbStorage, StoreLayout
 from pipeline.store.manifest import IDENTITY_KEYS, MANIFEST_FILE, SHARDS_DIR, Manifest, ShardInfo, now_iso
@@ -111,12 +112,18 @@ def fresh_index(directory: Path, manifest: Manifest) -> Optional[IdIndex]:
 
 
 def build_index(directory: Path, manifest: Manifest) -> IdIndex:
-    ids = []
-    for i in range(len(manifest.shards)):
-        reader = open_shard_reader(directory, manifest, i)
-        ids.append(reader.image_ids())
-        reader.close()
-    return IdIndex.build(ids, manifest.shards_digest())
+    """The id index of the manifest's shards, streamed: one shard open at a time, its ids
+    hashed from the map (bounded memory: the table plus one shard's hashes)."""
+
+    def shard_keys():
+        for i in range(len(manifest.shards)):
+            reader = open_shard_reader(directory, manifest, i)
+            try:
+                yield reader.id_keys()  # consumed by IdIndex.build before the next shard opens
+            finally:
+                reader.close()
+
+    return IdIndex.build(shard_keys(), manifest.num_records, manifest.shards_digest())
 
 
 def verify_from_env() -> bool:
@@ -162,7 +169,9 @@ class FeatureStore:
 
     Records are zero-copy, read-only views valid while the store is open; pass
     ``dtype="float32"`` to get float32 copies of the float16 features and probability
-    tables. Opening checks every shard's size against the manifest; ``verify=True``
+    tables. Opening reads only the manifest (no per-shard work: a store of 100,000 shards opens in
+a fraction of a second); each shard's size is checked before its first use, and
+`check_shards` checks them all at once. ``verify=True``
     (default: the ``VLPREP_VERIFY_SHARDS=1`` environment variable) also checks each
     shard's sha256 once per process, on its first use. Damage raises `StoreError`."""
 
@@ -175,7 +184,6 @@ class FeatureStore:
         self._state: Optional[_ProcessState] = None
         self._orphans: list[_ProcessState] = []
         self._starts = np.cumsum([0] + [s.rows for s in self.manifest.shards])
-        self.check_shards()
 
     @classmethod
     def open(cls, path: Union[str, Path], *, dtype: Optional[str] = None, verify: Optional[bool] = None) -> "FeatureStore":
@@ -200,8 +208,8 @@ class FeatureStore:
             index = fresh_index(self.path, self.manifest)
             if index is None:
                 log.warning("%s: id index missing or stale; rebuilding it in memory", self.path)
-                shard_ids = [self._reader(i).image_ids() for i in range(len(self.manifest.shards))]
-                index = IdIndex.build(shard_ids, self.manifest.shards_digest())
+                keys = (self._reader(i).id_keys() for i in range(len(self.manifest.shards)))
+                index = IdIndex.build(keys, self.manifest.num_records, self.manifest.shards_digest())
         except BaseException:
             self.close()
             raise
@@ -250,6 +258,10 @@ class FeatureStore:
 
     def get(self, image_id: str) -> RegionFeatures:
         """The record of `image_id`; KeyError naming the id and the store if absent."""
+        return self._lookup(image_id, True)
+
+    def _lookup(self, image_id: str, convert: bool) -> RegionFeatures:
+        """`get`; with ``convert=False`` arrays stay in the stored dtype (zero-copy views)."""
         if not isinstance(image_id, str):
             raise KeyError(f"image ids are strings, got {image_id!r}; use record_at(position) for the "
                            f"record at a position of the feature store {self.path}")
@@ -257,7 +269,7 @@ class FeatureStore:
         key = image_id.encode("utf-8")
         for shard, row in state.index.candidates(key):
             reader = state.readers.get(shard) or self._reader(shard)
-            rec = reader.record(row, image_id)
+            rec = reader.record(row, image_id, convert)
             if rec is not None:
                 return rec
             self._check_entry(shard, row, key, reader.image_id(row))
@@ -267,7 +279,22 @@ class FeatureStore:
         return self.get(image_id)
 
     def get_many(self, image_ids: Iterable[str]) -> list[RegionFeatures]:
+        """One record per id (zero-copy views unless the store converts dtypes)."""
         return [self.get(i) for i in image_ids]
+
+    def get_many_into(self, image_ids: Sequence[str], out: RegionBuffer,
+                      slots: Optional[Sequence[int]] = None) -> RegionBuffer:
+        """Gather the regions of `image_ids` into `out`'s image slots `slots` (default
+        0, 1, ...): each stored array is copied once, from the map into the buffer (dtype
+        converted on the way); `out.batch()` then equals `pad_regions` over `get_many`.
+        KeyError naming the id and the store if one is absent."""
+        for b, image_id in zip(range(len(image_ids)) if slots is None else slots, image_ids):
+            out.put(b, self._lookup(image_id, False))
+        return out
+
+    def region_buffer(self, size: int, max_boxes: int, **options) -> RegionBuffer:
+        """A `RegionBuffer` for this store's layout (options: see `RegionBuffer`)."""
+        return RegionBuffer(self.layout, size, max_boxes, **options)
 
     def ids(self) -> Iterator[str]:
         """Image ids in storage order (shard by shard, row by row)."""
@@ -399,7 +426,8 @@ class FeatureStoreWriter:
                 if orphan.name not in listed:
                     log.info("removing %s: written but never committed to the manifest", orphan.name)
                     remove_path(orphan)
-            self._existing = FeatureStore(self.path)  # checks every shard's size
+            self._existing = FeatureStore(self.path)
+            self._existing.check_shards()  # every shard's size, before appending
             if fresh_index(self.path, manifest) is None:
                 with _naming(self.path / INDEX_FILE):
                     build_index(self.path, manifest).write(self.path)

@@ -147,7 +147,7 @@ def test_stale_index_is_rebuilt_in_memory(tmp_path, backend, caplog):
 
 def test_index_handles_hash_collisions_by_checking_ids():
     ids = [[f"id{i}" for i in range(50)], [f"x{i}" for i in range(30)]]
-    index = IdIndex.build(ids, "digest")
+    index = IdIndex.build(([i.encode() for i in shard] for shard in ids), 80, "digest")
     assert len(index) == 80
     for shard, names in enumerate(ids):
         for row, name in enumerate(names):

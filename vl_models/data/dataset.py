@@ -8,6 +8,7 @@ a generator seeded by those three numbers, so a resumed run sees the same exampl
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Sequence, Union
 
@@ -17,7 +18,7 @@ import torch
 from pipeline.errors import ConfigError
 from pipeline.mixture import Mixture
 from pipeline.records import img_token_feature, pad_regions
-from pipeline.store import FeatureStore
+from pipeline.store import FeatureStore, RegionBuffer
 from vl_models.config import DataSettings
 from vl_models.data.masking import mask_regions, mask_tokens, mismatch, overlapping, sample_answer
 from vl_models.data.tokenize import WordPiece
@@ -97,7 +98,37 @@ class PretrainDataset(torch.utils.data.Dataset):
         return pad_regions([self._record(key)], self.cfg.max_regions, position=family.position,
                            img_token=family.img_token)
 
+    def _gather(self, keys: Sequence[str]) -> RegionBuffer:
+        """The regions of images `keys`, padded as `_regions` pads one, read in one batched
+        gather per store (`FeatureStore.get_many_into`) into a fresh buffer."""
+        family, stores = self.family, self.stores
+        out = stores[0].region_buffer(len(keys), self.cfg.max_regions, position=family.position,
+                                      img_token=family.img_token)
+        if len(stores) == 1:
+            return stores[0].get_many_into(keys, out)
+        owner = [next((s for s, store in enumerate(stores) if key in store), None) for key in keys]
+        for key, s in zip(keys, owner):
+            if s is None:
+                self._record(key)  # raises, naming the image
+        for s, store in enumerate(stores):
+            slots = [b for b, o in enumerate(owner) if o == s]
+            store.get_many_into([keys[b] for b in slots], out, slots)
+        return out
+
+    def __getitems__(self, indices: Sequence[int]) -> list[dict]:
+        """The examples of `indices` (what a DataLoader asks for one batch): the same
+        examples as ``[self[i] for i in indices]``, with every image's regions read in one
+        batched gather and masked in place, so an example's region arrays are rows of one
+        batch buffer: the only further copy is the collate's, into the batch tensor."""
+        regions = self._gather([self.images[int(self.rows[i])] for i in indices])
+        return [self._example(i, regions.batch(slice(b, b + 1)), owned=True) for b, i in enumerate(indices)]
+
     def __getitem__(self, i: int) -> dict:
+        return self._example(i, self._regions(self.images[int(self.rows[i])]), owned=False)
+
+    def _example(self, i: int, batch, owned: bool) -> dict:
+        """Example `i` over its image's padded regions `batch` (a one-image `RegionBatch`);
+        with `owned` its feature rows may be masked in place."""
         cfg = self.cfg
         rng = np.random.default_rng([self.seed, self.epoch, int(i)])
         row = int(self.rows[i])
@@ -114,15 +145,14 @@ class PretrainDataset(torch.utils.data.Dataset):
         ids, lm_labels = mask_tokens(enc.ids, enc.special, rng, self.tokenizer.vocab_size, self.tokenizer.mask_id, cfg.mlm_prob)
 
         family = self.family
-        batch = self._regions(image)
         first = int(family.img_token)  # the IMG token is never masked
         slots = batch.mask.shape[1]
         m = mask_regions(slots - first, int(batch.num_boxes[0]) - first, rng, family.region_masking, cfg.region_prob)
         selected = np.concatenate([np.zeros(first, bool), m.selected])
         zeroed = np.concatenate([np.zeros(first, bool), m.zeroed])
         replaced = np.concatenate([np.zeros(first, bool), m.replaced])
-        features = batch.features[0].copy()
-        original = features.copy()
+        original = batch.features[0].copy()
+        features = batch.features[0] if owned else original.copy()
         regions = batch.mask[0] & (np.arange(slots) >= first)  # real region slots (not IMG, not padding)
         if cfg.region_overlap == "zero":  # IoU on the normalized boxes (scale-free)
             zeroed |= selected | (overlapping(batch.positions[0][:, :4], selected) & regions)
@@ -139,7 +169,7 @@ class PretrainDataset(torch.utils.data.Dataset):
             "visual_feats": features, "visual_pos": batch.positions[0], "visual_mask": batch.mask[0].astype(np.int64),
             "region_selected": selected, "matched": np.int64(matched),
         }
-        example.update(family.visual_targets(batch, original, image))
+        example.update(family.visual_targets(replace(batch, features=original[None]) if owned else batch, original, image))
         answer_ids, scores = self.mixture.labels(row)
         if matched and answer_ids:
             example["qa_label"] = np.int64(sample_answer(answer_ids, scores, torch.Generator().manual_seed(int(rng.integers(2**31)))))
