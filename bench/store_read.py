@@ -6,8 +6,10 @@ One run, the same synthetic records (default 5,000 images x 36 boxes x 2048-d, w
   ours-arrow / ours-lmdb     FeatureStore.get(id) -> RegionFeatures (zero-copy views);
                              "+copy" also copies every array out of the map (what a
                              collate does), the like-for-like comparison with memcpy;
-                             "batched" gathers 32 ids at a time with get_many_into into one
-                             reused RegionBuffer in the stored dtype (one copy per array)
+                             "batched f16" gathers 32 ids at a time with get_many_into into
+                             one reused RegionBuffer in the stored float16 (one copy per
+                             array): all fields, or only LXMERT's / ViLBERT's (ratios count
+                             the bytes read); "batched f32" converts to float32 on the way
   (a) vilbert-pickle-lmdb    vilbert-multi-task's reader: keys.index(id) + pickle.loads
                              of the dict of float32 arrays (cls_prob kept, as MMF does)
   (b) lxmert-tsv-decode      one LXMERT TSV row (10 fields; already located in a
@@ -15,13 +17,18 @@ One run, the same synthetic records (default 5,000 images x 36 boxes x 2048-d, w
                              load_obj_tsv does per row
   (c) memcpy                 copying the record's stored bytes (our float16 layout) from
                              RAM into a buffer: the physical limit of delivering them
+                             ("into a batch": 32 records into one batch-sized buffer)
+
+Methods are timed in turn, several rounds, best of each (a loaded box slows them alike);
+the load average is printed with the numbers.
 
 Prints records/s, ratios, and bytes per image on disk (also for stores without cls_prob).
 
     python bench/store_read.py            # full size (~10 GB of scratch space, ~2 min)
     python bench/store_read.py --n 500    # quick look
     python bench/store_read.py --loader   # also PretrainDataset + DataLoader (1 worker) samples/s,
-                                          # per-record path vs the batched one (__getitems__)
+                                          # LXMERT and ViLBERT, per-record path vs the batched
+                                          # one (__getitems__ + collate), interleaved
 """
 
 from __future__ import annotations
@@ -151,28 +158,48 @@ def copy_out(rec: RegionFeatures) -> list[np.ndarray]:
     return [np.array(a, copy=True) for a in rec.array_fields().values()]
 
 
-def batched(store: FeatureStore, size: int = 32):
-    """Read ids `size` at a time into one reused buffer (stored dtype, every stored field)."""
-    buffer = store.region_buffer(size, 36, dtype=store.layout.dtype)
+BATCH = 32
+LXMERT_FIELDS = ("objects_id", "objects_conf", "attrs_id", "attrs_conf")
+
+
+def batched(store: FeatureStore, dtype: str, fields=None):
+    """Read ids BATCH at a time into one reused buffer (`dtype`; `fields`: default all)."""
+    buffer = store.region_buffer(BATCH, BOXES, dtype=dtype, fields=fields)
 
     def read(chunk):
         store.get_many_into(chunk, buffer)
     return read
 
 
-def timed_chunks(fn, keys, size: int, repeats: int) -> float:
-    return timed(fn, [keys[i : i + size] for i in range(0, len(keys) - size + 1, size)], repeats) * size
+def stored_bytes(store: FeatureStore, image_id: str, fields) -> int:
+    """Bytes of one record's boxes, features and `fields` as stored: what a gather copies."""
+    rec = store.get(image_id)
+    return sum(getattr(rec, name).nbytes for name in ("boxes", "features", *fields))
 
 
-def loader_rates(workdir, images: int = 512, batches: int = 30) -> dict:
-    """PretrainDataset (LXMERT items) + DataLoader, batch 32, 1 worker: the per-record path
-    (`__getitem__` per item, then the default collate) vs the batched one (`__getitems__`)."""
+class BatchMemcpy:
+    """Copy BATCH records' stored bytes into one batch-sized destination (reused), as a
+    gather into a batch buffer does: the like-for-like with a gather's destination size."""
+
+    def __init__(self, mem: Memcpy):
+        self.mem = mem
+        self.dst = np.empty((BATCH, mem.size), np.uint8)
+
+    def get(self, positions) -> None:
+        for b, i in enumerate(positions):
+            np.copyto(self.dst[b], self.mem.src[i * self.mem.size : (i + 1) * self.mem.size])
+
+
+def loader_rates(workdir, images: int = 512, batches: int = 30, repeats: int = 3) -> dict:
+    """PretrainDataset + DataLoader, batch 32, 1 worker, LXMERT and ViLBERT items: the
+    per-record path (`__getitem__` per item, then the default collate) vs the batched one
+    (`__getitems__` + `collate`); interleaved, best of `repeats`."""
     import torch
     from train_step import build_data
 
     from vl_models import families
     from vl_models.config import DataSettings
-    from vl_models.data.dataset import PretrainDataset
+    from vl_models.data.dataset import PretrainDataset, collate
     from vl_models.data.tokenize import bundled_bert_vocab
 
     class PerRecord(torch.utils.data.Dataset):
@@ -189,34 +216,40 @@ def loader_rates(workdir, images: int = 512, batches: int = 30) -> dict:
     try:
         vocab = bundled_bert_vocab()
         build_data(root, images, vocab)
-        out = {}
+        loaders = {}
         for model in ("lxmert", "vilbert"):
             data = PretrainDataset(root / "mix", [root / "feats"], vocab, DataSettings(max_text=20, max_regions=36),
                                    families.get(model))
-            for name, dataset in (("per-record", PerRecord(data)), ("batched", data)):
-                loader = torch.utils.data.DataLoader(dataset, batch_size=32, shuffle=True, num_workers=1, drop_last=True)
-                best = 0.0
-                for _ in range(2):
-                    it = iter(loader)
+            for name, dataset, fn in (("per-record", PerRecord(data), None), ("batched", data, collate)):
+                loaders[f"{model} {name}"] = torch.utils.data.DataLoader(
+                    dataset, batch_size=BATCH, shuffle=True, num_workers=1, drop_last=True, collate_fn=fn)
+        best = dict.fromkeys(loaders, 0.0)
+        for _ in range(repeats):
+            for name, loader in loaders.items():
+                count = min(batches, len(loader) - 1)
+                it = iter(loader)
+                next(it)  # the worker has started
+                start = time.perf_counter()
+                for _ in range(count):
                     next(it)
-                    start = time.perf_counter()
-                    for _ in range(min(batches, len(loader) - 1)):
-                        next(it)
-                    best = max(best, min(batches, len(loader) - 1) * 32 / (time.perf_counter() - start))
-                out[f"{model} {name}"] = best
-        return out
+                best[name] = max(best[name], count * BATCH / (time.perf_counter() - start))
+                del it
+        return best
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
 
-def timed(fn, keys, repeats: int) -> float:
-    best = float("inf")
+def interleaved(methods: dict, repeats: int) -> dict:
+    """records/s of each method (name -> (fn, calls, records per call)), timing the methods
+    in turn, `repeats` rounds, best of each (a loaded box slows them alike)."""
+    best = dict.fromkeys(methods, float("inf"))
     for _ in range(repeats):
-        t0 = time.perf_counter()
-        for k in keys:
-            fn(k)
-        best = min(best, time.perf_counter() - t0)
-    return len(keys) / best
+        for name, (fn, calls, per_call) in methods.items():
+            t0 = time.perf_counter()
+            for call in calls:
+                fn(call)
+            best[name] = min(best[name], (time.perf_counter() - t0) / (len(calls) * per_call))
+    return {name: 1 / seconds for name, seconds in best.items()}
 
 
 def main() -> None:
@@ -232,6 +265,7 @@ def main() -> None:
     try:
         t0 = time.perf_counter()
         ids = build(root, args.n)["ids"]
+        load = [os.getloadavg()[0]]
         build_s = time.perf_counter() - t0
         order = [ids[i] for i in np.random.default_rng(1).permutation(len(ids))]
         positions = {image_id: i for i, image_id in enumerate(ids)}
@@ -243,17 +277,31 @@ def main() -> None:
             for k in order:
                 reader(k)
         slow_keys = order[: max(200, len(order) // 5)]  # the slow baselines need fewer samples
-        rates = {
-            "ours-arrow": timed(arrow.get, order, args.repeats),
-            "ours-lmdb": timed(lmdb_store.get, order, args.repeats),
-            "ours-arrow+copy": timed(lambda k: copy_out(arrow.get(k)), order, args.repeats),
-            "ours-lmdb+copy": timed(lambda k: copy_out(lmdb_store.get(k)), order, args.repeats),
-            "ours-arrow batched": timed_chunks(batched(arrow), order, 32, args.repeats),
-            "ours-lmdb batched": timed_chunks(batched(lmdb_store), order, 32, args.repeats),
-            "(a) vilbert-pickle-lmdb": timed(vil.get, slow_keys, args.repeats),
-            "(b) lxmert-tsv-decode": timed(tsv.get, slow_keys, args.repeats),
-            "(c) memcpy": timed(lambda k: mem.get(positions[k]), order, args.repeats),
-        }
+        chunks = [order[i : i + BATCH] for i in range(0, len(order) - BATCH + 1, BATCH)]
+        position_chunks = [[positions[k] for k in chunk] for chunk in chunks]
+        batch_mem = BatchMemcpy(mem)
+        fields = {"all fields": None, "lxmert fields": LXMERT_FIELDS, "vilbert fields": ("cls_prob",)}
+        gathers = {}
+        for label, store in (("arrow", arrow), ("lmdb", lmdb_store)):
+            for what, chosen in fields.items():
+                gathers[f"ours-{label} batched f16, {what}"] = (batched(store, "float16", chosen), chunks, BATCH)
+            gathers[f"ours-{label} batched f32, all fields"] = (batched(store, "float32"), chunks, BATCH)
+        rates = interleaved({
+            "(c) memcpy": (lambda k: mem.get(positions[k]), order, 1),
+            "(c) memcpy into a batch": (batch_mem.get, position_chunks, BATCH),
+            "ours-arrow": (arrow.get, order, 1),
+            "ours-lmdb": (lmdb_store.get, order, 1),
+            "ours-arrow+copy": (lambda k: copy_out(arrow.get(k)), order, 1),
+            "ours-lmdb+copy": (lambda k: copy_out(lmdb_store.get(k)), order, 1),
+            **gathers,
+        }, args.repeats)
+        rates.update(interleaved({"(a) vilbert-pickle-lmdb": (vil.get, slow_keys, 1),
+                                  "(b) lxmert-tsv-decode": (tsv.get, slow_keys, 1)}, args.repeats))
+        load.append(os.getloadavg()[0])
+        # bytes a gather copies per record (fields read): its rate counts as that share of a memcpy record
+        share = {what: stored_bytes(arrow, ids[0], chosen or ("objects_id", "objects_conf", "attrs_id", "attrs_conf",
+                                                               "cls_prob")) / record_bytes
+                 for what, chosen in fields.items()}
 
         def shard_bytes(name):
             return sum(s.bytes for s in FeatureStore.open(root / name).manifest.shards)
@@ -272,34 +320,40 @@ def main() -> None:
 
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cpus; python {sys.version.split()[0]}, "
           f"numpy {np.__version__}, pyarrow {pyarrow.__version__}, lmdb {lmdb.__version__}")
-    print(f"{args.n} images x {BOXES} boxes x {DIM}-d, cls_prob {CLASSES}; built in {build_s:.0f} s\n")
-    print(f"{'method':28s} {'records/s':>12s} {'us/record':>10s}")
+    print(f"{args.n} images x {BOXES} boxes x {DIM}-d, cls_prob {CLASSES}; built in {build_s:.0f} s; "
+          f"load average {load[0]:.2f} before, {load[1]:.2f} after the timings\n")
+    print(f"{'method':40s} {'records/s':>12s} {'us/record':>10s}")
     for name, rate in rates.items():
-        print(f"{name:28s} {rate:12,.0f} {1e6 / rate:10.1f}")
-    print("\nratios")
+        print(f"{name:40s} {rate:12,.0f} {1e6 / rate:10.1f}")
+    print("\nratios (batched: bytes gathered per second over memcpy's; share = bytes read / memcpy record)")
     ratios = {}
     for ours in ("ours-arrow", "ours-lmdb"):
         ratios[f"{ours} / (a)"] = rates[ours] / rates["(a) vilbert-pickle-lmdb"]
         ratios[f"{ours} / (b)"] = rates[ours] / rates["(b) lxmert-tsv-decode"]
         ratios[f"{ours}+copy / (c)"] = rates[f"{ours}+copy"] / rates["(c) memcpy"]
-        ratios[f"{ours} batched / (c)"] = rates[f"{ours} batched"] / rates["(c) memcpy"]
         ratios[f"{ours}+copy / (a)"] = rates[f"{ours}+copy"] / rates["(a) vilbert-pickle-lmdb"]
-    targets = {"/ (a)": 10, "/ (b)": 100, "+copy / (c)": 0.30, "batched / (c)": 0.80}
+        for what in fields:
+            rate = rates[f"{ours} batched f16, {what}"] * share[what]
+            ratios[f"{ours} batched f16, {what} / (c)"] = rate / rates["(c) memcpy"]
+            ratios[f"{ours} batched f16, {what} / (c) into a batch"] = rate / rates["(c) memcpy into a batch"]
+        ratios[f"{ours} batched f32, all fields / (c)"] = rates[f"{ours} batched f32, all fields"] / rates["(c) memcpy"]
+    targets = {"/ (a)": 10, "/ (b)": 100, "+copy / (c)": 0.30, "batched f16, all fields / (c)": 0.80,
+               "batched f16, lxmert fields / (c)": 0.80, "batched f16, vilbert fields / (c)": 0.80}
     for name, value in ratios.items():
         target = next((t for suffix, t in targets.items() if name.endswith(suffix) and "+copy / (a)" not in name), None)
         mark = "" if target is None else f"   target >= {target:g}: {'met' if value >= target else 'MISSED'}"
-        print(f"  {name:28s} {value:8.2f}{mark}")
+        print(f"  {name:52s} {value:8.2f}{mark}")
     print("\nbytes per image on disk")
     for name, size in per_image.items():
         note = "   target <= 155 KB: " + ("met" if size <= 155_000 else "MISSED") if name.endswith("no-cls") else ""
         print(f"  {name:30s} {size:12,.0f}{note}")
-    loader = loader_rates(args.workdir) if args.loader else {}
+    loader = loader_rates(args.workdir, repeats=args.repeats) if args.loader else {}
     if loader:
-        print("\ntraining DataLoader, batch 32, 1 worker (samples/s)")
+        print(f"\ntraining DataLoader, batch {BATCH}, 1 worker (samples/s); load average {os.getloadavg()[0]:.2f}")
         for name, rate in loader.items():
             print(f"  {name:28s} {rate:10,.0f}")
     if args.json:
-        args.json.write_text(json.dumps({"n": args.n, "rates": rates, "ratios": ratios, "bytes_per_image": per_image,
+        args.json.write_text(json.dumps({"n": args.n, "load": load, "rates": rates, "ratios": ratios, "bytes_per_image": per_image,
                                          "loader": loader}, indent=2))
 
 

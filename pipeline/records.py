@@ -55,17 +55,11 @@ class RegionFeatures:
 
     def normalized_boxes(self) -> np.ndarray:
         """(N, 4) float32 boxes divided by image width/height (LXMERT's position input)."""
-        scale = np.array([self.image_w, self.image_h, self.image_w, self.image_h], np.float32)
-        return (self.boxes.astype(np.float32) / scale).astype(np.float32)
+        return box_positions(self.boxes, self.image_w, self.image_h, "4d")
 
     def spatial5(self) -> np.ndarray:
         """(N, 5) float32 ``[x1/W, y1/H, x2/W, y2/H, area/(W*H)]`` (ViLBERT; no +1 pixel)."""
-        b = self.boxes.astype(np.float32)
-        w, h = float(self.image_w), float(self.image_h)
-        out = np.empty((b.shape[0], 5), np.float32)
-        out[:, :4] = b / np.array([w, h, w, h], np.float32)
-        out[:, 4] = (b[:, 2] - b[:, 0]) * (b[:, 3] - b[:, 1]) / (w * h)
-        return out
+        return box_positions(self.boxes, self.image_w, self.image_h, "5d")
 
     def array_fields(self) -> dict[str, np.ndarray]:
         """The array-valued fields that are present, by name."""
@@ -78,6 +72,21 @@ class RegionFeatures:
 
 LABEL_PAIRS = (("objects_id", "objects_conf"), ("attrs_id", "attrs_conf"))
 PROB_FIELDS = ("cls_prob", "attr_prob")
+OPTIONAL_ARRAYS = tuple(name for pair in LABEL_PAIRS for name in pair) + PROB_FIELDS  # the optional array fields
+
+
+def box_positions(boxes: np.ndarray, image_w, image_h, position: Literal["4d", "5d"]) -> np.ndarray:
+    """Position vectors of pixel boxes ``(..., 4)`` x1 y1 x2 y2 in float32: "4d" divides by
+    the image width/height (LXMERT), "5d" adds the area over the image's (ViLBERT; no +1
+    pixel). `image_w` / `image_h` are numbers, or arrays broadcasting against ``boxes[..., 0]``
+    (one size per image of a batch: shape (B, 1) for boxes (B, K, 4))."""
+    b = np.asarray(boxes, np.float32)
+    w, h = np.asarray(image_w, np.float64), np.asarray(image_h, np.float64)
+    out = np.empty(b.shape[:-1] + (5 if position == "5d" else 4,), np.float32)
+    out[..., :4] = b / np.stack([w, h, w, h], -1).astype(np.float32)
+    if position == "5d":
+        out[..., 4] = (b[..., 2] - b[..., 0]) * (b[..., 3] - b[..., 1]) / (w * h).astype(np.float32)
+    return out
 
 
 def labels_from_probs(prob: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -211,6 +220,12 @@ class RegionBatch:
     cls_prob: Optional[np.ndarray] = None  # (B, K, C) float32
     attr_prob: Optional[np.ndarray] = None
 
+    def image(self, b: int) -> "RegionBatch":
+        """Image `b` as a one-image batch of views."""
+        one = slice(b, b + 1)
+        return RegionBatch(**{f.name: None if getattr(self, f.name) is None else getattr(self, f.name)[one]
+                              for f in fields(self)})
+
 
 def img_token_feature(features: np.ndarray, visible: np.ndarray) -> np.ndarray:
     """ViLBERT's [IMG] feature: the mean of the `visible` regions' features, (D,) float32;
@@ -223,6 +238,117 @@ def img_token_feature(features: np.ndarray, visible: np.ndarray) -> np.ndarray:
     return (features[visible].sum(axis=0, dtype=np.float64) / count).astype(np.float32)
 
 
+_IMG_POSITION = np.array([0, 0, 1, 1, 1], np.float32)  # the IMG token's box: the whole image (area 1)
+Memory = Literal["plain", "pinned", "shared"]
+
+
+def empty_array(shape: tuple, dtype, memory: Memory = "plain") -> np.ndarray:
+    """A zeroed array; "pinned": in page-locked memory when CUDA exists (fast, asynchronous
+    host-to-GPU copies); "shared": a view of a torch tensor in shared memory, which a
+    DataLoader worker hands to the main process without copying it (torch collates its
+    batches so). The array's `.base` is then that tensor."""
+    if memory == "plain":
+        return np.zeros(shape, dtype)
+    import torch
+
+    if memory == "pinned" and not torch.cuda.is_available():
+        return np.zeros(shape, dtype)
+    kind = torch.from_numpy(np.zeros(0, dtype)).dtype
+    tensor = torch.zeros(shape, dtype=kind, pin_memory=True) if memory == "pinned" else torch.zeros(shape, dtype=kind).share_memory_()
+    return tensor.numpy()
+
+
+class RegionBuffer:
+    """The padded arrays of a `RegionBatch` of `size` images of up to `max_boxes` regions,
+    allocated once and filled image by image (`put`): the one owner of the slot layout
+    (`pad_regions` is a buffer filled once). Slot 0 holds the IMG token with `img_token`;
+    `position` "5d" or "4d". `fields`: the optional fields to hold (of `OPTIONAL_ARRAYS`;
+    `prob_widths` gives each probability table's width); an image lacking one gets the
+    padding values there (ids -1, else 0) and is marked in `missing[field]`. Features and
+    probability tables have dtype `dtype` (the stored float16 copies straight), boxes and
+    confidences float32, ids int64; `memory` as in `empty_array`. Filling copies each array
+    once; positions, mask and the IMG token are computed for the whole batch by `batch`."""
+
+    def __init__(self, size: int, max_boxes: int, feature_dim: int, *, position: Literal["4d", "5d"] = "5d",
+                 img_token: bool = False, fields: Sequence[str] = (), prob_widths: Optional[dict] = None,
+                 dtype="float32", memory: Memory = "plain"):
+        if size < 1 or max_boxes < 1:
+            raise ValueError("a RegionBuffer needs size >= 1 and max_boxes >= 1")
+        unknown = set(fields) - set(OPTIONAL_ARRAYS)
+        if unknown:
+            raise ValueError(f"unknown region fields {sorted(unknown)}; choose from {OPTIONAL_ARRAYS}")
+        widths = prob_widths or {}
+        self.first, self.max_boxes, self.position = int(img_token), max_boxes, position
+        slots = max_boxes + self.first
+        self.image_ids: list[str] = [""] * size
+        self.widths, self.heights = np.ones(size), np.ones(size)  # image sizes in pixels
+        self.counts = np.zeros(size, np.int64)  # regions per image held (IMG token excluded)
+        self.boxes = np.zeros((size, slots, 4), np.float32)  # pixel boxes, zero in padding
+        self.features = empty_array((size, slots, feature_dim), dtype, memory)
+        self.positions = empty_array((size, slots, 5 if position == "5d" else 4), np.float32, memory)
+        self.mask = empty_array((size, slots), bool, memory)
+        self.optional: dict[str, np.ndarray] = {}
+        for name in fields:
+            if name in PROB_FIELDS:
+                if not widths.get(name):
+                    raise ValueError(f"no width for {name}: give it in prob_widths, or leave {name} out of fields")
+                self.optional[name] = empty_array((size, slots, widths[name]), dtype, memory)
+            else:
+                self.optional[name] = empty_array((size, slots), np.int64 if name.endswith("_id") else np.float32, memory)
+                if name.endswith("_id"):
+                    self.optional[name].fill(-1)
+        self.missing = {name: np.zeros(size, bool) for name in fields}
+
+    def __len__(self) -> int:
+        return len(self.image_ids)
+
+    def put(self, b: int, image_id: str, image_h: int, image_w: int, boxes: np.ndarray, features: np.ndarray,
+            optional: dict) -> None:
+        """Copy one image's first `max_boxes` regions into image slot `b` (`optional`: field
+        -> array or None, for the buffer's `fields`), clearing what a previous, larger image
+        left beyond them."""
+        first, n = self.first, len(boxes)
+        rows = slice(None) if n <= self.max_boxes else slice(self.max_boxes)  # regions beyond are dropped
+        n = min(n, self.max_boxes)
+        end, stale = first + n, first + int(self.counts[b])
+        self.image_ids[b] = image_id
+        self.widths[b], self.heights[b] = image_w, image_h
+        self.boxes[b, first:end] = boxes[rows]
+        self.features[b, first:end] = features[rows]
+        for name, out in self.optional.items():
+            value = optional.get(name)
+            self.missing[name][b] = value is None
+            out[b, first:end] = (-1 if name.endswith("_id") else 0) if value is None else value[rows]
+        if stale > end:
+            for out in (self.boxes, self.features, *self.optional.values()):
+                out[b, end:stale] = -1 if out.dtype == np.int64 else 0
+        self.counts[b] = n
+
+    def put_record(self, b: int, rec: RegionFeatures) -> None:
+        """`put` of a record."""
+        self.put(b, rec.image_id, rec.image_h, rec.image_w, rec.boxes, rec.features,
+                 {name: getattr(rec, name) for name in self.optional})
+
+    def batch(self, images: Optional[slice] = None, img_feature: bool = True) -> RegionBatch:
+        """A `RegionBatch` of views of these arrays (of `images`, default all), its positions,
+        mask and IMG token computed now for all its images at once. An optional field
+        missing from any of its images is None, as `pad_regions` leaves it. With
+        ``img_feature=False`` the IMG token's feature is left as it is (for a caller that
+        computes it itself, after masking regions)."""
+        sel = images or slice(None)
+        first, counts = self.first, self.counts[sel]
+        positions, mask, features = self.positions[sel], self.mask[sel], self.features[sel]
+        positions[:] = box_positions(self.boxes[sel], self.widths[sel, None], self.heights[sel, None], self.position)
+        np.less(np.arange(mask.shape[1]), (counts + first)[:, None], out=mask)
+        if first:
+            positions[:, 0] = _IMG_POSITION[: positions.shape[2]]
+            if img_feature:  # the mean of the regions (padding is zero), as `img_token_feature`
+                features[:, 0] = features[:, 1:].sum(axis=1, dtype=np.float64) / np.maximum(counts, 1)[:, None]
+        optional = {name: None if self.missing[name][sel].any() else out[sel] for name, out in self.optional.items()}
+        return RegionBatch(image_ids=self.image_ids[sel], features=features, positions=positions, mask=mask,
+                           num_boxes=counts + first, **optional)
+
+
 def pad_regions(
     records: Sequence[RegionFeatures],
     max_boxes: int,
@@ -231,52 +357,17 @@ def pad_regions(
     img_token: bool = False,
 ) -> RegionBatch:
     """Pad records to a fixed number of slots (regions beyond `max_boxes` are dropped,
-    keeping store order). Optional label/probability arrays are filled only when every
-    record has them."""
+    keeping store order), float32: a `RegionBuffer` filled once. Optional label/probability
+    arrays are filled only when every record has them."""
     if not records:
         raise ValueError("pad_regions needs at least one record")
-    if max_boxes < 1:
-        raise ValueError("max_boxes must be >= 1")
-    first = int(img_token)
-    slots = max_boxes + first
-    batch = len(records)
-    dim = records[0].features.shape[1]
-    pos_dim = 5 if position == "5d" else 4
-    feats = np.zeros((batch, slots, dim), np.float32)
-    pos = np.zeros((batch, slots, pos_dim), np.float32)
-    mask = np.zeros((batch, slots), bool)
-    counts = np.zeros(batch, np.int64)
-    optional: dict[str, np.ndarray] = {}
-    for id_name, conf_name in LABEL_PAIRS:
-        if all(getattr(r, id_name) is not None for r in records):
-            optional[id_name] = np.full((batch, slots), -1, np.int64)
-            optional[conf_name] = np.zeros((batch, slots), np.float32)
-    for name in PROB_FIELDS:
-        if all(getattr(r, name) is not None for r in records):
-            width = getattr(records[0], name).shape[1]
-            optional[name] = np.zeros((batch, slots, width), np.float32)
-
+    fields = [name for name in OPTIONAL_ARRAYS if all(getattr(r, name) is not None for r in records)]
+    widths = {name: getattr(records[0], name).shape[1] for name in PROB_FIELDS if name in fields}
+    buffer = RegionBuffer(len(records), max_boxes, records[0].features.shape[1], position=position,
+                          img_token=img_token, fields=fields, prob_widths=widths)
     for b, rec in enumerate(records):
-        n = min(rec.num_boxes, max_boxes)
-        view = rec.spatial5() if position == "5d" else rec.normalized_boxes()
-        sl = slice(first, first + n)
-        feats[b, sl] = rec.features[:n]
-        pos[b, sl] = view[:n]
-        if img_token:
-            feats[b, 0] = img_token_feature(feats[b, 1:1 + n], np.ones(n, bool))
-            pos[b, 0] = [0, 0, 1, 1, 1][:pos_dim]
-        mask[b, : first + n] = True
-        counts[b] = first + n
-        for name, out in optional.items():
-            out[b, sl] = getattr(rec, name)[:n]
-    return RegionBatch(
-        image_ids=[r.image_id for r in records],
-        features=feats,
-        positions=pos,
-        mask=mask,
-        num_boxes=counts,
-        **optional,
-    )
+        buffer.put_record(b, rec)
+    return buffer.batch()
 
 
 # ---------------------------------------------------------------------------

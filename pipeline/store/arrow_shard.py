@@ -122,11 +122,14 @@ class _Batch:
     def image_id(self, row: int) -> str:
         return bytes(self.id_bytes(row)).decode("utf-8")  # valid UTF-8: checked by validate(full=True)
 
-    def arrays(self, row: int) -> list[Optional[np.ndarray]]:
-        return [
-            None if offsets is None or (valid is not None and not valid[row]) else values[offsets[row] : offsets[row + 1]]
-            for _, offsets, values, valid in self.cols
-        ]
+    def arrays(self, row: int, which: Sequence[int]) -> list[Optional[np.ndarray]]:
+        """Views of row `row` in columns `which` (indices into the columns), None where absent."""
+        out = []
+        for c in which:
+            _, offsets, values, valid = self.cols[c]
+            absent = offsets is None or (valid is not None and not valid[row])
+            out.append(None if absent else values[offsets[row] : offsets[row + 1]])
+        return out
 
 
 class _Damaged(Exception):
@@ -139,6 +142,7 @@ class _Damaged(Exception):
 class ArrowShardReader:
     def __init__(self, path: Path, layout: StoreLayout, out_dtype: Optional[np.dtype] = None):
         self._assemble = Assembler(layout, out_dtype)
+        self._all = range(len(columns(layout)))  # every column, for whole records
         try:
             self._source = pa.memory_map(str(path), "r")
         except OSError as err:
@@ -178,9 +182,9 @@ class ArrowShardReader:
         """Each row's image id as UTF-8 bytes (views into the map), in row order."""
         return (b.id_bytes(r) for b in self._batches for r in range(b.rows))
 
-    def record(self, row: int, expect: Optional[str] = None, convert: bool = True) -> Optional[RegionFeatures]:
-        """The record at `row`; None if `expect` is given and is not its image id. With
-        ``convert=False`` arrays stay in the stored dtype (zero-copy views)."""
+    def views(self, row: int, which: Sequence[int], expect: Optional[str] = None) -> Optional[tuple]:
+        """(image id, height, width, views of columns `which` in the stored dtype) of the
+        record at `row`; None if `expect` is given and is not its image id."""
         batch, r = self._locate(row)
         if expect is None:
             image_id = batch.image_id(r)
@@ -188,7 +192,12 @@ class ArrowShardReader:
             image_id = expect
         else:
             return None
-        return self._assemble(image_id, batch.image_h[r], batch.image_w[r], batch.arrays(r), convert)
+        return image_id, batch.image_h[r], batch.image_w[r], batch.arrays(r, which)
+
+    def record(self, row: int, expect: Optional[str] = None) -> Optional[RegionFeatures]:
+        """The record at `row`; None if `expect` is given and is not its image id."""
+        found = self.views(row, self._all, expect)
+        return None if found is None else self._assemble(*found)
 
     def close(self) -> None:
         self._batches = []

@@ -1,111 +1,58 @@
-"""Batched reads: a batch's regions gathered straight into one set of preallocated arrays.
+"""Batched reads: which stored columns fill which fields of a `pipeline.records.RegionBuffer`.
 
-`RegionBuffer` holds the padded arrays of a `pipeline.records.RegionBatch` for B images
-(features (B, slots, D), positions, mask, labels, probability tables), allocated once
-(optionally in pinned memory, when CUDA exists) and filled by
-`FeatureStore.get_many_into`: each stored array is copied once, from the memory map into
-its rows, converting dtype on the way; no per-record arrays are allocated. The result is
-identical to `pad_regions` over `FeatureStore.get_many` (the per-record path).
+`FeatureStore.get_many_into` reads, per image, only the columns the buffer holds (boxes,
+features and its optional fields) as views of the shard's map, with no `RegionFeatures`
+in between, and `RegionBuffer.put` copies each once into its preallocated rows, in the
+buffer's dtype (the stored float16 copies straight); top-k probability tables are
+expanded on the way. `Gather` is that plan, made once per store layout and set of fields.
 """
 
 from __future__ import annotations
 
-from typing import Literal, Optional, Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 
-from pipeline.records import LABEL_PAIRS, PROB_FIELDS, RegionBatch, RegionFeatures, img_token_feature
+from pipeline.records import OPTIONAL_ARRAYS, PROB_FIELDS, RegionBuffer
+from pipeline.store.columns import columns
 from pipeline.store.layout import StoreLayout
 
-OPTIONAL = tuple(name for pair in LABEL_PAIRS for name in pair) + PROB_FIELDS
-_IMG_POSITION = np.array([0, 0, 1, 1, 1], np.float32)  # the IMG token's box: the whole image (area 1)
+
+class Gather:
+    """The columns (indices into `columns(layout)`) to read for a buffer holding `fields`,
+    and how they fill it. A field the layout does not store reads as missing."""
+
+    def __init__(self, layout: StoreLayout, fields: Sequence[str]):
+        names = [c.name for c in columns(layout)]
+        wanted = ["boxes", "features"]
+        self.plain: list[tuple[str, int]] = []
+        self.topk: list[tuple[str, object, int, int]] = []
+        for field in fields:
+            if field in names:
+                self.plain.append((field, len(wanted)))
+                wanted.append(field)
+            elif f"{field}_topk_ids" in names:
+                self.topk.append((field, layout.prob(field), layout.prob_dim(field), len(wanted)))
+                wanted += [f"{field}_topk_ids", f"{field}_topk"]
+        self.columns = [names.index(name) for name in wanted]
+
+    def put(self, out: RegionBuffer, b: int, image_id: str, image_h: int, image_w: int,
+            values: Sequence[Optional[np.ndarray]]) -> None:
+        """Fill image slot `b` of `out` from one record's column views (`self.columns` order)."""
+        optional = {field: values[i] for field, i in self.plain}
+        for field, storage, dim, i in self.topk:
+            optional[field] = None if values[i] is None else storage.decode_topk(values[i], values[i + 1], dim)
+        out.put(b, image_id, image_h, image_w, values[0], values[1], optional)
 
 
-def _empty(shape: tuple, dtype, pin_memory: bool) -> np.ndarray:
-    """A zeroed array; in page-locked memory when asked and CUDA exists (fast, async host->GPU copies)."""
-    if pin_memory:
-        import torch
+def buffer_for(layout: StoreLayout, size: int, max_boxes: int, *, fields: Optional[Sequence[str]] = None,
+               **options) -> RegionBuffer:
+    """A `RegionBuffer` for a store of `layout` (options: see `RegionBuffer`) holding the
+    optional `fields` (default: all) that the store can hold: a probability table it drops,
+    or that no record had yet, is left out (None in the buffer's batches)."""
+    def stored(name: str) -> bool:
+        return name not in PROB_FIELDS or (layout.prob(name).mode != "none" and layout.prob_dim(name) is not None)
 
-        if torch.cuda.is_available():
-            return torch.zeros(shape, dtype=torch.from_numpy(np.zeros(0, dtype)).dtype, pin_memory=True).numpy()
-    return np.zeros(shape, dtype)
-
-
-class RegionBuffer:
-    """Preallocated padded arrays for `size` images of up to `max_boxes` regions, laid out
-    as `pad_regions` lays out a `RegionBatch` (IMG token at slot 0 with `img_token`,
-    `position` "5d" or "4d"). `fields`: the optional record fields to gather (of
-    objects_id/objects_conf/attrs_id/attrs_conf/cls_prob/attr_prob; default: every one the
-    store can hold, probability tables once some record had one); an image lacking one gets the padding values there (ids -1, else 0) and
-    is marked in `missing[field]`. Features and probability tables are float32 unless
-    `dtype` says otherwise (e.g. the stored float16)."""
-
-    def __init__(self, layout: StoreLayout, size: int, max_boxes: int, *, position: Literal["4d", "5d"] = "5d",
-                 img_token: bool = False, fields: Optional[Sequence[str]] = None, dtype: str = "float32",
-                 pin_memory: bool = False):
-        if size < 1 or max_boxes < 1:
-            raise ValueError("a RegionBuffer needs size >= 1 and max_boxes >= 1")
-        if fields is None:
-            fields = [f for f in OPTIONAL if f not in PROB_FIELDS or layout.prob_dim(f) is not None]
-        unknown = set(fields) - set(OPTIONAL)
-        if unknown:
-            raise ValueError(f"unknown region fields {sorted(unknown)}; choose from {OPTIONAL}")
-        self.first = int(img_token)
-        self.max_boxes = max_boxes
-        self.position = position
-        slots = max_boxes + self.first
-        widths = {"features": layout.feature_dim, "cls_prob": layout.cls_dim, "attr_prob": layout.attr_dim}
-        self.image_ids: list[str] = [""] * size
-        self.features = _empty((size, slots, layout.feature_dim), dtype, pin_memory)
-        self.positions = _empty((size, slots, 5 if position == "5d" else 4), np.float32, pin_memory)
-        self.mask = _empty((size, slots), bool, pin_memory)
-        self.num_boxes = np.zeros(size, np.int64)
-        self.optional: dict[str, np.ndarray] = {}
-        for name in fields:
-            if name in PROB_FIELDS:
-                if widths[name] is None or layout.prob(name).mode == "none":
-                    raise ValueError(f"the store holds no {name}; leave it out of fields")
-                self.optional[name] = _empty((size, slots, widths[name]), dtype, pin_memory)
-            else:
-                self.optional[name] = _empty((size, slots), np.int64 if name.endswith("_id") else np.float32, pin_memory)
-                if name.endswith("_id"):
-                    self.optional[name].fill(-1)
-        self.missing = {name: np.zeros(size, bool) for name in fields}
-        self._filled = np.zeros(size, np.int64)  # slots written last time, per image: what to clear
-
-    def __len__(self) -> int:
-        return len(self.image_ids)
-
-    def put(self, b: int, rec: RegionFeatures) -> None:
-        """Copy `rec`'s first `max_boxes` regions into image slot `b` (and its derived
-        positions, mask and IMG token), clearing what a previous image left beyond them."""
-        first, n = self.first, min(rec.num_boxes, self.max_boxes)
-        end, stale = first + n, int(self._filled[b])
-        rows = slice(first, end)
-        self.image_ids[b] = rec.image_id
-        self.features[b, rows] = rec.features[:n]
-        self.positions[b, rows] = (rec.spatial5() if self.position == "5d" else rec.normalized_boxes())[:n]
-        self.mask[b, :end] = True
-        for name, out in self.optional.items():
-            value = getattr(rec, name)
-            self.missing[name][b] = value is None
-            if value is None:
-                out[b, rows] = -1 if name.endswith("_id") else 0
-            else:
-                out[b, rows] = value[:n]
-        if stale > end:  # padding left by a larger image
-            for out in (self.features, self.positions, self.mask, *self.optional.values()):
-                out[b, end:stale] = -1 if out.dtype == np.int64 else 0
-        if first:
-            self.features[b, 0] = img_token_feature(self.features[b, 1:end], np.ones(n, bool))
-            self.positions[b, 0] = _IMG_POSITION[: self.positions.shape[2]]
-        self.num_boxes[b] = end
-        self._filled[b] = end
-
-    def batch(self, images: Optional[slice] = None) -> RegionBatch:
-        """A `RegionBatch` of views of these arrays (of `images`, default all). An optional
-        field missing from any of its images is None, as `pad_regions` leaves it."""
-        sel = images or slice(None)
-        optional = {name: None if self.missing[name][sel].any() else out[sel] for name, out in self.optional.items()}
-        return RegionBatch(image_ids=self.image_ids[sel], features=self.features[sel], positions=self.positions[sel],
-                           mask=self.mask[sel], num_boxes=self.num_boxes[sel], **optional)
+    fields = [f for f in (OPTIONAL_ARRAYS if fields is None else fields) if stored(f)]
+    widths = {name: layout.prob_dim(name) for name in PROB_FIELDS if name in fields}
+    return RegionBuffer(size, max_boxes, layout.feature_dim, fields=fields, prob_widths=widths, **options)

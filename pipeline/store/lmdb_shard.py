@@ -174,6 +174,7 @@ def _release_env(path: Path) -> None:
 class LmdbShardReader:
     def __init__(self, path: Path, layout: StoreLayout, out_dtype: Optional[np.dtype] = None):
         self._assemble = Assembler(layout, out_dtype)
+        self._all = range(len(columns(layout)))  # every column, for whole records
         self._name = path.name
         self._path = path
         self._layout = layout
@@ -278,9 +279,9 @@ class LmdbShardReader:
         if problems:
             raise self._damaged(row, "header does not fit the store layout: " + ", ".join(problems))
 
-    def record(self, row: int, expect: Optional[str] = None, convert: bool = True) -> Optional[RegionFeatures]:
-        """The record at `row`; None if `expect` is given and is not its image id. With
-        ``convert=False`` arrays stay in the stored dtype (zero-copy views)."""
+    def views(self, row: int, which: Sequence[int], expect: Optional[str] = None) -> Optional[tuple]:
+        """(image id, height, width, views of columns `which` in the stored dtype) of the
+        record at `row`; None if `expect` is given and is not its image id."""
         value = self._value(row)
         header = _unpack_header(value)
         if header[0] != MAGIC or header[1] != VALUE_VERSION:
@@ -296,8 +297,12 @@ class LmdbShardReader:
         if layout.itemsize != len(value):
             raise self._damaged(row, f"value of {len(value)} bytes, its header describes {layout.itemsize}")
         block = np.ndarray((), layout, value)
-        arrays = [None if name is None else block[name] for name in names]
-        return self._assemble(image_id, header[4], header[5], arrays, convert)
+        return image_id, header[4], header[5], [None if names[c] is None else block[names[c]] for c in which]
+
+    def record(self, row: int, expect: Optional[str] = None) -> Optional[RegionFeatures]:
+        """The record at `row`; None if `expect` is given and is not its image id."""
+        found = self.views(row, self._all, expect)
+        return None if found is None else self._assemble(*found)
 
     def close(self) -> None:
         self._txn.abort()

@@ -37,9 +37,9 @@ from pipeline.errors import ConfigError, StoreError
 from pipeline.io import (
     commit_path, disk_bytes, exclusive_lock, remove_path, remove_stale_tmp, sha256_file, tmp_path_for,
 )
-from pipeline.records import RegionFeatures, validate_record
+from pipeline.records import RegionBuffer, RegionFeatures, validate_record
 from pipeline.store import arrow_shard, lmdb_shard
-from pipeline.store.batch import RegionBuffer
+from pipeline.store.batch import Gather, buffer_for
 from pipeline.store.index import INDEX_FILE, IdIndex, id_hash
 from pipeline.store.layout import ProbStorage, StoreLayout
 from pipeline.store.manifest import IDENTITY_KEYS, MANIFEST_FILE, SHARDS_DIR, Manifest, ShardInfo, now_iso
@@ -184,6 +184,7 @@ a fraction of a second); each shard's size is checked before its first use, and
         self._state: Optional[_ProcessState] = None
         self._orphans: list[_ProcessState] = []
         self._starts = np.cumsum([0] + [s.rows for s in self.manifest.shards])
+        self._gathers: dict[tuple, Gather] = {}  # per set of buffer fields
 
     @classmethod
     def open(cls, path: Union[str, Path], *, dtype: Optional[str] = None, verify: Optional[bool] = None) -> "FeatureStore":
@@ -258,10 +259,11 @@ a fraction of a second); each shard's size is checked before its first use, and
 
     def get(self, image_id: str) -> RegionFeatures:
         """The record of `image_id`; KeyError naming the id and the store if absent."""
-        return self._lookup(image_id, True)
+        return self._find(image_id, lambda reader, row: reader.record(row, image_id))
 
-    def _lookup(self, image_id: str, convert: bool) -> RegionFeatures:
-        """`get`; with ``convert=False`` arrays stay in the stored dtype (zero-copy views)."""
+    def _find(self, image_id: str, read):
+        """`read(reader, row)` at the row holding `image_id` (it returns None at a row of
+        another id); KeyError naming the id and the store if absent."""
         if not isinstance(image_id, str):
             raise KeyError(f"image ids are strings, got {image_id!r}; use record_at(position) for the "
                            f"record at a position of the feature store {self.path}")
@@ -269,9 +271,9 @@ a fraction of a second); each shard's size is checked before its first use, and
         key = image_id.encode("utf-8")
         for shard, row in state.index.candidates(key):
             reader = state.readers.get(shard) or self._reader(shard)
-            rec = reader.record(row, image_id, convert)
-            if rec is not None:
-                return rec
+            found = read(reader, row)
+            if found is not None:
+                return found
             self._check_entry(shard, row, key, reader.image_id(row))
         raise KeyError(f"image {image_id!r} is not in the feature store {self.path}")
 
@@ -285,16 +287,24 @@ a fraction of a second); each shard's size is checked before its first use, and
     def get_many_into(self, image_ids: Sequence[str], out: RegionBuffer,
                       slots: Optional[Sequence[int]] = None) -> RegionBuffer:
         """Gather the regions of `image_ids` into `out`'s image slots `slots` (default
-        0, 1, ...): each stored array is copied once, from the map into the buffer (dtype
-        converted on the way); `out.batch()` then equals `pad_regions` over `get_many`.
-        KeyError naming the id and the store if one is absent."""
+        0, 1, ...): per image only the columns `out` holds are read, as views of the map,
+        and copied once into its rows (in `out`'s dtype); `out.batch()` then equals
+        `pad_regions` over `get_many` (in float32). KeyError naming the id and the store
+        if one is absent."""
+        fields = tuple(out.optional)
+        gather = self._gathers.get(fields)
+        if gather is None:
+            gather = self._gathers[fields] = Gather(self.layout, fields)
+        which = gather.columns
         for b, image_id in zip(range(len(image_ids)) if slots is None else slots, image_ids):
-            out.put(b, self._lookup(image_id, False))
+            found = self._find(image_id, lambda reader, row: reader.views(row, which, image_id))
+            gather.put(out, b, *found)
         return out
 
     def region_buffer(self, size: int, max_boxes: int, **options) -> RegionBuffer:
-        """A `RegionBuffer` for this store's layout (options: see `RegionBuffer`)."""
-        return RegionBuffer(self.layout, size, max_boxes, **options)
+        """A `RegionBuffer` for this store's layout (options: `fields`, default every
+        optional field the store holds, and those of `RegionBuffer`)."""
+        return buffer_for(self.layout, size, max_boxes, **options)
 
     def ids(self) -> Iterator[str]:
         """Image ids in storage order (shard by shard, row by row)."""

@@ -10,15 +10,15 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
-from typing import Sequence, Union
+from typing import Optional, Sequence, Union
 
 import numpy as np
 import torch
 
 from pipeline.errors import ConfigError
 from pipeline.mixture import Mixture
-from pipeline.records import img_token_feature, pad_regions
-from pipeline.store import FeatureStore, RegionBuffer
+from pipeline.records import RegionBuffer, empty_array, img_token_feature, pad_regions
+from pipeline.store import FeatureStore
 from vl_models.config import DataSettings
 from vl_models.data.masking import mask_regions, mask_tokens, mismatch, overlapping, sample_answer
 from vl_models.data.tokenize import WordPiece
@@ -98,12 +98,14 @@ class PretrainDataset(torch.utils.data.Dataset):
         return pad_regions([self._record(key)], self.cfg.max_regions, position=family.position,
                            img_token=family.img_token)
 
-    def _gather(self, keys: Sequence[str]) -> RegionBuffer:
+    def _gather(self, keys: Sequence[str], memory: str) -> RegionBuffer:
         """The regions of images `keys`, padded as `_regions` pads one, read in one batched
-        gather per store (`FeatureStore.get_many_into`) into a fresh buffer."""
+        gather per store (`FeatureStore.get_many_into`) into a fresh buffer in the stored
+        dtype, with only the fields the family reads (`region_fields`)."""
         family, stores = self.family, self.stores
         out = stores[0].region_buffer(len(keys), self.cfg.max_regions, position=family.position,
-                                      img_token=family.img_token)
+                                      img_token=family.img_token, fields=family.region_fields,
+                                      dtype=stores[0].layout.dtype, memory=memory)
         if len(stores) == 1:
             return stores[0].get_many_into(keys, out)
         owner = [next((s for s, store in enumerate(stores) if key in store), None) for key in keys]
@@ -118,17 +120,28 @@ class PretrainDataset(torch.utils.data.Dataset):
     def __getitems__(self, indices: Sequence[int]) -> list[dict]:
         """The examples of `indices` (what a DataLoader asks for one batch): the same
         examples as ``[self[i] for i in indices]``, with every image's regions read in one
-        batched gather and masked in place, so an example's region arrays are rows of one
-        batch buffer: the only further copy is the collate's, into the batch tensor."""
-        regions = self._gather([self.images[int(self.rows[i])] for i in indices])
-        return [self._example(i, regions.batch(slice(b, b + 1)), owned=True) for b, i in enumerate(indices)]
+        batched gather, converted to float32 once per batch and masked in place, so that an
+        example's region arrays are rows of batch arrays (in shared memory in a DataLoader
+        worker) which `collate` hands on without copying."""
+        memory = "shared" if torch.utils.data.get_worker_info() is not None else "plain"
+        regions = self._gather([self.images[int(self.rows[i])] for i in indices], memory)
+        batch = regions.batch(img_feature=False)  # the IMG feature is computed after masking
+        converted = {name: _float32(getattr(batch, name), memory)
+                     for name in ("features", "cls_prob", "attr_prob") if getattr(batch, name) is not None}
+        batch = replace(batch, **converted)  # float32 and unmasked: the original features
+        features = empty_array(batch.features.shape, np.float32, memory)
+        features[:] = batch.features
+        visual_mask = empty_array(batch.mask.shape, np.int64, memory)
+        visual_mask[:] = batch.mask
+        return [self._example(i, batch.image(b), features[b], visual_mask[b]) for b, i in enumerate(indices)]
 
     def __getitem__(self, i: int) -> dict:
-        return self._example(i, self._regions(self.images[int(self.rows[i])]), owned=False)
+        batch = self._regions(self.images[int(self.rows[i])])
+        return self._example(i, batch, batch.features[0].copy(), batch.mask[0].astype(np.int64))
 
-    def _example(self, i: int, batch, owned: bool) -> dict:
-        """Example `i` over its image's padded regions `batch` (a one-image `RegionBatch`);
-        with `owned` its feature rows may be masked in place."""
+    def _example(self, i: int, batch, features: np.ndarray, visual_mask: np.ndarray) -> dict:
+        """Example `i` over its image's padded, unmasked regions `batch` (a one-image
+        `RegionBatch`): `features`, a copy of them, is masked in place."""
         cfg = self.cfg
         rng = np.random.default_rng([self.seed, self.epoch, int(i)])
         row = int(self.rows[i])
@@ -151,8 +164,7 @@ class PretrainDataset(torch.utils.data.Dataset):
         selected = np.concatenate([np.zeros(first, bool), m.selected])
         zeroed = np.concatenate([np.zeros(first, bool), m.zeroed])
         replaced = np.concatenate([np.zeros(first, bool), m.replaced])
-        original = batch.features[0].copy()
-        features = batch.features[0] if owned else original.copy()
+        original = batch.features[0]
         regions = batch.mask[0] & (np.arange(slots) >= first)  # real region slots (not IMG, not padding)
         if cfg.region_overlap == "zero":  # IoU on the normalized boxes (scale-free)
             zeroed |= selected | (overlapping(batch.positions[0][:, :4], selected) & regions)
@@ -166,13 +178,48 @@ class PretrainDataset(torch.utils.data.Dataset):
 
         example = {
             "input_ids": ids, "attention_mask": enc.mask, "lm_labels": lm_labels,
-            "visual_feats": features, "visual_pos": batch.positions[0], "visual_mask": batch.mask[0].astype(np.int64),
+            "visual_feats": features, "visual_pos": batch.positions[0], "visual_mask": visual_mask,
             "region_selected": selected, "matched": np.int64(matched),
         }
-        example.update(family.visual_targets(replace(batch, features=original[None]) if owned else batch, original, image))
+        example.update(family.visual_targets(batch, original, image))
         answer_ids, scores = self.mixture.labels(row)
         if matched and answer_ids:
             example["qa_label"] = np.int64(sample_answer(answer_ids, scores, torch.Generator().manual_seed(int(rng.integers(2**31)))))
         else:
             example["qa_label"] = np.int64(-1)
         return example
+
+
+def _float32(array: np.ndarray, memory: str) -> np.ndarray:
+    """`array` in float32, converted in one vectorized pass (torch's; numpy's float16
+    conversion is several times slower), into a new array in `memory`."""
+    out = empty_array(array.shape, np.float32, memory)
+    torch.from_numpy(out).copy_(torch.from_numpy(array))
+    return out
+
+
+def _rows_of(values: Sequence) -> Optional[torch.Tensor]:
+    """The batch tensor whose consecutive rows `values` are (arrays that are views of one
+    C-contiguous array, row b at row b), sharing its memory; None otherwise."""
+    first = values[0]
+    parent = getattr(first, "base", None)
+    if (not isinstance(first, np.ndarray) or not isinstance(parent, np.ndarray) or parent.dtype != first.dtype
+            or parent.shape != (len(values), *first.shape) or not parent.flags.c_contiguous):
+        return None
+    start, step = parent.ctypes.data, parent.strides[0]
+    if any(not isinstance(v, np.ndarray) or v.base is not parent or v.ctypes.data != start + b * step
+           for b, v in enumerate(values)):
+        return None
+    return parent.base if isinstance(parent.base, torch.Tensor) else torch.from_numpy(parent)
+
+
+def collate(examples: Sequence[dict]) -> dict:
+    """`torch.utils.data.default_collate` of `PretrainDataset` examples, except that arrays
+    which are the consecutive rows of one batch array (`__getitems__`'s) become that array
+    as it is, a tensor of the same memory: no copy. (DataLoader(..., collate_fn=collate).)"""
+    out = {}
+    for key in examples[0]:
+        values = [example[key] for example in examples]
+        whole = _rows_of(values)
+        out[key] = torch.utils.data.default_collate(values) if whole is None else whole
+    return out

@@ -55,6 +55,7 @@ class ModelFamily:
     img_token: ClassVar[bool] = False  # a whole-image token before the regions
     region_masking: ClassVar[RegionMasking]
     region_overlap: ClassVar[tuple[str, ...]] = ("keep",)  # the masking variants it supports
+    region_fields: ClassVar[tuple[str, ...]] = ()  # the optional record fields `visual_targets` reads
     unused_parameters: ClassVar[bool] = False  # parameters outside the forward pass (DDP must look)
     answers: ClassVar[bool] = False  # a QA head over the mixture's answer table (`answer_logits`)
     pair_task: ClassVar[str]  # the task (in `tasks`) whose head gives `pair_score`

@@ -27,6 +27,7 @@ class Lxmert(ModelFamily):
     position = "4d"
     region_masking = RegionMasking(zero=0.8, replace=0.1)  # 10 % another image's feature, 10 % unaltered
     answers = True
+    region_fields = ("objects_id", "objects_conf", "attrs_id", "attrs_conf")
     region_positions = "feat_positions"  # LXMERT decodes features (and labels) of the masked regions
 
     def fit(self, mcfg, layout, answers, store):

@@ -25,6 +25,7 @@ class ViLBERT(ModelFamily):
     position = "5d"
     img_token = True  # never masked; the mean of the regions the model sees
     region_masking = RegionMasking(zero=0.9)  # paper §3.2: 90 % zeroed, 10 % unaltered
+    region_fields = ("cls_prob",)  # the KL target
     region_overlap = ("keep", "zero")  # zero: 12-in-1's variant (see vl_models.config.DataSettings)
     unused_parameters = True  # q_dense1/2 exist in its checkpoints but take no part in the forward pass
 
