@@ -4,6 +4,7 @@ line and an exit code (`pipeline.log.named_errors`)."""
 from __future__ import annotations
 
 import logging
+import sys
 from pathlib import Path
 from typing import List, Literal, Optional
 
@@ -15,7 +16,7 @@ from pipeline.errors import ConfigError
 from pipeline.log import cli_app, named_errors
 from pipeline.cli_flags import Flag, Flags, config_command, or_none
 from vl_models.config import (
-    AMP, DEVICES, OPTIMIZERS, REGION_OVERLAP, TASK_SAMPLING, VISUAL_WEIGHTING, DataSettings, FinetuneConfig,
+    AMP, DEVICES, OPTIMIZERS, REGION_OVERLAP, RESUME, TASK_SAMPLING, VISUAL_WEIGHTING, DataSettings, FinetuneConfig,
     OptimConfig, RunSettings, TrainConfig, TransferSettings,
 )
 
@@ -24,7 +25,16 @@ out = Console()
 
 
 # What a recipe may set: the options that shape the run, not where its inputs and outputs are.
-_NOT_IN_RECIPES = {"recipe", "shards", "mixture", "out", "vocab", "init", "resume", "overwrite", "stop_at"}
+_NOT_IN_RECIPES = {"recipe", "shards", "mixture", "out", "vocab", "init", "resume", "overwrite", "stop_at",
+                   "dist_timeout"}
+RESUME_HELP = ("An earlier run in OUT: no (refused; see --overwrite); yes (also a bare --resume): continue it bit-exactly from "
+               "checkpoints/latest (a new run if OUT holds none), settings that change what the run computes must "
+               "stay the same (refused, named), --steps, --epochs and how it checkpoints, evaluates and logs may "
+               "change (noted in metrics.jsonl); auto: continue it only when every setting is the same, start a new "
+               "run when OUT holds none (or a run of the same settings without a checkpoint), refuse anything else: "
+               "for job scripts, resubmitted preempted jobs and torchrun restarts (--max-restarts).")
+DIST_TIMEOUT_HELP = ("Under torchrun: seconds a collective waits for the other ranks before the run fails (0: "
+                     "torch's default, 30 min on gloo, 10 min on NCCL).")
 
 
 def _given(ctx: typer.Context, name: str) -> bool:
@@ -88,7 +98,8 @@ def pretrain(
     checkpoint_every: int = typer.Option(500, help="Steps between checkpoints.", rich_help_panel="Run: devices, checkpoints, logging"),
     eval_every: int = typer.Option(0, help="Steps between validation passes on the mixture's val split (0: at the end).", rich_help_panel="Run: devices, checkpoints, logging"),
     seed: int = typer.Option(0, help="Seed of initialization, sampling and masking.", rich_help_panel="Run: devices, checkpoints, logging"),
-    resume: bool = typer.Option(False, help="Continue the run in OUT from checkpoints/latest (a new run if OUT holds none). Settings that change what the run computes must stay the same (refused, named); --steps or --epochs may grow (noted in metrics.jsonl).", rich_help_panel="Run: devices, checkpoints, logging"),
+    resume: Literal[RESUME] = typer.Option("no", help=RESUME_HELP, rich_help_panel="Run: devices, checkpoints, logging"),
+    dist_timeout: float = typer.Option(0, help=DIST_TIMEOUT_HELP, rich_help_panel="Run: devices, checkpoints, logging"),
     overwrite: bool = typer.Option(False, "--overwrite", help="Start again in an OUT that holds a run: removes only the trainer's files there (config.json, metrics.jsonl, checkpoints/, tensorboard/, curves.png).", rich_help_panel="Run: devices, checkpoints, logging"),
     stop_at: int = typer.Option(0, help="End this invocation at this step (0: run to --steps); resume later.", rich_help_panel="Run: devices, checkpoints, logging"),
     keep_last: int = typer.Option(3, help="Checkpoints kept (0: all), besides the best one (--best-metric).", rich_help_panel="Run: devices, checkpoints, logging"),
@@ -126,6 +137,7 @@ def pretrain(
     settings = {k: v for k, v in o.items() if k not in ("recipe", "shards", "weight", "task_from")}
     settings.update(stores=tuple(str(s) for s in shards), mixture=str(mixture), out=str(out), vocab=str(vocab),
                     init=str(init) if init else None, epochs=o["epochs"] or None, stop_at=stop_at or None,
+                    dist_timeout=o["dist_timeout"] or None,
                     max_text=o["max_text"] or None, weights=_pairs(o["weight"], "--weight", float),
                     from_step=_pairs(o["task_from"], "--task-from", int))
     cfg = TrainConfig.of(**settings)
@@ -180,7 +192,7 @@ FINETUNE_FLAGS = (
         "device": Flag("cpu or cuda (under torchrun: one GPU per rank).", choices=DEVICES),
         "amp": Flag("Mixed precision: none, bf16, or fp16 (CUDA).", choices=AMP),
         "compile": "torch.compile the backbone.",
-        "resume": "Continue the run in OUT (bit-exact; a new run if OUT holds none).",
+        "resume": Flag(RESUME_HELP, choices=RESUME),
         "overwrite": "Start again in an OUT that holds a run (removes only the trainer's files).",
         "stop_at": Flag("End this invocation at this step (0: run to the end).", parse=lambda text: int(text) or None,
                         show=lambda v: str(v or 0)),
@@ -190,7 +202,9 @@ FINETUNE_FLAGS = (
         "keep_last": "Checkpoints kept (0: all), besides the best one.",
         "best_metric": Flag("The validation score that picks checkpoints/best (default: the first task's, e.g. "
                             "eval_vqa_accuracy).", parse=or_none),
-        "report_to": "Also report to: tensorboard."}, section="run"),
+        "report_to": "Also report to: tensorboard.",
+        "dist_timeout": Flag(DIST_TIMEOUT_HELP, parse=lambda text: float(text) or None, show=lambda v: str(v or 0))},
+          section="run"),
 )
 
 
@@ -233,17 +247,21 @@ def evaluate(
     """
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+    from vl_models.train import distributed
     from vl_models.train.checkpoint import resolve
     from vl_models.transfer.evaluate import evaluate_checkpoint
 
     source = str(resolve(checkpoint, step)) if step else checkpoint
     columns = [TextColumn(f"{task} {split}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                TimeRemainingColumn()]
-    with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
+    main = distributed.is_main()  # under torchrun: the ranks share the scoring, rank 0 reports
+    with Progress(*columns, console=Console(stderr=True), transient=True, disable=not main) as bar:
         job = bar.add_task("scoring", total=None)
         result = evaluate_checkpoint(task, source, data, split, [str(s) for s in shards], str(vocab) if vocab else None,
                                      out, zero_shot, model, device, batch_size, limit,
                                      progress=lambda done, total: bar.update(job, completed=done, total=total))
+    if not main:
+        return
     table = Table(title=f"{task} {split}: {result['examples']} rows")
     table.add_column("metric")
     table.add_column("value", justify="right")
@@ -329,9 +347,10 @@ def preview_batch(
 
 def _train_with_progress(run, cfg, label: str) -> None:
     """Call ``run(cfg, on_step)`` with a progress bar on a terminal (a log line per logged step
-    in a batch job), then print the last losses and validation scores."""
+    in a batch job), then print the last losses and validation scores (under torchrun: rank 0)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+    from vl_models.train import distributed
     from vl_models.train.runlog import progress_line
 
     stderr = Console(stderr=True)
@@ -349,6 +368,8 @@ def _train_with_progress(run, cfg, label: str) -> None:
                 bar.update(task, completed=step, total=total, info=f"loss {loss:.3f}, {metrics['samples_per_s']:.1f} samples/s")
 
             last = run(cfg, on_step=update)
+    if not distributed.is_main():  # the other ranks log nothing either
+        return
     shown = {k: round(v, 4) for k, v in last.items() if k.startswith(("loss_", "eval_"))}
     Console().print(f"done: step {last.get('step', 'unchanged: the run was at its end')} -> {cfg.out}")
     Console().print(shown)
@@ -369,7 +390,19 @@ def _pairs(items: List[str], flag: str, convert) -> dict:
     return out
 
 
+def bare_resume(args: list[str]) -> list[str]:
+    """`--resume` written without a value means `--resume yes`, as before it took one (typer
+    gives no option an optional value, so the command line is completed before parsing)."""
+    out = []
+    for i, arg in enumerate(args):
+        out.append(arg)
+        if arg == "--resume" and (i + 1 == len(args) or args[i + 1] not in RESUME):
+            out.append("yes")
+    return out
+
+
 def main() -> None:
+    sys.argv[1:] = bare_resume(sys.argv[1:])
     app()
 
 

@@ -13,7 +13,7 @@ this module without loading the trainer. Every field of `TrainConfig` and `TaskC
   rates, workers, verify_shards;
 * ``task`` (`TaskConfig`): per-task weights and start steps, LXMERT's visual weighting and QA epoch;
 * ``run`` (`RunSettings`): seed, device, amp, compile, resume / overwrite / stop_at,
-  checkpoint_every, eval_every, log_every, keep_last, best_metric, report_to.
+  checkpoint_every, eval_every, log_every, keep_last, best_metric, report_to, dist_timeout.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ OPTIMIZERS = ("adamw", "bertadam", "sgd")
 AMP = ("none", "bf16", "fp16")
 DEVICES = ("cpu", "cuda")
 REGION_OVERLAP = ("keep", "zero")
+RESUME = ("no", "yes", "auto")  # what `run_folder.plan` does with a run already in --out
 VISUAL_WEIGHTING = ("confidence", "masked")
 
 
@@ -129,7 +130,11 @@ class RunSettings(Config):
     device: str = "cpu"  # cpu | cuda (one GPU per rank)
     amp: str = "none"  # none | bf16 | fp16 (fp16 with a GradScaler, CUDA only)
     compile: bool = False  # torch.compile the backbone (the heads decode at data-dependent positions)
-    resume: bool = False  # continue the run in `out` (a new one if there is none)
+    # An earlier run in `out`: "no" refuses it (see `overwrite`); "yes" continues it (a new run
+    # if there is none; the settings `run_folder.RESUME_SAFE` names may change, noted);
+    # "auto" continues it only with every setting the same, starts a new run if there is none,
+    # and refuses anything else (job scripts, preempted jobs, torchrun's elastic restarts).
+    resume: str = "no"
     overwrite: bool = False  # replace a run in `out` (removes only the trainer's files there)
     stop_at: Optional[int] = None  # end this invocation at this step (the schedule still spans `steps`)
     checkpoint_every: int = 500
@@ -138,9 +143,15 @@ class RunSettings(Config):
     keep_last: int = 3  # checkpoints kept (0: all), besides the best one
     best_metric: Optional[str] = None  # a validation score, e.g. eval_qa_score or eval_region_kl:min
     report_to: tuple[str, ...] = ()  # "tensorboard"
+    dist_timeout: Optional[float] = None  # seconds a collective waits for the other ranks (None: torch's default)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "report_to", tuple(self.report_to))
+        if isinstance(self.resume, bool):  # the Python API's earlier bool: True continues a run
+            object.__setattr__(self, "resume", "yes" if self.resume else "no")
+        one_of("resume", self.resume, RESUME)
+        if self.dist_timeout is not None and not (math.isfinite(self.dist_timeout) and self.dist_timeout > 0):
+            raise ConfigError(f"--dist-timeout must be finite and > 0 seconds, got {self.dist_timeout}")
         at_least(self, {"log_every": 1, "checkpoint_every": 1, "eval_every": 0, "keep_last": 0})
         one_of("amp", self.amp, AMP)
         one_of("device", self.device, DEVICES)
@@ -178,7 +189,7 @@ class _Sectioned:
 
     @classmethod
     def of(cls, **settings):
-        """A config from flat settings (``steps=4, lr=1e-3, resume=True, ...``), each put
+        """A config from flat settings (``steps=4, lr=1e-3, resume="yes", ...``), each put
         into its section; ConfigError naming an unknown one."""
         own, sections = _sort(cls, settings)
         defaults = {f.name: f.default_factory() for f in fields(cls) if f.name in cls.sections}

@@ -221,7 +221,7 @@ def _train_config(cfg: DemoConfig, kind: str, out: Path, vocab: Path, steps: int
     return TrainConfig.of(model=MODELS[kind], stores=(str(out / "features"),), mixture=str(out / MIXTURES[kind]),
                           out=str(out / "runs" / kind), vocab=str(vocab), steps=steps, batch_size=32, lr=1e-3,
                           warmup=max(1, steps // 20), checkpoint_every=max(1, steps // 2), eval_every=steps,
-                          log_every=max(1, steps // 60), max_text=24, max_regions=20, seed=cfg.seed, resume=True,
+                          log_every=max(1, steps // 60), max_text=24, max_regions=20, seed=cfg.seed, resume="yes",
                           weights={pair: 3.0})
 
 
@@ -314,7 +314,7 @@ def _finetune(cfg: DemoConfig, kind: str, task_name: str, init: str, seed: int, 
         init=str(out / "runs" / kind) if pretrained else None, model=None if pretrained else MODELS[kind],
         vocab=str(vocab), epochs=None, steps=TRANSFER_STEPS, batch_size=TRANSFER_BATCH, lr=TRANSFER_LR, warmup=0.1,
         max_text=24, max_regions=20, seed=seed, eval_every=TRANSFER_STEPS // TRANSFER_EVALS, keep_last=1,
-        checkpoint_every=TRANSFER_STEPS, log_every=TRANSFER_STEPS, resume=True,
+        checkpoint_every=TRANSFER_STEPS, log_every=TRANSFER_STEPS, resume="yes",
         eval_items=TRANSFER_RETRIEVAL_IMAGES if pairwise else 0))  # max_text 24: every text of the world fits
     return round(checkpoint.load(checkpoint.pointed(run, checkpoint.BEST))["best"]["value"], 2)
 

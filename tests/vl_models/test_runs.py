@@ -108,8 +108,8 @@ def test_overwrite_removes_only_what_the_trainer_wrote(copy, data, tmp_path):
     (copy / "notes.txt").write_text("mine")
     (copy / "data").mkdir()
     (copy / "data" / "x.bin").write_bytes(b"\0")
-    with pytest.raises(ConfigError, match="either --resume or --overwrite"):
-        run(config(data, tmp_path, "lxmert-tiny", resume=True, overwrite=True))
+    with pytest.raises(ConfigError, match="either --resume yes or --overwrite"):
+        run(config(data, tmp_path, "lxmert-tiny", resume="yes", overwrite=True))
     run(config(data, tmp_path, "lxmert-tiny", steps=1, overwrite=True))
     assert train_steps(copy) == [1]
     assert sorted(p.name for p in (copy / "checkpoints").glob("step_*.pt")) == ["step_0000001.pt"]
@@ -125,9 +125,9 @@ def test_out_dot_keeps_the_folder_and_its_other_files(data, tmp_path, monkeypatc
 
 
 def test_resume_where_there_is_no_run_yet_starts_fresh_and_says_so(data, tmp_path, caplog):
-    """The job-script pattern: every launch passes --resume, the first one included."""
+    """The job-script pattern: every launch passes --resume yes (or auto), the first one included."""
     caplog.set_level("INFO")
-    run(config(data, tmp_path, "lxmert-tiny", steps=1, resume=True))
+    run(config(data, tmp_path, "lxmert-tiny", steps=1, resume="yes"))
     assert train_steps(tmp_path / "run") == [1]
     assert "no run to resume" in caplog.text
 
@@ -135,10 +135,10 @@ def test_resume_where_there_is_no_run_yet_starts_fresh_and_says_so(data, tmp_pat
 def test_resume_of_a_run_killed_before_its_first_checkpoint_restarts_it_cleanly(copy, data, tmp_path):
     """config.json and metrics rows but no checkpoint: step 0 again, without duplicate rows."""
     shutil.rmtree(copy / "checkpoints")
-    run(config(data, tmp_path, "lxmert-tiny", steps=2, resume=True))
+    run(config(data, tmp_path, "lxmert-tiny", steps=2, resume="yes"))
     assert train_steps(copy) == [1, 2]
     with pytest.raises(ConfigError, match="lr"):  # the saved config still binds
-        run(config(data, tmp_path, "lxmert-tiny", steps=2, lr=0.5, resume=True))
+        run(config(data, tmp_path, "lxmert-tiny", steps=2, lr=0.5, resume="yes"))
 
 
 def test_a_second_trainer_on_the_same_folder_is_turned_away(copy, data, tmp_path):
@@ -148,9 +148,46 @@ def test_a_second_trainer_on_the_same_folder_is_turned_away(copy, data, tmp_path
     before = snapshot(copy)
     with exclusive_lock(copy, "training run"):  # as a running `vltrain pretrain` holds it
         with pytest.raises(BusyError, match="is writing this training run"):
-            run(config(data, tmp_path, "lxmert-tiny", resume=True))
+            run(config(data, tmp_path, "lxmert-tiny", resume="yes"))
     assert {k: v for k, v in snapshot(copy).items() if k != ".vlprep.lock"} == {
         k: v for k, v in before.items() if k != ".vlprep.lock"}
+
+
+def test_resume_auto_continues_only_the_very_same_run(copy, data, tmp_path):
+    """--resume auto (job scripts, torchrun restarts): any difference is refused before
+    anything is written, even one --resume yes accepts; the same settings continue."""
+    before = snapshot(copy)
+    same = dict(checkpoint_every=1, resume="auto")  # the stopped run's settings
+    with pytest.raises(ConfigError, match=r"--resume auto continues a run only with its own settings, and these "
+                                          r"differ: steps: 4 -> 5\. Continue it with them changed: --resume yes"):
+        run(config(data, tmp_path, "lxmert-tiny", steps=5, **same))
+    with pytest.raises(ConfigError, match=r"lr: 0.001 -> 0.01"):
+        run(config(data, tmp_path, "lxmert-tiny", lr=1e-2, **same))
+    with pytest.raises(ConfigError, match="either --resume auto or --overwrite"):
+        run(config(data, tmp_path, "lxmert-tiny", overwrite=True, **same))
+    assert snapshot(copy) == before
+    run(config(data, tmp_path, "lxmert-tiny", stop_at=3, **same))
+    assert train_steps(copy) == [1, 2, 3] and not [r for r in rows(copy) if "note" in r]
+
+
+def test_resume_auto_starts_a_new_run_where_there_is_none(copy, data, tmp_path, caplog):
+    """An empty --out, or the same run stopped before its first checkpoint: step 0. (A
+    folder of someone else's files is refused: test_files_with_the_trainers_names_...)"""
+    caplog.set_level("INFO")
+    run(config(data, tmp_path / "new", "lxmert-tiny", steps=1, resume="auto"))
+    assert train_steps(tmp_path / "new" / "run") == [1] and "no run to resume" in caplog.text
+    shutil.rmtree(copy / "checkpoints")
+    with pytest.raises(ConfigError, match=r"--resume auto .* log_every: 1 -> 2"):
+        run(config(data, tmp_path, "lxmert-tiny", checkpoint_every=1, log_every=2, resume="auto"))
+    run(config(data, tmp_path, "lxmert-tiny", checkpoint_every=1, stop_at=2, resume="auto"))
+    assert train_steps(copy) == [1, 2]
+
+
+def test_a_bare_resume_flag_still_means_resume_yes(copy, data):
+    """`--resume` without a value (how every script wrote it before `auto`) continues the run."""
+    proc = vltrain(*pretrain_args(data, copy, "--stop-at", "3", "--resume"))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert train_steps(copy) == [1, 2, 3]
 
 
 # -- item 9: what a resume may change ---------------------------------------------------
@@ -159,14 +196,14 @@ def test_resume_refuses_changed_settings_before_writing_anything(copy, data, tmp
     before = snapshot(copy)
     named = r"batch_size: 4 -> 2.*lr: 0.001 -> 0.01.*optimizer: 'adamw' -> 'sgd'.*seed: 0 -> 1"
     with pytest.raises(ConfigError, match=named):
-        run(config(data, tmp_path, "lxmert-tiny", resume=True, lr=1e-2, batch_size=2, seed=1, optimizer="sgd"))
+        run(config(data, tmp_path, "lxmert-tiny", resume="yes", lr=1e-2, batch_size=2, seed=1, optimizer="sgd"))
     assert snapshot(copy) == before
 
 
 def test_resume_with_more_steps_goes_on_with_a_note(copy, data, tmp_path):
     with pytest.raises(ConfigError, match="already at step 2"):
-        run(config(data, tmp_path, "lxmert-tiny", resume=True, steps=1))
-    run(config(data, tmp_path, "lxmert-tiny", resume=True, steps=5, stop_at=3))
+        run(config(data, tmp_path, "lxmert-tiny", resume="yes", steps=1))
+    run(config(data, tmp_path, "lxmert-tiny", resume="yes", steps=5, stop_at=3))
     notes = [r for r in rows(copy) if "note" in r]
     assert len(notes) == 1 and notes[0]["step"] == 2 and "steps: 4 -> 5" in notes[0]["note"]
     assert train_steps(copy) == [1, 2, 3]
@@ -177,7 +214,7 @@ def test_resume_with_more_epochs_goes_on_with_a_note(data, tmp_path):
     """--epochs, like --steps, may grow on a resume (12 train items, batch 4: 3 steps an epoch),
     with a warmup given as a fraction (the recipes' form): it stays the fraction."""
     run(config(data, tmp_path, "lxmert-tiny", epochs=1, warmup=0.5, stop_at=2))
-    run(config(data, tmp_path, "lxmert-tiny", epochs=2, warmup=0.5, resume=True, stop_at=4))
+    run(config(data, tmp_path, "lxmert-tiny", epochs=2, warmup=0.5, resume="yes", stop_at=4))
     out = tmp_path / "run"
     notes = [r for r in rows(out) if "note" in r]
     assert len(notes) == 1 and "epochs: 1 -> 2" in notes[0]["note"] and "steps: 3 -> 6" in notes[0]["note"]
@@ -188,25 +225,25 @@ def test_resume_with_more_epochs_goes_on_with_a_note(data, tmp_path):
 def test_resume_compares_mixture_and_stores_by_content(copy, data, tmp_path):
     moved = tmp_path / "mix2"
     shutil.copytree(data / "mix", moved)
-    run(config(data, tmp_path, "lxmert-tiny", resume=True, mixture=str(moved), stop_at=3))  # same content: fine
+    run(config(data, tmp_path, "lxmert-tiny", resume="yes", mixture=str(moved), stop_at=3))  # same content: fine
     texts = read_items(moved).column("text").to_pylist()
     texts[0] = "a different sentence"
     rewrite_items(moved, "text", texts)
     with pytest.raises(ConfigError, match=r"mixture \(content\)"):
-        run(config(data, tmp_path, "lxmert-tiny", resume=True, mixture=str(moved)))
+        run(config(data, tmp_path, "lxmert-tiny", resume="yes", mixture=str(moved)))
     store = tmp_path / "feats"  # the same records, said to come from another detector
     shutil.copytree(data / "feats", store)
     manifest = json.loads((store / "manifest.json").read_text())
     manifest["provenance"]["detector"] = "another-detector"
     (store / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(ConfigError, match=r"stores \(content\)"):
-        run(config(data, tmp_path, "lxmert-tiny", resume=True, stores=(str(store),)))
+        run(config(data, tmp_path, "lxmert-tiny", resume="yes", stores=(str(store),)))
     other = tmp_path / "reimported"  # the same ids and layout, other features, no provenance (an import)
     records = [make_record(np.random.default_rng(7), r.image_id, num_boxes=r.num_boxes, feature_dim=16, cls_dim=11,
                            attr_dim=7) for r in FeatureStore.open(data / "feats")]
     write_records(other, records, feature_dim=16, dtype="float32")
     with pytest.raises(ConfigError, match=r"stores \(content\)"):
-        run(config(data, tmp_path, "lxmert-tiny", resume=True, stores=(str(other),)))
+        run(config(data, tmp_path, "lxmert-tiny", resume="yes", stores=(str(other),)))
 
 
 def test_a_flipped_byte_in_a_checkpoint_is_caught(copy, data, tmp_path):
@@ -215,13 +252,13 @@ def test_a_flipped_byte_in_a_checkpoint_is_caught(copy, data, tmp_path):
     blob[len(blob) // 2] ^= 0x01  # somewhere in the tensors (model or exp_avg)
     path.write_bytes(bytes(blob))
     with pytest.raises(CheckpointError, match=r"step_0000002.pt: checksum mismatch.*step_0000001.pt"):
-        run(config(data, tmp_path, "lxmert-tiny", resume=True))
+        run(config(data, tmp_path, "lxmert-tiny", resume="yes"))
 
 
 def test_a_truncated_checkpoint_is_one_line_naming_it(copy, data, tmp_path):
     path = copy / "checkpoints" / "step_0000002.pt"
     path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
-    proc = vltrain(*pretrain_args(data, copy, "--resume"))
+    proc = vltrain(*pretrain_args(data, copy, "--resume", "yes"))
     assert proc.returncode == EXIT_DATA, proc.stderr[-2000:]
     assert "step_0000002.pt" in proc.stderr and "step_0000001.pt" in proc.stderr and "Traceback" not in proc.stderr
 
@@ -229,7 +266,7 @@ def test_a_truncated_checkpoint_is_one_line_naming_it(copy, data, tmp_path):
 def test_latest_naming_a_missing_file_is_named(copy, data, tmp_path):
     (copy / "checkpoints" / "latest").write_text("step_0000009.pt")
     with pytest.raises(CheckpointError, match=r"latest names step_0000009.pt, which is missing.*step_0000002.pt"):
-        run(config(data, tmp_path, "lxmert-tiny", resume=True))
+        run(config(data, tmp_path, "lxmert-tiny", resume="yes"))
 
 
 @pytest.mark.slow
@@ -245,7 +282,7 @@ def test_sigkill_after_a_logged_step_resumes_exactly_without_duplicate_rows(data
     out = tmp_path / "run"
     assert train_steps(out) == [1, 2, 3] and (out / "checkpoints" / "latest").read_text() == "step_0000002.pt"
     (out / "checkpoints" / ".tmp-step_0000004.pt.99999").write_bytes(b"left by a killed writer")
-    run(config(data, tmp_path, "lxmert-tiny", checkpoint_every=2, resume=True))
+    run(config(data, tmp_path, "lxmert-tiny", checkpoint_every=2, resume="yes"))
     assert train_steps(out) == [1, 2, 3, 4]
     assert not list((out / "checkpoints").glob(".tmp-*"))
     run(config(data, tmp_path / "straight", "lxmert-tiny", checkpoint_every=2))
@@ -365,7 +402,7 @@ def test_enumerated_flags_are_choices_checked_before_any_work(data, tmp_path):
     base = [sys.executable, "-m", "vl_models.cli", "pretrain", "--model", "lxmert-tiny", "--shards", str(data / "feats"),
             "--mixture", str(data / "mix"), "--vocab", str(VOCAB), "--out", str(tmp_path / "run")]
     for flag, value in (("--amp", "fp8"), ("--optimizer", "lamb"), ("--visual-weighting", "all"),
-                        ("--region-overlap", "half"), ("--device", "tpu")):
+                        ("--region-overlap", "half"), ("--device", "tpu"), ("--resume", "maybe")):
         proc = subprocess.run([*base, flag, value], capture_output=True, text=True, timeout=120)
         assert proc.returncode == 2 and f"'{value}' is not one of" in proc.stderr, (flag, proc.stderr[-500:])
     assert not (tmp_path / "run").exists()
@@ -375,6 +412,11 @@ def test_enumerated_flags_are_choices_checked_before_any_work(data, tmp_path):
         config(data, tmp_path, "lxmert-tiny", amp="fp8")
     with pytest.raises(ConfigError, match="--grad-accum must be >= 1, got 0"):
         config(data, tmp_path, "lxmert-tiny", grad_accum=0)
+    with pytest.raises(ConfigError, match="--resume must be one of no, yes, auto, got 'maybe'"):
+        config(data, tmp_path, "lxmert-tiny", resume="maybe")
+    with pytest.raises(ConfigError, match="--dist-timeout must be finite and > 0"):
+        config(data, tmp_path, "lxmert-tiny", dist_timeout=0.0)
+    assert config(data, tmp_path, "lxmert-tiny", resume=True).run.resume == "yes"  # the API's earlier bool
 
 
 def test_tensorboard_gets_the_logged_scalars(data, tmp_path):
@@ -478,12 +520,12 @@ def test_disk_full_while_checkpointing_keeps_the_previous_checkpoint(copy, data,
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))
 
-    proc = vltrain(*pretrain_args(data, copy, "--resume"), preexec_fn=limit)
+    proc = vltrain(*pretrain_args(data, copy, "--resume", "yes"), preexec_fn=limit)
     assert proc.returncode == EXIT_IO, proc.stderr[-2000:]
     assert "disk full writing" in proc.stderr and "step_0000003.pt" in proc.stderr and "Traceback" not in proc.stderr
     assert (copy / "checkpoints" / "latest").read_text() == "step_0000002.pt"
     assert not list((copy / "checkpoints").glob(".tmp-*"))
-    run(config(data, tmp_path, "lxmert-tiny", checkpoint_every=1, resume=True))  # space again: it goes on
+    run(config(data, tmp_path, "lxmert-tiny", checkpoint_every=1, resume="yes"))  # space again: it goes on
     assert train_steps(copy) == [1, 2, 3, 4]
 
 
@@ -514,7 +556,7 @@ def test_files_with_the_trainers_names_but_no_run_are_never_touched(data, tmp_pa
     (out / "config.json").write_text('{"lr": 3}')
     (out / "metrics.jsonl").write_text('{"step": 7, "acc": 0.9}\n')
     before = snapshot(out)
-    for extra in ({}, {"overwrite": True}, {"resume": True}):
+    for extra in ({}, {"overwrite": True}, {"resume": "yes"}, {"resume": "auto"}):
         with pytest.raises(ConfigError, match=r"holds config.json, metrics.jsonl, checkpoints/ but no run of vltrain"):
             run(config(data, tmp_path, "lxmert-tiny", out=str(out), **extra))
     after = snapshot(out)
@@ -531,15 +573,15 @@ def test_overwrite_keeps_other_files_inside_checkpoints(copy, data, tmp_path):
 
 def test_a_run_killed_between_a_checkpoint_and_its_pointer_resumes_from_the_newest_verified(copy, data, tmp_path):
     (copy / "checkpoints" / "latest").unlink()  # killed after step 2's checksum, before `latest`
-    run(config(data, tmp_path, "lxmert-tiny", resume=True, stop_at=3))
+    run(config(data, tmp_path, "lxmert-tiny", resume="yes", stop_at=3))
     assert train_steps(copy) == [1, 2, 3]
     (copy / "checkpoints" / "latest").unlink()
     path = copy / "checkpoints" / "step_0000003.pt"
     path.write_bytes(path.read_bytes()[:1000])  # and this one torn: the one before it is used
-    run(config(data, tmp_path, "lxmert-tiny", resume=True, stop_at=3))
+    run(config(data, tmp_path, "lxmert-tiny", resume="yes", stop_at=3))
     assert train_steps(copy) == [1, 2, 3]
     for name in ("step_0000001.pt", "step_0000002.pt", "step_0000003.pt"):
         (copy / "checkpoints" / f"{name}.sha256").write_text("0" * 64 + f"  {name}\n")
     (copy / "checkpoints" / "latest").unlink()
     with pytest.raises(CheckpointError, match=r"latest is missing, and none of .* verifies"):
-        run(config(data, tmp_path, "lxmert-tiny", resume=True))
+        run(config(data, tmp_path, "lxmert-tiny", resume="yes"))

@@ -30,7 +30,7 @@ def test_resume_continues_bit_exactly(data, tmp_path):
     run(config(data, straight, "lxmert-tiny", steps=6, checkpoint_every=3))
     split = tmp_path / "b"
     run(config(data, split, "lxmert-tiny", steps=6, checkpoint_every=3, stop_at=3))
-    run(config(data, split, "lxmert-tiny", steps=6, checkpoint_every=3, resume=True))
+    run(config(data, split, "lxmert-tiny", steps=6, checkpoint_every=3, resume="yes"))
     a = torch.load(straight / "run" / "checkpoints" / "step_0000006.pt", weights_only=True)["model"]
     b = torch.load(split / "run" / "checkpoints" / "step_0000006.pt", weights_only=True)["model"]
     for key in a:
@@ -72,30 +72,6 @@ def test_cli_pretrain(data, tmp_path):
                           capture_output=True, text=True, cwd=REPO, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "done: step 2" in proc.stdout
-
-
-def test_torchrun_two_processes_match_one_process(data, tmp_path):
-    """2 ranks x batch 2 vs 1 process x batch 4, both with 2 micro-steps (DDP syncs gradients on
-    the last one only, `no_sync` before): the same items per step (dropout off)."""
-    import shutil
-    import subprocess
-    import sys
-
-    common = ["-m", "vl_models.cli", "pretrain", "--model", no_dropout_config(tmp_path), "--shards", str(data / "feats"),
-              "--mixture", str(data / "mix"), "--vocab", str(VOCAB), "--steps", "3", "--lr", "1e-2", "--warmup", "1",
-              "--optimizer", "sgd", "--grad-accum", "2"]
-    torchrun = shutil.which("torchrun")
-    two = subprocess.run([torchrun, "--nproc_per_node", "2", "--master_port", "29533", *common, "--batch-size", "2",
-                          "--out", str(tmp_path / "ddp")], capture_output=True, text=True, cwd=REPO, timeout=300)
-    assert two.returncode == 0, two.stderr[-3000:]
-    one = subprocess.run([sys.executable, *common, "--batch-size", "4", "--out", str(tmp_path / "single")],
-                         capture_output=True, text=True, cwd=REPO, timeout=300)
-    assert one.returncode == 0, one.stderr[-3000:]
-    a = torch.load(tmp_path / "ddp" / "checkpoints" / "step_0000003.pt", weights_only=True)["model"]
-    b = torch.load(tmp_path / "single" / "checkpoints" / "step_0000003.pt", weights_only=True)["model"]
-    worst = max((a[k].float() - b[k].float()).abs().max().item() for k in a)
-    assert worst < 1e-5, worst  # SGD: differences are the gradients' float noise
-    assert json.loads((tmp_path / "ddp" / "config.json").read_text())["world_size"] == 2
 
 
 def test_validation_metrics_and_plot(data, tmp_path):
@@ -172,4 +148,4 @@ def test_task_names_and_cli_pairs_are_checked():
 def test_resume_refuses_a_run_of_another_model(data, tmp_path):
     run(config(data, tmp_path, "vilbert-tiny", steps=2))
     with pytest.raises(ConfigError, match="holds a run of model 'vilbert-tiny', not 'vilbert-small'"):
-        run(config(data, tmp_path, "vilbert-small", steps=4, resume=True))
+        run(config(data, tmp_path, "vilbert-small", steps=4, resume="yes"))

@@ -177,7 +177,7 @@ def test_finetune_resume_is_bit_exact_and_multitask_batches_alternate(world, tmp
     each step trains one task, alternating, and both are validated."""
     straight = run_finetune(settings(world, tmp_path / "a", ["vqa", "nlvr2"], steps=6, checkpoint_every=3))
     run_finetune(settings(world, tmp_path / "b", ["vqa", "nlvr2"], steps=6, checkpoint_every=3, stop_at=3))
-    resumed = run_finetune(settings(world, tmp_path / "b", ["vqa", "nlvr2"], steps=6, checkpoint_every=3, resume=True))
+    resumed = run_finetune(settings(world, tmp_path / "b", ["vqa", "nlvr2"], steps=6, checkpoint_every=3, resume="yes"))
     a = torch.load(tmp_path / "a" / "ft" / "checkpoints" / "step_0000006.pt", weights_only=True)["model"]
     b = torch.load(tmp_path / "b" / "ft" / "checkpoints" / "step_0000006.pt", weights_only=True)["model"]
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
@@ -205,7 +205,8 @@ def test_task_batch_sampler_orders_and_resumes():
 
 
 def test_torchrun_two_processes_finetune_like_one(world, tmp_path):
-    """`vltrain finetune` under torchrun: 2 ranks x batch 2 = 1 process x batch 4, to float noise."""
+    """`vltrain finetune` under torchrun: 2 ranks x batch 2 = 1 process x batch 4, to float noise;
+    the validation the 2 ranks shared (a batch each) scores as one process scores the same weights."""
     common = ["-m", "vl_models.cli", "finetune", "--task", "vqa", "--data", str(world / "vqa"), "--shards",
               str(world / "feats"), "--model", no_dropout_config(tmp_path), "--vocab", str(VOCAB), "--epochs", "0",
               "--steps", "3", "--lr", "1e-2", "--warmup", "1", "--optimizer", "sgd", "--max-regions", "8",
@@ -220,6 +221,10 @@ def test_torchrun_two_processes_finetune_like_one(world, tmp_path):
     a = torch.load(tmp_path / "ddp" / "checkpoints" / "step_0000003.pt", weights_only=True)["model"]
     b = torch.load(tmp_path / "one" / "checkpoints" / "step_0000003.pt", weights_only=True)["model"]
     assert max((a[k].float() - b[k].float()).abs().max().item() for k in a) < 1e-5
+    shared = [json.loads(line) for line in (tmp_path / "ddp" / "metrics.jsonl").read_text().splitlines()][-1]
+    alone = evaluate_checkpoint("vqa", str(tmp_path / "ddp"), world / "vqa", transfer.get("vqa").val_split,
+                                out=tmp_path / "eval", batch_size=2, limit=4)["metrics"]
+    assert shared == {"step": 3, **{f"eval_vqa_{k}": v for k, v in alone.items()}}
 
 
 # --- evaluation: official metrics, submission files ----------------------------------------

@@ -24,10 +24,40 @@ from vl_models.data.masking import mask_regions, mask_tokens, mismatch, overlapp
 from vl_models.data.tokenize import WordPiece
 
 
+def _rows_of(values: Sequence) -> Optional[torch.Tensor]:
+    """The batch tensor whose consecutive rows `values` are (arrays that are views of one
+    C-contiguous array, row b at row b), sharing its memory; None otherwise."""
+    first = values[0]
+    parent = getattr(first, "base", None)
+    if (not isinstance(first, np.ndarray) or not isinstance(parent, np.ndarray) or parent.dtype != first.dtype
+            or parent.shape != (len(values), *first.shape) or not parent.flags.c_contiguous):
+        return None
+    start, step = parent.ctypes.data, parent.strides[0]
+    if any(not isinstance(v, np.ndarray) or v.base is not parent or v.ctypes.data != start + b * step
+           for b, v in enumerate(values)):
+        return None
+    return parent.base if isinstance(parent.base, torch.Tensor) else torch.from_numpy(parent)
+
+
+def collate(examples: Sequence[dict]) -> dict:
+    """`torch.utils.data.default_collate` of `PretrainDataset` examples, except that arrays
+    which are the consecutive rows of one batch array (`__getitems__`'s) become that array
+    as it is, a tensor of the same memory: no copy. (DataLoader(..., collate_fn=collate).)"""
+    out = {}
+    for key in examples[0]:
+        values = [example[key] for example in examples]
+        whole = _rows_of(values)
+        out[key] = torch.utils.data.default_collate(values) if whole is None else whole
+    return out
+
+
 class PretrainDataset(torch.utils.data.Dataset):
     """Split `split` of a mixture as `family`'s model sees it (`vl_models.families`: box
     encoding, IMG token, text length, region masking, region targets), with the text
-    length, region slots and masking rates of `settings`; examples are seeded by `seed`."""
+    length, region slots and masking rates of `settings`; examples are seeded by `seed`.
+    A DataLoader batches them with `collate` (the trainer passes it as ``collate_fn``)."""
+
+    collate = staticmethod(collate)
 
     def __init__(self, mixture: Union[Mixture, Path], stores: Sequence[Path], vocab_file: Path,
                  settings: DataSettings, family, split: str = "train", seed: int = 0):
@@ -195,31 +225,4 @@ def _float32(array: np.ndarray, memory: str) -> np.ndarray:
     conversion is several times slower), into a new array in `memory`."""
     out = empty_array(array.shape, np.float32, memory)
     torch.from_numpy(out).copy_(torch.from_numpy(array))
-    return out
-
-
-def _rows_of(values: Sequence) -> Optional[torch.Tensor]:
-    """The batch tensor whose consecutive rows `values` are (arrays that are views of one
-    C-contiguous array, row b at row b), sharing its memory; None otherwise."""
-    first = values[0]
-    parent = getattr(first, "base", None)
-    if (not isinstance(first, np.ndarray) or not isinstance(parent, np.ndarray) or parent.dtype != first.dtype
-            or parent.shape != (len(values), *first.shape) or not parent.flags.c_contiguous):
-        return None
-    start, step = parent.ctypes.data, parent.strides[0]
-    if any(not isinstance(v, np.ndarray) or v.base is not parent or v.ctypes.data != start + b * step
-           for b, v in enumerate(values)):
-        return None
-    return parent.base if isinstance(parent.base, torch.Tensor) else torch.from_numpy(parent)
-
-
-def collate(examples: Sequence[dict]) -> dict:
-    """`torch.utils.data.default_collate` of `PretrainDataset` examples, except that arrays
-    which are the consecutive rows of one batch array (`__getitems__`'s) become that array
-    as it is, a tensor of the same memory: no copy. (DataLoader(..., collate_fn=collate).)"""
-    out = {}
-    for key in examples[0]:
-        values = [example[key] for example in examples]
-        whole = _rows_of(values)
-        out[key] = torch.utils.data.default_collate(values) if whole is None else whole
     return out

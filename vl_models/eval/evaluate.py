@@ -1,7 +1,12 @@
 """Evaluation on a mixture's validation split: the family's pretraining metrics (masked-LM
 accuracy, matching / alignment accuracy, ...), the VQA soft score of a family with a QA
 head, and zero-shot caption -> image retrieval R@1/5/10 scored by the family's pair head.
-The scores each family reports, with their better direction, are its `eval_metrics`."""
+The scores each family reports, with their better direction, are its `eval_metrics`.
+
+Under torchrun every rank calls it: each scores its share of the batches and of the
+retrieval queries (`distributed.shard`), the shares are gathered on every rank and
+combined in the one-process order, so the scores equal one process's and no rank waits
+for another's whole evaluation (a collective timeout)."""
 
 from __future__ import annotations
 
@@ -12,6 +17,7 @@ from vl_models.data.dataset import PretrainDataset
 from vl_models.eval.metrics import recall_at_k, vqa_score
 from vl_models.config import TaskConfig
 from vl_models.tasks.pretrain import pretrain_losses
+from vl_models.train import distributed
 
 
 @torch.no_grad()
@@ -19,31 +25,23 @@ def evaluate(family, model, data: PretrainDataset, device: str = "cpu", batch_si
              max_items: int = 512, retrieval_images: int = 50, captions_per_image: int = 1) -> dict:
     was_training = model.training
     model.eval()
-    collate = torch.utils.data.default_collate
     # Evenly spaced over the split, so every source (captions, questions) is represented
     # whatever order the mixture lists them in.
     items = np.unique(np.linspace(0, len(data) - 1, min(len(data), max_items)).round().astype(int))
+    batches = [[int(i) for i in items[start:start + batch_size]] for start in range(0, len(items), batch_size)]
+    scored = distributed.gather_shards([_score_batch(family, model, data, batches[b], device)
+                                        for b in distributed.shard(len(batches))])
     sums: dict = {}
-    batches = 0
     qa_pred, qa_ids, qa_scores = [], [], []
-    for start in range(0, len(items), batch_size):
-        idx = [int(i) for i in items[start:start + batch_size]]
-        batch = {k: v.to(device) for k, v in collate([data[i] for i in idx]).items()}
-        # Without gradients the losses' means are local: evaluation may run on rank 0 alone.
-        _, _, metrics = pretrain_losses(family, model, batch, TaskConfig(), epoch=10**6)
+    for metrics, answers in scored:
         for k, v in metrics.items():
             if v == v:  # not NaN
                 sums[k] = sums.get(k, 0.0) + v
-        batches += 1
-        if family.answers:
-            answers = family.answer_logits(family.forward(model, batch, decode=False))
-            for j, i in enumerate(idx):
-                ids, scores = data.labels(i)
-                if ids and int(batch["matched"][j]) == 1:
-                    qa_pred.append(int(answers[j].argmax()))
-                    qa_ids.append(ids)
-                    qa_scores.append(scores)
-    result = {f"eval_{k}": v / batches for k, v in sums.items()}
+        for pred, ids, scores in answers:
+            qa_pred.append(pred)
+            qa_ids.append(ids)
+            qa_scores.append(scores)
+    result = {f"eval_{k}": v / len(batches) for k, v in sums.items()}
     if qa_pred:
         result["eval_qa_score"] = vqa_score(np.array(qa_pred), qa_ids, qa_scores)
     result.update(retrieval(family, model, data, device, retrieval_images, captions_per_image))
@@ -52,9 +50,26 @@ def evaluate(family, model, data: PretrainDataset, device: str = "cpu", batch_si
     return result
 
 
+def _score_batch(family, model, data: PretrainDataset, idx: list[int], device: str) -> tuple[dict, list]:
+    """One batch's pretraining metrics, and for a family with a QA head the (predicted
+    answer, answer ids, scores) of its matched items that have answers."""
+    batch = {k: v.to(device) for k, v in torch.utils.data.default_collate([data[i] for i in idx]).items()}
+    # Without gradients the losses' means are local to the batch: no collective inside.
+    _, _, metrics = pretrain_losses(family, model, batch, TaskConfig(), epoch=10**6)
+    answers = []
+    if family.answers:
+        logits = family.answer_logits(family.forward(model, batch, decode=False))
+        for j, i in enumerate(idx):
+            ids, scores = data.labels(i)
+            if ids and int(batch["matched"][j]) == 1:
+                answers.append((int(logits[j].argmax()), ids, scores))
+    return metrics, answers
+
+
 def retrieval(family, model, data: PretrainDataset, device: str, limit: int, captions_per_image: int = 1) -> dict:
     """Caption -> image R@K over the first `limit` images of the split, each queried with up
-    to `captions_per_image` of its captions (the first ones)."""
+    to `captions_per_image` of its captions (the first ones); the queries shared out over
+    the ranks."""
     captions = data.captions(limit, captions_per_image)
     image_rows = [rows[0] for rows in captions]
     if len(image_rows) < 2:
@@ -62,10 +77,12 @@ def retrieval(family, model, data: PretrainDataset, device: str, limit: int, cap
     queries = [(row, target) for target, rows in enumerate(captions) for row in rows]
     collate = torch.utils.data.default_collate
     images = {k: v.to(device) for k, v in collate([data.image(row) for row in image_rows]).items()}
-    scores = np.zeros((len(queries), len(image_rows)), np.float32)
-    for qi, (text_row, _) in enumerate(queries):
+
+    def score(text_row: int) -> np.ndarray:
         text = {k: v.to(device).expand(len(image_rows), -1) for k, v in collate([data.text(text_row)]).items()}
-        scores[qi] = family.pair_score(model, {**text, **images}).cpu().numpy()
+        return family.pair_score(model, {**text, **images}).cpu().numpy()
+
+    scores = np.stack(distributed.gather_shards([score(queries[q][0]) for q in distributed.shard(len(queries))]))
     recalls = recall_at_k(scores, np.array([t for _, t in queries]))
     return {"eval_retrieval_images": len(image_rows), "eval_retrieval_queries": len(queries),
             **{f"eval_retrieval_{k}": v for k, v in recalls.items()}}

@@ -6,9 +6,11 @@ or resume leaves the folder as it was, config.json included.
 
 A resume compares the run's resolved config (what config.json holds: the training flags,
 the model config, the world size and the content digests of mixture, stores and vocab)
-with the one it was saved with. Fields in `RESUME_SAFE` may change, each noted in
-metrics.jsonl; any other difference would make the continued run something else than
-the run it continues, and is refused with the fields named.
+with the one it was saved with. With ``--resume yes`` fields in `RESUME_SAFE` may change,
+each noted in metrics.jsonl; any other difference would make the continued run something
+else than the run it continues, and is refused with the fields named. ``--resume auto``
+(a job script's every launch, a preempted job resubmitted, torchrun restarting its
+workers) continues only the same run: any difference is refused, even an allowed one.
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ _TENSORBOARD_EVENTS = "events.out.tfevents."
 RESUME_SAFE = frozenset({
     "out", "resume", "overwrite", "init", "mixture", "stores", "vocab", "steps", "epochs", "stop_at", "eval_every",
     "checkpoint_every", "log_every", "workers", "keep_last", "best_metric", "report_to", "verify_shards",
-    "device", "compile", "task_data", "eval_items",
+    "device", "compile", "task_data", "eval_items", "dist_timeout",
 })
 _NOT_NOTED = frozenset({"out", "resume", "overwrite", "init", "stop_at"})  # they change at every split run
 
@@ -97,29 +99,31 @@ def input_digests(mixture: Optional[Mixture], stores: Sequence[Path], vocab: Pat
 
 
 def plan(out: Path, cfg, resolved: dict) -> Plan:
-    """Decide how `cfg` (a TrainConfig) starts in `out`; reads only. ConfigError: a run is
-    there and neither --resume nor --overwrite was given, or the resume changes what it
-    must keep; CheckpointError: the checkpoint to resume from is missing or damaged."""
-    if cfg.run.resume and cfg.run.overwrite:
-        raise ConfigError("pass either --resume or --overwrite, not both")
+    """Decide how `cfg` (a TrainConfig or FinetuneConfig) starts in `out`; reads only.
+    ConfigError: a run is there and neither --resume nor --overwrite was given, or the
+    resume changes what it must keep (with ``--resume auto``: anything); CheckpointError:
+    the checkpoint to resume from is missing or damaged."""
+    resume = cfg.run.resume
+    if resume != "no" and cfg.run.overwrite:
+        raise ConfigError(f"pass either --resume {resume} or --overwrite, not both")
     if not _holds_run(out):
         foreign = _present(out)
         if foreign:
             raise ConfigError(f"{out} holds {', '.join(foreign)} but no run of vltrain (its config.json would say "
                               "so): they are not the trainer's to reuse or remove; choose another --out")
-        if cfg.run.resume:
+        if resume != "no":
             log.info("%s: no run to resume: starting a new one", out)
         return Plan()
     if cfg.run.overwrite:
         log.info("--overwrite: removing %s from %s", ", ".join(_present(out)), out)
         return Plan(overwrite=True)
-    if not cfg.run.resume:
+    if resume == "no":
         pointer = out / checkpoint.FOLDER / checkpoint.LATEST
         step = checkpoint.step_of(pointer.read_text().strip()) if pointer.exists() else None
         where = f"last checkpoint: step {step}" if step is not None else "no checkpoint yet"
-        raise ConfigError(f"{out} holds a run ({where}): pass --resume to continue it, or --overwrite to start "
-                          f"again (removes {', '.join(_present(out))}; other files there are kept), or choose "
-                          "another --out")
+        raise ConfigError(f"{out} holds a run ({where}): pass --resume yes (or auto) to continue it, or --overwrite "
+                          f"to start again (removes {', '.join(_present(out))}; other files there are kept), or "
+                          "choose another --out")
     latest = checkpoint.pointed(out)
     folder = out / checkpoint.FOLDER
     if latest is None and checkpoint.steps_in(folder):  # killed between a checkpoint and its pointer
@@ -129,12 +133,14 @@ def plan(out: Path, cfg, resolved: dict) -> Plan:
     state = checkpoint.load(latest) if latest else None
     if state is not None:
         saved, step = state.get("run") or {"train": state["config"], "model": state["model_config"]}, state["step"]
-    elif (out / CONFIG).exists():  # stopped before its first checkpoint: step 0 of the same run
+    else:  # stopped before its first checkpoint: step 0 of the same run
         saved, step = _read_config(out / CONFIG), 0
         log.info("%s has no checkpoint yet: the run starts again from step 0", out)
-    else:
-        saved, step = None, 0
-    notes = compare(saved, resolved, out) if saved else []
+    notes = compare(saved, resolved, out)
+    if resume == "auto" and notes:
+        raise ConfigError(f"{out}: --resume auto continues a run only with its own settings, and these differ: "
+                          f"{'; '.join(notes)}. Continue it with them changed: --resume yes; or start a new run "
+                          "(another --out, or --overwrite)")
     if cfg.optim.steps < step:
         raise ConfigError(f"{out} is already at step {step}: --steps {cfg.optim.steps} ends before it")
     return Plan(step=step, state=state, notes=notes)

@@ -16,6 +16,11 @@ and, with ``best_metric``, ``best`` pointers; older ones pruned to ``keep_last``
 sampler position restored, so N steps straight equal N/2 + resume + N/2, after a SIGKILL
 too. A non-finite loss stops the run on every rank before its optimizer step
 (`DivergedError`); parameters are checked finite before every checkpoint.
+
+Under torchrun (one node or several) rank 0 writes the run folder; every rank validates
+its share of the val split (`Job.validate`), so no rank waits in a collective for the
+whole of another's evaluation (``dist_timeout`` bounds every wait). With ``resume auto``
+a restarted worker group (torchrun ``--max-restarts``) continues from the last checkpoint.
 """
 
 from __future__ import annotations
@@ -106,7 +111,8 @@ class Job:
     (`vl_models.transfer.finetune`). `batches(sampler, consumed)` gives endless batches and
     counts the items handed out in ``consumed["position"]``; `loss(model, batch, epoch,
     step)` gives (total, per-part losses, metrics); `checks` are the parts whose finiteness
-    all ranks agree on; `validate(model)` scores the model (None: no validation);
+    all ranks agree on; `validate(model)` scores the model, called on every rank, each
+    scoring its share and all returning the same scores (None: no validation);
     `compile_target(model)` is what --compile compiles."""
 
     sampler: Any
@@ -175,7 +181,7 @@ def launch(cfg, model: torch.nn.Module, resolved: dict, job: Job, device: str, b
         if distributed.is_main():  # a second writer of this folder is turned away at once
             held.enter_context(exclusive_lock(out, "training run"))
         start = run_folder.plan(out, cfg, resolved)
-        distributed.init(device)
+        distributed.init(device, cfg.run.dist_timeout)
         distributed.barrier(device)  # every rank has planned (read the folder) before rank 0 writes to it
         if distributed.is_main():
             run_folder.begin(out, start, resolved)
@@ -303,9 +309,10 @@ def train_loop(cfg, model, job: Job, device: str, start: run_folder.Plan, resolv
                     on_step(step, metrics, cfg.optim.steps)
             improved = False
             every = cfg.run.eval_every
-            if job.validate is not None and main and ((every and step % every == 0) or step == end):
-                scores = job.validate(model)
-                metrics_log.write({"step": step, **scores})
+            if job.validate is not None and ((every and step % every == 0) or step == end):
+                scores = job.validate(model)  # on every rank, each its share: the same scores on all
+                if main:
+                    metrics_log.write({"step": step, **scores})
                 metrics = {**metrics, **scores}
                 if best_metric and best_metric.better(scores.get(best_metric.name), best and best["value"]):
                     best = {"metric": best_metric.name, "mode": best_metric.mode, "value": scores[best_metric.name],
@@ -352,7 +359,9 @@ def loader_batches(data, sampler, cfg, consumed: dict, batched: bool = False):
         generator = torch.Generator().manual_seed(cfg.run.seed * 1000 + sampler.epoch)
         how = ({"batch_sampler": sampler} if batched else
                {"batch_size": cfg.optim.batch_size, "sampler": sampler, "drop_last": True})
-        loader = torch.utils.data.DataLoader(data, num_workers=cfg.data.workers, generator=generator, **how)
+        # A dataset may bring its own collate (PretrainDataset's hands its batch arrays on uncopied).
+        loader = torch.utils.data.DataLoader(data, num_workers=cfg.data.workers, generator=generator,
+                                             collate_fn=getattr(data, "collate", None), **how)
         for batch in loader:
             consumed["position"] += len(batch["input_ids"])
             yield batch

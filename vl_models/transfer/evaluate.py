@@ -10,6 +10,11 @@ ViLBERT's visual layers before the first co-attention block, none in the publish
 its image embedding). Only the layers where the streams meet run per pair (LXMERT's
 cross-modality encoder, ViLBERT's co-attention blocks and what follows them), then the pair
 head. A progress callback gets the pairs done, for a bar with an ETA.
+
+Under torchrun (a validation inside `vltrain finetune`, or `vltrain evaluate` started by
+torchrun) every rank scores its share (`distributed.shard`: batches of examples, or the
+images of a retrieval split), the shares are gathered on every rank in the one-process
+order, and rank 0 writes the files: no rank waits for another's whole evaluation.
 """
 
 from __future__ import annotations
@@ -26,7 +31,9 @@ from pipeline.task_data import TaskData
 from vl_models import families, transfer
 from vl_models.config import DataSettings
 from vl_models.models.weights import init_pretraining
+from vl_models.train import distributed
 from vl_models.train.run_folder import answers_digest
+from vl_models.train.trainer import resolve_device
 from vl_models.transfer.dataset import TaskDataset
 from vl_models.transfer.heads import RetrievalHead, TransferModel, build_transfer_model
 from vl_models.transfer.runs import backbone_state, data_settings, is_finetuned, model_of, our_run
@@ -51,21 +58,24 @@ def predict(model, view: TaskDataset, device: str = "cpu", batch_size: int = 32,
             return score_pairs(model, view, device, batch_size, limit, progress)
         rows = view.rows[:limit] if limit else view.rows
         examples = _example_indices(view, len(rows))
+        batches = [examples[start:start + batch_size] for start in range(0, len(examples), batch_size)]
+        mine = [batches[b] for b in distributed.shard(len(batches))]
         # Its own generator: iterating a loader must not draw from the global RNG (a validation
         # inside a run would shift the run's dropout and a resume would no longer be exact).
-        loader = torch.utils.data.DataLoader(torch.utils.data.Subset(view, examples), batch_size=batch_size,
-                                             num_workers=workers, generator=torch.Generator().manual_seed(0))
-        values: dict[str, list] = {}
-        done = 0
+        loader = torch.utils.data.DataLoader(view, batch_sampler=mine, num_workers=workers,
+                                             generator=torch.Generator().manual_seed(0))
+        scored, done = [], 0
         for batch in loader:
             batch = _to(batch, device)
             logits = model(task.name, batch)
-            for k, v in {**task.predict(logits, batch), "index": batch["index"].cpu().numpy()}.items():
-                values.setdefault(k, []).append(np.asarray(v))
+            scored.append({k: np.asarray(v) for k, v in
+                           {**task.predict(logits, batch), "index": batch["index"].cpu().numpy()}.items()})
             done += len(batch["index"])
             if progress:
-                progress(done, len(examples))
-        return Predictions(rows=rows, values={k: np.concatenate(v) for k, v in values.items()})
+                progress(done, sum(map(len, mine)))
+        scored = distributed.gather_shards(scored)
+        keys = scored[0].keys() if scored else ()
+        return Predictions(rows=rows, values={k: np.concatenate([b[k] for b in scored]) for k in keys})
     finally:
         model.train(was_training)
 
@@ -97,22 +107,29 @@ def score_pairs(model, view: TaskDataset, device: str, batch_size: int, limit: i
     ids, masks = texts["input_ids"], texts["attention_mask"]
     states = torch.cat([base.encode_text(ids[s:s + batch_size], masks[s:s + batch_size])
                         for s in range(0, len(captions), batch_size)])  # each caption's stream, once
-    scores = np.zeros((len(captions), len(images)), np.float32)
-    total, done = len(captions) * len(images), 0
-    for j, key in enumerate(images):
+    mine = distributed.shard(len(images))
+    total, done = len(captions) * len(mine), 0
+
+    def column(key: str) -> np.ndarray:  # every caption's score against one image
+        nonlocal done
         region = view.image(key)
         feats, pos, vmask = (torch.as_tensor(region[k])[None].to(device) for k in
                              ("visual_feats", "visual_pos", "visual_mask"))
         vision = base.encode_vision(feats, pos, vmask)  # each image's stream, once
+        out = np.zeros(len(captions), np.float32)
         for start in range(0, len(captions), batch_size):
             stop = min(start + batch_size, len(captions))
             n = stop - start
             logits = family.cached_pair_logit(model.backbone, states[start:stop], masks[start:stop],
                                               vision.expand(n, -1, -1), vmask.expand(n, -1))
-            scores[start:stop, j] = logits.cpu().numpy()
+            out[start:stop] = logits.cpu().numpy()
             done += n
             if progress:
                 progress(done, total)
+        return out
+
+    columns = distributed.gather_shards([column(images[j]) for j in mine])
+    scores = np.stack(columns, axis=1) if columns else np.zeros((len(captions), 0), np.float32)
     return Predictions(rows=view.rows[captions], values={"scores": scores, "image_of_caption": image_of_caption,
                                                          "images": images})
 
@@ -124,7 +141,9 @@ def evaluate_checkpoint(task_name: str, source: str, data_dir: Path, split: str,
     """`vltrain evaluate`: score a fine-tuned run's `task` head on a split of a task dataset
     (or, with `zero_shot`, a pretrained model's pair head on a retrieval task), write
     ``metrics.json`` and the task's submission file into `out` (default: the run folder's
-    ``eval/<task>-<split>/``); returns {"metrics", "files", "examples"}."""
+    ``eval/<task>-<split>/``); returns {"metrics", "files", "examples"}. Under torchrun the
+    ranks share the scoring and rank 0 writes (the other ranks return no files)."""
+    device = resolve_device(device, distributed.world()[2])
     task = transfer.get(task_name)
     data = TaskData.open(data_dir, task=task.name)
     ckpt, run = our_run(source)
@@ -157,13 +176,16 @@ def evaluate_checkpoint(task_name: str, source: str, data_dir: Path, split: str,
     if missing:
         raise ConfigError(f"{len(missing)} images of {data.path} ({split}) are in no feature store, e.g. "
                           f"{', '.join(missing[:5])}")
-    tmodel.to(device)
-    predictions = predict(tmodel, view, device, batch_size, limit, progress)
-    metrics = task.score(data, predictions)
     if out is None:
         if ckpt is None:
             raise ConfigError("--out: where to write the metrics and predictions (the checkpoint is no run folder's)")
         out = ckpt.parent.parent / "eval" / f"{task.name}-{split}{'-zero-shot' if zero_shot else ''}"
+    tmodel.to(device)
+    distributed.init(device)
+    predictions = predict(tmodel, view, device, batch_size, limit, progress)
+    metrics = task.score(data, predictions)
+    if not distributed.is_main():
+        return {"metrics": metrics, "files": [], "examples": int(len(predictions.rows))}
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     files = [task.write_submission(data, predictions, out)]
