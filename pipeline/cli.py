@@ -271,6 +271,12 @@ DISTRIBUTE_FLAGS = Flags(DistributeConfig, "Shards and Ray", section="distribute
                     "errors, and refusals the changed options now allow (e.g. private address with "
                     "--allow-private-network, too large with a larger --max-bytes).",
     "max_failure_rate": "Exit 1 when more than this fraction of the output's items failed (or all did).",
+    "download_resource": "Custom Ray resource each download task takes one unit of: downloads run only on the nodes "
+                         "whose `ray start --resources` offer it (e.g. download, as the CPU nodes of "
+                         "workflows/cluster/ray-cluster.yaml do).",
+    "capacity_timeout": "With --ray-address: seconds to wait while the cluster's live nodes lack the resources the "
+                        "run needs (a node was lost, or has not joined yet) before exiting 75 (a local cluster "
+                        "exits at once); finished shards are kept: rerun the same command to resume.",
 })
 READER_FLAGS = Flags(ReaderOptions, "Reader (--dataset)", section="reader", flags={
     "split": "Split name for the items (default: from the file names).",
@@ -373,9 +379,10 @@ def download(cfg: DownloadConfig) -> None:
                            "detectron2 (py-bottom-up-attention: uint8 image, PIL bilinear, per-axis box scales).",
                            choices=PREPROCESS_MODES),
         "batch_size": "Images per detector call (results do not depend on it).",
-        "device": "auto, cpu, cuda or cuda:N.",
+        "device": "auto (cuda when the Ray cluster has GPUs), cpu, cuda or cuda:N.",
         "fp16": "float16 autocast on CUDA.",
         "actors": "Detector actors (default: one per GPU, or 1 on CPU).",
+        "actor_cpus": "CPUs each CPU detector actor reserves on its node (a GPU actor reserves one GPU instead).",
     }),
     Flags(SelectionConfig, "Regions", section="selection", flags={
         "boxes": Flag("Regions per image: K (e.g. 36) or MIN-MAX (e.g. 10-100).", parse=BoxCount.parse),

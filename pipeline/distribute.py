@@ -9,21 +9,31 @@ result. The distributor
 
 * runs on Ray (`ray_session`): a local cluster of ``--workers`` CPUs, or the cluster at
   ``--ray-address`` (whose nodes must see the same paths: configs make theirs `absolute`);
+  ``--download-resource`` places download tasks on the nodes that offer that custom
+  resource (`task_resources`);
 * keeps at most `max_in_flight` jobs running at once;
+* fails with `NoCapacityError` (exit 75, resumable) when for ``--capacity-timeout``
+  seconds the cluster's live nodes lack the resources the run needs (a node died, or
+  none with them joined): the shards committed so far are kept, the same command
+  resumes once such nodes are up;
 * retries a job whose work raised ``--shard-retries`` times, then reports it
   (`shard_failure`: the task's own error, without Ray's wrapper; a full disk is not
   retried but stops the run);
 * counts done and failed shards in a `Progress` the driver's progress bar reads.
 
-`summary` is the part of the run summary every stage writes (failures per reason, failed
-shards, malformed input rows, the verdict of `failures.verdict`, the time). Ray is
-imported when a run starts, so configs (`DistributeConfig`) and the CLI load without it.
+`this_node` is what a shard's stats record about where its work ran (Ray node id and
+host name). `summary` is the part of the run summary every stage writes (failures per
+reason, failed shards, malformed input rows, the verdict of `failures.verdict`, the
+time). Ray is imported when a run starts, so configs (`DistributeConfig`) and the CLI
+load without it.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import socket
+import sys
 import time
 from collections import Counter
 from contextlib import contextmanager
@@ -33,12 +43,13 @@ from typing import Any, Callable, Iterable, Iterator, Optional, Protocol, TypeVa
 
 from pipeline.config import Config, at_least
 from pipeline.download.failures import verdict
-from pipeline.errors import DISK_FULL, ConfigError
+from pipeline.errors import DISK_FULL, ConfigError, NoCapacityError
 from pipeline.io import read_json
 
 log = logging.getLogger(__name__)
 STATS_SUFFIX = "_stats.json"  # a shard's done-marker: NNNNN_stats.json, written last
 MAX_LISTED_MALFORMED = 100
+BUILTIN_RESOURCES = ("CPU", "GPU", "memory", "object_store_memory")  # Ray's own: not a --download-resource
 T = TypeVar("T")
 
 
@@ -52,11 +63,30 @@ class DistributeConfig(Config):
     shard_retries: int = 2  # retries of a shard whose task raised, before it is reported
     retry_failed: bool = False  # re-attempt the retryable failed items of done shards
     max_failure_rate: float = 0.5  # the run fails (exit 1) above this failed fraction of the output's items
+    download_resource: Optional[str] = None  # a custom Ray resource every download task takes one unit of
+    capacity_timeout: float = 300.0  # --ray-address: seconds short of live nodes for the work before NoCapacityError
 
     def __post_init__(self) -> None:
-        at_least(self, {"shard_size": 1, "workers": 1, "shard_retries": 0})
+        at_least(self, {"shard_size": 1, "workers": 1, "shard_retries": 0, "capacity_timeout": 0})
+        if self.download_resource is not None and self.download_resource in ("", *BUILTIN_RESOURCES):
+            raise ConfigError(f"--download-resource must name a custom Ray resource (one a node's `ray start "
+                              f"--resources` offers), not {self.download_resource!r}")
         if not 0 <= self.max_failure_rate <= 1:
             raise ConfigError(f"--max-failure-rate must be between 0 and 1, got {self.max_failure_rate:g}")
+
+
+def task_resources(cfg: DistributeConfig) -> dict:
+    """The resources one download task asks Ray for (`ray.remote` options): a CPU, and one
+    unit of ``--download-resource`` when given (so only the nodes offering it download)."""
+    return {"num_cpus": 1, **({"resources": {cfg.download_resource: 1}} if cfg.download_resource else {})}
+
+
+def this_node() -> dict:
+    """Where the calling code runs, for a shard's stats: ``node_id`` (the Ray node's id;
+    None outside a Ray worker or driver) and ``hostname``."""
+    ray = sys.modules.get("ray")  # not imported: not in a Ray process
+    node = ray.get_runtime_context().get_node_id() if ray is not None and ray.is_initialized() else None
+    return {"node_id": node, "hostname": socket.gethostname()}
 
 
 def absolute(path: os.PathLike) -> Path:
@@ -139,6 +169,8 @@ def ray_session(cfg: DistributeConfig) -> Iterator[None]:
     own = not ray.is_initialized()
     if own:
         where = {"address": cfg.ray_address} if cfg.ray_address else {"num_cpus": cfg.workers}
+        if cfg.download_resource and not cfg.ray_address:  # the local node offers it to every worker
+            where["resources"] = {cfg.download_resource: cfg.workers}
         ray.init(include_dashboard=False, logging_level=logging.WARNING, log_to_driver=False, **where)
         log.debug("ray ready after %.2f s", time.time() - started)
     try:
@@ -149,14 +181,68 @@ def ray_session(cfg: DistributeConfig) -> Iterator[None]:
             log.debug("ray stopped after %.2f s", time.time() - started)
 
 
+@dataclass
+class Capacity:
+    """What a run needs of the cluster's live nodes, summed (resource -> amount, e.g. the
+    detector actors' CPUs or GPUs plus one download task's), and how long it waits for it.
+    `check` raises `NoCapacityError` once the live nodes have offered less for `timeout` s."""
+
+    needs: dict[str, float]
+    timeout: float
+    short_since: Optional[float] = None
+    checked: float = 0.0
+
+    def check(self, progress: Progress) -> None:
+        """Look again (at most once a second): are there live nodes for the work?"""
+        import ray
+
+        now = time.monotonic()
+        if now - self.checked < 1:
+            return
+        self.checked = now
+        offered: Counter = Counter()
+        for node in ray.nodes():
+            if node.get("Alive"):
+                offered.update(node.get("Resources", {}))
+        short = {name: amount for name, amount in self.needs.items() if offered[name] < amount}
+        if not short:
+            if self.short_since is not None:
+                log.warning("the cluster has capacity for the work again")
+            self.short_since = None
+            return
+        have = {name: offered[name] for name in short}
+        if self.short_since is None:
+            self.short_since = now
+            log.warning("the cluster's live nodes offer %s, the work needs %s: waiting up to %g s for nodes",
+                        have, short, self.timeout)
+        if now - self.short_since >= self.timeout:
+            raise NoCapacityError(
+                f"no capacity left on the cluster: this run needs {short} of its live nodes, which offer {have} "
+                f"(a node was lost, or none offering these resources joined; waited {self.timeout:g} s, "
+                f"--capacity-timeout); the {progress.shards_done} shards done are kept: rerun the same command "
+                "once nodes with these resources are up")
+
+
+def capacity(cfg: DistributeConfig, *options: dict) -> Capacity:
+    """A run's `Capacity`: the resources Ray `options` (those of `ray.remote`: num_cpus,
+    num_gpus, resources) ask for, summed, waited for up to ``--capacity-timeout`` on a
+    cluster; a local one gains no nodes, so there a shortfall fails at once."""
+    needs: Counter = Counter()
+    for opts in options:
+        needs.update({"CPU": opts.get("num_cpus", 0), "GPU": opts.get("num_gpus", 0), **opts.get("resources", {})})
+    return Capacity({name: amount for name, amount in needs.items() if amount},
+                    cfg.capacity_timeout if cfg.ray_address else 0)
+
+
 def run_shards(jobs: Iterable[J], submit: Callable[[J], Any], commit: Callable[[J, Any], None], *,
                retries: int, max_in_flight: int, progress: Progress,
-               on_progress: Optional[Callable[[], None]] = None) -> dict[str, str]:
+               on_progress: Optional[Callable[[], None]] = None, capacity: Optional[Capacity] = None) -> dict[str, str]:
     """Run every job of `jobs` (inside a `ray_session`): `submit(job)` starts its Ray work
     and returns the object ref of its result, `commit(job, result)` stores it. At most
     `max_in_flight` jobs run at once; a job whose work raised is submitted again up to
-    `retries` times, then reported. `on_progress` is called about every 0.2 s. Returns
-    shard name -> reason for the shards that failed for good."""
+    `retries` times, then reported. `on_progress` is called about every 0.2 s. While no
+    job finishes, `capacity` (if given) checks that live nodes can run the work (else
+    `NoCapacityError`). Returns shard name -> reason for the shards that failed for good."""
     import ray
 
     failed: dict[str, str] = {}
@@ -167,6 +253,8 @@ def run_shards(jobs: Iterable[J], submit: Callable[[J], Any], commit: Callable[[
 
     def collect() -> None:
         ready, _ = ray.wait(list(in_flight), num_returns=1, timeout=0.2)
+        if not ready and capacity is not None:
+            capacity.check(progress)
         for ref in ready:
             job, attempt = in_flight.pop(ref)
             try:

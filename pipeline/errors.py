@@ -10,7 +10,8 @@ and the exit code below (`exit_code`); the README's "Exit codes" table lists the
     3   data on disk is missing, truncated or corrupt (StoreError, CheckpointError)
     4   training stopped itself: the loss became NaN or infinite (DivergedError)
     74  the disk is full (or another I/O failure while writing)
-    75  another process is writing the same output right now (BusyError): retry later
+    75  another process is writing the same output right now (BusyError), or the Ray cluster
+        has no live node left for the rest of the work (NoCapacityError): retry later
 """
 
 from __future__ import annotations
@@ -103,3 +104,10 @@ def describe(err: BaseException) -> str:
         where = f" writing {err.filename}" if err.filename else ""
         return f"disk full{where}: {err.strerror or err}; free space and rerun (finished work is kept)"
     return str(err)
+
+
+class NoCapacityError(VlprepError, RuntimeError):
+    """The Ray cluster's live nodes cannot run the rest of the work (a node died, or none
+    offering the resources joined): finished shards are kept; rerun once nodes are up."""
+
+    exit_code = EXIT_BUSY

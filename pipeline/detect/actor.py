@@ -1,11 +1,13 @@
 """The detector as a Ray actor, and the device it runs on.
 
-`resolve_device` turns ``--device`` into the device used (``auto``: CUDA when there is
-one). `DetectorActor` loads one detector once and turns a shard's image rows into
-`RegionFeatures` records: every image that cannot be used fails alone, with a named
-reason (`image_failure`) — a row that failed earlier keeps its reason, an image that
-does not decode (`pipeline.images.load_rgb`) or a model error on it (after a failed batch
-its images are tried one by one) costs that image, never its shard.
+`resolve_device` turns ``--device`` into the device the actors use (``auto``: CUDA when
+the Ray cluster has GPUs: the driver may run on a node without one). `DetectorActor`
+loads one detector once and turns a shard's image rows into `RegionFeatures` records,
+saying which node did the work (`distribute.this_node`): every image that cannot be used
+fails alone, with a named reason (`image_failure`) — a row that failed earlier keeps its
+reason, an image that does not decode (`pipeline.images.load_rgb`) or a model error on
+it (after a failed batch its images are tried one by one) costs that image, never its
+shard.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from pipeline.detect.config import DetectorConfig, SelectionConfig
 from pipeline.detect.extractor import RegionFeatureExtractor
 from pipeline.detect.model import VGDetector
 from pipeline.detect.weights import load_detector
+from pipeline.distribute import this_node
 from pipeline.download.fetch import redact_url
 from pipeline.errors import ConfigError
 from pipeline.images import ImageError, load_rgb
@@ -28,12 +31,13 @@ from pipeline.images import ImageError, load_rgb
 log = logging.getLogger(__name__)
 
 
-def resolve_device(device: str) -> str:
-    """The device ``--device`` names (``auto``: cuda when available, else cpu)."""
+def resolve_device(device: str, cluster_gpus: float) -> str:
+    """The device ``--device`` names, given the GPUs of the Ray cluster the actors run on
+    (``auto``: cuda when it has any, else cpu)."""
     if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise ConfigError("--device cuda asked for, but no CUDA device is available")
+        return "cuda" if cluster_gpus else "cpu"
+    if device.startswith("cuda") and not cluster_gpus:
+        raise ConfigError(f"--device {device} asked for, but the Ray cluster has no GPU")
     return device
 
 
@@ -93,7 +97,7 @@ class DetectorActor:
                         records += self._run([img], [row["image_id"]])
                     except Exception as one:
                         failures.append(image_failure(row, "extract error", f"{type(one).__name__}: {one}"))
-        return {"number": number, "records": records, "failures": failures}
+        return {"number": number, "records": records, "failures": failures, "node": this_node()}
 
     def _run(self, images: list, ids: list[str]) -> list:
         given = [self.given[i] for i in ids] if self.given is not None else None

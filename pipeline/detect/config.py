@@ -165,6 +165,7 @@ class ExtractConfig(Config):
     device: str = "auto"  # auto, cpu, cuda or cuda:N
     fp16: bool = False
     actors: Optional[int] = None  # default: one per GPU, else 1
+    actor_cpus: float = 1.0  # CPUs a CPU detector actor reserves on its node (a GPU actor: one GPU, no CPU)
     backend: str = "arrow"
     dtype: str = "float16"
     cls_prob: str = "full"  # full, topk:K or none
@@ -192,7 +193,7 @@ class ExtractConfig(Config):
             raise ConfigError("give --weights or --random-weights, not both")
         if self.given_boxes is not None and not Path(self.given_boxes).exists():
             raise ConfigError(f"given-boxes file not found: {self.given_boxes}")
-        at_least(self, {"batch_size": 1, "actors": 1} if self.actors is not None else {"batch_size": 1})
+        at_least(self, {"batch_size": 1, "actor_cpus": 0, **({"actors": 1} if self.actors is not None else {})})
         if not _DEVICE.fullmatch(self.device):
             raise ConfigError(f"--device must be auto, cpu, cuda or cuda:N, got {self.device!r}")
         one_of("preprocess", self.preprocess, PREPROCESS_MODES)

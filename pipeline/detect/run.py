@@ -3,13 +3,17 @@
 The orchestration of an extract run; the distributor (`pipeline.distribute`) runs the
 shards, `pipeline.detect.actor` holds the detector. Input shards (the same deterministic
 shards as `vlprep download`, or chunks of an image source for ``--images``) flow through
-CPU download tasks (`download.shard.download_rows`) into detector actors (one per GPU
-with ``num_gpus=1``, or CPU actors), whose region features the driver writes through
-the feature-store writer: one store shard per input shard, committed before the shard's
+CPU download tasks (`download.shard.download_rows`, on the nodes offering
+``--download-resource`` when given) into detector actors (``--device auto``: one per
+GPU of the cluster, with ``num_gpus=1``, when it has GPUs; else CPU actors reserving
+``--actor-cpus`` each), whose region features the driver writes through the
+feature-store writer: one store shard per input shard, committed before the shard's
 ``extract/NNNNN_stats.json`` (the done-marker, which also lists every failed image, its
-reason and whether it is transient). A rerun skips shards already done; an actor that
-dies is restarted by Ray and its task retried; a shard whose task fails is retried and
-then reported; one image that fails (an unexpected exception included) fails alone.
+reason and whether it is transient, and the node whose actor did the work). A rerun
+skips shards already done; an actor that dies (its process or its node lost) is
+restarted by Ray wherever there is room and its task retried; a shard whose task fails
+is retried and then reported; one image that fails (an unexpected exception included)
+fails alone.
 
 ``--retry-failed`` re-attempts the failed images of done shards that
 `failures.should_retry` selects: for ``--dataset`` the shard's items are derived again
@@ -37,7 +41,8 @@ from pipeline.detect.config import DetectorConfig, ExtractConfig
 from pipeline.detect.given_boxes import read_given_boxes
 from pipeline.detect.weights import load_detector
 from pipeline.distribute import (
-    MalformedRows, Progress, chunks, done_shards, ray_session, run_shards, shard_name, stats_path, summary,
+    MalformedRows, Progress, capacity, chunks, done_shards, ray_session, run_shards, shard_name, stats_path, summary,
+    task_resources,
 )
 from pipeline.download.failures import Policy, policy_of, should_retry
 from pipeline.download.fetch import redact_url
@@ -111,11 +116,10 @@ def run_extract(cfg: ExtractConfig, on_progress: Optional[Callable[[ExtractProgr
 def _run_extract(cfg: ExtractConfig, on_progress: Optional[Callable[[ExtractProgress], None]]) -> dict:
     import ray  # here, not at the top: configs and the CLI load without Ray
 
-    device = resolve_device(cfg.device)
     det_cfg = DetectorConfig.load(cfg.detector)
     check_resumed_preprocess(cfg)
     provenance = {"producer": f"vlprep {__version__} extract", "detector": det_cfg.name, "preprocess": cfg.preprocess,
-                  "box_policy": cfg.selection.describe(), "device": device, "fp16": cfg.fp16}
+                  "box_policy": cfg.selection.describe(), "fp16": cfg.fp16}
     if cfg.weights is not None:  # validate the weights before any work starts
         model, report = load_detector(cfg.weights, det_cfg)
         det_cfg = model.cfg
@@ -128,12 +132,32 @@ def _run_extract(cfg: ExtractConfig, on_progress: Optional[Callable[[ExtractProg
     if cfg.given_boxes is not None:
         given = read_given_boxes(cfg.given_boxes)
         provenance["box_policy"] = f"given boxes from {Path(cfg.given_boxes).name} (sha256 {sha256_file(Path(cfg.given_boxes))[:16]})"
-    writer = FeatureStoreWriter(
-        cfg.out, backend=cfg.backend, shard_size=10**12, resume=True, feature_dim=det_cfg.res5_channels,
-        dtype=cfg.dtype, cls_prob=cfg.cls_prob, attr_prob=cfg.attr_prob if det_cfg.num_attributes else "none",
-        provenance=provenance, config=cfg.to_json(),
-    )
-    writer.open()  # takes the store's write lock: from here on, temporary files left behind are a killed run's
+    with ray_session(cfg.distribute):
+        device = resolve_device(cfg.device, ray.cluster_resources().get("GPU", 0))  # the cluster's GPUs, not the driver's
+        writer = FeatureStoreWriter(
+            cfg.out, backend=cfg.backend, shard_size=10**12, resume=True, feature_dim=det_cfg.res5_channels,
+            dtype=cfg.dtype, cls_prob=cfg.cls_prob, attr_prob=cfg.attr_prob if det_cfg.num_attributes else "none",
+            provenance={**provenance, "device": device}, config=cfg.to_json(),
+        )
+        writer.open()  # takes the store's write lock: from here on, temporary files left behind are a killed run's
+        try:
+            failed_shards, malformed = _extract_shards(cfg, writer, det_cfg, device, given, on_progress)
+        except BaseException:
+            writer.abort()  # keeps the committed shards; the error that stopped us is the one shown
+            raise
+    writer.close()
+    result = _summarize(cfg, failed_shards, malformed)
+    atomic_write_json(cfg.out / SUMMARY_FILE, result)
+    return result
+
+
+def _extract_shards(cfg: ExtractConfig, writer: FeatureStoreWriter, det_cfg: DetectorConfig, device: str,
+                    given: Optional[dict], on_progress: Optional[Callable[[ExtractProgress], None]],
+                    ) -> tuple[dict, MalformedRows]:
+    """Run the shards not done yet through download tasks and detector actors (inside the
+    run's `ray_session`); returns the failed shards and the malformed input rows."""
+    import ray
+
     (cfg.out / EXTRACT_DIR).mkdir(exist_ok=True)
     for folder in (cfg.out / EXTRACT_DIR, cfg.keep_images):
         for stale in remove_stale_tmp(folder) if folder else ():
@@ -160,37 +184,33 @@ def _run_extract(cfg: ExtractConfig, on_progress: Optional[Callable[[ExtractProg
                         if isinstance(work, ShardJob) else [r for r in work if r["image_id"] in ids])
             yield ExtractJob(number, work, retrying)
 
-    try:
-        with ray_session(cfg.distribute):
-            gpu = device.startswith("cuda")
-            n_actors = cfg.actors or (max(1, int(ray.cluster_resources().get("GPU", 0))) if gpu else 1)
-            actor_cls = ray.remote(num_gpus=1 if gpu else 0, num_cpus=0 if gpu else 1, max_restarts=2,
-                                   max_task_retries=2)(DetectorActor)
-            given_ref = ray.put(given) if given is not None else None
-            actors = [actor_cls.remote(det_cfg.to_json(), str(cfg.weights) if cfg.weights else None, cfg.seed,
-                                       cfg.selection, device, cfg.fp16, cfg.batch_size, given_ref, cfg.preprocess)
-                      for _ in range(n_actors)]
-            download = ray.remote(num_cpus=1, max_retries=3)(download_rows)
-            keep_images = str(cfg.keep_images) if cfg.keep_images else None
-            turn = itertools.count()
+    gpu = device.startswith("cuda")
+    n_actors = cfg.actors or (max(1, int(ray.cluster_resources().get("GPU", 0))) if gpu else 1)
+    # A GPU actor reserves one GPU and no CPU; a CPU actor --actor-cpus. Ray restarts a dead
+    # actor (its process, or its node, lost) wherever there is room, and retries its tasks.
+    placement = {"num_gpus": 1, "num_cpus": 0} if gpu else {"num_cpus": cfg.actor_cpus}
+    actor_cls = ray.remote(**placement, max_restarts=-1, max_task_retries=2)(DetectorActor)
+    given_ref = ray.put(given) if given is not None else None
+    actors = [actor_cls.remote(det_cfg.to_json(), str(cfg.weights) if cfg.weights else None, cfg.seed,
+                               cfg.selection, device, cfg.fp16, cfg.batch_size, given_ref, cfg.preprocess)
+              for _ in range(n_actors)]
+    downloads = task_resources(cfg.distribute)
+    download = ray.remote(**downloads, max_retries=3)(download_rows)
+    keep_images = str(cfg.keep_images) if cfg.keep_images else None
+    turn = itertools.count()
 
-            def submit(job: ExtractJob):
-                rows = (download.remote(job.work, cfg.fetch, cfg.image, keep_images)
-                        if isinstance(job.work, ShardJob) else job.work)
-                return actors[next(turn) % len(actors)].extract.remote(job.number, rows)
+    def submit(job: ExtractJob):
+        rows = (download.remote(job.work, cfg.fetch, cfg.image, keep_images)
+                if isinstance(job.work, ShardJob) else job.work)
+        return actors[next(turn) % len(actors)].extract.remote(job.number, rows)
 
-            failed_shards = run_shards(
-                jobs(), submit, commit=lambda job, result: _commit(cfg, writer, result, progress, policy, job.retrying),
-                retries=cfg.distribute.shard_retries, max_in_flight=2 * len(actors) + 1, progress=progress,
-                on_progress=(lambda: on_progress(progress)) if on_progress else None,
-            )
-    except BaseException:
-        writer.abort()  # keeps the committed shards; the error that stopped us is the one shown
-        raise
-    writer.close()
-    result = _summarize(cfg, failed_shards, malformed)
-    atomic_write_json(cfg.out / SUMMARY_FILE, result)
-    return result
+    failed_shards = run_shards(
+        jobs(), submit, commit=lambda job, result: _commit(cfg, writer, result, progress, policy, job.retrying),
+        retries=cfg.distribute.shard_retries, max_in_flight=2 * len(actors) + 1, progress=progress,
+        on_progress=(lambda: on_progress(progress)) if on_progress else None,
+        capacity=capacity(cfg.distribute, *[placement] * n_actors, *[downloads] * (cfg.images is None)),
+    )
+    return failed_shards, malformed
 
 
 def _commit(cfg: ExtractConfig, writer: FeatureStoreWriter, result: dict, progress: ExtractProgress, policy: Policy,
@@ -211,7 +231,7 @@ def _commit(cfg: ExtractConfig, writer: FeatureStoreWriter, result: dict, progre
     writer.commit_shard()
     attempted = len(result["records"]) + len(result["failures"])
     stats = {"shard": shard_name(result["number"]), "count": attempted, "extracted": written,
-             "already_present": present, "retried": 0}
+             "already_present": present, "retried": 0, **result["node"]}
     if retrying is not None:
         redone = {rec.image_id for rec in result["records"]} | {f["image_id"] for f in result["failures"]}
         failed_images = [f for f in retrying["failed_images"] if f["image_id"] not in redone] + failed_images

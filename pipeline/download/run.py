@@ -6,7 +6,8 @@ The driver holds the folder's write lock for the whole run (a second writer gets
 cuts the items into shards (`shard.shard_jobs`), skips shards already complete (their
 stats file exists) unless ``--retry-failed`` finds failures to re-attempt in them
 (`failures.should_retry`), and runs one Ray task per remaining shard (`shard.download_shard`,
-which writes the shard and its stats). The tasks report item progress to a small Ray
+which writes the shard and its stats, recording the node that did it), on the nodes that
+offer ``--download-resource`` when it is given. The tasks report item progress to a small Ray
 actor the driver's progress bar reads. `summary.json` totals every shard in the folder,
 this run's and earlier ones', and judges it (`failures.verdict`: too many failed items,
 or failed shards, fail the run).
@@ -24,7 +25,9 @@ from typing import Callable, Iterator, Optional
 from pipeline import __version__
 from pipeline.config import Config, one_of
 from pipeline.datasets import READERS, Malformed, ReaderOptions, check_inputs, read_items
-from pipeline.distribute import DistributeConfig, MalformedRows, Progress, absolute, ray_session, run_shards, summary
+from pipeline.distribute import (
+    DistributeConfig, MalformedRows, Progress, absolute, capacity, ray_session, run_shards, summary, task_resources,
+)
 from pipeline.download.failures import Policy, policy_of, should_retry
 from pipeline.download.fetch import FetchConfig
 from pipeline.download.shard import ShardJob, download_shard, shard_jobs
@@ -98,7 +101,8 @@ def _prepare_out(cfg: DownloadConfig) -> None:
 
 
 class _RayProgress:
-    """A Ray actor the shard tasks report item progress to (batched, every ~0.5 s)."""
+    """A Ray actor the shard tasks report item progress to (batched, every ~0.5 s), on the
+    driver's node (a lost worker node must not take it along)."""
 
     def __init__(self):
         self.items = self.ok = self.bytes = 0
@@ -148,6 +152,7 @@ def run_download(cfg: DownloadConfig, on_progress: Optional[Callable[[DownloadPr
 
 def _run_download(cfg: DownloadConfig, on_progress: Optional[Callable[[DownloadProgress], None]]) -> dict:
     import ray  # here, not at the top: configs and the CLI load without Ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     _prepare_out(cfg)
     done = done_shards(cfg.out)
@@ -170,8 +175,10 @@ def _run_download(cfg: DownloadConfig, on_progress: Optional[Callable[[DownloadP
             yield job
 
     with ray_session(cfg.distribute):
-        task = ray.remote(num_cpus=1, max_retries=3)(_shard_task)
-        reporter = ray.remote(num_cpus=0)(_RayProgress).remote()
+        resources = task_resources(cfg.distribute)
+        task = ray.remote(**resources, max_retries=3)(_shard_task)
+        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)  # the driver's
+        reporter = ray.remote(num_cpus=0, scheduling_strategy=here)(_RayProgress).remote()
 
         def report() -> None:
             progress.items, progress.ok, progress.bytes = ray.get(reporter.get.remote())
@@ -183,6 +190,7 @@ def _run_download(cfg: DownloadConfig, on_progress: Optional[Callable[[DownloadP
             commit=lambda job, stats: log.debug("shard %s done (%.2f s in the task)", stats["shard"], stats["duration_s"]),
             retries=cfg.distribute.shard_retries, progress=progress, on_progress=report,
             max_in_flight=2 * max(1, int(ray.available_resources().get("CPU", cfg.distribute.workers))),
+            capacity=capacity(cfg.distribute, resources),
         )
     result = _summarize(cfg, input_items, malformed, failed_shards, time.time() - progress.started)
     atomic_write_json(cfg.out / SUMMARY_FILE, result)

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Callable, Iterator, Optional, Sequence
 
 from pipeline.datasets import Malformed, ReaderOptions, read_items
-from pipeline.distribute import MalformedRows, chunks, shard_name
+from pipeline.distribute import MalformedRows, chunks, shard_name, this_node
 from pipeline.download.failures import Policy, policy_of, should_retry
 from pipeline.download.fetch import Fetched, FetchConfig, FetchError, HostLimiter, fetch, redact_url
 from pipeline.image_shards import item_row, read_shard_rows, row_item, write_shard
@@ -196,7 +196,8 @@ def download_rows(job: ShardJob, fetch_cfg: FetchConfig, image_cfg: ImageConfig,
 def shard_stats(number: int, rows: list[dict], started: float, downloaded: int, policy: Policy,
                 retried: int = 0) -> dict:
     """A shard's stats; `policy` records the options its failures happened under (for
-    --retry-failed: a failure kept from an earlier run still holds under them)."""
+    --retry-failed: a failure kept from an earlier run still holds under them), ``node_id``
+    and ``hostname`` where it was made (`distribute.this_node`)."""
     failures = Counter(r["error_kind"] for r in rows if r["status"] != "ok")
     return {
         "shard": shard_name(number),
@@ -211,4 +212,5 @@ def shard_stats(number: int, rows: list[dict], started: float, downloaded: int, 
         "duration_s": round(time.time() - started, 3),
         "started": started,
         "finished": time.time(),
+        **this_node(),
     }

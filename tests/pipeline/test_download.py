@@ -5,6 +5,7 @@ import json
 import os
 import random
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -407,7 +408,9 @@ def test_one_distributor_runs_the_shards_of_download_and_extract():
 
 
 def test_distribute_cuts_scans_and_checks_its_config(tmp_path):
-    from pipeline.distribute import DistributeConfig, MalformedRows, chunks, done_shards, stats_path
+    from pipeline.distribute import (
+        DistributeConfig, MalformedRows, capacity, chunks, done_shards, stats_path, task_resources, this_node,
+    )
     from pipeline.errors import ConfigError, DataError
 
     assert list(chunks(range(5), 2)) == [(0, [0, 1]), (1, [2, 3]), (2, [4])] and list(chunks([], 3)) == []
@@ -420,9 +423,17 @@ def test_distribute_cuts_scans_and_checks_its_config(tmp_path):
     with pytest.raises(DataError, match="00005_stats.json: unreadable stats"):
         done_shards(tmp_path, "stats")
     for fields, flag in (({"shard_size": 0}, "--shard-size"), ({"workers": 0}, "--workers"),
-                         ({"shard_retries": -1}, "--shard-retries"), ({"max_failure_rate": 1.5}, "--max-failure-rate")):
+                         ({"shard_retries": -1}, "--shard-retries"), ({"max_failure_rate": 1.5}, "--max-failure-rate"),
+                         ({"download_resource": "CPU"}, "--download-resource"),
+                         ({"capacity_timeout": -1}, "--capacity-timeout")):
         with pytest.raises(ConfigError, match=flag):
             DistributeConfig(**fields)
+    cfg = DistributeConfig(download_resource="download")
+    assert task_resources(cfg) == {"num_cpus": 1, "resources": {"download": 1}}
+    gpu_actor = {"num_gpus": 1, "num_cpus": 0}
+    assert capacity(cfg, gpu_actor, gpu_actor, task_resources(cfg)).needs == {"GPU": 2, "CPU": 1, "download": 1}
+    assert task_resources(DistributeConfig()) == {"num_cpus": 1}
+    assert this_node() == {"node_id": None, "hostname": socket.gethostname()}  # not in a Ray process
     malformed = MalformedRows()
     for i in range(150):
         malformed.add(f"row {i}")
@@ -432,7 +443,8 @@ def test_distribute_cuts_scans_and_checks_its_config(tmp_path):
 def test_run_shards_bounds_in_flight_work_retries_then_reports():
     import ray
 
-    from pipeline.distribute import DistributeConfig, Progress, ray_session, run_shards
+    from pipeline.distribute import DistributeConfig, Progress, capacity, ray_session, run_shards
+    from pipeline.errors import NoCapacityError
 
     class Job:
         def __init__(self, number):
@@ -466,4 +478,9 @@ def test_run_shards_bounds_in_flight_work_retries_then_reports():
         committed.clear()
         run_shards(map(Job, range(10, 30)), submit, commit, retries=0, max_in_flight=3, progress=Progress())
         assert len(committed) == 20 and most[0] == 3  # never more than max_in_flight at once
+        needs = {"num_cpus": 1, "resources": {"download": 1}}  # a resource no node of this cluster offers
+        stuck = ray.remote(**needs)(work)
+        with pytest.raises(NoCapacityError, match=r"no capacity left.*needs \{'download': 1\}.*offer \{'download': 0"):
+            run_shards([Job(0)], lambda job: stuck.remote(0, 0), commit, retries=0, max_in_flight=1,
+                       progress=Progress(), capacity=capacity(DistributeConfig(), needs))  # local: at once
     assert not ray.is_initialized()  # the session it started is shut down
