@@ -13,16 +13,23 @@ DISTINCT = 64
 BOXES, DIM, CLASSES, ATTRS = 36, 2048, 1601, 401  # a bottom-up-attention record at BUTD settings
 
 
-def make_jpegs(count: int = DISTINCT) -> list[bytes]:
-    """Photo-like 640x480 JPEGs (smooth gradients, shapes and mild noise: ~50-90 KB)."""
+# (width, height) of COCO-like photos: 4:3 both ways, 3:2, 16:9, square; under the BUTD
+# resize (600 / 1000) 600x800, 800x600, 600x899, 600x800, 600x800, 899x600, 563x1000, 600x600.
+MIXED_SIZES = ((640, 480), (480, 640), (640, 427), (500, 375), (640, 480), (427, 640), (640, 360), (612, 612))
+
+
+def make_jpegs(count: int = DISTINCT, sizes: tuple[tuple[int, int], ...] = ((640, 480),)) -> list[bytes]:
+    """Photo-like JPEGs (smooth gradients, shapes and mild noise: ~50-90 KB at 640x480),
+    of the (width, height) `sizes` in turn (e.g. `MIXED_SIZES`); 640x480 by default."""
     rng = np.random.default_rng(0)
     out = []
-    yy, xx = np.mgrid[0:480, 0:640].astype(np.float32)
-    for _ in range(count):
+    for i in range(count):
+        width, height = sizes[i % len(sizes)]
+        yy, xx = np.mgrid[0:height, 0:width].astype(np.float32)
         base = np.stack([np.sin(xx / rng.uniform(20, 120) + rng.uniform(0, 6)) * 60 + rng.uniform(60, 190)
                          + np.cos(yy / rng.uniform(20, 120)) * 40 for _ in range(3)], -1)
         for _ in range(12):
-            cx, cy, r = rng.uniform(0, 640), rng.uniform(0, 480), rng.uniform(10, 90)
+            cx, cy, r = rng.uniform(0, width), rng.uniform(0, height), rng.uniform(10, 90)
             base[(xx - cx) ** 2 + (yy - cy) ** 2 < r * r] = rng.uniform(0, 255, 3)
         base += rng.normal(0, 6, base.shape)
         buf = io.BytesIO()

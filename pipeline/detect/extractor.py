@@ -1,14 +1,20 @@
 """`RegionFeatureExtractor`: images in, `RegionFeatures` out.
 
-Per image: preprocessing (`preprocess="caffe"` or ``"detectron2"``, see
-`pipeline.detect.preprocess`), the backbone and the RPN run on that image alone (no
-padding, so results never depend on what else is in the batch); the ROI heads (res5,
-class, box and attribute predictors) then run once over the regions of all images of the
-batch. Region selection (`select_regions`) maps boxes back to original-image pixels by
-the preprocessing's convention (one scale, or per-axis scales) — for ``butd`` before its
-NMS, as Caffe does. Boxes come back in original-image pixels, `cls_prob` with the
-background first, objects/attributes as argmax/max over the non-background columns (not
-renormalized).
+Per batch: each image is preprocessed (`preprocess="caffe"` or ``"detectron2"``, see
+`pipeline.detect.preprocess`); the backbone runs once per group of images
+(`backbone_groups`): by default images of identical resized size are stacked, unpadded, so
+each image's features are what it would get alone — bitwise where PyTorch runs the same
+convolution kernel for the stack as for one image (it picks kernels by tensor size: the
+full-size VG model measured bitwise equal; tiny maps can differ in the last float bits).
+With ``pad_tolerance > 0``, images of similar aspect ratio are also grouped, zero-padded
+(the pixel mean) at the right and bottom to the group's size: features near those borders
+then see the padding instead of the image edge, so results depend on the batch. The RPN runs
+per image on its own feature map; the ROI heads (res5, class, box and attribute predictors)
+run once over the regions of all images of the batch. Region selection (`select_regions`)
+maps boxes back to original-image pixels by the preprocessing's convention (one scale, or
+per-axis scales) — for ``butd`` before its NMS, as Caffe does. Boxes come back in
+original-image pixels, `cls_prob` with the background first, objects/attributes as
+argmax/max over the non-background columns (not renormalized).
 """
 
 from __future__ import annotations
@@ -68,10 +74,31 @@ def select_regions(selection: SelectionConfig, proposals: torch.Tensor, probs: t
     return keep, resize.to_original(chosen)
 
 
+def backbone_groups(sizes: Sequence[tuple[int, int]], pad_tolerance: float = 0.0) -> list[list[int]]:
+    """Indices of `sizes` ((h, w) backbone inputs) grouped for one backbone run each: in
+    order of aspect ratio, an image joins the previous group while the group padded to its
+    largest height and width has at most ``1 + pad_tolerance`` times its real pixels. At 0,
+    only identical sizes group (no padding)."""
+    order = sorted(range(len(sizes)), key=lambda i: (sizes[i][0] / sizes[i][1], sizes[i]))
+    groups: list[list[int]] = []
+    for i in order:
+        if groups:
+            group = groups[-1] + [i]
+            height, width = max(sizes[j][0] for j in group), max(sizes[j][1] for j in group)
+            if height * width * len(group) <= (1 + pad_tolerance) * sum(sizes[j][0] * sizes[j][1] for j in group):
+                groups[-1] = group
+                continue
+        groups.append([i])
+    return groups
+
+
 class RegionFeatureExtractor:
     def __init__(self, model: VGDetector, selection: SelectionConfig = SelectionConfig(),
-                 device: str = "cpu", fp16: bool = False, preprocess: str = "caffe"):
+                 device: str = "cpu", fp16: bool = False, preprocess: str = "caffe", pad_tolerance: float = 0.0):
+        if pad_tolerance < 0:
+            raise ValueError(f"pad_tolerance must be >= 0, got {pad_tolerance}")
         self.model = model.to(device).eval()
+        self.pad_tolerance = pad_tolerance
         self.cfg = model.cfg
         self.selection = selection
         self.preprocess = check_preprocess(preprocess)
@@ -88,6 +115,22 @@ class RegionFeatureExtractor:
     def region_features(self, features: torch.Tensor, boxes: torch.Tensor) -> torch.Tensor:
         return pooled_region_features(self.model, features, boxes)
 
+    def backbone_features(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """(1, C, h, w) features of each (1, 3, H, W) input, the backbone run once per
+        `backbone_groups` group (padded groups cropped back to each image's own map)."""
+        out: list[Optional[torch.Tensor]] = [None] * len(inputs)
+        backbone = self.model.backbone
+        for group in backbone_groups([tuple(x.shape[-2:]) for x in inputs], self.pad_tolerance):
+            height = max(inputs[i].shape[-2] for i in group)
+            width = max(inputs[i].shape[-1] for i in group)
+            stacked = torch.cat([F.pad(inputs[i], (0, width - inputs[i].shape[-1], 0, height - inputs[i].shape[-2]))
+                                 for i in group]).to(self.device)
+            fmaps = backbone(stacked)
+            for k, i in enumerate(group):
+                fh, fw = backbone.output_size(*inputs[i].shape[-2:])
+                out[i] = fmaps[k:k + 1, :, :fh, :fw].contiguous()
+        return out
+
     @torch.no_grad()
     def __call__(self, images: Sequence[np.ndarray], image_ids: Sequence[str],
                  given_boxes: Optional[Sequence[Optional[np.ndarray]]] = None) -> list[RegionFeatures]:
@@ -97,11 +140,10 @@ class RegionFeatureExtractor:
         given_boxes = list(given_boxes) if given_boxes is not None else [None] * len(images)
         per_image = []
         feats = []
+        prepared = [prepare_image(rgb, self.cfg, self.preprocess) for rgb in images]
         with self._autocast():
-            for rgb, given in zip(images, given_boxes):
-                x, resize = prepare_image(rgb, self.cfg, self.preprocess)
-                x = x.to(self.device)
-                fmap = self.model.backbone(x)
+            fmaps = self.backbone_features([x for x, _ in prepared])
+            for (_, resize), fmap, given in zip(prepared, fmaps, given_boxes):
                 if given is not None:
                     given_t = torch.as_tensor(np.asarray(given, np.float32).reshape(-1, 4), device=self.device)
                     boxes = resize.to_resized(given_t)

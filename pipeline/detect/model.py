@@ -29,14 +29,21 @@ from pipeline.detect.config import DetectorConfig
 
 
 class Conv2dBN(nn.Conv2d):
-    """A bias-free convolution followed by a frozen batch norm kept as `.norm` (detectron2's layout)."""
+    """A bias-free convolution followed by a frozen batch norm kept as `.norm` (detectron2's
+    layout). In eval mode the norm is folded into the convolution (weight times the norm's
+    scale, its shift as the bias): one pass over the output instead of three, the same
+    function up to float rounding (~1e-6 relative)."""
 
     def __init__(self, cin: int, cout: int, kernel: int, stride: int = 1, padding: int = 0, dilation: int = 1):
         super().__init__(cin, cout, kernel, stride=stride, padding=padding, dilation=dilation, bias=False)
         self.norm = FrozenBatchNorm2d(cout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.norm(super().forward(x))
+        if self.training:
+            return self.norm(super().forward(x))
+        norm = self.norm
+        scale = norm.weight * (norm.running_var + norm.eps).rsqrt()
+        return self._conv_forward(x, self.weight * scale.view(-1, 1, 1, 1), norm.bias - norm.running_mean * scale)
 
 
 class BasicStem(nn.Module):
@@ -87,6 +94,18 @@ class ResNetC4(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.res4(self.res3(self.res2(self.stem(x))))
+
+    def output_size(self, height: int, width: int) -> tuple[int, int]:
+        """(h, w) of the features of a `height` x `width` input: the stem's conv and the
+        first blocks of res3 and res4 halve a side rounding up; the stem's max-pool
+        (k3 s2) gives ``ceil((n - 3) / 2) + 1`` Caffe-style (pad 0, ceil), ``ceil(n / 2)``
+        otherwise (pad 1)."""
+        def side(n: int) -> int:
+            n = -(-n // 2)
+            n = -(-(n - 3) // 2) + 1 if self.stem.caffe_maxpool else -(-n // 2)
+            return -(-(-(-n // 2)) // 2)
+
+        return side(height), side(width)
 
 
 class RPNHead(nn.Module):

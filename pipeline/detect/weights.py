@@ -20,7 +20,8 @@ A file without the attribute head loads into a model built without one.
 
 The detectron2 convention puts the background class last (``cls_score`` row 1600,
 ``cls_embedding`` row 1600) and "no attribute" last (``attr_score`` row 400); both are moved
-to index 0 here, our canonical convention.
+to index 0 here, our canonical convention. `save_detector` (``d2-pickle``) and
+`save_detector_hf` (``hf-bin``) write a model back in the published layouts.
 """
 
 from __future__ import annotations
@@ -153,11 +154,18 @@ def load_detector(path: Path, cfg: DetectorConfig, layout: Optional[str] = None)
     return model, report
 
 
-def _to_background_last(name: str, value: np.ndarray) -> np.ndarray:
+def _to_background_last(name: str, value: torch.Tensor) -> torch.Tensor:
     """Inverse of `_to_canonical`: row 0 (background / no attribute) back to the end."""
     if name in BACKGROUND_LAST:
-        return np.concatenate([value[1:], value[:1]], axis=0)
+        return torch.cat([value[1:], value[:1]], dim=0)
     return value
+
+
+def published_state(model: VGDetector) -> dict[str, torch.Tensor]:
+    """`model`'s weights as the published files hold them: detectron2 names, background and
+    "no attribute" rows last, float32 CPU tensors."""
+    return {name: _to_background_last(name, value.detach().cpu().float()).clone()
+            for name, value in model.state_dict().items()}
 
 
 def save_detector(model: VGDetector, path: Path, author: str = "vlprep") -> str:
@@ -170,10 +178,31 @@ def save_detector(model: VGDetector, path: Path, author: str = "vlprep") -> str:
 
     from pipeline.io import atomic_write_bytes
 
-    arrays = {name: _to_background_last(name, value.detach().cpu().float().numpy().copy())
-              for name, value in model.state_dict().items()}
+    arrays = {name: value.numpy() for name, value in published_state(model).items()}
     path = Path(path)
     atomic_write_bytes(path, pickle.dumps({"model": arrays, "__author__": author}, protocol=4))
+    return sha256_file(path)
+
+
+def save_detector_hf(model: VGDetector, path: Path) -> str:
+    """Write `model` in the ``hf-bin`` layout (``unc-nlp/frcnn-vg-finetuned``'s
+    ``pytorch_model.bin``): a torch state dict with detectron2 names and rows as in
+    `save_detector`, plus what the HF port's modules hold besides — a
+    ``num_batches_tracked`` counter per BatchNorm and the anchor buffer `ANCHOR_KEY` — so
+    that both `load_detector` and the port's own ``GeneralizedRCNN.from_pretrained`` load it
+    strictly. Written atomically; returns the file's sha256."""
+    import io
+
+    from pipeline.io import atomic_write_bytes
+
+    state = published_state(model)
+    for key in [k for k in state if k.endswith(".norm.running_var")]:
+        state[key.replace("running_var", "num_batches_tracked")] = torch.tensor(0)
+    state[ANCHOR_KEY] = cell_anchors(model.cfg.anchor_sizes, model.cfg.anchor_ratios)
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    path = Path(path)
+    atomic_write_bytes(path, buf.getvalue())
     return sha256_file(path)
 
 

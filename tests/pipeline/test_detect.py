@@ -1,4 +1,5 @@
 import pickle
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -8,11 +9,13 @@ from image_server import make_corpus
 
 from pipeline.detect.boxes import decode, encode, per_class_nms_max_conf, select_butd, select_maxnms
 from pipeline.detect.config import BoxCount, DetectorConfig, SelectionConfig
-from pipeline.detect.extractor import RegionFeatureExtractor
-from pipeline.detect.preprocess import butd_scale, preprocess
-from pipeline.detect.weights import load_detector
+from pipeline.detect.extractor import RegionFeatureExtractor, backbone_groups
+from pipeline.detect.model import VGDetector
+from pipeline.detect.preprocess import butd_scale, prepare_image, preprocess
+from pipeline.detect.weights import load_detector, save_detector_hf
 from pipeline.errors import ConfigError
 from pipeline.images import load_rgb
+from pipeline.io import sha256_file
 from pipeline.records import validate_record
 
 TINY = DetectorConfig.load("tiny")
@@ -259,3 +262,73 @@ def test_extract_config_refuses_bad_values_naming_the_flag(tmp_path, fields, mes
 
     with pytest.raises(ConfigError, match=message):
         ExtractConfig(**{"out": tmp_path / "s", "images": tmp_path, "random_weights": True, **fields})
+
+
+# -- the backbone batched over images (issue 16) ------------------------------------
+
+# VG-sized maps: PyTorch runs the same convolution kernels for a stack of one image and of many
+FULL_SIZE_TINY = replace(TINY, min_size=600, max_size=1000)
+
+
+def test_backbone_groups_pad_only_within_the_tolerance():
+    sizes = [(600, 800), (800, 600), (600, 800), (600, 899), (600, 600), (600, 800)]
+    assert backbone_groups(sizes) == [[3], [0, 2, 5], [4], [1]]  # identical sizes only, by aspect ratio
+    assert backbone_groups(sizes, 0.1) == [[3, 0, 2, 5], [4], [1]]  # 600x899 pads 800-wide ones by 9 %
+    assert backbone_groups(sizes, 0.2) == [[3, 0, 2, 5, 4], [1]]
+    assert backbone_groups([]) == []
+
+
+def test_same_size_images_share_one_backbone_run_exactly():
+    torch.manual_seed(0)
+    model = VGDetector(FULL_SIZE_TINY)
+    ex = RegionFeatureExtractor(model, SelectionConfig("butd", BoxCount(10, 30)))
+    rng = np.random.default_rng(0)
+    imgs = [rng.integers(0, 255, hw, dtype=np.uint8) for hw in ((120, 160, 3), (160, 120, 3), (120, 160, 3))]
+    runs = []
+    hook = model.backbone.register_forward_hook(lambda module, args, out: runs.append(len(args[0])))
+    try:
+        batched = ex(imgs, list("abc"))
+        assert runs == [2, 1]  # the two 600x800 inputs stacked, the 800x600 one alone
+        inputs = [prepare_image(img, FULL_SIZE_TINY)[0] for img in imgs]
+        with torch.no_grad():
+            stacked = ex.backbone_features(inputs)
+            alone = [ex.backbone_features([x])[0] for x in inputs]
+    finally:
+        hook.remove()
+    for s, a in zip(stacked, alone):
+        assert torch.equal(s, a)
+    for i, img in enumerate(imgs):
+        single = ex([img], ["abc"[i]])[0]
+        np.testing.assert_array_equal(single.boxes, batched[i].boxes)
+        # the ROI heads run over all regions of a batch, as before: float rounding only
+        np.testing.assert_allclose(single.features, batched[i].features, rtol=1e-5, atol=1e-6)
+
+
+def test_padded_groups_differ_only_near_the_padded_border():
+    torch.manual_seed(0)
+    ex = RegionFeatureExtractor(VGDetector(FULL_SIZE_TINY), pad_tolerance=0.1)
+    rng = np.random.default_rng(0)
+    inputs = [prepare_image(rng.integers(0, 255, hw, dtype=np.uint8), FULL_SIZE_TINY)[0]
+              for hw in ((120, 160, 3), (120, 170, 3))]  # 600x800 padded to 600x850 with its neighbour
+    with torch.no_grad():
+        grouped = ex.backbone_features(inputs)
+        alone = [ex.backbone_features([x])[0] for x in inputs]
+    assert [tuple(f.shape[-2:]) for f in grouped] == [(38, 50), (38, 53)] == [tuple(f.shape[-2:]) for f in alone]
+    assert torch.equal(grouped[1], alone[1])  # the widest image is not padded
+    assert torch.equal(grouped[0][..., :48], alone[0][..., :48])
+    assert not torch.equal(grouped[0][..., 48:], alone[0][..., 48:])  # the last two columns see the padding
+    with pytest.raises(ValueError, match="pad_tolerance"):
+        RegionFeatureExtractor(VGDetector(TINY), pad_tolerance=-1)
+
+
+def test_save_detector_hf_writes_the_published_hf_layout(tiny_files, tmp_path):
+    root, _ = tiny_files
+    model, _ = load_detector(root / "tiny.pkl", TINY)
+    path = tmp_path / "pytorch_model.bin"
+    assert save_detector_hf(model, path) == sha256_file(path)
+    ours, published = torch.load(path, weights_only=True), torch.load(root / "tiny.bin", weights_only=True)
+    assert sorted(ours) == sorted(published)
+    assert all(torch.equal(ours[k], published[k]) for k in published)
+    again, report = load_detector(path, TINY)
+    assert report.layout == "hf-bin"
+    assert all(torch.equal(a, b) for a, b in zip(again.state_dict().values(), model.state_dict().values()))
