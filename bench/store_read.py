@@ -7,9 +7,10 @@ One run, the same synthetic records (default 5,000 images x 36 boxes x 2048-d, w
                              "+copy" also copies every array out of the map (what a
                              collate does), the like-for-like comparison with memcpy;
                              "batched f16" gathers 32 ids at a time with get_many_into into
-                             one reused RegionBuffer in the stored float16 (one copy per
-                             array): all fields, or only LXMERT's / ViLBERT's (ratios count
-                             the bytes read); "batched f32" converts to float32 on the way
+                             one reused RegionBuffer in the stored float16 (ids looked up
+                             together, one slice copy per record and field): all fields, or
+                             only LXMERT's / ViLBERT's (ratios count the bytes read);
+                             "batched f32" converts to float32 on the way
   (a) vilbert-pickle-lmdb    vilbert-multi-task's reader: keys.index(id) + pickle.loads
                              of the dict of float32 arrays (cls_prob kept, as MMF does)
   (b) lxmert-tsv-decode      one LXMERT TSV row (10 fields; already located in a
@@ -17,7 +18,9 @@ One run, the same synthetic records (default 5,000 images x 36 boxes x 2048-d, w
                              load_obj_tsv does per row
   (c) memcpy                 copying the record's stored bytes (our float16 layout) from
                              RAM into a buffer: the physical limit of delivering them
-                             ("into a batch": 32 records into one batch-sized buffer)
+                             ("into a batch": 32 records into one batch-sized buffer;
+                             "from the map into a batch": the same, from the Arrow store's
+                             own mapped arrays, one copy per array: a gather's floor)
 
 Methods are timed in turn, several rounds, best of each (a loaded box slows them alike);
 the load average is printed with the numbers.
@@ -190,6 +193,26 @@ class BatchMemcpy:
             np.copyto(self.dst[b], self.mem.src[i * self.mem.size : (i + 1) * self.mem.size])
 
 
+class MappedMemcpy:
+    """Copy BATCH records' stored arrays (all fields), as the store's zero-copy views of its
+    map, byte for byte into one batch-sized destination (reused): the same source pages and
+    destination as a gather of all fields, with one plain copy per array and no lookup."""
+
+    def __init__(self, store: FeatureStore, ids):
+        self.views = {}
+        for image_id in ids:
+            arrays = store.get(image_id).array_fields().values()
+            self.views[image_id] = [a.reshape(-1).view(np.uint8) for a in arrays]
+        self.dst = np.empty((BATCH, sum(v.size for v in self.views[ids[0]])), np.uint8)
+
+    def get(self, chunk) -> None:
+        for b, image_id in enumerate(chunk):
+            out, at = self.dst[b], 0
+            for view in self.views[image_id]:
+                out[at : at + view.size] = view
+                at += view.size
+
+
 def loader_rates(workdir, images: int = 512, batches: int = 30, repeats: int = 3) -> dict:
     """PretrainDataset + DataLoader, batch 32, 1 worker, LXMERT and ViLBERT items: the
     per-record path (`__getitem__` per item, then the default collate) vs the batched one
@@ -279,7 +302,7 @@ def main() -> None:
         slow_keys = order[: max(200, len(order) // 5)]  # the slow baselines need fewer samples
         chunks = [order[i : i + BATCH] for i in range(0, len(order) - BATCH + 1, BATCH)]
         position_chunks = [[positions[k] for k in chunk] for chunk in chunks]
-        batch_mem = BatchMemcpy(mem)
+        batch_mem, mapped_mem = BatchMemcpy(mem), MappedMemcpy(arrow, ids)
         fields = {"all fields": None, "lxmert fields": LXMERT_FIELDS, "vilbert fields": ("cls_prob",)}
         gathers = {}
         for label, store in (("arrow", arrow), ("lmdb", lmdb_store)):
@@ -289,6 +312,7 @@ def main() -> None:
         rates = interleaved({
             "(c) memcpy": (lambda k: mem.get(positions[k]), order, 1),
             "(c) memcpy into a batch": (batch_mem.get, position_chunks, BATCH),
+            "(c) memcpy from the map into a batch": (mapped_mem.get, chunks, BATCH),
             "ours-arrow": (arrow.get, order, 1),
             "ours-lmdb": (lmdb_store.get, order, 1),
             "ours-arrow+copy": (lambda k: copy_out(arrow.get(k)), order, 1),
@@ -336,13 +360,15 @@ def main() -> None:
             rate = rates[f"{ours} batched f16, {what}"] * share[what]
             ratios[f"{ours} batched f16, {what} / (c)"] = rate / rates["(c) memcpy"]
             ratios[f"{ours} batched f16, {what} / (c) into a batch"] = rate / rates["(c) memcpy into a batch"]
+            ratios[f"{ours} batched f16, {what} / (c) from the map"] = rate / rates["(c) memcpy from the map into a batch"]
         ratios[f"{ours} batched f32, all fields / (c)"] = rates[f"{ours} batched f32, all fields"] / rates["(c) memcpy"]
-    targets = {"/ (a)": 10, "/ (b)": 100, "+copy / (c)": 0.30, "batched f16, all fields / (c)": 0.80,
-               "batched f16, lxmert fields / (c)": 0.80, "batched f16, vilbert fields / (c)": 0.80}
+    # the batched target is against the like-for-like baseline: memcpy into a batch-sized destination
+    targets = {"/ (a)": 10, "/ (b)": 100, "+copy / (c)": 0.30, "batched f16, all fields / (c) into a batch": 0.80,
+               "batched f16, lxmert fields / (c) into a batch": 0.80, "batched f16, vilbert fields / (c) into a batch": 0.80}
     for name, value in ratios.items():
         target = next((t for suffix, t in targets.items() if name.endswith(suffix) and "+copy / (a)" not in name), None)
         mark = "" if target is None else f"   target >= {target:g}: {'met' if value >= target else 'MISSED'}"
-        print(f"  {name:52s} {value:8.2f}{mark}")
+        print(f"  {name:58s} {value:8.2f}{mark}")
     print("\nbytes per image on disk")
     for name, size in per_image.items():
         note = "   target <= 155 KB: " + ("met" if size <= 155_000 else "MISSED") if name.endswith("no-cls") else ""

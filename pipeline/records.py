@@ -260,12 +260,12 @@ def empty_array(shape: tuple, dtype, memory: Memory = "plain") -> np.ndarray:
 
 class RegionBuffer:
     """The padded arrays of a `RegionBatch` of `size` images of up to `max_boxes` regions,
-    allocated once and filled image by image (`put`): the one owner of the slot layout
-    (`pad_regions` is a buffer filled once). Slot 0 holds the IMG token with `img_token`;
-    `position` "5d" or "4d". `fields`: the optional fields to hold (of `OPTIONAL_ARRAYS`;
-    `prob_widths` gives each probability table's width); an image lacking one gets the
-    padding values there (ids -1, else 0) and is marked in `missing[field]`. Features and
-    probability tables have dtype `dtype` (the stored float16 copies straight), boxes and
+    allocated once and filled with images (`put_many`, `put` for one): the one owner of the
+    slot layout (`pad_regions` is a buffer filled once). Slot 0 holds the IMG token with
+    `img_token`; `position` "5d" or "4d". `fields`: the optional fields to hold (of
+    `OPTIONAL_ARRAYS`; `prob_widths` gives each probability table's width); an image lacking
+    one gets the padding values there (ids -1, else 0) and is in `missing[field]` (a set of
+    image slots). Features and probability tables have dtype `dtype` (the stored float16 copies straight), boxes and
     confidences float32, ids int64; `memory` as in `empty_array`. Filling copies each array
     once; positions, mask and the IMG token are computed for the whole batch by `batch`."""
 
@@ -281,8 +281,8 @@ class RegionBuffer:
         self.first, self.max_boxes, self.position = int(img_token), max_boxes, position
         slots = max_boxes + self.first
         self.image_ids: list[str] = [""] * size
-        self.widths, self.heights = np.ones(size), np.ones(size)  # image sizes in pixels
-        self.counts = np.zeros(size, np.int64)  # regions per image held (IMG token excluded)
+        # per image (lists: filled image by image, read once per batch): its size in pixels and the regions held
+        self.widths, self.heights, self.counts = [1] * size, [1] * size, [0] * size  # (IMG token excluded)
         self.boxes = np.zeros((size, slots, 4), np.float32)  # pixel boxes, zero in padding
         self.features = empty_array((size, slots, feature_dim), dtype, memory)
         self.positions = empty_array((size, slots, 5 if position == "5d" else 4), np.float32, memory)
@@ -297,7 +297,13 @@ class RegionBuffer:
                 self.optional[name] = empty_array((size, slots), np.int64 if name.endswith("_id") else np.float32, memory)
                 if name.endswith("_id"):
                     self.optional[name].fill(-1)
-        self.missing = {name: np.zeros(size, bool) for name in fields}
+        self.missing = {name: set() for name in fields}  # the image slots lacking each field
+        # 1-d views of the region arrays (field -> (view, values per region, padding)): what `put_many` fills
+        self._flat = {}
+        for name, out in (("boxes", self.boxes), ("features", self.features), *self.optional.items()):
+            view = out.view()
+            view.shape = (-1,)  # raises rather than copy: the arrays are contiguous
+            self._flat[name] = (view, int(np.prod(out.shape[2:], dtype=np.int64)), -1 if name.endswith("_id") else 0)
 
     def __len__(self) -> int:
         return len(self.image_ids)
@@ -305,24 +311,47 @@ class RegionBuffer:
     def put(self, b: int, image_id: str, image_h: int, image_w: int, boxes: np.ndarray, features: np.ndarray,
             optional: dict) -> None:
         """Copy one image's first `max_boxes` regions into image slot `b` (`optional`: field
-        -> array or None, for the buffer's `fields`), clearing what a previous, larger image
-        left beyond them."""
-        first, n = self.first, len(boxes)
-        rows = slice(None) if n <= self.max_boxes else slice(self.max_boxes)  # regions beyond are dropped
-        n = min(n, self.max_boxes)
-        end, stale = first + n, first + int(self.counts[b])
-        self.image_ids[b] = image_id
-        self.widths[b], self.heights[b] = image_w, image_h
-        self.boxes[b, first:end] = boxes[rows]
-        self.features[b, first:end] = features[rows]
-        for name, out in self.optional.items():
-            value = optional.get(name)
-            self.missing[name][b] = value is None
-            out[b, first:end] = (-1 if name.endswith("_id") else 0) if value is None else value[rows]
-        if stale > end:
-            for out in (self.boxes, self.features, *self.optional.values()):
-                out[b, end:stale] = -1 if out.dtype == np.int64 else 0
-        self.counts[b] = n
+        -> array or None, for the buffer's `fields`): `put_many` of one image."""
+        def flat(value):
+            return ([None], [-1]) if value is None else ([np.ascontiguousarray(value).reshape(-1)], [0])
+
+        sources = {"boxes": flat(boxes), "features": flat(features)}
+        sources.update((name, flat(optional.get(name))) for name in self.optional)
+        self.put_many([b], [image_id], [image_h], [image_w], [len(boxes)], sources)
+
+    def put_many(self, slots: Sequence[int], image_ids: Sequence[str], heights: Sequence[int],
+                 widths: Sequence[int], counts: Sequence[int], sources: dict) -> None:
+        """Copy images into image slots `slots`, each its first `max_boxes` regions (store
+        order), clearing what a previous, larger image left beyond them. Image k has
+        `counts[k]` regions; `sources` maps "boxes", "features" and the buffer's optional
+        fields to a pair (arrays, starts): image k's values are
+        ``arrays[k][starts[k] : starts[k] + counts[k] * width]`` (1-d, row-major; `width`
+        values per region); ``starts[k] < 0`` where it lacks the field, which is then
+        padded and marked in `missing`. One slice copy per image and field: the arrays may
+        be views of a shard's map (the values of many images in one array)."""
+        first, limit, per_image = self.first, self.max_boxes, self.boxes.shape[1]
+        bases, kept, stale = [], [], []  # each image's first region slot, counted over the batch; regions kept
+        for b, image_id, image_h, image_w, n in zip(slots, image_ids, heights, widths, counts):
+            base, n, held = b * per_image + first, min(n, limit), self.counts[b]
+            if held > n:  # a previous, larger image's regions beyond the new ones
+                stale.append((base + n, base + held))
+            bases.append(base)
+            kept.append(n)
+            self.image_ids[b], self.heights[b], self.widths[b], self.counts[b] = image_id, image_h, image_w, n
+        for name, (out, width, pad) in self._flat.items():
+            arrays, starts = sources[name]
+            for base, n, values, start in zip(bases, kept, arrays, starts):
+                if start < 0:
+                    out[base * width : (base + n) * width] = pad
+                else:
+                    out[base * width : (base + n) * width] = values[start : start + n * width]
+            for begin, end in stale:
+                out[begin * width : end * width] = pad
+            missing = self.missing.get(name)
+            if missing is not None:
+                missing.difference_update(slots)
+                if min(starts, default=0) < 0:
+                    missing.update(b for b, start in zip(slots, starts) if start < 0)
 
     def put_record(self, b: int, rec: RegionFeatures) -> None:
         """`put` of a record."""
@@ -336,15 +365,18 @@ class RegionBuffer:
         ``img_feature=False`` the IMG token's feature is left as it is (for a caller that
         computes it itself, after masking regions)."""
         sel = images or slice(None)
-        first, counts = self.first, self.counts[sel]
+        first, counts = self.first, np.array(self.counts[sel], np.int64)
+        image_w, image_h = np.array(self.widths[sel], np.float64), np.array(self.heights[sel], np.float64)
         positions, mask, features = self.positions[sel], self.mask[sel], self.features[sel]
-        positions[:] = box_positions(self.boxes[sel], self.widths[sel, None], self.heights[sel, None], self.position)
+        positions[:] = box_positions(self.boxes[sel], image_w[:, None], image_h[:, None], self.position)
         np.less(np.arange(mask.shape[1]), (counts + first)[:, None], out=mask)
         if first:
             positions[:, 0] = _IMG_POSITION[: positions.shape[2]]
             if img_feature:  # the mean of the regions (padding is zero), as `img_token_feature`
                 features[:, 0] = features[:, 1:].sum(axis=1, dtype=np.float64) / np.maximum(counts, 1)[:, None]
-        optional = {name: None if self.missing[name][sel].any() else out[sel] for name, out in self.optional.items()}
+        held = range(len(self))[sel]
+        optional = {name: out[sel] if self.missing[name].isdisjoint(held) else None
+                    for name, out in self.optional.items()}
         return RegionBatch(image_ids=self.image_ids[sel], features=features, positions=positions, mask=mask,
                            num_boxes=counts + first, **optional)
 

@@ -1,14 +1,19 @@
-"""Batched reads: which stored columns fill which fields of a `pipeline.records.RegionBuffer`.
+"""Batched reads: which stored columns fill which fields of a `pipeline.records.RegionBuffer`,
+and the `Part` a shard reader hands a gather.
 
-`FeatureStore.get_many_into` reads, per image, only the columns the buffer holds (boxes,
-features and its optional fields) as views of the shard's map, with no `RegionFeatures`
-in between, and `RegionBuffer.put` copies each once into its preallocated rows, in the
-buffer's dtype (the stored float16 copies straight); top-k probability tables are
-expanded on the way. `Gather` is that plan, made once per store layout and set of fields.
+`FeatureStore.get_many_into` looks a batch's ids up at once, then asks each shard holding
+some of them for a `Part`: where those records' values of the columns the buffer holds
+(boxes, features and its optional fields) lie in the shard's map, as plain lists, with no
+per-record arrays or `RegionFeatures` in between. The parts of all shards are joined, and
+`Gather.put` hands them to one `RegionBuffer.put_many`, which copies each record's values
+of each field with one slice copy into its preallocated rows, in the buffer's dtype (the
+stored float16 copies straight); top-k probability tables are expanded on the way.
+`Gather` is that plan, made once per store layout and set of fields.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Optional, Sequence
 
 import numpy as np
@@ -18,31 +23,63 @@ from pipeline.store.columns import columns
 from pipeline.store.layout import StoreLayout
 
 
+# A `Part` row: the record's height, width and number of regions, then per stored column
+# (`columns(layout)`) the element where its values start.
+IMAGE_H, IMAGE_W, NUM_BOXES, FIRST_START = range(4)
+
+
+@dataclass
+class Part:
+    """Records of one or more shards, as a gather reads them, one entry per record:
+    ``rows[k]`` is [image_h, image_w, num_boxes, then per column of `columns(layout)` the
+    element where its values start] (entries after those are the reader's own), and
+    record k's values of column c are ``values[k][c][start : start + num_boxes * width]``
+    (1-d, row-major; `width` values per region), start < 0 where it lacks the column. An
+    Arrow shard's records share one list of views of its map; an LMDB shard gives each
+    record its value's views. Parts of several shards are joined with `extend`."""
+
+    rows: list[list[int]]
+    values: list[Sequence[Optional[np.ndarray]]]
+
+    def extend(self, other: "Part") -> None:
+        self.rows += other.rows
+        self.values += other.values
+
+    def where(self, keep: Sequence[bool]) -> "Part":
+        """The records for which `keep` is true."""
+        return Part([r for r, ok in zip(self.rows, keep) if ok], [v for v, ok in zip(self.values, keep) if ok])
+
+
 class Gather:
     """The columns (indices into `columns(layout)`) to read for a buffer holding `fields`,
     and how they fill it. A field the layout does not store reads as missing."""
 
     def __init__(self, layout: StoreLayout, fields: Sequence[str]):
         names = [c.name for c in columns(layout)]
-        wanted = ["boxes", "features"]
-        self.plain: list[tuple[str, int]] = []
+        self.plain: list[tuple[str, int]] = [("boxes", names.index("boxes")), ("features", names.index("features"))]
         self.topk: list[tuple[str, object, int, int]] = []
         for field in fields:
             if field in names:
-                self.plain.append((field, len(wanted)))
-                wanted.append(field)
+                self.plain.append((field, names.index(field)))
             elif f"{field}_topk_ids" in names:
-                self.topk.append((field, layout.prob(field), layout.prob_dim(field), len(wanted)))
-                wanted += [f"{field}_topk_ids", f"{field}_topk"]
-        self.columns = [names.index(name) for name in wanted]
+                self.topk.append((field, layout.prob(field), layout.prob_dim(field), names.index(f"{field}_topk_ids")))
+        self.columns = sorted({c for _, c in self.plain} | {c + i for _, _, _, c in self.topk for i in (0, 1)})
 
-    def put(self, out: RegionBuffer, b: int, image_id: str, image_h: int, image_w: int,
-            values: Sequence[Optional[np.ndarray]]) -> None:
-        """Fill image slot `b` of `out` from one record's column views (`self.columns` order)."""
-        optional = {field: values[i] for field, i in self.plain}
-        for field, storage, dim, i in self.topk:
-            optional[field] = None if values[i] is None else storage.decode_topk(values[i], values[i + 1], dim)
-        out.put(b, image_id, image_h, image_w, values[0], values[1], optional)
+    def put(self, out: RegionBuffer, slots: Sequence[int], image_ids: Sequence[str], part: Part) -> None:
+        """Fill image slots `slots` of `out` with the records of `part`, whose ids are
+        `image_ids`: one `RegionBuffer.put_many` for all of them."""
+        rows, values = part.rows, part.values
+        counts = [row[NUM_BOXES] for row in rows]
+        sources = {field: ([v[c] for v in values], [row[FIRST_START + c] for row in rows]) for field, c in self.plain}
+        for field, storage, dim, c in self.topk:  # expanded to full tables, one record at a time
+            k, tables = storage.k, []
+            for row, v, n in zip(rows, values, counts):
+                ids_at, values_at = row[FIRST_START + c], row[FIRST_START + c + 1]
+                tables.append(None if ids_at < 0 else storage.decode_topk(
+                    v[c][ids_at : ids_at + n * k].reshape(n, k), v[c + 1][values_at : values_at + n * k].reshape(n, k),
+                    dim).reshape(-1))
+            sources[field] = (tables, [-1 if table is None else 0 for table in tables])
+        out.put_many(slots, image_ids, [row[IMAGE_H] for row in rows], [row[IMAGE_W] for row in rows], counts, sources)
 
 
 def buffer_for(layout: StoreLayout, size: int, max_boxes: int, *, fields: Optional[Sequence[str]] = None,

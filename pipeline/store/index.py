@@ -4,7 +4,8 @@
 ``hash`` (uint64; 0 marks an empty slot), ``shard`` (uint32), ``row`` (uint32). An id's
 64-bit hash (`id_hash`) picks its home slot ``hash & (M - 1)``; collisions probe linearly.
 A lookup touches ~1-2 slots of the memory-mapped file: O(1) without loading the store
-(or the index) into RAM, shared by every process through the page cache. Callers
+(or the index) into RAM, shared by every process through the page cache. `candidates`
+probes for one id in Python; `find` for a batch of ids at once, with numpy. Callers
 confirm the id stored at (shard, row), so hash collisions cannot return a wrong record.
 The file's metadata holds the digest of the manifest's shard list it was built from
 (`Manifest.shards_digest`: names, row counts and checksums) and names the hash function;
@@ -27,6 +28,8 @@ INDEX_FILE = "index.arrow"
 _BINDING_KEY = b"vlprep.index.shards_digest"
 _HASH_KEY = b"vlprep.index.hash"
 HASH_NAME = "crc32|adler32<<32"
+_WINDOW = 8  # slots `IdIndex.find` reads per id and round
+_STEPS = np.arange(_WINDOW)
 
 
 def id_hash(key) -> int:
@@ -34,6 +37,11 @@ def id_hash(key) -> int:
     Adler-32 (high half); never 0 (the empty-slot mark). Fast in pure Python; a
     collision costs one extra id comparison, never a wrong record."""
     return (zlib.crc32(key) | (zlib.adler32(key) << 32)) or 1
+
+
+def id_hashes(keys) -> np.ndarray:
+    """`id_hash` of each of `keys` (UTF-8 bytes), as uint64: one call for a batch of ids."""
+    return np.fromiter(map(id_hash, keys), np.uint64, len(keys))
 
 
 class IdIndex:
@@ -96,6 +104,33 @@ class IdIndex:
             if stored == h:
                 found.append((self._s[slot], self._r[slot]))
             slot = (slot + 1) & mask
+
+    def find(self, hashes: np.ndarray, start: Optional[np.ndarray] = None) -> np.ndarray:
+        """For many ids at once (`id_hashes`), probing the table with numpy: the first slot
+        at or after `start` (default: each id's home slot) whose entry has the id's hash,
+        -1 where an empty slot comes first (the id is absent). A caller that finds another
+        id at that entry's (shard, row) (a hash collision) probes on from the slot after.
+        Each round reads `_WINDOW` slots per id (a probe is ~1-2 slots at our load factor)."""
+        mask = self._mask
+        slots = (hashes & np.uint64(mask) if start is None else start & mask).astype(np.int64)
+        found = np.full(len(hashes), -1, np.int64)
+        pending = np.arange(len(hashes))
+        while pending.size:
+            window = (slots[pending, None] + _STEPS) & mask
+            stored = self._hashes[window]
+            stop = (stored == hashes[pending, None]) | (stored == 0)
+            ends = stop.any(axis=1)
+            at = stop.argmax(axis=1)
+            rows = np.flatnonzero(ends)
+            hit = window[rows, at[rows]]
+            found[pending[rows]] = np.where(self._hashes[hit] == 0, -1, hit)
+            pending = pending[~ends]
+            slots[pending] += _WINDOW
+        return found
+
+    def entries(self, slots: np.ndarray) -> tuple[list[int], list[int]]:
+        """(shards, rows) of the entries at `slots` (from `find`, none of them -1)."""
+        return self._shards[slots].tolist(), self._rows[slots].tolist()
 
     def __len__(self) -> int:
         return int(np.count_nonzero(self._hashes))

@@ -40,6 +40,7 @@ import numpy as np
 
 from pipeline.errors import StoreError
 from pipeline.records import MAX_IMAGE_ID_BYTES, RegionFeatures
+from pipeline.store.batch import Part
 from pipeline.store.columns import OPTIONAL_FIELDS, Assembler, columns, encode
 from pipeline.store.layout import StoreLayout
 
@@ -298,6 +299,27 @@ class LmdbShardReader:
             raise self._damaged(row, f"value of {len(value)} bytes, its header describes {layout.itemsize}")
         block = np.ndarray((), layout, value)
         return image_id, header[4], header[5], [None if names[c] is None else block[names[c]] for c in which]
+
+    def part(self, rows: Sequence[int], which: Sequence[int], keys: Sequence[bytes]) -> tuple[Part, list[bool]]:
+        """The records at `rows`, columns `which` (the others read as absent), as a `Part`
+        (each record's values lie in its own LMDB value); and whether each row holds the
+        image id `keys` (UTF-8) at the same position (a row that does not is left empty)."""
+        table, values, same = [], [], []
+        for row, key in zip(rows, keys):
+            found = self.views(row, which, key.decode("utf-8"))
+            arrays, starts = [None] * len(self._cols), [-1] * len(self._cols)
+            same.append(found is not None)
+            if found is None:
+                table.append([0, 0, 0, *starts])
+                values.append(arrays)
+                continue
+            _, image_h, image_w, views = found
+            for c, view in zip(which, views):
+                if view is not None:
+                    arrays[c], starts[c] = view.reshape(-1), 0
+            table.append([image_h, image_w, len(views[0]), *starts])
+            values.append(arrays)
+        return Part(table, values), same
 
     def record(self, row: int, expect: Optional[str] = None) -> Optional[RegionFeatures]:
         """The record at `row`; None if `expect` is given and is not its image id."""

@@ -39,8 +39,8 @@ from pipeline.io import (
 )
 from pipeline.records import RegionBuffer, RegionFeatures, validate_record
 from pipeline.store import arrow_shard, lmdb_shard
-from pipeline.store.batch import Gather, buffer_for
-from pipeline.store.index import INDEX_FILE, IdIndex, id_hash
+from pipeline.store.batch import Gather, Part, buffer_for
+from pipeline.store.index import INDEX_FILE, IdIndex, id_hash, id_hashes
 from pipeline.store.layout import ProbStorage, StoreLayout
 from pipeline.store.manifest import IDENTITY_KEYS, MANIFEST_FILE, SHARDS_DIR, Manifest, ShardInfo, now_iso
 
@@ -261,12 +261,15 @@ a fraction of a second); each shard's size is checked before its first use, and
         """The record of `image_id`; KeyError naming the id and the store if absent."""
         return self._find(image_id, lambda reader, row: reader.record(row, image_id))
 
+    def _not_an_id(self, image_id: object) -> KeyError:
+        return KeyError(f"image ids are strings, got {image_id!r}; use record_at(position) for the "
+                        f"record at a position of the feature store {self.path}")
+
     def _find(self, image_id: str, read):
         """`read(reader, row)` at the row holding `image_id` (it returns None at a row of
         another id); KeyError naming the id and the store if absent."""
         if not isinstance(image_id, str):
-            raise KeyError(f"image ids are strings, got {image_id!r}; use record_at(position) for the "
-                           f"record at a position of the feature store {self.path}")
+            raise self._not_an_id(image_id)
         state = self._process()
         key = image_id.encode("utf-8")
         for shard, row in state.index.candidates(key):
@@ -287,19 +290,60 @@ a fraction of a second); each shard's size is checked before its first use, and
     def get_many_into(self, image_ids: Sequence[str], out: RegionBuffer,
                       slots: Optional[Sequence[int]] = None) -> RegionBuffer:
         """Gather the regions of `image_ids` into `out`'s image slots `slots` (default
-        0, 1, ...): per image only the columns `out` holds are read, as views of the map,
-        and copied once into its rows (in `out`'s dtype); `out.batch()` then equals
-        `pad_regions` over `get_many` (in float32). KeyError naming the id and the store
-        if one is absent."""
+        0, 1, ...): the ids are looked up together, then each shard holding some of them
+        gives where their values of the columns `out` holds lie in its map (`_parts`), and
+        each is copied once into its rows, all in one `put_many` (in `out`'s dtype);
+        `out.batch()` then equals `pad_regions` over `get_many` (in float32). KeyError
+        naming the id and the store if one is absent."""
         fields = tuple(out.optional)
         gather = self._gathers.get(fields)
         if gather is None:
             gather = self._gathers[fields] = Gather(self.layout, fields)
-        which = gather.columns
-        for b, image_id in zip(range(len(image_ids)) if slots is None else slots, image_ids):
-            found = self._find(image_id, lambda reader, row: reader.views(row, which, image_id))
-            gather.put(out, b, *found)
+        slots = range(len(image_ids)) if slots is None else slots
+        order, part = self._parts(image_ids, gather.columns)
+        gather.put(out, [slots[k] for k in order], [image_ids[k] for k in order], part)
         return out
+
+    def _parts(self, image_ids: Sequence[str], which: Sequence[int]) -> tuple[list[int], Part]:
+        """The records of `image_ids` as one `Part` (columns `which`), and the position in
+        `image_ids` of each of its records. The index is probed for all ids at once
+        (`IdIndex.find`); each shard holding some of them confirms their ids and gives their
+        part in one call (a hash collision probes on). KeyError naming the first absent id
+        and the store."""
+        try:
+            keys = [image_id.encode("utf-8") for image_id in image_ids]
+        except AttributeError:
+            raise self._not_an_id(next(i for i in image_ids if not isinstance(i, str))) from None
+        index = self._process().index
+        hashes = id_hashes(keys)
+        slots = index.find(hashes)
+        order, part = [], Part([], [])
+        pending = np.arange(len(keys))
+        while pending.size:
+            absent = slots[pending] < 0
+            if absent.any():
+                raise KeyError(f"image {image_ids[pending[absent][0]]!r} is not in the feature store {self.path}")
+            probed: dict[int, tuple[list[int], list[int]]] = {}
+            for k, shard, row in zip(pending.tolist(), *index.entries(slots[pending])):
+                ks, rows = probed.setdefault(shard, ([], []))
+                ks.append(k)
+                rows.append(row)
+            wrong = []
+            for shard, (ks, rows) in probed.items():
+                reader = self._reader(shard)
+                found, same = reader.part(rows, which, [keys[k] for k in ks])
+                if not all(same):
+                    for k, row, ok in zip(ks, rows, same):
+                        if not ok:
+                            self._check_entry(shard, row, keys[k], reader.image_id(row))
+                            wrong.append(k)
+                    ks, found = [k for k, ok in zip(ks, same) if ok], found.where(same)
+                order += ks
+                part.extend(found)
+            pending = np.array(wrong, np.int64)
+            if pending.size:
+                slots[pending] = index.find(hashes[pending], slots[pending] + 1)
+        return order, part
 
     def region_buffer(self, size: int, max_boxes: int, **options) -> RegionBuffer:
         """A `RegionBuffer` for this store's layout (options: `fields`, default every

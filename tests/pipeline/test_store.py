@@ -12,7 +12,7 @@ import torch
 from helpers import REPO, assert_same_record, make_record, make_records, run_cli
 
 from pipeline.errors import BusyError, ConfigError, InvalidRecordError, StoreError
-from pipeline.records import RegionFeatures
+from pipeline.records import RegionFeatures, pad_regions
 from pipeline.store import FeatureStore, FeatureStoreWriter, verify_store, write_records
 from pipeline.store.index import INDEX_FILE, IdIndex
 
@@ -69,6 +69,11 @@ def test_probability_storage_topk_and_none(tmp_path, backend):
         np.put_along_axis(expected, top, np.take_along_axis(rec.cls_prob, top, 1), 1)
         np.testing.assert_array_equal(got.cls_prob, expected)
         np.testing.assert_array_equal(got.objects_id, rec.objects_id)
+    ids = [r.image_id for r in recs[::-1]]  # a batched gather expands the top-k tables as `get` does
+    got, want = store.get_many_into(ids, store.region_buffer(6, 8)).batch(), pad_regions(store.get_many(ids), 8)
+    for name in ("features", "positions", "mask", "objects_id", "cls_prob", "attr_prob"):
+        assert (getattr(got, name) is None) == (getattr(want, name) is None), name
+        assert getattr(got, name) is None or np.array_equal(getattr(got, name), getattr(want, name)), name
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -157,6 +162,37 @@ def test_index_handles_hash_collisions_by_checking_ids():
     crowded = IdIndex(index._hashes, index._shards, index._rows, index.binding)
     crowded._mask = len(index._hashes) - 1
     assert all(any(True for _ in crowded.candidates(n.encode())) for n in ids[0])
+
+
+def test_batched_find_probes_on_past_collisions_and_long_chains():
+    """`IdIndex.find` (the batched lookup): the first entry of a hash from the home slot,
+    the next one from the slot after it (a true collision: another id of the same hash),
+    -1 once an empty slot comes first; a chain longer than one probe window, wrapping
+    round the table's end, is followed to its end."""
+    hashes, shards, rows = np.zeros(16, np.uint64), np.zeros(16, np.uint32), np.zeros(16, np.uint32)
+    hashes[5:8] = [5, 5, 21]  # two ids of hash 5, then hash 21 pushed on from its home slot 5
+    shards[5:8], rows[5:8] = [0, 1, 0], [0, 3, 9]
+    index = IdIndex(hashes, shards, rows, "digest")
+    assert index.find(np.array([5, 21, 37, 9], np.uint64)).tolist() == [5, 7, -1, -1]  # 37, 9: never stored
+    assert index.find(np.array([5, 5, 21], np.uint64), np.array([6, 7, 8])).tolist() == [6, -1, -1]
+    assert index.entries(np.array([6, 7])) == ([1, 0], [3, 9])
+    chain = np.zeros(16, np.uint64)  # 15 ids of home slot 4 fill slots 4..15, then 0..2; slot 3 stays empty
+    chain[(4 + np.arange(15)) % 16] = 4 + 16 * np.arange(15)
+    full = IdIndex(chain, shards, rows, "digest")
+    assert full.find(np.array([4 + 16 * 14, 4 + 16 * 9, 4 + 16 * 15, 3], np.uint64)).tolist() == [2, 13, -1, -1]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_batched_read_of_an_index_pointing_at_other_ids_is_a_store_error(tmp_path, backend):
+    recs = make_records(6, seed=4, feature_dim=8)
+    write_records(tmp_path / "s", recs, backend=backend, shard_size=3, feature_dim=8)
+    index = IdIndex.read(tmp_path / "s")
+    rows = np.choose(np.minimum(index._rows, 2), [1, 0, index._rows])  # rows 0 and 1 swapped
+    IdIndex(index._hashes, index._shards, rows, index.binding).write(tmp_path / "s")
+    store = FeatureStore.open(tmp_path / "s")
+    buffer = store.region_buffer(2, 4)
+    with pytest.raises(StoreError, match="index.arrow puts image .* is corrupt"):
+        store.get_many_into([recs[0].image_id, recs[4].image_id], buffer)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
