@@ -110,6 +110,8 @@ def main() -> None:
     parser.add_argument("--lookups", type=int, default=100_000)
     parser.add_argument("--workdir", type=Path, default=None)
     args = parser.parse_args()
+    if args.workdir is not None:
+        args.workdir.mkdir(parents=True, exist_ok=True)
     root = Path(tempfile.mkdtemp(prefix="store_scale_", dir=args.workdir))
     try:
         write_tiny_store(root / "wide", [10] * args.shards, files=False)

@@ -391,12 +391,13 @@ def _pairs(items: List[str], flag: str, convert) -> dict:
 
 
 def bare_resume(args: list[str]) -> list[str]:
-    """`--resume` written without a value means `--resume yes`, as before it took one (typer
-    gives no option an optional value, so the command line is completed before parsing)."""
+    """`--resume` written without a value (last, or before another option) means `--resume
+    yes`, as before it took one (typer gives no option an optional value, so the command line
+    is completed before parsing; a word after it is its value, checked as a choice)."""
     out = []
     for i, arg in enumerate(args):
         out.append(arg)
-        if arg == "--resume" and (i + 1 == len(args) or args[i + 1] not in RESUME):
+        if arg == "--resume" and (i + 1 == len(args) or args[i + 1].startswith("-")):
             out.append("yes")
     return out
 
