@@ -397,7 +397,7 @@ def transfer_table(t: dict) -> list[str]:
 
 def demo(
     out: Path = typer.Option(Path("vlprep_demo"), help="Folder for everything the demo writes (a rerun with the same settings resumes)."),
-    quick: bool = typer.Option(False, "--quick", help="About 4 minutes on 2 cores: 400 scenes, 1,200 steps per model (what CI runs)."),
+    quick: bool = typer.Option(False, "--quick", help="About 6-8 minutes on 2 cores, the transfer stage included: 400 scenes, 1,200 steps per model (what CI runs)."),
     seed: int = typer.Option(0, help="Seed of the world, the sampling and the models."),
     n_images: int = typer.Option(None, help="Scenes in the world (default 2000; --quick 400)."),
     steps: int = typer.Option(None, help="Pretraining steps per model (default 2500; --quick 1200)."),
