@@ -91,7 +91,7 @@ def encode(rec: RegionFeatures, layout: StoreLayout) -> dict[str, Optional[np.nd
 class Assembler:
     """Builds records from a shard's column views in `columns(layout)` order, each
     shaped (N, width) (1-d for the id/confidence columns), None where absent. No copy
-    unless converting float16 to `out_dtype` (skipped with ``convert=False``)."""
+    unless converting float16 to `out_dtype`."""
 
     def __init__(self, layout: StoreLayout, out_dtype: Optional[np.dtype] = None):
         names = [c.name for c in columns(layout)]
@@ -105,8 +105,8 @@ class Assembler:
         self._convert = out_dtype is not None and out_dtype != layout.np_dtype
         self._out_dtype = out_dtype
 
-    def __call__(self, image_id: str, image_h: int, image_w: int, values: Sequence[Optional[np.ndarray]],
-                 convert: bool = True) -> RegionFeatures:
+    def __call__(self, image_id: str, image_h: int, image_w: int,
+                 values: Sequence[Optional[np.ndarray]]) -> RegionFeatures:
         if self._direct:
             rec = RegionFeatures(image_id, image_h, image_w, *values)
         else:
@@ -114,7 +114,7 @@ class Assembler:
         for name, storage, dim, i in self._topk:
             if values[i] is not None:
                 setattr(rec, name, storage.decode_topk(values[i], values[i + 1], dim))
-        if convert and self._convert:
+        if self._convert:
             for name in ("features", "cls_prob", "attr_prob"):
                 value = getattr(rec, name)
                 if value is not None:
