@@ -26,8 +26,15 @@ def make_jpegs(count: int = DISTINCT, sizes: tuple[tuple[int, int], ...] = ((640
     for i in range(count):
         width, height = sizes[i % len(sizes)]
         yy, xx = np.mgrid[0:height, 0:width].astype(np.float32)
-        base = np.stack([np.sin(xx / rng.uniform(20, 120) + rng.uniform(0, 6)) * 60 + rng.uniform(60, 190)
-                         + np.cos(yy / rng.uniform(20, 120)) * 40 for _ in range(3)], -1)
+        base = np.stack(
+            [
+                np.sin(xx / rng.uniform(20, 120) + rng.uniform(0, 6)) * 60
+                + rng.uniform(60, 190)
+                + np.cos(yy / rng.uniform(20, 120)) * 40
+                for _ in range(3)
+            ],
+            -1,
+        )
         for _ in range(12):
             cx, cy, r = rng.uniform(0, width), rng.uniform(0, height), rng.uniform(10, 90)
             base[(xx - cx) ** 2 + (yy - cy) ** 2 < r * r] = rng.uniform(0, 255, 3)
@@ -49,9 +56,14 @@ def vg_like_record(i: int) -> RegionFeatures:
     cls_prob /= cls_prob.sum(1, keepdims=True)
     objects_id, objects_conf = labels_from_probs(cls_prob)
     return RegionFeatures(
-        image_id=f"COCO_train2014_{i:012d}", image_h=h, image_w=w, boxes=boxes,
+        image_id=f"COCO_train2014_{i:012d}",
+        image_h=h,
+        image_w=w,
+        boxes=boxes,
         features=rng.random((BOXES, DIM), np.float32) * 4,
-        objects_id=objects_id, objects_conf=objects_conf,
-        attrs_id=rng.integers(0, ATTRS - 1, BOXES), attrs_conf=rng.random(BOXES, np.float32),
+        objects_id=objects_id,
+        objects_conf=objects_conf,
+        attrs_id=rng.integers(0, ATTRS - 1, BOXES),
+        attrs_conf=rng.random(BOXES, np.float32),
         cls_prob=cls_prob,
     )

@@ -30,9 +30,9 @@ import threading
 import time
 from pathlib import Path
 
+from common import DISTINCT, make_jpegs
 from PIL import Image
 
-from common import DISTINCT, make_jpegs
 
 def serve(port_file: str) -> None:
     """The server process (asyncio, pre-built responses, so it costs the tools little CPU):
@@ -40,8 +40,10 @@ def serve(port_file: str) -> None:
     import asyncio
 
     jpegs = make_jpegs()
-    responses = [b"HTTP/1.1 200 OK\r\nContent-Type: image/jpeg\r\nContent-Length: %d\r\nConnection: close\r\n\r\n"
-                 % len(j) + j for j in jpegs]
+    responses = [
+        b"HTTP/1.1 200 OK\r\nContent-Type: image/jpeg\r\nContent-Length: %d\r\nConnection: close\r\n\r\n" % len(j) + j
+        for j in jpegs
+    ]
     not_found = b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
 
     async def handle(reader, writer):
@@ -132,16 +134,55 @@ def physical_limit(resize: bool) -> float:
 
 def command(name: str, resize: bool, root: Path, out: Path, args) -> list[str]:
     if name == "vlprep":
-        cmd = [sys.executable, "-m", "pipeline.cli", "-q", "download", "--dataset", "url_list",
-               "--input", str(root / "urls.tsv"), "--caption-col", "", "--out", str(out),
-               "--workers", str(args.processes), "--threads", str(args.threads),
-               "--shard-size", str(args.shard_size), "--allow-network", "127.0.0.0/8"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "pipeline.cli",
+            "-q",
+            "download",
+            "--dataset",
+            "url_list",
+            "--input",
+            str(root / "urls.tsv"),
+            "--caption-col",
+            "",
+            "--out",
+            str(out),
+            "--workers",
+            str(args.processes),
+            "--threads",
+            str(args.threads),
+            "--shard-size",
+            str(args.shard_size),
+            "--allow-network",
+            "127.0.0.0/8",
+        ]
         return cmd + (["--max-side", "512"] if resize else [])
-    cmd = ["img2dataset", "--url_list", str(root / "urls.txt"), "--input_format", "txt",
-           "--output_folder", str(out), "--output_format", "parquet",
-           "--processes_count", str(args.processes), "--thread_count", str(args.threads),
-           "--number_sample_per_shard", str(args.shard_size), "--distributor", "multiprocessing",
-           "--enable_wandb", "False", "--timeout", "10", "--encode_quality", "95"]
+    cmd = [
+        "img2dataset",
+        "--url_list",
+        str(root / "urls.txt"),
+        "--input_format",
+        "txt",
+        "--output_folder",
+        str(out),
+        "--output_format",
+        "parquet",
+        "--processes_count",
+        str(args.processes),
+        "--thread_count",
+        str(args.threads),
+        "--number_sample_per_shard",
+        str(args.shard_size),
+        "--distributor",
+        "multiprocessing",
+        "--enable_wandb",
+        "False",
+        "--timeout",
+        "10",
+        "--encode_quality",
+        "95",
+    ]
     if resize:
         return cmd + ["--image_size", "512", "--resize_mode", "keep_ratio_largest", "--resize_only_if_bigger", "True"]
     return cmd + ["--resize_mode", "no", "--skip_reencode", "True"]
@@ -190,10 +231,13 @@ def main() -> None:
                     shutil.rmtree(out, ignore_errors=True)
                 big, small = runs[2 * args.n], runs[args.n]
                 row[name] = {
-                    "seconds": big["seconds"], "images_per_s": big["ok"] / big["seconds"],
+                    "seconds": big["seconds"],
+                    "images_per_s": big["ok"] / big["seconds"],
                     "steady_images_per_s": (big["ok"] - small["ok"]) / max(big["seconds"] - small["seconds"], 1e-6),
-                    "success": big["ok"] / (2 * args.n), "peak_rss": max(big["peak_rss"], small["peak_rss"]),
-                    "fixed_seconds": small["seconds"] - small["ok"] * (big["seconds"] - small["seconds"]) / max(big["ok"] - small["ok"], 1),
+                    "success": big["ok"] / (2 * args.n),
+                    "peak_rss": max(big["peak_rss"], small["peak_rss"]),
+                    "fixed_seconds": small["seconds"]
+                    - small["ok"] * (big["seconds"] - small["seconds"]) / max(big["ok"] - small["ok"], 1),
                 }
             results[label] = row
         limits = {"decode": physical_limit(False), "decode+resize+encode": physical_limit(True)}
@@ -201,19 +245,29 @@ def main() -> None:
         server.kill()
         shutil.rmtree(root, ignore_errors=True)
 
-    print(f"machine: {os.cpu_count()} cpus; runs of {args.n} and {2 * args.n} distinct URLs of ~640x480 JPEGs "
-          f"from a local server; {args.processes} processes x {args.threads} threads; shards of {args.shard_size}\n")
-    print(f"{'case':15s} {'tool':12s} {'images/s':>9s} {'steady/s':>9s} {'fixed s':>8s} {'success':>8s} {'peak RSS':>10s}")
+    print(
+        f"machine: {os.cpu_count()} cpus; runs of {args.n} and {2 * args.n} distinct URLs of ~640x480 JPEGs "
+        f"from a local server; {args.processes} processes x {args.threads} threads; shards of {args.shard_size}\n"
+    )
+    print(
+        f"{'case':15s} {'tool':12s} {'images/s':>9s} {'steady/s':>9s} {'fixed s':>8s} {'success':>8s} {'peak RSS':>10s}"
+    )
     for label, row in results.items():
         for name, r in row.items():
-            print(f"{label:15s} {name:12s} {r['images_per_s']:9.1f} {r['steady_images_per_s']:9.1f} "
-                  f"{r['fixed_seconds']:8.1f} {100 * r['success']:7.1f}% {r['peak_rss'] / 2**20:8.0f} MB")
+            print(
+                f"{label:15s} {name:12s} {r['images_per_s']:9.1f} {r['steady_images_per_s']:9.1f} "
+                f"{r['fixed_seconds']:8.1f} {100 * r['success']:7.1f}% {r['peak_rss'] / 2**20:8.0f} MB"
+            )
         wall = row["vlprep"]["images_per_s"] / row["img2dataset"]["images_per_s"]
         steady = row["vlprep"]["steady_images_per_s"] / row["img2dataset"]["steady_images_per_s"]
-        print(f"{'':15s} vlprep / img2dataset: {wall:.2f} whole command ({2 * args.n} images), "
-              f"{steady:.2f} steady state (target >= 1.5)")
-    print("\nphysical limit per core (in-process, no I/O): "
-          + ", ".join(f"{k} {v:.0f} images/s" for k, v in limits.items()))
+        print(
+            f"{'':15s} vlprep / img2dataset: {wall:.2f} whole command ({2 * args.n} images), "
+            f"{steady:.2f} steady state (target >= 1.5)"
+        )
+    print(
+        "\nphysical limit per core (in-process, no I/O): "
+        + ", ".join(f"{k} {v:.0f} images/s" for k, v in limits.items())
+    )
 
 
 if __name__ == "__main__":

@@ -56,7 +56,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-
 from common import MIXED_SIZES, make_jpegs
 
 from pipeline.detect.boxes import BoxCount, select_maxnms
@@ -97,9 +96,28 @@ def end_to_end(device: str, fp16: bool, n: int, batch: int, boxes: str, workers:
             (folder / f"{i:05d}.jpg").write_bytes(data)
         for i in range(64, n):
             shutil.copy(folder / f"{i % 64:05d}.jpg", folder / f"{i:05d}.jpg")
-        cmd = [sys.executable, "-m", "pipeline.cli", "-q", "extract", "--images", str(folder), "--random-weights",
-               "--boxes", boxes, "--batch-size", str(batch), "--device", device, "--out", str(root / "store"),
-               "--workers", str(workers), "--shard-size", str(max(batch, 32))] + (["--fp16"] if fp16 else [])
+        cmd = [
+            sys.executable,
+            "-m",
+            "pipeline.cli",
+            "-q",
+            "extract",
+            "--images",
+            str(folder),
+            "--random-weights",
+            "--boxes",
+            boxes,
+            "--batch-size",
+            str(batch),
+            "--device",
+            device,
+            "--out",
+            str(root / "store"),
+            "--workers",
+            str(workers),
+            "--shard-size",
+            str(max(batch, 32)),
+        ] + (["--fp16"] if fp16 else [])
         start = time.perf_counter()
         proc = subprocess.run(cmd, capture_output=True, text=True)
         wall = time.perf_counter() - start
@@ -126,6 +144,7 @@ def random_detector(cfg: DetectorConfig, seed: int = 0) -> VGDetector:
 
 # -- the HF research port, side by side -------------------------------------------
 
+
 def import_hf_port(folder: Path):
     """(GeneralizedRCNN, Config, Preprocess, placeholders) from the port's folder. Its
     utils.py imports cv2 and wget at module level, for reading image files and URLs, which
@@ -133,16 +152,17 @@ def import_hf_port(folder: Path):
     stand in (named in `placeholders`)."""
     for name in ("modeling_frcnn.py", "processing_image.py", "utils.py"):
         if not (folder / name).is_file():
-            sys.exit(f"--hf-frcnn-dir {folder}: no {name}; point it at a transformers checkout's "
-                     "examples/research_projects/lxmert")
+            sys.exit(
+                f"--hf-frcnn-dir {folder}: no {name}; point it at a transformers checkout's "
+                "examples/research_projects/lxmert"
+            )
     placeholders = [m for m in ("cv2", "wget") if importlib.util.find_spec(m) is None]
     for name in placeholders:
         sys.modules[name] = types.ModuleType(name)
     if "utils" in sys.modules:
         sys.exit("a module named 'utils' is already imported; the HF port's own utils.py could not load")
     sys.path.insert(0, str(folder))
-    modeling, processing, utils = (importlib.import_module(m)
-                                   for m in ("modeling_frcnn", "processing_image", "utils"))
+    modeling, processing, utils = (importlib.import_module(m) for m in ("modeling_frcnn", "processing_image", "utils"))
     return modeling.GeneralizedRCNN, utils.Config, processing.Preprocess, placeholders
 
 
@@ -152,29 +172,71 @@ def hf_config(cfg: DetectorConfig, boxes: int, device: str = "cpu") -> dict:
     depth = {(3, 4, 6, 3): 50, (3, 4, 23, 3): 101, (3, 8, 36, 3): 152}[tuple(cfg.blocks)]
     ladder = list(inspect.signature(select_maxnms).parameters["thresholds"].default)
     return {
-        "MODEL": {"DEVICE": device, "MAX_POOL": cfg.caffe_maxpool, "PIXEL_MEAN": list(cfg.pixel_mean_bgr),
-                  "PIXEL_STD": [1.0, 1.0, 1.0]},
+        "MODEL": {
+            "DEVICE": device,
+            "MAX_POOL": cfg.caffe_maxpool,
+            "PIXEL_MEAN": list(cfg.pixel_mean_bgr),
+            "PIXEL_STD": [1.0, 1.0, 1.0],
+        },
         "INPUT": {"FORMAT": "BGR", "MIN_SIZE_TEST": cfg.min_size, "MAX_SIZE_TEST": cfg.max_size},
-        "SIZE_DIVISIBILITY": 0, "PAD_VALUE": 0.0, "MIN_DETECTIONS": boxes, "MAX_DETECTIONS": boxes,
+        "SIZE_DIVISIBILITY": 0,
+        "PAD_VALUE": 0.0,
+        "MIN_DETECTIONS": boxes,
+        "MAX_DETECTIONS": boxes,
         "BACKBONE": {"FREEZE_AT": 2},
-        "RESNETS": {"DEPTH": depth, "NORM": "BN", "NUM_GROUPS": 1, "WIDTH_PER_GROUP": cfg.bottleneck_channels,
-                    "OUT_FEATURES": ["res4"], "RES2_OUT_CHANNELS": cfg.res2_out_channels, "RES5_DILATION": 1,
-                    "STEM_OUT_CHANNELS": cfg.stem_channels, "STRIDE_IN_1X1": cfg.stride_in_1x1},
-        "ANCHOR_GENERATOR": {"SIZES": [list(cfg.anchor_sizes)], "ASPECT_RATIOS": [list(cfg.anchor_ratios)],
-                             "OFFSET": 0.0},
+        "RESNETS": {
+            "DEPTH": depth,
+            "NORM": "BN",
+            "NUM_GROUPS": 1,
+            "WIDTH_PER_GROUP": cfg.bottleneck_channels,
+            "OUT_FEATURES": ["res4"],
+            "RES2_OUT_CHANNELS": cfg.res2_out_channels,
+            "RES5_DILATION": 1,
+            "STEM_OUT_CHANNELS": cfg.stem_channels,
+            "STRIDE_IN_1X1": cfg.stride_in_1x1,
+        },
+        "ANCHOR_GENERATOR": {
+            "SIZES": [list(cfg.anchor_sizes)],
+            "ASPECT_RATIOS": [list(cfg.anchor_ratios)],
+            "OFFSET": 0.0,
+        },
         "PROPOSAL_GENERATOR": {"HIDDEN_CHANNELS": cfg.rpn_channels, "MIN_SIZE": cfg.rpn_min_size},
-        "RPN": {"IN_FEATURES": ["res4"], "NMS_THRESH": cfg.rpn_nms, "PRE_NMS_TOPK_TEST": cfg.rpn_pre_nms_topk,
-                "POST_NMS_TOPK_TEST": cfg.rpn_post_nms_topk, "PRE_NMS_TOPK_TRAIN": 12000, "POST_NMS_TOPK_TRAIN": 2000,
-                "BATCH_SIZE_PER_IMAGE": 256, "POSITIVE_FRACTION": 0.5, "SMOOTH_L1_BETA": 0.0, "LOSS_WEIGHT": 1.0,
-                "BOUNDARY_THRESH": -1, "BBOX_REG_WEIGHTS": [1.0, 1.0, 1.0, 1.0], "IOU_THRESHOLDS": [0.3, 0.7],
-                "IOU_LABELS": [0, -1, 1]},
-        "ROI_HEADS": {"IN_FEATURES": ["res4"], "NUM_CLASSES": cfg.num_classes, "NMS_THRESH_TEST": ladder,
-                      "SCORE_THRESH_TEST": 0.2, "POSITIVE_FRACTION": 0.25, "PROPOSAL_APPEND_GT": True,
-                      "IOU_THRESHOLDS": [0.5], "IOU_LABELS": [0, 1]},
-        "ROI_BOX_HEAD": {"ATTR": cfg.num_attributes > 0, "NUM_ATTRS": cfg.num_attributes,
-                         "BBOX_REG_WEIGHTS": list(cfg.bbox_reg_weights), "CLS_AGNOSTIC_BBOX_REG": False,
-                         "POOLER_RESOLUTION": cfg.pooler_resolution, "POOLER_SAMPLING_RATIO": 0,
-                         "RES5HALVE": cfg.res5_dilation == 1, "SMOOTH_L1_BETA": 0.0},
+        "RPN": {
+            "IN_FEATURES": ["res4"],
+            "NMS_THRESH": cfg.rpn_nms,
+            "PRE_NMS_TOPK_TEST": cfg.rpn_pre_nms_topk,
+            "POST_NMS_TOPK_TEST": cfg.rpn_post_nms_topk,
+            "PRE_NMS_TOPK_TRAIN": 12000,
+            "POST_NMS_TOPK_TRAIN": 2000,
+            "BATCH_SIZE_PER_IMAGE": 256,
+            "POSITIVE_FRACTION": 0.5,
+            "SMOOTH_L1_BETA": 0.0,
+            "LOSS_WEIGHT": 1.0,
+            "BOUNDARY_THRESH": -1,
+            "BBOX_REG_WEIGHTS": [1.0, 1.0, 1.0, 1.0],
+            "IOU_THRESHOLDS": [0.3, 0.7],
+            "IOU_LABELS": [0, -1, 1],
+        },
+        "ROI_HEADS": {
+            "IN_FEATURES": ["res4"],
+            "NUM_CLASSES": cfg.num_classes,
+            "NMS_THRESH_TEST": ladder,
+            "SCORE_THRESH_TEST": 0.2,
+            "POSITIVE_FRACTION": 0.25,
+            "PROPOSAL_APPEND_GT": True,
+            "IOU_THRESHOLDS": [0.5],
+            "IOU_LABELS": [0, 1],
+        },
+        "ROI_BOX_HEAD": {
+            "ATTR": cfg.num_attributes > 0,
+            "NUM_ATTRS": cfg.num_attributes,
+            "BBOX_REG_WEIGHTS": list(cfg.bbox_reg_weights),
+            "CLS_AGNOSTIC_BBOX_REG": False,
+            "POOLER_RESOLUTION": cfg.pooler_resolution,
+            "POOLER_SAMPLING_RATIO": 0,
+            "RES5HALVE": cfg.res5_dilation == 1,
+            "SMOOTH_L1_BETA": 0.0,
+        },
     }
 
 
@@ -185,7 +247,7 @@ def timed_rounds(sides: dict, inputs: list, rounds: int) -> tuple[dict, dict]:
     seconds = dict.fromkeys(names, 0.0)
     outputs: dict = {}
     for r in range(rounds):
-        for name in (names if r % 2 == 0 else names[::-1]):
+        for name in names if r % 2 == 0 else names[::-1]:
             start = time.perf_counter()
             results = [out for x in inputs for out in sides[name](x)]
             seconds[name] += time.perf_counter() - start
@@ -205,14 +267,18 @@ def side_by_side(folder: Path, n: int, rounds: int, device: str = "cpu", boxes: 
             theirs = GeneralizedRCNN.from_pretrained(str(root), config=hf_cfg)
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    ours = RegionFeatureExtractor(ours_model, SelectionConfig("maxnms", BoxCount(boxes, boxes)), device=device,
-                                  preprocess="caffe")
+    ours = RegionFeatureExtractor(
+        ours_model, SelectionConfig("maxnms", BoxCount(boxes, boxes)), device=device, preprocess="caffe"
+    )
     preprocess = Preprocess(hf_cfg)
 
     def run_theirs(rgb):
         images, sizes, scales_yx = preprocess(torch.from_numpy(np.ascontiguousarray(rgb[:, :, ::-1])))
-        return [theirs(images, sizes, scales_yx=scales_yx, padding="max_detections", max_detections=boxes,
-                       return_tensors="pt")]
+        return [
+            theirs(
+                images, sizes, scales_yx=scales_yx, padding="max_detections", max_detections=boxes, return_tensors="pt"
+            )
+        ]
 
     rgbs = [load_rgb(b) for b in make_jpegs(n)]
     sides = {"ours": lambda rgb: ours([rgb], ["x"]), "HF port": run_theirs}
@@ -220,20 +286,24 @@ def side_by_side(folder: Path, n: int, rounds: int, device: str = "cpu", boxes: 
         run(rgbs[0])  # warm-up: allocator and kernels
     seconds, outputs = timed_rounds(sides, rgbs, rounds)
 
-    print(f"\nside by side with the HF research port ({folder}), batch 1, {boxes} boxes (max-class NMS), "
-          f"same random weights, {n} photo-like 640x480 JPEGs x {rounds} rounds, alternating order"
-          + (f"; placeholder modules for its unused imports: {', '.join(placeholders)}" if placeholders else ""))
+    print(
+        f"\nside by side with the HF research port ({folder}), batch 1, {boxes} boxes (max-class NMS), "
+        f"same random weights, {n} photo-like 640x480 JPEGs x {rounds} rounds, alternating order"
+        + (f"; placeholder modules for its unused imports: {', '.join(placeholders)}" if placeholders else "")
+    )
     for mine, hf in zip(outputs["ours"], outputs["HF port"]):
         hf = {k: v.cpu() for k, v in hf.items()}
         hf_boxes, hf_feat = hf["boxes"][0].numpy(), hf["roi_features"][0].numpy()
         if mine.boxes.shape != hf_boxes.shape:
             print(f"  outputs differ in shape: ours {mine.boxes.shape}, HF {hf_boxes.shape}")
             continue
-        print(f"  agreement: max |box diff| {np.abs(mine.boxes - hf_boxes).max():.2e} px, max |feature diff| "
-              f"{np.abs(mine.features - hf_feat).max():.1e} (features up to {np.abs(hf_feat).max():.2f}), "
-              f"objects {np.mean(mine.objects_id == hf['obj_ids'][0].numpy()):.0%} equal "
-              f"(max |conf diff| {np.abs(mine.objects_conf - hf['obj_probs'][0].numpy()).max():.1e}), "
-              f"attributes {np.mean(mine.attrs_id == hf['attr_ids'][0].numpy()):.0%} equal")
+        print(
+            f"  agreement: max |box diff| {np.abs(mine.boxes - hf_boxes).max():.2e} px, max |feature diff| "
+            f"{np.abs(mine.features - hf_feat).max():.1e} (features up to {np.abs(hf_feat).max():.2f}), "
+            f"objects {np.mean(mine.objects_id == hf['obj_ids'][0].numpy()):.0%} equal "
+            f"(max |conf diff| {np.abs(mine.objects_conf - hf['obj_probs'][0].numpy()).max():.1e}), "
+            f"attributes {np.mean(mine.attrs_id == hf['attr_ids'][0].numpy()):.0%} equal"
+        )
     rates = {name: rounds * n / sec for name, sec in seconds.items()}
     for name, rate in rates.items():
         print(f"  {name:8s}: {rate:6.3f} images/s ({1 / rate:.2f} s/image)")
@@ -242,13 +312,17 @@ def side_by_side(folder: Path, n: int, rounds: int, device: str = "cpu", boxes: 
 
 # -- the backbone batched over images -----------------------------------------------
 
-def batching(n: int, batch_sizes: list[int], tolerance: float, rounds: int, boxes: str, device: str = "cpu",
-             fp16: bool = False) -> None:
+
+def batching(
+    n: int, batch_sizes: list[int], tolerance: float, rounds: int, boxes: str, device: str = "cpu", fp16: bool = False
+) -> None:
     cfg = DetectorConfig.load("vg-r101")
     model = random_detector(cfg)
     selection = SelectionConfig("butd", BoxCount.parse(boxes))
-    extractors = {tol: RegionFeatureExtractor(model, selection, device=device, fp16=fp16, pad_tolerance=tol)
-                  for tol in (0.0, tolerance)}
+    extractors = {
+        tol: RegionFeatureExtractor(model, selection, device=device, fp16=fp16, pad_tolerance=tol)
+        for tol in (0.0, tolerance)
+    }
     rgbs = [load_rgb(b) for b in make_jpegs(n, MIXED_SIZES)]
     sizes = [(r.new_height, r.new_width) for r in (prepare_image(rgb, cfg)[1] for rgb in rgbs)]
     modes = [(0.0, b) for b in batch_sizes] + [(tolerance, b) for b in batch_sizes if b > 1 and tolerance > 0]
@@ -258,37 +332,49 @@ def batching(n: int, batch_sizes: list[int], tolerance: float, rounds: int, boxe
 
     def extract_all(mode):
         tol, b = mode
-        return lambda _: [rec for chunk in chunks(b)
-                          for rec in extractors[tol]([rgbs[i] for i in chunk], [f"im{i}" for i in chunk])]
+        return lambda _: [
+            rec for chunk in chunks(b) for rec in extractors[tol]([rgbs[i] for i in chunk], [f"im{i}" for i in chunk])
+        ]
 
     extractors[0.0](rgbs[:1], ["warmup"])
     seconds, outputs = timed_rounds({mode: extract_all(mode) for mode in modes}, [None], rounds)
 
-    print(f"\nbackbone batching: {n} photo-like JPEGs of mixed sizes "
-          f"({', '.join(f'{h}x{w}' for h, w in sizes)} after the BUTD resize), BUTD boxes {boxes}, "
-          f"{rounds} rounds, alternating order")
+    print(
+        f"\nbackbone batching: {n} photo-like JPEGs of mixed sizes "
+        f"({', '.join(f'{h}x{w}' for h, w in sizes)} after the BUTD resize), BUTD boxes {boxes}, "
+        f"{rounds} rounds, alternating order"
+    )
     base = rounds * n / seconds[(0.0, 1)] if (0.0, 1) in seconds else None
     for tol, b in modes:
         runs = sum(len(backbone_groups([sizes[i] for i in chunk], tol)) for chunk in chunks(b))
         rate = rounds * n / seconds[(tol, b)]
         label = "exact (same size)" if tol == 0 else f"padded (tolerance {tol:g})"
-        print(f"  {label:26s} batch {b}: {rate:6.3f} images/s, {runs} backbone runs for {n} images"
-              + (f", {rate / base:.3f}x batch 1" if base else ""))
+        print(
+            f"  {label:26s} batch {b}: {rate:6.3f} images/s, {runs} backbone runs for {n} images"
+            + (f", {rate / base:.3f}x batch 1" if base else "")
+        )
     reference = outputs.get((0.0, 1))
     if reference is None:
         return
     for tol, b in modes:
         if b == 1:
             continue
-        padded = {chunk[k] for chunk in chunks(b) for group in backbone_groups([sizes[i] for i in chunk], tol)
-                  for k in group if sizes[chunk[k]] != (max(sizes[chunk[j]][0] for j in group),
-                                                        max(sizes[chunk[j]][1] for j in group))}
+        padded = {
+            chunk[k]
+            for chunk in chunks(b)
+            for group in backbone_groups([sizes[i] for i in chunk], tol)
+            for k in group
+            if sizes[chunk[k]] != (max(sizes[chunk[j]][0] for j in group), max(sizes[chunk[j]][1] for j in group))
+        }
         for title, images in (("unpadded", sorted(set(range(n)) - padded)), ("padded", sorted(padded))):
             if images:
-                kept, total, rel = region_changes([reference[i] for i in images],
-                                                  [outputs[(tol, b)][i] for i in images])
-                print(f"  {'exact' if tol == 0 else 'padded groups'} batch {b} vs batch 1, {len(images)} {title} "
-                      f"images: {kept} of {total} boxes identical, their features within {rel:.1e} (max relative)")
+                kept, total, rel = region_changes(
+                    [reference[i] for i in images], [outputs[(tol, b)][i] for i in images]
+                )
+                print(
+                    f"  {'exact' if tol == 0 else 'padded groups'} batch {b} vs batch 1, {len(images)} {title} "
+                    f"images: {kept} of {total} boxes identical, their features within {rel:.1e} (max relative)"
+                )
 
 
 def region_changes(reference: list, records: list) -> tuple[int, int, float]:
@@ -315,12 +401,17 @@ def main() -> None:
     parser.add_argument("--batch-sizes", default="1,4")
     parser.add_argument("--boxes", default="10-100")
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 2)
-    parser.add_argument("--hf-frcnn-dir", type=Path, default=os.environ.get(HF_DIR_ENV),
-                        help=f"a transformers checkout's examples/research_projects/lxmert (default: ${HF_DIR_ENV})")
+    parser.add_argument(
+        "--hf-frcnn-dir",
+        type=Path,
+        default=os.environ.get(HF_DIR_ENV),
+        help=f"a transformers checkout's examples/research_projects/lxmert (default: ${HF_DIR_ENV})",
+    )
     parser.add_argument("--hf-n", type=int, default=2, help="images per side and round (hf)")
     parser.add_argument("--rounds", type=int, default=2, help="alternating rounds (hf)")
-    parser.add_argument("--batching-rounds", type=int, default=1,
-                        help="rounds of all batching modes, alternating order")
+    parser.add_argument(
+        "--batching-rounds", type=int, default=1, help="rounds of all batching modes, alternating order"
+    )
     parser.add_argument("--batching-n", type=int, default=8, help="mixed-size images (batching)")
     parser.add_argument("--batching-sizes", default="1,4,8")
     parser.add_argument("--pad-tolerance", type=float, default=0.15, help="padded groups' extra pixels (batching)")
@@ -329,7 +420,11 @@ def main() -> None:
     if set(parts) - set(PARTS):
         parser.error(f"--parts: unknown {sorted(set(parts) - set(PARTS))}; choose from {', '.join(PARTS)}")
     sizes = [int(b) for b in args.batch_sizes.split(",")]
-    name = torch.cuda.get_device_name() if args.device.startswith("cuda") else f"CPU, {os.cpu_count()} cores, {torch.get_num_threads()} torch threads"
+    name = (
+        torch.cuda.get_device_name()
+        if args.device.startswith("cuda")
+        else f"CPU, {os.cpu_count()} cores, {torch.get_num_threads()} torch threads"
+    )
     print(f"device: {name}; torch {torch.__version__}; fp16={args.fp16}; full VG R101 C4")
     if "in_process" in parts:
         print(f"\nBUTD boxes {args.boxes}; {args.n} photo-like 640x480 JPEGs (600x800 after resize)")
@@ -342,17 +437,36 @@ def main() -> None:
             print(f"peak GPU memory: {torch.cuda.max_memory_allocated() / 2**20:.0f} MB")
     if "end_to_end" in parts:
         rate, wall = end_to_end(args.device, args.fp16, args.n, max(sizes), args.boxes, args.workers)
-        print(f"end to end (vlprep extract --images, batch {max(sizes)}, Ray start-up included): {rate:.2f} images/s ({wall:.1f} s)")
+        print(
+            (
+                f"end to end (vlprep extract --images, batch {max(sizes)}, Ray start-up included): {rate:.2f} "
+                f"images/s ({wall:.1f} s)"
+            )
+        )
     if "hf" in parts:
         if args.hf_frcnn_dir is None:
-            print(f"\nHF research port: skipped — point --hf-frcnn-dir (or ${HF_DIR_ENV}) at a transformers "
-                  "checkout's examples/research_projects/lxmert (modeling_frcnn.py, processing_image.py, utils.py)")
+            print(
+                f"\nHF research port: skipped — point --hf-frcnn-dir (or ${HF_DIR_ENV}) at a transformers "
+                "checkout's examples/research_projects/lxmert (modeling_frcnn.py, processing_image.py, utils.py)"
+            )
         else:
             side_by_side(Path(args.hf_frcnn_dir).expanduser(), args.hf_n, args.rounds, args.device)
     if "batching" in parts:
-        batching(args.batching_n, [int(b) for b in args.batching_sizes.split(",")], args.pad_tolerance,
-                 args.batching_rounds, args.boxes, args.device, args.fp16)
-    print("\nreference points: py-bottom-up-attention ~3 images/s on a T4; Caffe < 1 s/image; target >= 30 images/s on an H200")
+        batching(
+            args.batching_n,
+            [int(b) for b in args.batching_sizes.split(",")],
+            args.pad_tolerance,
+            args.batching_rounds,
+            args.boxes,
+            args.device,
+            args.fp16,
+        )
+    print(
+        (
+            "\nreference points: py-bottom-up-attention ~3 images/s on a T4; Caffe < 1 s/image; target >= 30 images/s "
+            "on an H200"
+        )
+    )
 
 
 if __name__ == "__main__":

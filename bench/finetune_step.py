@@ -40,17 +40,23 @@ def hf_qa_state_dict(model: TransferModel, task: str) -> dict:
     state = {}
     for key, value in model.state_dict().items():
         if key.startswith("backbone.lxmert."):
-            state[key[len("backbone."):]] = value
+            state[key[len("backbone.") :]] = value
         elif key.startswith(f"heads.{task}.logit_fc."):
-            state["answer_head." + key[len(f"heads.{task}."):]] = value
+            state["answer_head." + key[len(f"heads.{task}.") :]] = value
     return state
 
 
 def build_pair(mcfg, answers: int, device: str) -> tuple[TransferModel, transformers.LxmertForQuestionAnswering]:
     """Our VQA transfer model (random init) and HF's QA model holding the same weights."""
-    ours = build_transfer_model(families.get("lxmert"), mcfg, [transfer.get("vqa")],
-                                [SimpleNamespace(answers=[f"answer {i}" for i in range(answers)])])
-    hf = transformers.LxmertForQuestionAnswering(transformers.LxmertConfig(**{**mcfg.hf_config(), "num_qa_labels": answers}))
+    ours = build_transfer_model(
+        families.get("lxmert"),
+        mcfg,
+        [transfer.get("vqa")],
+        [SimpleNamespace(answers=[f"answer {i}" for i in range(answers)])],
+    )
+    hf = transformers.LxmertForQuestionAnswering(
+        transformers.LxmertConfig(**{**mcfg.hf_config(), "num_qa_labels": answers})
+    )
     hf.load_state_dict(hf_qa_state_dict(ours, "vqa"), strict=True)
     return ours.to(device), hf.to(device)
 
@@ -65,10 +71,13 @@ def vqa_batch(b: int, words: int, regions: int, answers: int, mcfg, device: str,
     xy = torch.rand(b, regions, 2, generator=g) * 0.5
     target = torch.zeros(b, answers)
     target.scatter_(1, torch.randint(0, answers, (b, 3), generator=g), torch.tensor([1.0, 0.6, 0.3]).expand(b, 3))
-    batch = {"input_ids": ids, "attention_mask": mask,
-             "visual_feats": torch.rand(b, regions, mcfg.visual_feat_dim, generator=g) * 4,
-             "visual_pos": torch.cat([xy, xy + torch.rand(b, regions, 2, generator=g) * 0.5], -1),
-             "visual_mask": torch.ones(b, regions, dtype=torch.long)}
+    batch = {
+        "input_ids": ids,
+        "attention_mask": mask,
+        "visual_feats": torch.rand(b, regions, mcfg.visual_feat_dim, generator=g) * 4,
+        "visual_pos": torch.cat([xy, xy + torch.rand(b, regions, 2, generator=g) * 0.5], -1),
+        "visual_mask": torch.ones(b, regions, dtype=torch.long),
+    }
     return {**{k: v[:, None].to(device) for k, v in batch.items()}, "target": target.to(device)}
 
 
@@ -77,9 +86,13 @@ def ours_loss(model: TransferModel, batch: dict) -> torch.Tensor:
 
 
 def hf_loss(model, batch: dict) -> torch.Tensor:
-    out = model(input_ids=batch["input_ids"][:, 0], attention_mask=batch["attention_mask"][:, 0],
-                visual_feats=batch["visual_feats"][:, 0], visual_pos=batch["visual_pos"][:, 0],
-                visual_attention_mask=batch["visual_mask"][:, 0])
+    out = model(
+        input_ids=batch["input_ids"][:, 0],
+        attention_mask=batch["attention_mask"][:, 0],
+        visual_feats=batch["visual_feats"][:, 0],
+        visual_pos=batch["visual_pos"][:, 0],
+        visual_attention_mask=batch["visual_mask"][:, 0],
+    )
     scores = out.question_answering_score.float()
     return F.binary_cross_entropy_with_logits(scores, batch["target"], reduction="sum") / scores.shape[0]
 
@@ -109,8 +122,12 @@ def time_steps(runs: list, batch: dict, steps: int, warmup: int, device: str, am
             opt.zero_grad(set_to_none=True)
             end = now()
             if i >= warmup:
-                for name, value in (("forward", forward - start), ("backward", backward - forward),
-                                    ("optimizer", end - backward), ("step", end - start)):
+                for name, value in (
+                    ("forward", forward - start),
+                    ("backward", backward - forward),
+                    ("optimizer", end - backward),
+                    ("step", end - start),
+                ):
                     t[name].append(value)
     return [{k: statistics.median(v) for k, v in t.items()} for t in times]
 
@@ -128,8 +145,11 @@ def main() -> None:
     parser.add_argument("--amp", default="none", choices=["none", "bf16"])
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     parser.add_argument("--quick", action="store_true", help="smoke run: lxmert-tiny, 16 answers, 2 steps")
-    parser.add_argument("--compile", action="store_true",
-                        help="also time ours with the backbone compiled as `vltrain finetune --compile` does")
+    parser.add_argument(
+        "--compile",
+        action="store_true",
+        help="also time ours with the backbone compiled as `vltrain finetune --compile` does",
+    )
     args = parser.parse_args()
     if args.quick:
         args.model, args.answers, args.steps, args.warmup = "lxmert-tiny", 16, 2, 1
@@ -154,20 +174,28 @@ def main() -> None:
     timed = time_steps(runs, batch, args.steps, args.warmup, args.device, args.amp)
 
     name = torch.cuda.get_device_name() if args.device.startswith("cuda") else f"CPU, {os.cpu_count()} cores"
-    print(f"device: {name}; torch {torch.__version__} ({torch.get_num_threads()} threads), transformers "
-          f"{transformers.__version__}; amp={args.amp}\n{args.model} ({mcfg.l_layers}/{mcfg.r_layers}/{mcfg.x_layers} "
-          f"layers, {mcfg.hidden_size} wide), {args.answers} answers, batch {args.batch} x {args.words} tokens x "
-          f"{args.regions} regions x {mcfg.visual_feat_dim}; median of {args.steps} interleaved steps after "
-          f"{args.warmup} warm-up; eval-mode loss difference {diff:.2e}\n")
-    print(f"{'implementation':<16} {'forward s':>10} {'backward s':>11} {'AdamW s':>8} {'step s':>8} {'steps/s':>8} "
-          f"{'samples/s':>10}")
+    print(
+        f"device: {name}; torch {torch.__version__} ({torch.get_num_threads()} threads), transformers "
+        f"{transformers.__version__}; amp={args.amp}\n{args.model} ({mcfg.l_layers}/{mcfg.r_layers}/{mcfg.x_layers} "
+        f"layers, {mcfg.hidden_size} wide), {args.answers} answers, batch {args.batch} x {args.words} tokens x "
+        f"{args.regions} regions x {mcfg.visual_feat_dim}; median of {args.steps} interleaved steps after "
+        f"{args.warmup} warm-up; eval-mode loss difference {diff:.2e}\n"
+    )
+    print(
+        f"{'implementation':<16} {'forward s':>10} {'backward s':>11} {'AdamW s':>8} {'step s':>8} {'steps/s':>8} "
+        f"{'samples/s':>10}"
+    )
     for impl, t in zip(names, timed):
-        print(f"{impl:<16} {t['forward']:10.3f} {t['backward']:11.3f} {t['optimizer']:8.3f} {t['step']:8.3f} "
-              f"{1 / t['step']:8.3f} {args.batch / t['step']:10.1f}")
+        print(
+            f"{impl:<16} {t['forward']:10.3f} {t['backward']:11.3f} {t['optimizer']:8.3f} {t['step']:8.3f} "
+            f"{1 / t['step']:8.3f} {args.batch / t['step']:10.1f}"
+        )
     hf_t = timed[0]
     for impl, our_t in zip(names[1:], timed[1:]):
-        print(f"\nratio {impl} / transformers (steps/s): {hf_t['step'] / our_t['step']:.2f}x (target >= 1.2x); "
-              f"forward {hf_t['forward'] / our_t['forward']:.2f}x, backward {hf_t['backward'] / our_t['backward']:.2f}x")
+        print(
+            f"\nratio {impl} / transformers (steps/s): {hf_t['step'] / our_t['step']:.2f}x (target >= 1.2x); "
+            f"forward {hf_t['forward'] / our_t['forward']:.2f}x, backward {hf_t['backward'] / our_t['backward']:.2f}x"
+        )
 
 
 if __name__ == "__main__":

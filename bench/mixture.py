@@ -47,14 +47,23 @@ def write_inputs(root: Path, scale: float) -> int:
     with open(root / "gqa" / "train_balanced_questions.json", "w") as f:
         f.write("{")
         for i in range(n_gqa):
-            q = {"imageId": str(i % n_vg_images), "question": f"Is object {i % 97} left of object {i % 89}?",
-                 "answer": ["yes", "no", "left", "right", "red", "two"][i % 6]}
+            q = {
+                "imageId": str(i % n_vg_images),
+                "question": f"Is object {i % 97} left of object {i % 89}?",
+                "answer": ["yes", "no", "left", "right", "red", "two"][i % 6],
+            }
             f.write(("," if i else "") + json.dumps(str(i)) + ":" + json.dumps(q))
         f.write("}")
-    spec = {"name": "bench", "image_data": "vg/image_data.json", "answers": {"top_k": 100}, "sources": [
-        {"name": "cc", "kind": "conceptual_captions", "files": ["cc/Train_GCC-training.tsv"]},
-        {"name": "vg", "kind": "vg_regions", "files": ["vg/region_descriptions.json"]},
-        {"name": "gqa", "kind": "gqa", "files": ["gqa/train_balanced_questions.json"]}]}
+    spec = {
+        "name": "bench",
+        "image_data": "vg/image_data.json",
+        "answers": {"top_k": 100},
+        "sources": [
+            {"name": "cc", "kind": "conceptual_captions", "files": ["cc/Train_GCC-training.tsv"]},
+            {"name": "vg", "kind": "vg_regions", "files": ["vg/region_descriptions.json"]},
+            {"name": "gqa", "kind": "gqa", "files": ["gqa/train_balanced_questions.json"]},
+        ],
+    }
     (root / "spec.yaml").write_text(yaml.safe_dump(spec))
     return n_cc + n_vg_images * regions_per_image + n_gqa
 
@@ -68,8 +77,21 @@ def main() -> None:
         items = write_inputs(root, args.scale)
         input_mb = sum(p.stat().st_size for p in root.rglob("*") if p.is_file()) / 2**20
         start = time.perf_counter()
-        proc = subprocess.run([sys.executable, "-m", "pipeline.cli", "-q", "build-mixture", "--spec", str(root / "spec.yaml"),
-                               "--out", str(root / "mix")], capture_output=True, text=True)
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pipeline.cli",
+                "-q",
+                "build-mixture",
+                "--spec",
+                str(root / "spec.yaml"),
+                "--out",
+                str(root / "mix"),
+            ],
+            capture_output=True,
+            text=True,
+        )
         wall = time.perf_counter() - start
         if proc.returncode != 0:
             sys.exit(proc.stderr[-3000:])
@@ -81,8 +103,10 @@ def main() -> None:
     finally:
         shutil.rmtree(root, ignore_errors=True)
     print(f"machine: {os.cpu_count()} cpus; inputs {input_mb:.0f} MB (CC TSV, VG regions + image_data, GQA questions)")
-    print(f"items: {built:,} (expected {items:,}) in {wall:.1f} s -> {built / wall:,.0f} items/s "
-          f"(two passes over the QA sources included)")
+    print(
+        f"items: {built:,} (expected {items:,}) in {wall:.1f} s -> {built / wall:,.0f} items/s "
+        f"(two passes over the QA sources included)"
+    )
     print(f"peak RSS of the build: {rss:.0f} MB; items.arrow {out_mb:.0f} MB")
 
 

@@ -29,8 +29,8 @@ import time
 from pathlib import Path
 
 import torch
-
 from common import vg_like_record
+
 from pipeline.store import write_records
 from pipeline.task_data import TaskData
 from vl_models import transfer
@@ -57,10 +57,21 @@ def write_split(root: Path, images: int) -> tuple[Path, Path]:
 
     records = [vg_like_record(i) for i in range(images)]
     write_records(root / "feats", records, feature_dim=2048, dtype="float16")
-    karpathy = {"dataset": "flickr30k", "images": [
-        {"filename": f"{r.image_id}.jpg", "imgid": i, "split": "test", "sentids": list(range(5 * i, 5 * i + 5)),
-         "sentences": [{"raw": caption(), "tokens": [], "imgid": i, "sentid": 5 * i + k} for k in range(CAPTIONS)]}
-        for i, r in enumerate(records)]}
+    karpathy = {
+        "dataset": "flickr30k",
+        "images": [
+            {
+                "filename": f"{r.image_id}.jpg",
+                "imgid": i,
+                "split": "test",
+                "sentids": list(range(5 * i, 5 * i + 5)),
+                "sentences": [
+                    {"raw": caption(), "tokens": [], "imgid": i, "sentid": 5 * i + k} for k in range(CAPTIONS)
+                ],
+            }
+            for i, r in enumerate(records)
+        ],
+    }
     (root / "dataset_flickr30k.json").write_text(json.dumps(karpathy))
     build_task(transfer.get("flickr30k"), [root / "dataset_flickr30k.json"], root / "task")
     return root / "task", root / "feats"
@@ -122,14 +133,20 @@ def main() -> None:
                 del model
 
     where = torch.cuda.get_device_name() if args.device.startswith("cuda") else f"CPU, {os.cpu_count()} cores"
-    print(f"\ndevice: {where}; torch {torch.__version__} ({torch.get_num_threads()} threads), float32; "
-          f"{task.max_text} tokens per caption, 36 regions x 2048 per image; median of {args.repeats} calls\n")
-    print(f"{'family':<8} {'width':<6} {'N images':>8} {'captions':>8} {'batch':>6} {'pairs':>8} {'seconds':>8} "
-          f"{'pairs/s':>9} {'Flickr30k 1k x 5k':>18}")
+    print(
+        f"\ndevice: {where}; torch {torch.__version__} ({torch.get_num_threads()} threads), float32; "
+        f"{task.max_text} tokens per caption, 36 regions x 2048 per image; median of {args.repeats} calls\n"
+    )
+    print(
+        f"{'family':<8} {'width':<6} {'N images':>8} {'captions':>8} {'batch':>6} {'pairs':>8} {'seconds':>8} "
+        f"{'pairs/s':>9} {'Flickr30k 1k x 5k':>18}"
+    )
     for name, width, n, b, pairs, seconds in rows:
         rate = pairs / seconds
-        print(f"{name:<8} {width:<6} {n:8d} {CAPTIONS * n:8d} {b:6d} {pairs:8d} {seconds:8.2f} {rate:9.1f} "
-              f"{FLICKR30K_PAIRS / rate / 3600:16.1f} h")
+        print(
+            f"{name:<8} {width:<6} {n:8d} {CAPTIONS * n:8d} {b:6d} {pairs:8d} {seconds:8.2f} {rate:9.1f} "
+            f"{FLICKR30K_PAIRS / rate / 3600:16.1f} h"
+        )
 
 
 if __name__ == "__main__":

@@ -52,11 +52,12 @@ from pathlib import Path
 import lmdb
 import numpy as np
 import pyarrow
-
-from common import BOXES, CLASSES, DIM, vg_like_record as make_record
+from common import BOXES, CLASSES, DIM
+from common import vg_like_record as make_record
 
 from pipeline.records import RegionFeatures
 from pipeline.store import FeatureStore, FeatureStoreWriter
+
 
 def b64(a, dtype) -> bytes:
     return base64.b64encode(np.ascontiguousarray(a, dtype).tobytes())
@@ -65,11 +66,14 @@ def b64(a, dtype) -> bytes:
 def build(root: Path, n: int) -> dict:
     """Write every format from the same records; returns paths and stored sizes."""
     stores = {
-        "ours-arrow": dict(backend="arrow"), "ours-lmdb": dict(backend="lmdb"),
+        "ours-arrow": dict(backend="arrow"),
+        "ours-lmdb": dict(backend="lmdb"),
         "ours-arrow-no-cls": dict(backend="arrow", cls_prob="none"),
         "ours-lmdb-no-cls": dict(backend="lmdb", cls_prob="none"),
     }
-    writers = {name: FeatureStoreWriter(root / name, shard_size=1000, attr_prob="none", **kw) for name, kw in stores.items()}
+    writers = {
+        name: FeatureStoreWriter(root / name, shard_size=1000, attr_prob="none", **kw) for name, kw in stores.items()
+    }
     for w in writers.values():
         w.open()
     pkl_env = lmdb.open(str(root / "vilbert.lmdb"), map_size=1 << 40)  # as the reference does
@@ -80,17 +84,40 @@ def build(root: Path, n: int) -> dict:
             for w in writers.values():
                 w.write(rec)
             key = rec.image_id.encode()
-            txn.put(key, pickle.dumps({
-                "image_id": rec.image_id, "image_h": rec.image_h, "image_w": rec.image_w, "num_boxes": BOXES,
-                "boxes": rec.boxes, "features": rec.features, "cls_prob": rec.cls_prob,
-                "objects": rec.objects_id, "objects_conf": rec.objects_conf,
-            }))
+            txn.put(
+                key,
+                pickle.dumps(
+                    {
+                        "image_id": rec.image_id,
+                        "image_h": rec.image_h,
+                        "image_w": rec.image_w,
+                        "num_boxes": BOXES,
+                        "boxes": rec.boxes,
+                        "features": rec.features,
+                        "cls_prob": rec.cls_prob,
+                        "objects": rec.objects_id,
+                        "objects_conf": rec.objects_conf,
+                    }
+                ),
+            )
             keys.append(key)
-            tsv.write(b"\t".join([
-                key, b"480", b"640", b64(rec.objects_id, np.int64), b64(rec.objects_conf, np.float32),
-                b64(rec.attrs_id, np.int64), b64(rec.attrs_conf, np.float32), str(BOXES).encode(),
-                b64(rec.boxes, np.float32), b64(rec.features, np.float32),
-            ]) + b"\r\n")
+            tsv.write(
+                b"\t".join(
+                    [
+                        key,
+                        b"480",
+                        b"640",
+                        b64(rec.objects_id, np.int64),
+                        b64(rec.objects_conf, np.float32),
+                        b64(rec.attrs_id, np.int64),
+                        b64(rec.attrs_conf, np.float32),
+                        str(BOXES).encode(),
+                        b64(rec.boxes, np.float32),
+                        b64(rec.features, np.float32),
+                    ]
+                )
+                + b"\r\n"
+            )
         txn.put(b"keys", pickle.dumps(keys))
     pkl_env.close()
     for w in writers.values():
@@ -171,6 +198,7 @@ def batched(store: FeatureStore, dtype: str, fields=None):
 
     def read(chunk):
         store.get_many_into(chunk, buffer)
+
     return read
 
 
@@ -241,11 +269,13 @@ def loader_rates(workdir, images: int = 512, batches: int = 30, repeats: int = 3
         build_data(root, images, vocab)
         loaders = {}
         for model in ("lxmert", "vilbert"):
-            data = PretrainDataset(root / "mix", [root / "feats"], vocab, DataSettings(max_text=20, max_regions=36),
-                                   families.get(model))
+            data = PretrainDataset(
+                root / "mix", [root / "feats"], vocab, DataSettings(max_text=20, max_regions=36), families.get(model)
+            )
             for name, dataset, fn in (("per-record", PerRecord(data), None), ("batched", data, collate)):
                 loaders[f"{model} {name}"] = torch.utils.data.DataLoader(
-                    dataset, batch_size=BATCH, shuffle=True, num_workers=1, drop_last=True, collate_fn=fn)
+                    dataset, batch_size=BATCH, shuffle=True, num_workers=1, drop_last=True, collate_fn=fn
+                )
         best = dict.fromkeys(loaders, 0.0)
         for _ in range(repeats):
             for name, loader in loaders.items():
@@ -295,7 +325,11 @@ def main() -> None:
 
         arrow, lmdb_store = FeatureStore.open(root / "ours-arrow"), FeatureStore.open(root / "ours-lmdb")
         record_bytes = sum(a.nbytes for a in arrow.get(ids[0]).array_fields().values())
-        vil, tsv, mem = VilbertPickleReader(root / "vilbert.lmdb"), LxmertRowReader(root / "lxmert.tsv"), Memcpy(len(ids), record_bytes)
+        vil, tsv, mem = (
+            VilbertPickleReader(root / "vilbert.lmdb"),
+            LxmertRowReader(root / "lxmert.tsv"),
+            Memcpy(len(ids), record_bytes),
+        )
         for reader in (arrow.get, lmdb_store.get, vil.get, tsv.get):  # warm the page cache
             for k in order:
                 reader(k)
@@ -309,23 +343,34 @@ def main() -> None:
             for what, chosen in fields.items():
                 gathers[f"ours-{label} batched f16, {what}"] = (batched(store, "float16", chosen), chunks, BATCH)
             gathers[f"ours-{label} batched f32, all fields"] = (batched(store, "float32"), chunks, BATCH)
-        rates = interleaved({
-            "(c) memcpy": (lambda k: mem.get(positions[k]), order, 1),
-            "(c) memcpy into a batch": (batch_mem.get, position_chunks, BATCH),
-            "(c) memcpy from the map into a batch": (mapped_mem.get, chunks, BATCH),
-            "ours-arrow": (arrow.get, order, 1),
-            "ours-lmdb": (lmdb_store.get, order, 1),
-            "ours-arrow+copy": (lambda k: copy_out(arrow.get(k)), order, 1),
-            "ours-lmdb+copy": (lambda k: copy_out(lmdb_store.get(k)), order, 1),
-            **gathers,
-        }, args.repeats)
-        rates.update(interleaved({"(a) vilbert-pickle-lmdb": (vil.get, slow_keys, 1),
-                                  "(b) lxmert-tsv-decode": (tsv.get, slow_keys, 1)}, args.repeats))
+        rates = interleaved(
+            {
+                "(c) memcpy": (lambda k: mem.get(positions[k]), order, 1),
+                "(c) memcpy into a batch": (batch_mem.get, position_chunks, BATCH),
+                "(c) memcpy from the map into a batch": (mapped_mem.get, chunks, BATCH),
+                "ours-arrow": (arrow.get, order, 1),
+                "ours-lmdb": (lmdb_store.get, order, 1),
+                "ours-arrow+copy": (lambda k: copy_out(arrow.get(k)), order, 1),
+                "ours-lmdb+copy": (lambda k: copy_out(lmdb_store.get(k)), order, 1),
+                **gathers,
+            },
+            args.repeats,
+        )
+        rates.update(
+            interleaved(
+                {"(a) vilbert-pickle-lmdb": (vil.get, slow_keys, 1), "(b) lxmert-tsv-decode": (tsv.get, slow_keys, 1)},
+                args.repeats,
+            )
+        )
         load.append(os.getloadavg()[0])
         # bytes a gather copies per record (fields read): its rate counts as that share of a memcpy record
-        share = {what: stored_bytes(arrow, ids[0], chosen or ("objects_id", "objects_conf", "attrs_id", "attrs_conf",
-                                                               "cls_prob")) / record_bytes
-                 for what, chosen in fields.items()}
+        share = {
+            what: stored_bytes(
+                arrow, ids[0], chosen or ("objects_id", "objects_conf", "attrs_id", "attrs_conf", "cls_prob")
+            )
+            / record_bytes
+            for what, chosen in fields.items()
+        }
 
         def shard_bytes(name):
             return sum(s.bytes for s in FeatureStore.open(root / name).manifest.shards)
@@ -342,10 +387,15 @@ def main() -> None:
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
-    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cpus; python {sys.version.split()[0]}, "
-          f"numpy {np.__version__}, pyarrow {pyarrow.__version__}, lmdb {lmdb.__version__}")
-    print(f"{args.n} images x {BOXES} boxes x {DIM}-d, cls_prob {CLASSES}; built in {build_s:.0f} s; "
-          f"load average {load[0]:.2f} before, {load[1]:.2f} after the timings\n")
+    print(
+        f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cpus; "
+        f"python {sys.version.split()[0]}, "
+        f"numpy {np.__version__}, pyarrow {pyarrow.__version__}, lmdb {lmdb.__version__}"
+    )
+    print(
+        f"{args.n} images x {BOXES} boxes x {DIM}-d, cls_prob {CLASSES}; built in {build_s:.0f} s; "
+        f"load average {load[0]:.2f} before, {load[1]:.2f} after the timings\n"
+    )
     print(f"{'method':40s} {'records/s':>12s} {'us/record':>10s}")
     for name, rate in rates.items():
         print(f"{name:40s} {rate:12,.0f} {1e6 / rate:10.1f}")
@@ -360,11 +410,19 @@ def main() -> None:
             rate = rates[f"{ours} batched f16, {what}"] * share[what]
             ratios[f"{ours} batched f16, {what} / (c)"] = rate / rates["(c) memcpy"]
             ratios[f"{ours} batched f16, {what} / (c) into a batch"] = rate / rates["(c) memcpy into a batch"]
-            ratios[f"{ours} batched f16, {what} / (c) from the map"] = rate / rates["(c) memcpy from the map into a batch"]
+            ratios[f"{ours} batched f16, {what} / (c) from the map"] = (
+                rate / rates["(c) memcpy from the map into a batch"]
+            )
         ratios[f"{ours} batched f32, all fields / (c)"] = rates[f"{ours} batched f32, all fields"] / rates["(c) memcpy"]
     # the batched target is against the like-for-like baseline: memcpy into a batch-sized destination
-    targets = {"/ (a)": 10, "/ (b)": 100, "+copy / (c)": 0.30, "batched f16, all fields / (c) into a batch": 0.80,
-               "batched f16, lxmert fields / (c) into a batch": 0.80, "batched f16, vilbert fields / (c) into a batch": 0.80}
+    targets = {
+        "/ (a)": 10,
+        "/ (b)": 100,
+        "+copy / (c)": 0.30,
+        "batched f16, all fields / (c) into a batch": 0.80,
+        "batched f16, lxmert fields / (c) into a batch": 0.80,
+        "batched f16, vilbert fields / (c) into a batch": 0.80,
+    }
     for name, value in ratios.items():
         target = next((t for suffix, t in targets.items() if name.endswith(suffix) and "+copy / (a)" not in name), None)
         mark = "" if target is None else f"   target >= {target:g}: {'met' if value >= target else 'MISSED'}"
@@ -379,8 +437,19 @@ def main() -> None:
         for name, rate in loader.items():
             print(f"  {name:28s} {rate:10,.0f}")
     if args.json:
-        args.json.write_text(json.dumps({"n": args.n, "load": load, "rates": rates, "ratios": ratios, "bytes_per_image": per_image,
-                                         "loader": loader}, indent=2))
+        args.json.write_text(
+            json.dumps(
+                {
+                    "n": args.n,
+                    "load": load,
+                    "rates": rates,
+                    "ratios": ratios,
+                    "bytes_per_image": per_image,
+                    "loader": loader,
+                },
+                indent=2,
+            )
+        )
 
 
 if __name__ == "__main__":

@@ -50,12 +50,15 @@ def write_tiny_store(root: Path, shard_rows: list[int], files: bool = True) -> M
         if files:
             path = root / SHARDS_DIR / name
             ones = np.arange(rows + 1, dtype=np.int32)
-            arrays = [pa.array([image_id(i) for i in range(start, start + rows)], pa.string()),
-                      pa.array(np.full(rows, 480, np.int32)), pa.array(np.full(rows, 640, np.int32)),
-                      pa.array(np.ones(rows, np.int32)),
-                      pa.ListArray.from_arrays(pa.array(ones * 4), pa.array(np.tile(np.float32([0, 0, 1, 1]), rows))),
-                      pa.ListArray.from_arrays(pa.array(ones), pa.array(np.ones(rows, np.float16)))]
-            arrays += [pa.nulls(rows, f.type) for f in list(schema)[len(arrays):]]
+            arrays = [
+                pa.array([image_id(i) for i in range(start, start + rows)], pa.string()),
+                pa.array(np.full(rows, 480, np.int32)),
+                pa.array(np.full(rows, 640, np.int32)),
+                pa.array(np.ones(rows, np.int32)),
+                pa.ListArray.from_arrays(pa.array(ones * 4), pa.array(np.tile(np.float32([0, 0, 1, 1]), rows))),
+                pa.ListArray.from_arrays(pa.array(ones), pa.array(np.ones(rows, np.float16))),
+            ]
+            arrays += [pa.nulls(rows, f.type) for f in list(schema)[len(arrays) :]]
             with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, schema) as writer:
                 writer.write_batch(pa.RecordBatch.from_arrays(arrays, schema=schema))
             shards.append(ShardInfo(name, rows, path.stat().st_size, sha256_file(path), now_iso()))
@@ -91,13 +94,23 @@ def measure_index(root: Path, lookups: int) -> dict:
     for key in keys:
         index.candidates(key)
     lookup_us = (time.perf_counter() - t0) / lookups * 1e6
-    return {"ids": total, "build_s": seconds, "peak_rss_mb": peak / 1024, "rss_before_mb": before / 1024,
-            "table_mb": 16 * len(index._hashes) / 2**20, "lookup_us": lookup_us, "entries": len(index)}
+    return {
+        "ids": total,
+        "build_s": seconds,
+        "peak_rss_mb": peak / 1024,
+        "rss_before_mb": before / 1024,
+        "table_mb": 16 * len(index._hashes) / 2**20,
+        "lookup_us": lookup_us,
+        "entries": len(index),
+    }
 
 
 def in_fresh_process(what: str, root: Path, lookups: int = 0) -> dict:
-    code = (f"import sys, json; sys.path.insert(0, {str(Path(__file__).parent)!r}); import store_scale as s; "
-            f"from pathlib import Path; print(json.dumps(s.measure_{what}(Path({str(root)!r}){', ' + str(lookups) if lookups else ''})))")
+    code = (
+        f"import sys, json; sys.path.insert(0, {str(Path(__file__).parent)!r}); import store_scale as s; "
+        f"from pathlib import Path; "
+        f"print(json.dumps(s.measure_{what}(Path({str(root)!r}){', ' + str(lookups) if lookups else ''})))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 

@@ -28,8 +28,8 @@ from pathlib import Path
 import torch
 import transformers
 import yaml
-
 from common import vg_like_record
+
 from pipeline.mixture.build import MixtureSpec, build_mixture
 from pipeline.store import write_records
 from vl_models import families
@@ -46,15 +46,23 @@ def lxmert_inputs(b: int, words: int, regions: int, cfg, device: str, g: torch.G
     ids = torch.randint(1, cfg.vocab_size, (b, words), generator=g)
     labels = torch.where(torch.rand(b, words, generator=g) < 0.15, ids, torch.full_like(ids, -1))
     xy = torch.rand(b, regions, 2, generator=g) * 0.5
-    return {k: v.to(device) for k, v in {
-        "ids": ids, "mask": torch.ones(b, words, dtype=torch.long), "labels": labels,
-        "feats": torch.rand(b, regions, cfg.visual_feat_dim, generator=g),
-        "pos": torch.cat([xy, xy + 0.4], -1), "vmask": torch.ones(b, regions, dtype=torch.long),
-        "obj": torch.randint(0, cfg.num_object_labels, (b, regions), generator=g),
-        "attr": torch.randint(0, cfg.num_attr_labels, (b, regions), generator=g),
-        "conf": torch.rand(b, regions, generator=g), "selected": torch.rand(b, regions, generator=g) < 0.15,
-        "matched": torch.randint(0, 2, (b,), generator=g), "answer": torch.randint(0, cfg.num_qa_labels, (b,), generator=g),
-    }.items()}
+    return {
+        k: v.to(device)
+        for k, v in {
+            "ids": ids,
+            "mask": torch.ones(b, words, dtype=torch.long),
+            "labels": labels,
+            "feats": torch.rand(b, regions, cfg.visual_feat_dim, generator=g),
+            "pos": torch.cat([xy, xy + 0.4], -1),
+            "vmask": torch.ones(b, regions, dtype=torch.long),
+            "obj": torch.randint(0, cfg.num_object_labels, (b, regions), generator=g),
+            "attr": torch.randint(0, cfg.num_attr_labels, (b, regions), generator=g),
+            "conf": torch.rand(b, regions, generator=g),
+            "selected": torch.rand(b, regions, generator=g) < 0.15,
+            "matched": torch.randint(0, 2, (b,), generator=g),
+            "answer": torch.randint(0, cfg.num_qa_labels, (b,), generator=g),
+        }.items()
+    }
 
 
 def ours_lxmert_step(model, x):
@@ -62,19 +70,32 @@ def ours_lxmert_step(model, x):
     out = model(x["ids"], x["feats"], x["pos"], x["mask"], x["vmask"], lm_positions=lm_at, feat_positions=x["selected"])
     t = LxmertVisualTargets(x["obj"], x["conf"], x["attr"], x["conf"], x["feats"], x["selected"], x["vmask"].bool())
     visual, _ = lxmert_visual(out.obj_logits, out.attr_logits, out.feat_pred, t)
-    losses = [masked_lm(out.lm_logits, x["labels"][lm_at])[0],
-              pair_classification(out.matched_logits, x["matched"], "m")[0],
-              qa(out.answer_logits, x["answer"])[0], *visual.values()]
+    losses = [
+        masked_lm(out.lm_logits, x["labels"][lm_at])[0],
+        pair_classification(out.matched_logits, x["matched"], "m")[0],
+        qa(out.answer_logits, x["answer"])[0],
+        *visual.values(),
+    ]
     return sum(losses)
 
 
 def hf_lxmert_step(model, x):
     labels = x["labels"].masked_fill(x["labels"] == -1, -100)
-    out = model(input_ids=x["ids"], visual_feats=x["feats"], visual_pos=x["pos"], attention_mask=x["mask"],
-                visual_attention_mask=x["vmask"], labels=labels,
-                obj_labels={"obj": (x["obj"], x["conf"]), "attr": (x["attr"], x["conf"]),
-                            "feat": (x["feats"], x["selected"].float())},
-                matched_label=x["matched"], ans=x["answer"])
+    out = model(
+        input_ids=x["ids"],
+        visual_feats=x["feats"],
+        visual_pos=x["pos"],
+        attention_mask=x["mask"],
+        visual_attention_mask=x["vmask"],
+        labels=labels,
+        obj_labels={
+            "obj": (x["obj"], x["conf"]),
+            "attr": (x["attr"], x["conf"]),
+            "feat": (x["feats"], x["selected"].float()),
+        },
+        matched_label=x["matched"],
+        ans=x["answer"],
+    )
     return out.loss
 
 
@@ -117,22 +138,54 @@ def build_data(root: Path, images: int, vocab: Path) -> None:
     def sentence(n):
         return " ".join(words[int(j)] for j in torch.randint(0, len(words), (n,), generator=g))
 
-    (root / "captions_train2014.json").write_text(json.dumps({
-        "images": [{"id": i, "file_name": f"COCO_train2014_{i:012d}.jpg"} for i in range(images)],
-        "annotations": [{"image_id": i, "caption": sentence(12)} for i in range(images) for _ in range(5)]}))
-    (root / "v2_OpenEnded_mscoco_train2014_questions.json").write_text(json.dumps({"questions": [
-        {"image_id": i, "question": sentence(8) + "?", "question_id": i} for i in range(images)]}))
-    (root / "v2_mscoco_train2014_annotations.json").write_text(json.dumps({"annotations": [
-        {"question_id": i, "answers": [{"answer": words[i % len(words)]}] * 10} for i in range(images)]}))
-    (root / "spec.yaml").write_text(yaml.safe_dump({"name": "bench", "answers": {"top_k": 100}, "sources": [
-        {"name": "mscoco", "kind": "coco_captions", "files": ["captions_train2014.json"]},
-        {"name": "vqa", "kind": "vqa", "files": ["v2_OpenEnded_mscoco_train2014_questions.json", "v2_mscoco_train2014_annotations.json"]}]}))
+    (root / "captions_train2014.json").write_text(
+        json.dumps(
+            {
+                "images": [{"id": i, "file_name": f"COCO_train2014_{i:012d}.jpg"} for i in range(images)],
+                "annotations": [{"image_id": i, "caption": sentence(12)} for i in range(images) for _ in range(5)],
+            }
+        )
+    )
+    (root / "v2_OpenEnded_mscoco_train2014_questions.json").write_text(
+        json.dumps(
+            {"questions": [{"image_id": i, "question": sentence(8) + "?", "question_id": i} for i in range(images)]}
+        )
+    )
+    (root / "v2_mscoco_train2014_annotations.json").write_text(
+        json.dumps(
+            {
+                "annotations": [
+                    {"question_id": i, "answers": [{"answer": words[i % len(words)]}] * 10} for i in range(images)
+                ]
+            }
+        )
+    )
+    (root / "spec.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "name": "bench",
+                "answers": {"top_k": 100},
+                "sources": [
+                    {"name": "mscoco", "kind": "coco_captions", "files": ["captions_train2014.json"]},
+                    {
+                        "name": "vqa",
+                        "kind": "vqa",
+                        "files": [
+                            "v2_OpenEnded_mscoco_train2014_questions.json",
+                            "v2_mscoco_train2014_annotations.json",
+                        ],
+                    },
+                ],
+            }
+        )
+    )
     build_mixture(MixtureSpec.load(root / "spec.yaml"), root / "mix", stores=(root / "feats",))
 
 
 def loader_rate(root: Path, vocab: Path, batch: int, workers: int, batches: int) -> float:
-    data = PretrainDataset(root / "mix", [root / "feats"], vocab, DataSettings(max_text=20, max_regions=36),
-                           families.get("lxmert"))
+    data = PretrainDataset(
+        root / "mix", [root / "feats"], vocab, DataSettings(max_text=20, max_regions=36), families.get("lxmert")
+    )
     loader = torch.utils.data.DataLoader(data, batch_size=batch, shuffle=True, num_workers=workers, drop_last=True)
     it = iter(loader)
     next(it)  # workers started, first batch out
@@ -144,9 +197,21 @@ def loader_rate(root: Path, vocab: Path, batch: int, workers: int, batches: int)
 
 def measured_data_wait(root: Path, vocab: Path, batch: int, steps: int) -> dict:
     """A real `vltrain pretrain` run of LXMERT-base; its last metrics row."""
-    run(TrainConfig.of(model="lxmert-base", stores=(str(root / "feats"),), mixture=str(root / "mix"),
-                       out=str(root / "run"), vocab=str(vocab), steps=steps, batch_size=batch, workers=1, log_every=1,
-                       warmup=1, checkpoint_every=10**9))
+    run(
+        TrainConfig.of(
+            model="lxmert-base",
+            stores=(str(root / "feats"),),
+            mixture=str(root / "mix"),
+            out=str(root / "run"),
+            vocab=str(vocab),
+            steps=steps,
+            batch_size=batch,
+            workers=1,
+            log_every=1,
+            warmup=1,
+            checkpoint_every=10**9,
+        )
+    )
     rows = [json.loads(line) for line in (root / "run" / "metrics.jsonl").read_text().splitlines()]
     return [r for r in rows if "data_wait_fraction" in r][-1]
 
@@ -184,30 +249,42 @@ def main() -> None:
     vcfg = families.load_config("vilbert-base")
     vil = ViLBERTForPreTraining(vcfg).to(device)
     ids = torch.randint(1, vcfg.vocab_size, (args.batch, 36), generator=g)
-    vx = {"ids": ids.to(device), "labels": torch.where(torch.rand(args.batch, 36, generator=g) < 0.15, ids, -1).to(device),
-          "feats": torch.rand(args.batch, 37, 2048, generator=g).to(device), "loc": torch.rand(args.batch, 37, 5, generator=g).to(device),
-          "prob": torch.softmax(torch.randn(args.batch, 37, 1601, generator=g), -1).to(device),
-          "sel": (torch.rand(args.batch, 37, generator=g) < 0.15).to(device), "aligned": torch.randint(0, 2, (args.batch,), generator=g).to(device)}
+    vx = {
+        "ids": ids.to(device),
+        "labels": torch.where(torch.rand(args.batch, 36, generator=g) < 0.15, ids, -1).to(device),
+        "feats": torch.rand(args.batch, 37, 2048, generator=g).to(device),
+        "loc": torch.rand(args.batch, 37, 5, generator=g).to(device),
+        "prob": torch.softmax(torch.randn(args.batch, 37, 1601, generator=g), -1).to(device),
+        "sel": (torch.rand(args.batch, 37, generator=g) < 0.15).to(device),
+        "aligned": torch.randint(0, 2, (args.batch,), generator=g).to(device),
+    }
 
     def vil_step(model, v):
         lm_at = v["labels"] != -1
         out = model(v["ids"], v["feats"], v["loc"], lm_positions=lm_at, region_positions=v["sel"])
-        return (masked_lm(out.lm_logits, v["labels"][lm_at])[0] + region_kl(out.region_logits, v["prob"][v["sel"]])[0]
-                + pair_classification(out.alignment_logits, v["aligned"], "a")[0])
+        return (
+            masked_lm(out.lm_logits, v["labels"][lm_at])[0]
+            + region_kl(out.region_logits, v["prob"][v["sel"]])[0]
+            + pair_classification(out.alignment_logits, v["aligned"], "a")[0]
+        )
 
     rows.append(("ViLBERT-base", "ours", *time_steps([(vil, vil_step)], vx, args.steps, device, args.amp)[0]))
     del vil
 
     name = torch.cuda.get_device_name() if device.startswith("cuda") else f"CPU, {os.cpu_count()} cores"
-    print(f"device: {name}; torch {torch.__version__}, transformers {transformers.__version__}; amp={args.amp}; "
-          f"batch {args.batch}; median of {args.steps} interleaved steps after one warm-up\n")
+    print(
+        f"device: {name}; torch {torch.__version__}, transformers {transformers.__version__}; amp={args.amp}; "
+        f"batch {args.batch}; median of {args.steps} interleaved steps after one warm-up\n"
+    )
     print(f"{'model':<13} {'implementation':<16} {'fwd+bwd s':>10} {'samples/s':>10} {'step s':>8} {'samples/s':>10}")
     for model, impl, fb, whole in rows:
         print(f"{model:<13} {impl:<16} {fb:10.3f} {args.batch / fb:10.1f} {whole:8.3f} {args.batch / whole:10.1f}")
     hf_fb, hf_step = rows[0][2:]
     for _, impl, fb, whole in rows[1:-1]:
-        print(f"ratio {impl} / transformers: forward+backward {hf_fb / fb:.2f}x (target >= 1.3x), "
-              f"whole step {hf_step / whole:.2f}x")
+        print(
+            f"ratio {impl} / transformers: forward+backward {hf_fb / fb:.2f}x (target >= 1.3x), "
+            f"whole step {hf_step / whole:.2f}x"
+        )
     if args.skip_loader:
         return
 
@@ -219,12 +296,16 @@ def main() -> None:
         print(f"\nloader (LXMERT items from a float16 store of 512 images x 36 x 2048, batch {args.batch}):")
         for workers in (0, 1):
             rate = loader_rate(root, vocab, args.batch, workers, batches=10)
-            print(f"  {workers} workers: {rate:8.1f} samples/s = {rate / consumed:6.1f}x the model's consumption "
-                  f"({consumed:.1f} samples/s)")
+            print(
+                f"  {workers} workers: {rate:8.1f} samples/s = {rate / consumed:6.1f}x the model's consumption "
+                f"({consumed:.1f} samples/s)"
+            )
         if device == "cpu":
             last = measured_data_wait(root, vocab, args.batch, steps=4)
-            print(f"  vltrain pretrain lxmert-base, 1 worker, 4 steps: {last['samples_per_s']:.1f} samples/s, "
-                  f"data-wait {100 * last['data_wait_fraction']:.2f} % (target < 2 %)")
+            print(
+                f"  vltrain pretrain lxmert-base, 1 worker, 4 steps: {last['samples_per_s']:.1f} samples/s, "
+                f"data-wait {100 * last['data_wait_fraction']:.2f} % (target < 2 %)"
+            )
 
 
 if __name__ == "__main__":

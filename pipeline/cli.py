@@ -27,7 +27,13 @@ from typing import Iterator, List, Optional
 import typer
 from rich.console import Console
 from rich.progress import (
-    BarColumn, MofNCompleteColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn,
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskProgressColumn,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
 )
 from rich.table import Table
 
@@ -40,8 +46,8 @@ from pipeline.download.fetch import FetchConfig
 from pipeline.download.run import DownloadConfig, run_download
 from pipeline.errors import ConfigError, RunFailedError
 from pipeline.images import ENCODE_FORMATS, RESAMPLE, ImageConfig
-from pipeline.log import console as err_console
 from pipeline.log import cli_app, named_errors
+from pipeline.log import console as err_console
 from pipeline.store.layout import BACKENDS, FLOAT_DTYPES
 
 app = cli_app(
@@ -56,8 +62,13 @@ stdout = Console()
 
 @contextmanager
 def _progress(description: str, total: Optional[int] = None) -> Iterator:
-    columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-               TaskProgressColumn(show_speed=True), TimeElapsedColumn()]
+    columns = [
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TaskProgressColumn(show_speed=True),
+        TimeElapsedColumn(),
+    ]
     if total is not None:
         columns.append(TimeRemainingColumn())
     with Progress(*columns, console=err_console, transient=True) as progress:
@@ -114,9 +125,11 @@ def verify(
     store: Path = typer.Argument(..., help="Feature store directory."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
     sample: Optional[str] = typer.Option(
-        None, help="Check only a random sample of records, for huge stores: a count (1000) or a fraction "
-                   "(0.01) of the records; the cheap checks (manifest, every shard's size, index size) still "
-                   "cover the whole store, sha256s are skipped."),
+        None,
+        help="Check only a random sample of records, for huge stores: a count (1000) or a fraction "
+        "(0.01) of the records; the cheap checks (manifest, every shard's size, index size) still "
+        "cover the whole store, sha256s are skipped.",
+    ),
     seed: int = typer.Option(0, help="Seed of --sample's draw (the same seed checks the same records)."),
 ) -> None:
     """Check a store completely: every shard's size and sha256, its schema, every
@@ -132,9 +145,18 @@ def verify(
     with _progress("verifying", total if count is None else count) as advance:
         report = verify_store(store, on_record=advance, sample=count, seed=seed)
     if as_json:
-        stdout.print_json(json.dumps({"ok": report.ok, "records_checked": report.records_checked,
-                                   "shards_checked": report.shards_checked, "checked": report.checked,
-                                   "problems": report.problems, "warnings": report.warnings}))
+        stdout.print_json(
+            json.dumps(
+                {
+                    "ok": report.ok,
+                    "records_checked": report.records_checked,
+                    "shards_checked": report.shards_checked,
+                    "checked": report.checked,
+                    "problems": report.problems,
+                    "warnings": report.warnings,
+                }
+            )
+        )
     else:
         for line in report.checked:
             stdout.print(f"checked: {line}")
@@ -143,8 +165,10 @@ def verify(
         for problem in report.problems:
             stdout.print(f"[red]problem:[/red] {problem}")
         status = "[green]OK[/green]" if report.ok else f"[red]FAILED ({len(report.problems)} problems)[/red]"
-        stdout.print(f"{status}: {report.records_checked:,} of {total:,} records and "
-                  f"{report.shards_checked} shards checked in {store}")
+        stdout.print(
+            f"{status}: {report.records_checked:,} of {total:,} records and "
+            f"{report.shards_checked} shards checked in {store}"
+        )
     if not report.ok:
         raise typer.Exit(1)
 
@@ -165,7 +189,9 @@ def _sample_size(text: str, total: int) -> int:
 @app.command("import")
 @named_errors
 def import_(
-    paths: List[Path] = typer.Argument(..., metavar="SRC... DEST", help="Source files/folders, then the store to write."),
+    paths: List[Path] = typer.Argument(
+        ..., metavar="SRC... DEST", help="Source files/folders, then the store to write."
+    ),
     fmt: str = typer.Option(..., "--from", help="Source format: lxmert-tsv, butd-tsv, vilbert-lmdb, mmf-npy."),
     backend: str = typer.Option("arrow", help="Store backend: arrow (memory-mapped IPC files) or lmdb."),
     shard_size: int = typer.Option(1000, help="Records per shard."),
@@ -195,9 +221,17 @@ def import_(
     if len(paths) < 2:
         raise ConfigError("give one or more sources followed by the destination store")
     cfg = ImportConfig(
-        fmt=fmt, sources=tuple(paths[:-1]), dest=paths[-1], backend=backend, shard_size=shard_size,
-        dtype=dtype, feature_dim=feature_dim, cls_prob=cls_prob, attr_prob=attr_prob,
-        allow_skips=allow_skips, trust_pickle=trust_pickle,
+        fmt=fmt,
+        sources=tuple(paths[:-1]),
+        dest=paths[-1],
+        backend=backend,
+        shard_size=shard_size,
+        dtype=dtype,
+        feature_dim=feature_dim,
+        cls_prob=cls_prob,
+        attr_prob=attr_prob,
+        allow_skips=allow_skips,
+        trust_pickle=trust_pickle,
     )
     with _progress(f"importing {fmt}") as advance:
         report = run_import(cfg, progress=advance)
@@ -210,8 +244,10 @@ def import_(
     for line in report.skipped_rows[:10]:
         stdout.print(f"    {line}")
     if report.skipped and not cfg.allow_skips:
-            raise RunFailedError(f"{report.skipped} rows skipped (see {cfg.dest}/import_report.json); "
-                             "rerun with --allow-skips to accept that")
+        raise RunFailedError(
+            f"{report.skipped} rows skipped (see {cfg.dest}/import_report.json); "
+            "rerun with --allow-skips to accept that"
+        )
 
 
 @app.command("export")
@@ -253,78 +289,112 @@ def _print_outcomes(summary: dict) -> None:
     for kind, count in list(summary["failures"].items())[:15]:
         stdout.print(f"  [yellow]failed[/yellow] {count:,} x {kind}")
     if summary.get("malformed_rows"):
-        stdout.print(f"  [yellow]malformed input rows:[/yellow] {summary['malformed_rows']:,} "
-                     f"(e.g. {summary['malformed_examples'][0]})")
+        stdout.print(
+            f"  [yellow]malformed input rows:[/yellow] {summary['malformed_rows']:,} "
+            f"(e.g. {summary['malformed_examples'][0]})"
+        )
     for shard, reason in summary["shards_failed"].items():
         err_console.print(f"[red]shard {shard} failed:[/red] {reason}")
     if summary["verdict"] != "ok":
         raise RunFailedError(summary["verdict_reason"])
 
 
-DISTRIBUTE_FLAGS = Flags(DistributeConfig, "Shards and Ray", section="distribute", flags={
-    "shard_size": "Items per shard (the unit of work, retry and resume).",
-    "workers": "CPUs of the local Ray cluster (ignored with --ray-address).",
-    "ray_address": "Join this Ray cluster instead of starting one (--out and every input path must be on storage "
-                   "every node sees).",
-    "shard_retries": "Retries of a shard whose task failed, before it is reported.",
-    "retry_failed": "Re-attempt the failed items of finished shards: transient failures, internal (and detector) "
-                    "errors, and refusals the changed options now allow (e.g. private address with "
-                    "--allow-private-network, too large with a larger --max-bytes).",
-    "max_failure_rate": "Exit 1 when more than this fraction of the output's items failed (or all did).",
-    "download_resource": "Custom Ray resource each download task takes one unit of: downloads run only on the nodes "
-                         "whose `ray start --resources` offer it (e.g. download, as the CPU nodes of "
-                         "workflows/cluster/ray-cluster.yaml do).",
-    "capacity_timeout": "With --ray-address: seconds to wait while the cluster's live nodes lack the resources the "
-                        "run needs (a node was lost, or has not joined yet) before exiting 75 (a local cluster "
-                        "exits at once); finished shards are kept: rerun the same command to resume.",
-})
-READER_FLAGS = Flags(ReaderOptions, "Reader (--dataset)", section="reader", flags={
-    "split": "Split name for the items (default: from the file names).",
-    "url_col": "url_list: URL column.",
-    "caption_col": Flag("url_list: caption column ('' for none).", parse=or_none),
-    "id_col": "url_list: id column (default: FILE_STEM-ROW).",
-    "images_root": "flickr30k: folder of the images.",
-})
-FETCH_FLAGS = Flags(FetchConfig, "Fetching", section="fetch", flags={
-    "threads": "Fetch threads inside each shard task: 16, as docs/benchmarks.md measured (they only wait on "
-               "the network, and --per-host caps one host at 16 anyway).",
-    "connect_timeout": "Seconds to connect.",
-    "read_timeout": "Seconds without data before a read fails.",
-    "deadline": "Seconds for a whole request, redirects included.",
-    "max_bytes": "Largest download accepted (bytes); streamed and cut off beyond.",
-    "max_redirects": "Redirects followed per request.",
-    "retries": "Extra attempts for transient failures (timeouts, resets, 429, 5xx).",
-    "backoff": "Seconds before the first retry of a request; doubles per attempt, with jitter.",
-    "max_retry_wait": "Longest wait before a retry (Retry-After or backoff), in seconds.",
-    "per_host": "Concurrent requests to one host, per worker process.",
-    "user_agent_token": "Token added to the User-Agent (and honoured in X-Robots-Tag).",
-    "disallowed_directives": Flag("X-Robots-Tag directives that opt an image out, comma-separated ('' to ignore).",
-                                  name="--opt-out-directives", parse=comma_list, show=",".join),
-    "allow_private_network": "Allow URLs resolving to loopback/private/link-local addresses.",
-    "allowed_networks": Flag("A CIDR allowed even when private addresses are refused (repeatable).",
-                             name="--allow-network"),
-})
-IMAGE_FLAGS = Flags(ImageConfig, "Downloaded images", section="image", flags={
-    "max_side": "Downscale so the longer side is at most this (0: keep size).",
-    "min_side": "Drop images whose shorter side is below this.",
-    "max_aspect_ratio": "Drop images more elongated than this (long/short; 0: off).",
-    "max_pixels": "Refuse images with more pixels (checked before decoding).",
-    "encode_format": Flag("Format of re-encoded images.", choices=ENCODE_FORMATS),
-    "quality": "JPEG quality of re-encoded images (1-100).",
-    "resample": Flag("Downscale filter (area: like OpenCV INTER_AREA).", choices=RESAMPLE),
-})
+DISTRIBUTE_FLAGS = Flags(
+    DistributeConfig,
+    "Shards and Ray",
+    section="distribute",
+    flags={
+        "shard_size": "Items per shard (the unit of work, retry and resume).",
+        "workers": "CPUs of the local Ray cluster (ignored with --ray-address).",
+        "ray_address": "Join this Ray cluster instead of starting one (--out and every input path must be on storage "
+        "every node sees).",
+        "shard_retries": "Retries of a shard whose task failed, before it is reported.",
+        "retry_failed": "Re-attempt the failed items of finished shards: transient failures, internal (and detector) "
+        "errors, and refusals the changed options now allow (e.g. private address with "
+        "--allow-private-network, too large with a larger --max-bytes).",
+        "max_failure_rate": "Exit 1 when more than this fraction of the output's items failed (or all did).",
+        "download_resource": "Custom Ray resource each download task takes one unit of: downloads run only on "
+        "the nodes whose `ray start --resources` offer it (e.g. download, as the CPU nodes of "
+        "workflows/cluster/ray-cluster.yaml do).",
+        "capacity_timeout": "With --ray-address: seconds to wait while the cluster's live nodes lack the resources the "
+        "run needs (a node was lost, or has not joined yet) before exiting 75 (a local cluster "
+        "exits at once); finished shards are kept: rerun the same command to resume.",
+    },
+)
+READER_FLAGS = Flags(
+    ReaderOptions,
+    "Reader (--dataset)",
+    section="reader",
+    flags={
+        "split": "Split name for the items (default: from the file names).",
+        "url_col": "url_list: URL column.",
+        "caption_col": Flag("url_list: caption column ('' for none).", parse=or_none),
+        "id_col": "url_list: id column (default: FILE_STEM-ROW).",
+        "images_root": "flickr30k: folder of the images.",
+    },
+)
+FETCH_FLAGS = Flags(
+    FetchConfig,
+    "Fetching",
+    section="fetch",
+    flags={
+        "threads": "Fetch threads inside each shard task: 16, as docs/benchmarks.md measured (they only wait on "
+        "the network, and --per-host caps one host at 16 anyway).",
+        "connect_timeout": "Seconds to connect.",
+        "read_timeout": "Seconds without data before a read fails.",
+        "deadline": "Seconds for a whole request, redirects included.",
+        "max_bytes": "Largest download accepted (bytes); streamed and cut off beyond.",
+        "max_redirects": "Redirects followed per request.",
+        "retries": "Extra attempts for transient failures (timeouts, resets, 429, 5xx).",
+        "backoff": "Seconds before the first retry of a request; doubles per attempt, with jitter.",
+        "max_retry_wait": "Longest wait before a retry (Retry-After or backoff), in seconds.",
+        "per_host": "Concurrent requests to one host, per worker process.",
+        "user_agent_token": "Token added to the User-Agent (and honoured in X-Robots-Tag).",
+        "disallowed_directives": Flag(
+            "X-Robots-Tag directives that opt an image out, comma-separated ('' to ignore).",
+            name="--opt-out-directives",
+            parse=comma_list,
+            show=",".join,
+        ),
+        "allow_private_network": "Allow URLs resolving to loopback/private/link-local addresses.",
+        "allowed_networks": Flag(
+            "A CIDR allowed even when private addresses are refused (repeatable).", name="--allow-network"
+        ),
+    },
+)
+IMAGE_FLAGS = Flags(
+    ImageConfig,
+    "Downloaded images",
+    section="image",
+    flags={
+        "max_side": "Downscale so the longer side is at most this (0: keep size).",
+        "min_side": "Drop images whose shorter side is below this.",
+        "max_aspect_ratio": "Drop images more elongated than this (long/short; 0: off).",
+        "max_pixels": "Refuse images with more pixels (checked before decoding).",
+        "encode_format": Flag("Format of re-encoded images.", choices=ENCODE_FORMATS),
+        "quality": "JPEG quality of re-encoded images (1-100).",
+        "resample": Flag("Downscale filter (area: like OpenCV INTER_AREA).", choices=RESAMPLE),
+    },
+)
 
 
 @app.command()
 @named_errors
 @config_command(
     DownloadConfig,
-    Flags(DownloadConfig, "Input and output", flags={
-        "dataset": Flag("Reader of the --input files (`vlprep datasets` describes them).", choices=READERS),
-        "inputs": Flag("Input file or folder (repeatable).", name="--input"),
-        "out": "Output folder of image shards (NNNNN.parquet + NNNNN_stats.json).",
-    }),
-    DISTRIBUTE_FLAGS, READER_FLAGS, FETCH_FLAGS, IMAGE_FLAGS,
+    Flags(
+        DownloadConfig,
+        "Input and output",
+        flags={
+            "dataset": Flag("Reader of the --input files (`vlprep datasets` describes them).", choices=READERS),
+            "inputs": Flag("Input file or folder (repeatable).", name="--input"),
+            "out": "Output folder of image shards (NNNNN.parquet + NNNNN_stats.json).",
+        },
+    ),
+    DISTRIBUTE_FLAGS,
+    READER_FLAGS,
+    FETCH_FLAGS,
+    IMAGE_FLAGS,
 )
 def download(cfg: DownloadConfig) -> None:
     """Download (or read) a dataset's images into resumable image shards, with Ray.
@@ -337,24 +407,40 @@ def download(cfg: DownloadConfig) -> None:
     exits 1 when more than --max-failure-rate of the folder's items failed (or all did),
     and 75 at once when another process is writing OUT.
 
-    Example: vlprep download --dataset conceptual_captions --input Validation_GCC-1.1.0-Validation.tsv --out cc_val_images
+    Example:
+
+        vlprep download --dataset conceptual_captions --input Validation_GCC-1.1.0-Validation.tsv \\
+            --out cc_val_images
     """
-    columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-               TextColumn("{task.fields[rate]}"), TextColumn("{task.fields[ok]}"), TextColumn("{task.fields[bw]}"),
-               TimeElapsedColumn(), TimeRemainingColumn()]
+    columns = [
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[rate]}"),
+        TextColumn("{task.fields[ok]}"),
+        TextColumn("{task.fields[bw]}"),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+    ]
     with Progress(*columns, console=err_console, transient=True) as bar:
         task = bar.add_task("downloading", total=None, rate="", ok="", bw="")
 
         def update(p) -> None:
             elapsed = max(time.time() - p.started, 1e-6)
-            bar.update(task, total=p.total_items, completed=p.skipped_items + p.items,
-                       rate=f"{p.items / elapsed:.1f} items/s",
-                       ok=f"{100 * p.ok / p.items:.1f}% ok" if p.items else "",
-                       bw=f"{_rate(p.bytes / elapsed, 'B/s')}")
+            bar.update(
+                task,
+                total=p.total_items,
+                completed=p.skipped_items + p.items,
+                rate=f"{p.items / elapsed:.1f} items/s",
+                ok=f"{100 * p.ok / p.items:.1f}% ok" if p.items else "",
+                bw=f"{_rate(p.bytes / elapsed, 'B/s')}",
+            )
 
         summary = run_download(cfg, on_progress=update)
-    out_line = (f"{summary['successes']:,} of {summary['items_in_shards']:,} images stored "
-                f"({100 * (summary['success_rate'] or 0):.1f}%) in {summary['shards_complete']} shards -> {cfg.out}")
+    out_line = (
+        f"{summary['successes']:,} of {summary['items_in_shards']:,} images stored "
+        f"({100 * (summary['success_rate'] or 0):.1f}%) in {summary['shards_complete']} shards -> {cfg.out}"
+    )
     stdout.print(out_line)
     _print_outcomes(summary)
 
@@ -363,43 +449,75 @@ def download(cfg: DownloadConfig) -> None:
 @named_errors
 @config_command(
     ExtractConfig,
-    Flags(ExtractConfig, "Input and output", flags={
-        "out": "Feature store to write (created or resumed).",
-        "dataset": Flag("Reader of --input files (download and extract in one job).", choices=READERS),
-        "inputs": Flag("Input file or folder for --dataset (repeatable).", name="--input"),
-        "images": "Extract from image shards, an image folder or img2dataset output (files, webdataset or parquet).",
-        "keep_images": "Also write the downloaded images as image shards here.",
-    }),
-    Flags(ExtractConfig, "Detector", flags={
-        "weights": "Detector weights: a detectron2 .pkl or an HF pytorch_model.bin.",
-        "random_weights": "Use an untrained detector (smoke runs; stamped into provenance).",
-        "seed": "Seed of the untrained detector of --random-weights.",
-        "detector": "Detector config: vg-r101, tiny, or a JSON path.",
-        "preprocess": Flag("Resize convention: caffe (BUTD: float image, cv2-style bilinear, one scale) or "
-                           "detectron2 (py-bottom-up-attention: uint8 image, PIL bilinear, per-axis box scales).",
-                           choices=PREPROCESS_MODES),
-        "batch_size": "Images per detector call (results do not depend on it).",
-        "device": "auto (cuda when the Ray cluster has GPUs), cpu, cuda or cuda:N.",
-        "fp16": "float16 autocast on CUDA.",
-        "actors": "Detector actors (default: one per GPU, or 1 on CPU).",
-        "actor_cpus": "CPUs each CPU detector actor reserves on its node (a GPU actor reserves one GPU instead).",
-    }),
-    Flags(SelectionConfig, "Regions", section="selection", flags={
-        "boxes": Flag("Regions per image: K (e.g. 36) or MIN-MAX (e.g. 10-100).", parse=BoxCount.parse),
-        "policy": Flag("Region selection: butd (Caffe reference) or maxnms (detectron2/HF ports).", choices=POLICIES),
-        "conf_thresh": "butd: keep regions whose best class score reaches this.",
-        "nms_thresh": "butd: per-class NMS overlap threshold (Caffe's 0.3).",
-    }),
-    Flags(ExtractConfig, "Regions", flags={
-        "given_boxes": "JSON/Arrow/Parquet of image_id -> boxes (original pixels): features for exactly those boxes.",
-    }),
-    Flags(ExtractConfig, "Store", flags={
-        "backend": Flag("Store backend.", choices=BACKENDS),
-        "dtype": Flag("Stored dtype of features and probability tables.", choices=FLOAT_DTYPES),
-        "cls_prob": "How to keep cls_prob: full, topk:K or none.",
-        "attr_prob": "How to keep attr_prob: full, topk:K or none.",
-    }),
-    DISTRIBUTE_FLAGS, READER_FLAGS, FETCH_FLAGS, IMAGE_FLAGS,
+    Flags(
+        ExtractConfig,
+        "Input and output",
+        flags={
+            "out": "Feature store to write (created or resumed).",
+            "dataset": Flag("Reader of --input files (download and extract in one job).", choices=READERS),
+            "inputs": Flag("Input file or folder for --dataset (repeatable).", name="--input"),
+            "images": (
+                "Extract from image shards, an image folder or img2dataset output (files, webdataset or parquet)."
+            ),
+            "keep_images": "Also write the downloaded images as image shards here.",
+        },
+    ),
+    Flags(
+        ExtractConfig,
+        "Detector",
+        flags={
+            "weights": "Detector weights: a detectron2 .pkl or an HF pytorch_model.bin.",
+            "random_weights": "Use an untrained detector (smoke runs; stamped into provenance).",
+            "seed": "Seed of the untrained detector of --random-weights.",
+            "detector": "Detector config: vg-r101, tiny, or a JSON path.",
+            "preprocess": Flag(
+                "Resize convention: caffe (BUTD: float image, cv2-style bilinear, one scale) or "
+                "detectron2 (py-bottom-up-attention: uint8 image, PIL bilinear, per-axis box scales).",
+                choices=PREPROCESS_MODES,
+            ),
+            "batch_size": "Images per detector call (results do not depend on it).",
+            "device": "auto (cuda when the Ray cluster has GPUs), cpu, cuda or cuda:N.",
+            "fp16": "float16 autocast on CUDA.",
+            "actors": "Detector actors (default: one per GPU, or 1 on CPU).",
+            "actor_cpus": "CPUs each CPU detector actor reserves on its node (a GPU actor reserves one GPU instead).",
+        },
+    ),
+    Flags(
+        SelectionConfig,
+        "Regions",
+        section="selection",
+        flags={
+            "boxes": Flag("Regions per image: K (e.g. 36) or MIN-MAX (e.g. 10-100).", parse=BoxCount.parse),
+            "policy": Flag(
+                "Region selection: butd (Caffe reference) or maxnms (detectron2/HF ports).", choices=POLICIES
+            ),
+            "conf_thresh": "butd: keep regions whose best class score reaches this.",
+            "nms_thresh": "butd: per-class NMS overlap threshold (Caffe's 0.3).",
+        },
+    ),
+    Flags(
+        ExtractConfig,
+        "Regions",
+        flags={
+            "given_boxes": (
+                "JSON/Arrow/Parquet of image_id -> boxes (original pixels): features for exactly those boxes."
+            ),
+        },
+    ),
+    Flags(
+        ExtractConfig,
+        "Store",
+        flags={
+            "backend": Flag("Store backend.", choices=BACKENDS),
+            "dtype": Flag("Stored dtype of features and probability tables.", choices=FLOAT_DTYPES),
+            "cls_prob": "How to keep cls_prob: full, topk:K or none.",
+            "attr_prob": "How to keep attr_prob: full, topk:K or none.",
+        },
+    ),
+    DISTRIBUTE_FLAGS,
+    READER_FLAGS,
+    FETCH_FLAGS,
+    IMAGE_FLAGS,
 )
 def extract(cfg: ExtractConfig) -> None:
     """Extract bottom-up region features (VG Faster R-CNN) into a feature store.
@@ -412,7 +530,10 @@ def extract(cfg: ExtractConfig) -> None:
     OUT/extract/NNNNN_stats.json; the summary is in OUT/extract_summary.json. Exits 1 when
     more than --max-failure-rate of the images failed (or all did).
 
-    Example: vlprep extract --dataset conceptual_captions --input Validation_GCC-1.1.0-Validation.tsv --weights faster_rcnn_from_caffe_attr.pkl --boxes 36 --out cc_val_feats
+    Example:
+
+        vlprep extract --dataset conceptual_captions --input Validation_GCC-1.1.0-Validation.tsv \\
+            --weights faster_rcnn_from_caffe_attr.pkl --boxes 36 --out cc_val_feats
     """
     from pipeline.detect.run import run_extract  # here: it imports torch, which the other commands do not need
 
@@ -422,12 +543,17 @@ def extract(cfg: ExtractConfig) -> None:
 
         def update(p) -> None:
             rate = p.images / max(time.time() - p.started, 1e-6)
-            bar.update(task, info=f"{p.images:,} images, {p.extracted:,} extracted, {rate:.2f} images/s, "
-                                  f"{p.shards_done} shards done")
+            bar.update(
+                task,
+                info=f"{p.images:,} images, {p.extracted:,} extracted, {rate:.2f} images/s, "
+                f"{p.shards_done} shards done",
+            )
 
         summary = run_extract(cfg, on_progress=update)
-    stdout.print(f"{summary['extracted']:,} of {summary['images']:,} images have features in {cfg.out} "
-                 f"({summary['shards_done']} shards done)")
+    stdout.print(
+        f"{summary['extracted']:,} of {summary['images']:,} images have features in {cfg.out} "
+        f"({summary['shards_done']} shards done)"
+    )
     _print_outcomes(summary)
 
 
@@ -454,7 +580,9 @@ def show(
             rec = fs.get(image_id)
         except KeyError as err:
             raise ConfigError(str(err.args[0])) from err
-        picture = render(rec, image.read_bytes(), max_boxes, min_conf, read_vocab(objects_vocab), read_vocab(attributes_vocab))
+        picture = render(
+            rec, image.read_bytes(), max_boxes, min_conf, read_vocab(objects_vocab), read_vocab(attributes_vocab)
+        )
     picture.save(output)
     stdout.print(f"wrote {output} ({min(max_boxes, rec.num_boxes)} of {rec.num_boxes} regions)")
 
@@ -463,11 +591,25 @@ def show(
 @named_errors
 def build_mixture(
     spec: Path = typer.Option(..., help="Mixture spec (YAML), e.g. data_manifests/mixtures/lxmert.yaml."),
-    out: Path = typer.Option(..., help="Output folder (items.arrow, answers.json, manifest.json, report.md): new, empty, or an earlier mixture (replaced)."),
-    root: Optional[Path] = typer.Option(None, help="Folder the spec's relative file paths are under (overrides its root)."),
+    out: Path = typer.Option(
+        ...,
+        help=(
+            "Output folder (items.arrow, answers.json, manifest.json, report.md): new, empty, or an earlier mixture "
+            "(replaced)."
+        ),
+    ),
+    root: Optional[Path] = typer.Option(
+        None, help="Folder the spec's relative file paths are under (overrides its root)."
+    ),
     stores: List[Path] = typer.Option([], "--stores", help="Feature stores every image must be in (repeatable)."),
     drop_missing: bool = typer.Option(False, help="Leave out items whose image has no features, instead of failing."),
-    top_k: Optional[int] = typer.Option(None, help="Answer table size: the K most frequent answers, or the first K entries of the spec's answers_from file (overrides answers.top_k)."),
+    top_k: Optional[int] = typer.Option(
+        None,
+        help=(
+            "Answer table size: the K most frequent answers, or the first K entries of the spec's answers_from file "
+            "(overrides answers.top_k)."
+        ),
+    ),
 ) -> None:
     """Build a pretraining mixture of (image, text[, answers]) items from captions and
     question-answer annotations in their official formats (or LXMERT's own json).
@@ -484,7 +626,10 @@ def build_mixture(
     above the current one, a symbolic link or a folder holding the spec or an input is
     refused (exit 2) before any work. A second build of the same OUT exits 75.
 
-    Example: vlprep build-mixture --spec data_manifests/mixtures/lxmert.yaml --root /data --out lxmert_mix --stores coco_feats --stores vg_feats
+    Example:
+
+        vlprep build-mixture --spec data_manifests/mixtures/lxmert.yaml --root /data --out lxmert_mix \\
+            --stores coco_feats --stores vg_feats
     """
     from collections import Counter
 
@@ -499,18 +644,25 @@ def build_mixture(
     skipped = sum((Counter(reasons) for reasons in manifest["skipped"].values()), Counter())
     if skipped:
         stdout.print("skipped " + ", ".join(f"{n:,} x {reason}" for reason, n in sorted(skipped.items())))
-    stdout.print(f"answer table {manifest['answers']['table_size']:,} answers; best-answer coverage "
-                 f"{manifest['answers']['questions_best_answer_covered']}; report: {out / 'report.md'}")
+    stdout.print(
+        f"answer table {manifest['answers']['table_size']:,} answers; best-answer coverage "
+        f"{manifest['answers']['questions_best_answer_covered']}; report: {out / 'report.md'}"
+    )
 
 
 @app.command("make-shapes")
 @named_errors
 def make_shapes(
-    out: Path = typer.Option(..., help="Folder to write (created; an earlier shapes world there is replaced, a folder of other files refused)."),
+    out: Path = typer.Option(
+        ...,
+        help="Folder to write (created; an earlier shapes world there is replaced, a folder of other files refused).",
+    ),
     n_images: int = typer.Option(..., help="Images in all, train and val together (at least 1)."),
     seed: int = typer.Option(0, help="Random seed: the same seed writes byte-identical files."),
     val_fraction: float = typer.Option(0.1, help="Fraction of the images in the val split, in [0, 1)."),
-    base_url: str = typer.Option("http://127.0.0.1:8000", help="URL the folder is served at; image URLs are BASE_URL/images/NAME."),
+    base_url: str = typer.Option(
+        "http://127.0.0.1:8000", help="URL the folder is served at; image URLs are BASE_URL/images/NAME."
+    ),
     textures: bool = typer.Option(True, "--textures/--no-textures", help="Draw some shapes striped (else all plain)."),
 ) -> None:
     """Write the shapes world: a deterministic synthetic vision-and-language data set
@@ -520,14 +672,17 @@ def make_shapes(
     Written into OUT (image i of split s is `images/shapes_<s>_<i:08d>.jpg`, s = train | val):
 
     - `images/*.jpg`: the images (JPEG, quality 90)
-    - `Train_GCC-training.tsv`, `Validation_GCC-1.1.0-Validation.tsv`: Conceptual Captions TSVs (one row per image, URL under --base-url)
+    - `Train_GCC-training.tsv`, `Validation_GCC-1.1.0-Validation.tsv`: Conceptual Captions
+      TSVs (one row per image, URL under --base-url)
     - `annotations/captions_{train,val}2014.json`: COCO captions (all captions of each image)
-    - `annotations/v2_OpenEnded_mscoco_{train,val}2014_questions.json`, `v2_mscoco_{train,val}2014_annotations.json`: VQA v2 (10 answers each)
+    - `annotations/v2_OpenEnded_mscoco_{train,val}2014_questions.json`,
+      `v2_mscoco_{train,val}2014_annotations.json`: VQA v2 (10 answers each)
     - `image_map.tsv`: `COCO_<s>2014_<id>` to `cc3m-<s>-<i>`, the ids the CC extraction gives the images,
       then the NLVR2 image names `<split>-<p>-0-img0|1`
     - `annotations/refexp_{train,val}.json`: referring expressions with their target boxes
     - `annotations/nlvr2_{train,dev}.json`: NLVR2 statements about image pairs (JSON lines)
-    - `annotations/dataset_flickr30k.json`: a Flickr30k retrieval split (Karpathy format, 5 captions per image; val = test)
+    - `annotations/dataset_flickr30k.json`: a Flickr30k retrieval split (Karpathy format,
+      5 captions per image; val = test)
     - `annotations/refcoco+/refs(unc).p`, `instances.json`: RefCOCO+ refs and boxes
     - `annotations/vcr/{train,val}.jsonl`, `vcr/metadata/*.json`: VCR-format 4-choice questions
     - `annotations/scenes_{train,val}.json`, `objects.txt`, `attributes.txt`: detector ground truth and vocabularies
@@ -538,12 +693,15 @@ def make_shapes(
     from pipeline.synthetic import write_world
 
     with _progress("drawing shapes", n_images) as advance:
-        summary = write_world(out, n_images, seed, val_fraction=val_fraction, base_url=base_url, textures=textures,
-                              progress=advance)
+        summary = write_world(
+            out, n_images, seed, val_fraction=val_fraction, base_url=base_url, textures=textures, progress=advance
+        )
     for split, counts in summary["splits"].items():
-        stdout.print(f"{split}: {counts['images']:,} images, {counts['objects']:,} objects, {counts['captions']:,} "
-                     f"captions, {counts['questions']:,} questions, {counts['refexps']:,} referring expressions, "
-                     f"{counts['nlvr2_statements']:,} NLVR2 statements")
+        stdout.print(
+            f"{split}: {counts['images']:,} images, {counts['objects']:,} objects, {counts['captions']:,} "
+            f"captions, {counts['questions']:,} questions, {counts['refexps']:,} referring expressions, "
+            f"{counts['nlvr2_statements']:,} NLVR2 statements"
+        )
     stdout.print(f"shapes world (seed {seed}) -> {out}")
 
 

@@ -68,6 +68,7 @@ class Flags:
     def parameters(self) -> list[Parameter]:
         hints = typing.get_type_hints(self.cls)
         fields = {f.name: f for f in dataclasses.fields(self.cls)}
+
         def default(name: str) -> Any:
             return _default(fields[name]) if self.defaults is None else getattr(self.defaults, name)
 

@@ -69,8 +69,10 @@ class DistributeConfig(Config):
     def __post_init__(self) -> None:
         at_least(self, {"shard_size": 1, "workers": 1, "shard_retries": 0, "capacity_timeout": 0})
         if self.download_resource is not None and self.download_resource in ("", *BUILTIN_RESOURCES):
-            raise ConfigError(f"--download-resource must name a custom Ray resource (one a node's `ray start "
-                              f"--resources` offers), not {self.download_resource!r}")
+            raise ConfigError(
+                f"--download-resource must name a custom Ray resource (one a node's `ray start "
+                f"--resources` offers), not {self.download_resource!r}"
+            )
         if not 0 <= self.max_failure_rate <= 1:
             raise ConfigError(f"--max-failure-rate must be between 0 and 1, got {self.max_failure_rate:g}")
 
@@ -213,14 +215,19 @@ class Capacity:
         have = {name: offered[name] for name in short}
         if self.short_since is None:
             self.short_since = now
-            log.warning("the cluster's live nodes offer %s, the work needs %s: waiting up to %g s for nodes",
-                        have, short, self.timeout)
+            log.warning(
+                "the cluster's live nodes offer %s, the work needs %s: waiting up to %g s for nodes",
+                have,
+                short,
+                self.timeout,
+            )
         if now - self.short_since >= self.timeout:
             raise NoCapacityError(
                 f"no capacity left on the cluster: this run needs {short} of its live nodes, which offer {have} "
                 f"(a node was lost, or none offering these resources joined; waited {self.timeout:g} s, "
                 f"--capacity-timeout); the {progress.shards_done} shards done are kept: rerun the same command "
-                "once nodes with these resources are up")
+                "once nodes with these resources are up"
+            )
 
 
 def capacity(cfg: DistributeConfig, *options: dict) -> Capacity:
@@ -230,13 +237,22 @@ def capacity(cfg: DistributeConfig, *options: dict) -> Capacity:
     needs: Counter = Counter()
     for opts in options:
         needs.update({"CPU": opts.get("num_cpus", 0), "GPU": opts.get("num_gpus", 0), **opts.get("resources", {})})
-    return Capacity({name: amount for name, amount in needs.items() if amount},
-                    cfg.capacity_timeout if cfg.ray_address else 0)
+    return Capacity(
+        {name: amount for name, amount in needs.items() if amount}, cfg.capacity_timeout if cfg.ray_address else 0
+    )
 
 
-def run_shards(jobs: Iterable[J], submit: Callable[[J], Any], commit: Callable[[J, Any], None], *,
-               retries: int, max_in_flight: int, progress: Progress,
-               on_progress: Optional[Callable[[], None]] = None, capacity: Optional[Capacity] = None) -> dict[str, str]:
+def run_shards(
+    jobs: Iterable[J],
+    submit: Callable[[J], Any],
+    commit: Callable[[J, Any], None],
+    *,
+    retries: int,
+    max_in_flight: int,
+    progress: Progress,
+    on_progress: Optional[Callable[[], None]] = None,
+    capacity: Optional[Capacity] = None,
+) -> dict[str, str]:
     """Run every job of `jobs` (inside a `ray_session`): `submit(job)` starts its Ray work
     and returns the object ref of its result, `commit(job, result)` stores it. At most
     `max_in_flight` jobs run at once; a job whose work raised is submitted again up to
@@ -293,8 +309,14 @@ def shard_failure(err: Exception) -> str:
     return f"{type(cause).__name__}: {cause}"[:1000]
 
 
-def summary(done: dict[int, dict], failed_shards: dict[str, str], malformed: MalformedRows, items: int,
-            successes: int, max_failure_rate: float) -> dict:
+def summary(
+    done: dict[int, dict],
+    failed_shards: dict[str, str],
+    malformed: MalformedRows,
+    items: int,
+    successes: int,
+    max_failure_rate: float,
+) -> dict:
     """The summary fields every stage writes: failures per reason over the done shards'
     stats, the shards that failed for good, malformed input rows, the verdict on `items`
     of which `successes` succeeded (`failures.verdict`), and when it finished."""

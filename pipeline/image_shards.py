@@ -36,11 +36,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline import distribute
-from pipeline.sources.base import replace_surrogates
 from pipeline.distribute import STATS_SUFFIX, shard_name, stats_path
 from pipeline.errors import ConfigError
 from pipeline.io import atomic_write_json, commit_path, tmp_path_for
 from pipeline.records import SourceItem, Text
+from pipeline.sources.base import replace_surrogates
 
 log = logging.getLogger(__name__)
 IMAGE_SHARD_VERSION = 1
@@ -76,7 +76,11 @@ IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")  # of images in img2dataset ou
 def item_row(item: SourceItem) -> dict:
     """The source-item columns of a row."""
     return {
-        "image_id": item.image_id, "url": item.url, "path": item.path, "split": item.split, "source": item.source,
+        "image_id": item.image_id,
+        "url": item.url,
+        "path": item.path,
+        "split": item.split,
+        "source": item.source,
         "texts": [{"kind": t.kind, "text": t.text} for t in item.texts],
         "extra": json.dumps(dict(item.extra)) if item.extra else None,
     }
@@ -85,7 +89,11 @@ def item_row(item: SourceItem) -> dict:
 def row_item(row: dict) -> SourceItem:
     """The source item a row was made from (for --retry-failed)."""
     return SourceItem(
-        image_id=row["image_id"], url=row["url"], path=row["path"], split=row["split"] or "", source=row["source"] or "",
+        image_id=row["image_id"],
+        url=row["url"],
+        path=row["path"],
+        split=row["split"] or "",
+        source=row["source"] or "",
         texts=tuple(Text(t["kind"], t["text"]) for t in row["texts"] or ()),
         extra=tuple(json.loads(row["extra"]).items()) if row["extra"] else (),
     )
@@ -113,8 +121,11 @@ def read_shard_rows(path: Path) -> list[dict]:
 
 def done_shards(out: Path) -> dict[int, dict]:
     """Shard number -> stats, for every complete shard in `out` (done-marker and Parquet file)."""
-    return distribute.done_shards(out, "shard stats (the shard's done-marker)",
-                                  complete=lambda number: (out / f"{shard_name(number)}.parquet").is_file())
+    return distribute.done_shards(
+        out,
+        "shard stats (the shard's done-marker)",
+        complete=lambda number: (out / f"{shard_name(number)}.parquet").is_file(),
+    )
 
 
 # ---------------------------------------------------------------------------
@@ -164,7 +175,9 @@ def _iter_images(source: Path) -> Iterator[ImageItem]:
         from pipeline.datasets.folder import image_files
 
         for path in image_files(source):
-            yield ImageItem(path.relative_to(source).with_suffix("").as_posix(), path.read_bytes(), meta={"path": str(path)})
+            yield ImageItem(
+                path.relative_to(source).with_suffix("").as_posix(), path.read_bytes(), meta={"path": str(path)}
+            )
     else:
         raise ConfigError(f"{source}: not an image shard, img2dataset output or image folder")
 
@@ -182,8 +195,15 @@ def _iter_our_shards(paths: list[Path]) -> Iterator[ImageItem]:
             for row in batch.to_pylist():
                 if row["status"] == "ok":
                     yield ImageItem(
-                        row["image_id"], row["image"], tuple(Text(t["kind"], t["text"]) for t in row["texts"] or ()),
-                        meta={"url": row["url"], "width": row["width"], "height": row["height"], "sha256": row["sha256"]},
+                        row["image_id"],
+                        row["image"],
+                        tuple(Text(t["kind"], t["text"]) for t in row["texts"] or ()),
+                        meta={
+                            "url": row["url"],
+                            "width": row["width"],
+                            "height": row["height"],
+                            "sha256": row["sha256"],
+                        },
                     )
 
 

@@ -63,7 +63,9 @@ class ImageConfig(Config):
         if self.quality > 100:
             raise ConfigError(f"--quality must be <= 100, got {self.quality}")
         if 0 < self.max_aspect_ratio < 1:
-            raise ConfigError(f"--max-aspect-ratio is long side / short side: 0 (off) or >= 1, got {self.max_aspect_ratio:g}")
+            raise ConfigError(
+                f"--max-aspect-ratio is long side / short side: 0 (off) or >= 1, got {self.max_aspect_ratio:g}"
+            )
         one_of("encode_format", self.encode_format, ENCODE_FORMATS)
         one_of("resample", self.resample, RESAMPLE)
 
@@ -176,7 +178,14 @@ def process_image(data: bytes, cfg: ImageConfig) -> StoredImage:
         raise ImageError("decode error", f"{fmt}: {err}") from err
     encoded = buf.getvalue()
     return StoredImage(
-        encoded, cfg.encode_format, out.width, out.height, width, height, hashlib.sha256(encoded).hexdigest(), True,
+        encoded,
+        cfg.encode_format,
+        out.width,
+        out.height,
+        width,
+        height,
+        hashlib.sha256(encoded).hexdigest(),
+        True,
     )
 
 

@@ -107,8 +107,9 @@ def read_json(path: Path, what: str) -> Any:
     try:
         return json.loads(Path(path).read_text())
     except (OSError, ValueError) as err:
-        raise DataError(f"{path}: unreadable {what} ({type(err).__name__}: {err}); remove it to redo what it "
-                        "records") from err
+        raise DataError(
+            f"{path}: unreadable {what} ({type(err).__name__}: {err}); remove it to redo what it records"
+        ) from err
 
 
 def atomic_write_json(path: Path, obj: Any) -> None:
@@ -189,8 +190,10 @@ def _flock(lock_file: Path, guarded: Path, what: str) -> Iterator[None]:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = os.pread(fd, 64, 0).decode("ascii", "replace").strip() or "unknown"
-            raise BusyError(f"{guarded}: another process (pid {holder}) is writing this {what}; "
-                            "wait for it to finish, or write elsewhere") from None
+            raise BusyError(
+                f"{guarded}: another process (pid {holder}) is writing this {what}; "
+                "wait for it to finish, or write elsewhere"
+            ) from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, str(os.getpid()).encode(), 0)
         yield
@@ -214,8 +217,15 @@ def _overlaps(a: Path, b: Path) -> bool:
     return a == b or a in b.parents or b in a.parents
 
 
-def check_output(out: Path, kind: str, inputs: Iterable[Path] = (), flag: str = "--out", what: Optional[str] = None,
-                 folder: Optional[bool] = True, also_ours: Optional[Callable[[Path], bool]] = None) -> None:
+def check_output(
+    out: Path,
+    kind: str,
+    inputs: Iterable[Path] = (),
+    flag: str = "--out",
+    what: Optional[str] = None,
+    folder: Optional[bool] = True,
+    also_ours: Optional[Callable[[Path], bool]] = None,
+) -> None:
     """Refuse, with a ConfigError naming `out` and why, an output path that a command must
     not write or replace. Call it before any work.
 
@@ -234,8 +244,9 @@ def check_output(out: Path, kind: str, inputs: Iterable[Path] = (), flag: str = 
     resolved = out.resolve()
     cwd = Path.cwd().resolve()
     if out.name in ("", ".", "..") or resolved == cwd or resolved in cwd.parents:
-        raise ConfigError(f"{where} is the current folder or a folder above it ({resolved}); "
-                          "name a new folder for the output")
+        raise ConfigError(
+            f"{where} is the current folder or a folder above it ({resolved}); name a new folder for the output"
+        )
     for path in inputs:
         if _overlaps(resolved, Path(path).resolve()):
             raise ConfigError(f"{where} overlaps the input {path}; write the output elsewhere")
@@ -250,8 +261,10 @@ def check_output(out: Path, kind: str, inputs: Iterable[Path] = (), flag: str = 
     entries = sorted(p.name for p in out.iterdir())
     if entries and output_kind(out) != kind and not (also_ours and also_ours(out)):
         listed = ", ".join(entries[:5]) + (", ..." if len(entries) > 5 else "")
-        raise ConfigError(f"{where} holds files not written by {what} ({listed}); it is not replaced: "
-                          "choose a new or empty folder, or remove it yourself")
+        raise ConfigError(
+            f"{where} holds files not written by {what} ({listed}); it is not replaced: "
+            "choose a new or empty folder, or remove it yourself"
+        )
 
 
 def _leftovers(out: Path) -> list[Path]:
@@ -291,8 +304,15 @@ def _swap_in(tmp: Path, out: Path) -> None:
 
 
 @contextmanager
-def replacing_output(out: Path, kind: str, inputs: Iterable[Path] = (), flag: str = "--out", what: Optional[str] = None,
-                     folder: Optional[bool] = True, also_ours: Optional[Callable[[Path], bool]] = None) -> Iterator[Path]:
+def replacing_output(
+    out: Path,
+    kind: str,
+    inputs: Iterable[Path] = (),
+    flag: str = "--out",
+    what: Optional[str] = None,
+    folder: Optional[bool] = True,
+    also_ours: Optional[Callable[[Path], bool]] = None,
+) -> Iterator[Path]:
     """Write an output that replaces `out` as a whole. Before any work: `check_output` (same
     arguments); then, holding `output_lock(out)` (a second writer gets BusyError), leftovers
     of killed writers of `out` are cleaned and the block gets the temporary path to build

@@ -9,7 +9,6 @@ import logging
 import sys
 
 import typer
-
 from rich.console import Console
 from rich.logging import RichHandler
 from rich.markup import escape
@@ -37,8 +36,12 @@ def setup_logging(verbose: int = 0, quiet: bool = False) -> None:
 def cli_app(name: str, help: str) -> typer.Typer:
     """A Typer app whose callback takes -v/--verbose and -q/--quiet and sets up logging."""
     app = typer.Typer(
-        name=name, help=help, no_args_is_help=True, add_completion=False,
-        pretty_exceptions_enable=False, rich_markup_mode="markdown",
+        name=name,
+        help=help,
+        no_args_is_help=True,
+        add_completion=False,
+        pretty_exceptions_enable=False,
+        rich_markup_mode="markdown",
     )
 
     @app.callback()

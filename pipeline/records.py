@@ -63,11 +63,7 @@ class RegionFeatures:
 
     def array_fields(self) -> dict[str, np.ndarray]:
         """The array-valued fields that are present, by name."""
-        return {
-            f.name: getattr(self, f.name)
-            for f in fields(self)
-            if isinstance(getattr(self, f.name), np.ndarray)
-        }
+        return {f.name: getattr(self, f.name) for f in fields(self) if isinstance(getattr(self, f.name), np.ndarray)}
 
 
 LABEL_PAIRS = (("objects_id", "objects_conf"), ("attrs_id", "attrs_conf"))
@@ -150,9 +146,7 @@ def validate_record(
     x1, y1, x2, y2 = (boxes[:, i].astype(np.float64) for i in range(4))
     tol = BOX_TOLERANCE_PX
     if (x1 < -tol).any() or (y1 < -tol).any() or (x2 > rec.image_w + tol).any() or (y2 > rec.image_h + tol).any():
-        raise InvalidRecordError(
-            iid, "boxes", f"a box lies outside the {rec.image_w}x{rec.image_h} image"
-        )
+        raise InvalidRecordError(iid, "boxes", f"a box lies outside the {rec.image_w}x{rec.image_h} image")
     if (x2 < x1).any() or (y2 < y1).any():
         raise InvalidRecordError(iid, "boxes", "a box has x2 < x1 or y2 < y1")
 
@@ -223,8 +217,9 @@ class RegionBatch:
     def image(self, b: int) -> "RegionBatch":
         """Image `b` as a one-image batch of views."""
         one = slice(b, b + 1)
-        return RegionBatch(**{f.name: None if getattr(self, f.name) is None else getattr(self, f.name)[one]
-                              for f in fields(self)})
+        return RegionBatch(
+            **{f.name: None if getattr(self, f.name) is None else getattr(self, f.name)[one] for f in fields(self)}
+        )
 
 
 def img_token_feature(features: np.ndarray, visible: np.ndarray) -> np.ndarray:
@@ -254,7 +249,11 @@ def empty_array(shape: tuple, dtype, memory: Memory = "plain") -> np.ndarray:
     if memory == "pinned" and not torch.cuda.is_available():
         return np.zeros(shape, dtype)
     kind = torch.from_numpy(np.zeros(0, dtype)).dtype
-    tensor = torch.zeros(shape, dtype=kind, pin_memory=True) if memory == "pinned" else torch.zeros(shape, dtype=kind).share_memory_()
+    tensor = (
+        torch.zeros(shape, dtype=kind, pin_memory=True)
+        if memory == "pinned"
+        else torch.zeros(shape, dtype=kind).share_memory_()
+    )
     return tensor.numpy()
 
 
@@ -269,9 +268,19 @@ class RegionBuffer:
     confidences float32, ids int64; `memory` as in `empty_array`. Filling copies each array
     once; positions, mask and the IMG token are computed for the whole batch by `batch`."""
 
-    def __init__(self, size: int, max_boxes: int, feature_dim: int, *, position: Literal["4d", "5d"] = "5d",
-                 img_token: bool = False, fields: Sequence[str] = (), prob_widths: Optional[dict] = None,
-                 dtype="float32", memory: Memory = "plain"):
+    def __init__(
+        self,
+        size: int,
+        max_boxes: int,
+        feature_dim: int,
+        *,
+        position: Literal["4d", "5d"] = "5d",
+        img_token: bool = False,
+        fields: Sequence[str] = (),
+        prob_widths: Optional[dict] = None,
+        dtype="float32",
+        memory: Memory = "plain",
+    ):
         if size < 1 or max_boxes < 1:
             raise ValueError("a RegionBuffer needs size >= 1 and max_boxes >= 1")
         unknown = set(fields) - set(OPTIONAL_ARRAYS)
@@ -294,7 +303,9 @@ class RegionBuffer:
                     raise ValueError(f"no width for {name}: give it in prob_widths, or leave {name} out of fields")
                 self.optional[name] = empty_array((size, slots, widths[name]), dtype, memory)
             else:
-                self.optional[name] = empty_array((size, slots), np.int64 if name.endswith("_id") else np.float32, memory)
+                self.optional[name] = empty_array(
+                    (size, slots), np.int64 if name.endswith("_id") else np.float32, memory
+                )
                 if name.endswith("_id"):
                     self.optional[name].fill(-1)
         self.missing = {name: set() for name in fields}  # the image slots lacking each field
@@ -308,10 +319,12 @@ class RegionBuffer:
     def __len__(self) -> int:
         return len(self.image_ids)
 
-    def put(self, b: int, image_id: str, image_h: int, image_w: int, boxes: np.ndarray, features: np.ndarray,
-            optional: dict) -> None:
+    def put(
+        self, b: int, image_id: str, image_h: int, image_w: int, boxes: np.ndarray, features: np.ndarray, optional: dict
+    ) -> None:
         """Copy one image's first `max_boxes` regions into image slot `b` (`optional`: field
         -> array or None, for the buffer's `fields`): `put_many` of one image."""
+
         def flat(value):
             return ([None], [-1]) if value is None else ([np.ascontiguousarray(value).reshape(-1)], [0])
 
@@ -319,8 +332,15 @@ class RegionBuffer:
         sources.update((name, flat(optional.get(name))) for name in self.optional)
         self.put_many([b], [image_id], [image_h], [image_w], [len(boxes)], sources)
 
-    def put_many(self, slots: Sequence[int], image_ids: Sequence[str], heights: Sequence[int],
-                 widths: Sequence[int], counts: Sequence[int], sources: dict) -> None:
+    def put_many(
+        self,
+        slots: Sequence[int],
+        image_ids: Sequence[str],
+        heights: Sequence[int],
+        widths: Sequence[int],
+        counts: Sequence[int],
+        sources: dict,
+    ) -> None:
         """Copy images into image slots `slots`, each its first `max_boxes` regions (store
         order), clearing what a previous, larger image left beyond them. Image k has
         `counts[k]` regions; `sources` maps "boxes", "features" and the buffer's optional
@@ -355,8 +375,15 @@ class RegionBuffer:
 
     def put_record(self, b: int, rec: RegionFeatures) -> None:
         """`put` of a record."""
-        self.put(b, rec.image_id, rec.image_h, rec.image_w, rec.boxes, rec.features,
-                 {name: getattr(rec, name) for name in self.optional})
+        self.put(
+            b,
+            rec.image_id,
+            rec.image_h,
+            rec.image_w,
+            rec.boxes,
+            rec.features,
+            {name: getattr(rec, name) for name in self.optional},
+        )
 
     def batch(self, images: Optional[slice] = None, img_feature: bool = True) -> RegionBatch:
         """A `RegionBatch` of views of these arrays (of `images`, default all), its positions,
@@ -375,10 +402,17 @@ class RegionBuffer:
             if img_feature:  # the mean of the regions (padding is zero), as `img_token_feature`
                 features[:, 0] = features[:, 1:].sum(axis=1, dtype=np.float64) / np.maximum(counts, 1)[:, None]
         held = range(len(self))[sel]
-        optional = {name: out[sel] if self.missing[name].isdisjoint(held) else None
-                    for name, out in self.optional.items()}
-        return RegionBatch(image_ids=self.image_ids[sel], features=features, positions=positions, mask=mask,
-                           num_boxes=counts + first, **optional)
+        optional = {
+            name: out[sel] if self.missing[name].isdisjoint(held) else None for name, out in self.optional.items()
+        }
+        return RegionBatch(
+            image_ids=self.image_ids[sel],
+            features=features,
+            positions=positions,
+            mask=mask,
+            num_boxes=counts + first,
+            **optional,
+        )
 
 
 def pad_regions(
@@ -395,8 +429,15 @@ def pad_regions(
         raise ValueError("pad_regions needs at least one record")
     fields = [name for name in OPTIONAL_ARRAYS if all(getattr(r, name) is not None for r in records)]
     widths = {name: getattr(records[0], name).shape[1] for name in PROB_FIELDS if name in fields}
-    buffer = RegionBuffer(len(records), max_boxes, records[0].features.shape[1], position=position,
-                          img_token=img_token, fields=fields, prob_widths=widths)
+    buffer = RegionBuffer(
+        len(records),
+        max_boxes,
+        records[0].features.shape[1],
+        position=position,
+        img_token=img_token,
+        fields=fields,
+        prob_widths=widths,
+    )
     for b, rec in enumerate(records):
         buffer.put_record(b, rec)
     return buffer.batch()
@@ -405,6 +446,7 @@ def pad_regions(
 # ---------------------------------------------------------------------------
 # Source items (dataset readers -> downloader) and image records (downloader ->
 # image shards -> extractor).
+
 
 @dataclass(frozen=True)
 class Text:

@@ -34,8 +34,20 @@ _NUMPY_MODULES = {"numpy.core.multiarray", "numpy._core.multiarray", "numpy.core
 _SAFE_BUILTINS = {
     name: getattr(builtins, name)
     for name in (
-        "dict", "list", "tuple", "set", "frozenset", "str", "bytes", "bytearray",
-        "int", "float", "complex", "bool", "slice", "range",
+        "dict",
+        "list",
+        "tuple",
+        "set",
+        "frozenset",
+        "str",
+        "bytes",
+        "bytearray",
+        "int",
+        "float",
+        "complex",
+        "bool",
+        "slice",
+        "range",
     )
 }
 
@@ -89,7 +101,7 @@ class _Numpy1Pickler(pickle._Pickler):
     def save_global(self, obj: Any, name: str | None = None) -> None:
         module = getattr(obj, "__module__", None) or ""
         if module.startswith("numpy._core.") and self.proto < 4:
-            old = "numpy.core." + module[len("numpy._core."):]
+            old = "numpy.core." + module[len("numpy._core.") :]
             self.write(pickle.GLOBAL + f"{old}\n{name or obj.__name__}\n".encode())
             self.memoize(obj)
             return
@@ -108,11 +120,7 @@ def safe_load_npy_object(data: bytes) -> Any:
     """Load an `.npy` file that holds a pickled object (e.g. MMF's `_info.npy` dict)."""
     f = io.BytesIO(data)
     version = np.lib.format.read_magic(f)
-    header = (
-        np.lib.format.read_array_header_1_0(f)
-        if version == (1, 0)
-        else np.lib.format.read_array_header_2_0(f)
-    )
+    header = np.lib.format.read_array_header_1_0(f) if version == (1, 0) else np.lib.format.read_array_header_2_0(f)
     shape, _fortran, dtype = header
     if dtype != np.dtype(object):
         return np.lib.format.read_array(io.BytesIO(data), allow_pickle=False)

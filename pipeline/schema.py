@@ -116,7 +116,11 @@ def _value(field: Field, value: Any, name: str, problems: list[str]) -> Any:
 
 
 def _plural(kind) -> str:
-    return "mappings" if isinstance(kind, Schema) else {str: "strings", int: "integers", float: "numbers", bool: "booleans"}[kind]
+    return (
+        "mappings"
+        if isinstance(kind, Schema)
+        else {str: "strings", int: "integers", float: "numbers", bool: "booleans"}[kind]
+    )
 
 
 def _kind_of(value: Any) -> str:

@@ -30,8 +30,17 @@ import pyarrow as pa
 from pipeline.errors import ConfigError
 from pipeline.mixture.mixture import ANSWERS_FILE, ITEMS_FILE, MANIFEST_FILE, ItemsFolder
 
-__all__ = ["ANSWERS_FILE", "FORMAT", "ITEMS_FILE", "ITEMS_SCHEMA", "MANIFEST_FILE", "REPORT_FILE", "TASK_SCHEMA_VERSION",
-           "TaskData", "task_manifest"]
+__all__ = [
+    "ANSWERS_FILE",
+    "FORMAT",
+    "ITEMS_FILE",
+    "ITEMS_SCHEMA",
+    "MANIFEST_FILE",
+    "REPORT_FILE",
+    "TASK_SCHEMA_VERSION",
+    "TaskData",
+    "task_manifest",
+]
 FORMAT = "vlprep-task"  # manifest.json's "format", and the output folder's ownership kind
 TASK_SCHEMA_VERSION = 1
 REPORT_FILE = "report.md"  # the other files are named as a mixture's
@@ -79,15 +88,19 @@ class TaskData(ItemsFolder):
         self.path = Path(path)
         manifest = task_manifest(self.path)
         if manifest is None:
-            raise ConfigError(f"{self.path} is not a task dataset (no {FORMAT} manifest.json): "
-                              "build one with `vlprep build-task`")
+            raise ConfigError(
+                f"{self.path} is not a task dataset (no {FORMAT} manifest.json): build one with `vlprep build-task`"
+            )
         version = manifest.get("schema_version")
         if version != TASK_SCHEMA_VERSION:
-            raise ConfigError(f"{self.path}: task schema {version}, this vlprep reads schema {TASK_SCHEMA_VERSION}; "
-                              f"{_REBUILD}")
+            raise ConfigError(
+                f"{self.path}: task schema {version}, this vlprep reads schema {TASK_SCHEMA_VERSION}; {_REBUILD}"
+            )
         if task is not None and manifest.get("task") != task:
-            raise ConfigError(f"{self.path} holds {manifest.get('task')!r} data, not {task!r}: pass the folder "
-                              f"`vlprep build-task --task {task}` wrote")
+            raise ConfigError(
+                f"{self.path} holds {manifest.get('task')!r} data, not {task!r}: pass the folder "
+                f"`vlprep build-task --task {task}` wrote"
+            )
         self.manifest = manifest
         self.task = manifest["task"]
         self.answers = self._read_answers()

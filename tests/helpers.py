@@ -38,9 +38,13 @@ def make_record(
     cls_prob = probs(cls_dim) if cls_dim else None
     attr_prob = probs(attr_dim) if attr_dim else None
     fields = dict(
-        image_id=image_id, image_h=h, image_w=w, boxes=boxes.astype(np.float32),
+        image_id=image_id,
+        image_h=h,
+        image_w=w,
+        boxes=boxes.astype(np.float32),
         features=(rng.standard_normal((num_boxes, feature_dim)) * 3).astype(np.float32),
-        cls_prob=cls_prob, attr_prob=attr_prob,
+        cls_prob=cls_prob,
+        attr_prob=attr_prob,
     )
     if labels:
         if cls_prob is not None:
@@ -75,15 +79,20 @@ def assert_same_record(a: RegionFeatures, b: RegionFeatures, exact: bool = True)
             np.testing.assert_allclose(x.astype(np.float32), y.astype(np.float32), rtol=1e-3, atol=1e-3, err_msg=name)
 
 
-def run_cli(*args: str, cwd: Optional[Path] = None, check: bool = False, timeout: int = 300) -> subprocess.CompletedProcess:
+def run_cli(
+    *args: str, cwd: Optional[Path] = None, check: bool = False, timeout: int = 300
+) -> subprocess.CompletedProcess:
     """Run `python -m pipeline.cli ...` in a real subprocess."""
     proc = subprocess.run(
         [sys.executable, "-m", "pipeline.cli", *map(str, args)],
-        capture_output=True, text=True, cwd=cwd or REPO, timeout=timeout,
+        capture_output=True,
+        text=True,
+        cwd=cwd or REPO,
+        timeout=timeout,
         env={**__import__("os").environ, "COLUMNS": "200", "NO_COLOR": "1"},
     )
     if check and proc.returncode != 0:
-        raise AssertionError(f"vlprep {' '.join(map(str, args))} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
+        raise AssertionError(
+            f"vlprep {' '.join(map(str, args))} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+        )
     return proc
-
-

@@ -39,8 +39,12 @@ START_TIMEOUT = 90  # seconds for one node to come up (a loaded 2-core box)
 SET_HERE = ("--port", "--address", "--num-cpus", "--resources", "--temp-dir")
 LAUNCHER_ONLY = ("--autoscaling-config",)
 # GCS health checks every 0.5 s, a node dead after 3 misses (defaults: 3 s x 5): a killed node is seen in ~2 s.
-FAST_FAILURE_DETECTION = {"RAY_health_check_initial_delay_ms": "0", "RAY_health_check_period_ms": "500",
-                          "RAY_health_check_timeout_ms": "500", "RAY_health_check_failure_threshold": "3"}
+FAST_FAILURE_DETECTION = {
+    "RAY_health_check_initial_delay_ms": "0",
+    "RAY_health_check_period_ms": "500",
+    "RAY_health_check_timeout_ms": "500",
+    "RAY_health_check_failure_threshold": "3",
+}
 
 
 def free_port() -> int:
@@ -170,27 +174,45 @@ class RayCluster:
         while command and "=" in command[0] and not command[0].startswith("-"):  # NAME=VALUE before `ray`
             key, value = command.pop(0).split("=", 1)
             env[key] = value
-        ports = ["--dashboard-agent-listen-port", "--dashboard-agent-grpc-port", "--runtime-env-agent-port",
-                 "--metrics-export-port"]
+        ports = [
+            "--dashboard-agent-listen-port",
+            "--dashboard-agent-grpc-port",
+            "--runtime-env-agent-port",
+            "--metrics-export-port",
+        ]
         if recipe_key.startswith("head"):
             ports += ["--ray-client-server-port", "--dashboard-port"]
-        args = [*command, *where, "--node-ip-address", "127.0.0.1", "--num-cpus", str(cpus),
-                "--resources", json.dumps(resources), "--temp-dir", str(self.root / name),
-                *[arg for port in ports for arg in (port, str(free_port()))], "--block"]
+        args = [
+            *command,
+            *where,
+            "--node-ip-address",
+            "127.0.0.1",
+            "--num-cpus",
+            str(cpus),
+            "--resources",
+            json.dumps(resources),
+            "--temp-dir",
+            str(self.root / name),
+            *[arg for port in ports for arg in (port, str(free_port()))],
+            "--block",
+        ]
         node = RayNode(name, args, self.root / name, env)
         self.nodes[name] = node
         return node
 
     def start_head(self, cpus: float = 0, resources: Optional[dict] = None) -> RayNode:
-        node = self._start("head", "head_start_ray_commands", cpus, resources or {"node_head": 1},
-                           ["--port", str(self.port)])
+        node = self._start(
+            "head", "head_start_ray_commands", cpus, resources or {"node_head": 1}, ["--port", str(self.port)]
+        )
         node.wait_started()
         return node
 
     def add_nodes(self, specs: dict[str, tuple[float, dict]]) -> list[RayNode]:
         """Start worker nodes name -> (CPUs, resources) side by side; wait for all."""
-        nodes = [self._start(name, "worker_start_ray_commands", cpus, resources, ["--address", self.address])
-                 for name, (cpus, resources) in specs.items()]
+        nodes = [
+            self._start(name, "worker_start_ray_commands", cpus, resources, ["--address", self.address])
+            for name, (cpus, resources) in specs.items()
+        ]
         for node in nodes:
             node.wait_started()
         return nodes
@@ -204,8 +226,10 @@ class RayCluster:
 
     def logs(self, lines: int = 15) -> str:
         """The tails of every node's raylet log (for a failing test's message)."""
-        return "\n".join(f"--- {name} ({node.node_id}) raylet.out:\n{node.tail(node.raylet_log(), lines)}"
-                         for name, node in self.nodes.items())
+        return "\n".join(
+            f"--- {name} ({node.node_id}) raylet.out:\n{node.tail(node.raylet_log(), lines)}"
+            for name, node in self.nodes.items()
+        )
 
     def stop(self) -> None:
         """SIGKILL the worker nodes, then the head: only the processes this cluster started."""

@@ -34,8 +34,9 @@ def marked(i: int) -> int:
 
 def boxes() -> np.ndarray:
     """Six disjoint boxes on a 3 x 2 grid (IoU 0 with each other)."""
-    return np.array([[x * 80 + 5, y * 120 + 5, x * 80 + 70, y * 120 + 110] for y in range(2) for x in range(3)],
-                    np.float32)
+    return np.array(
+        [[x * 80 + 5, y * 120 + 5, x * 80 + 70, y * 120 + 110] for y in range(2) for x in range(3)], np.float32
+    )
 
 
 def key(i: int) -> str:
@@ -54,9 +55,18 @@ def write_store(path: Path, seed: int = 0) -> None:
         feats[:, color(i)] += 3.0
         feats[marked(i), 8] += 4.0
         probs = np.full((REGIONS, 4), 0.25, np.float32)
-        records.append(RegionFeatures(image_id=key(i), image_h=SIZE, image_w=SIZE, boxes=boxes(), features=feats,
-                                      cls_prob=probs, objects_id=np.zeros(REGIONS, np.int64),
-                                      objects_conf=np.ones(REGIONS, np.float32)))
+        records.append(
+            RegionFeatures(
+                image_id=key(i),
+                image_h=SIZE,
+                image_w=SIZE,
+                boxes=boxes(),
+                features=feats,
+                cls_prob=probs,
+                objects_id=np.zeros(REGIONS, np.int64),
+                objects_conf=np.ones(REGIONS, np.float32),
+            )
+        )
     write_records(path, records, feature_dim=DIM, dtype="float32")
 
 
@@ -79,14 +89,24 @@ def write_vqa(files: Path) -> list[Path]:
     for coco, images in (("train2014", range(VAL_FROM)), ("val2014", range(VAL_FROM, IMAGES))):
         questions, annotations = [], []
         for i in images:
-            for j, (text, answer, kind) in enumerate((("what color is the picture?", COLORS[color(i)], "other"),
-                                                      ("is the picture red?", "yes" if color(i) == 0 else "no",
-                                                       "yes/no"))):
+            for j, (text, answer, kind) in enumerate(
+                (
+                    ("what color is the picture?", COLORS[color(i)], "other"),
+                    ("is the picture red?", "yes" if color(i) == 0 else "no", "yes/no"),
+                )
+            ):
                 qid = i * 10 + j
                 questions.append({"image_id": i, "question": text, "question_id": qid})
-                annotations.append({"question_id": qid, "image_id": i, "answer_type": kind, "question_type": "what",
-                                    "multiple_choice_answer": answer,
-                                    "answers": [{"answer": answer, "answer_id": k + 1} for k in range(10)]})
+                annotations.append(
+                    {
+                        "question_id": qid,
+                        "image_id": i,
+                        "answer_type": kind,
+                        "question_type": "what",
+                        "multiple_choice_answer": answer,
+                        "answers": [{"answer": answer, "answer_id": k + 1} for k in range(10)],
+                    }
+                )
         out.append(_dump(files / f"v2_OpenEnded_mscoco_{coco}_questions.json", {"questions": questions}))
         out.append(_dump(files / f"v2_mscoco_{coco}_annotations.json", {"annotations": annotations}))
     return out
@@ -124,9 +144,15 @@ def write_nlvr2(files: Path) -> list[Path]:
         for s, p, left, right in _pairs():
             if s != split:
                 continue
-            rows.append({"identifier": f"{split}-{p}-0-0", "sentence": "the left image is red",
-                         "label": str(color(left) == 0), "left_url": f"http://x/{key(left)}.jpg",
-                         "right_url": f"http://x/{key(right)}.jpg"})
+            rows.append(
+                {
+                    "identifier": f"{split}-{p}-0-0",
+                    "sentence": "the left image is red",
+                    "label": str(color(left) == 0),
+                    "left_url": f"http://x/{key(left)}.jpg",
+                    "right_url": f"http://x/{key(right)}.jpg",
+                }
+            )
         out.append(_lines(files / f"{split}.json", rows))
     return out
 
@@ -134,12 +160,24 @@ def write_nlvr2(files: Path) -> list[Path]:
 def write_karpathy(files: Path) -> Path:
     images = []
     for i in range(IMAGES):
-        captions = [f"a {COLORS[color(i)]} picture", f"something {COLORS[color(i)]}", f"the colour {COLORS[color(i)]}",
-                    f"{COLORS[color(i)]} everywhere", f"all {COLORS[color(i)]}"]
-        images.append({"filename": f"{key(i)}.jpg", "imgid": i, "split": split_of(i, "test"),
-                       "sentids": [i * 5 + k for k in range(5)],
-                       "sentences": [{"raw": c, "tokens": c.split(), "imgid": i, "sentid": i * 5 + k}
-                                     for k, c in enumerate(captions)]})
+        captions = [
+            f"a {COLORS[color(i)]} picture",
+            f"something {COLORS[color(i)]}",
+            f"the colour {COLORS[color(i)]}",
+            f"{COLORS[color(i)]} everywhere",
+            f"all {COLORS[color(i)]}",
+        ]
+        images.append(
+            {
+                "filename": f"{key(i)}.jpg",
+                "imgid": i,
+                "split": split_of(i, "test"),
+                "sentids": [i * 5 + k for k in range(5)],
+                "sentences": [
+                    {"raw": c, "tokens": c.split(), "imgid": i, "sentid": i * 5 + k} for k, c in enumerate(captions)
+                ],
+            }
+        )
     return _dump(files / "dataset_flickr30k.json", {"dataset": "flickr30k", "images": images})
 
 
@@ -151,18 +189,43 @@ def write_refcoco(files: Path) -> list[Path]:
         name = f"COCO_train2014_{i:012d}"
         images.append({"id": i + 1, "file_name": f"{name}.jpg", "width": SIZE, "height": SIZE})
         x1, y1, x2, y2 = (float(v) for v in grid[marked(i)])
-        anns.append({"id": i + 1, "image_id": i + 1, "bbox": [x1, y1, x2 - x1, y2 - y1], "category_id": 1,
-                     "area": (x2 - x1) * (y2 - y1), "iscrowd": 0})
+        anns.append(
+            {
+                "id": i + 1,
+                "image_id": i + 1,
+                "bbox": [x1, y1, x2 - x1, y2 - y1],
+                "category_id": 1,
+                "area": (x2 - x1) * (y2 - y1),
+                "iscrowd": 0,
+            }
+        )
         split = "train" if i < VAL_FROM else ("val" if i % 2 else "testA")
-        refs.append({"ref_id": i, "ann_id": i + 1, "image_id": i + 1, "split": split, "category_id": 1,
-                     "file_name": f"{name}_{i + 1}.jpg", "sent_ids": [i],
-                     "sentences": [{"sent": "the marked one", "raw": "The marked one.", "tokens": ["the", "marked", "one"],
-                                    "sent_id": i}]})
+        refs.append(
+            {
+                "ref_id": i,
+                "ann_id": i + 1,
+                "image_id": i + 1,
+                "split": split,
+                "category_id": 1,
+                "file_name": f"{name}_{i + 1}.jpg",
+                "sent_ids": [i],
+                "sentences": [
+                    {
+                        "sent": "the marked one",
+                        "raw": "The marked one.",
+                        "tokens": ["the", "marked", "one"],
+                        "sent_id": i,
+                    }
+                ],
+            }
+        )
     refs_path = files / "refcoco+" / "refs(unc).p"
     refs_path.parent.mkdir(parents=True, exist_ok=True)
     refs_path.write_bytes(pickle.dumps(refs, protocol=2))
-    inst = _dump(files / "refcoco+" / "instances.json",
-                 {"images": images, "annotations": anns, "categories": [{"id": 1, "name": "thing"}]})
+    inst = _dump(
+        files / "refcoco+" / "instances.json",
+        {"images": images, "annotations": anns, "categories": [{"id": 1, "name": "thing"}]},
+    )
     map_lines = "".join(f"COCO_train2014_{i:012d}\t{key(i)}\n" for i in range(IMAGES))
     (files / "refcoco+" / "image_map.tsv").write_text(map_lines)
     return [refs_path, inst]
@@ -180,11 +243,19 @@ def write_vcr(files: Path) -> list[Path]:
             order = options[:]
             order.remove(COLORS[color(i)])
             order.insert(label, COLORS[color(i)])
-            rows.append({"annot_id": f"{split}-{i}", "objects": ["person", "ball"], "img_fn": f"{key(i)}.jpg",
-                         "metadata_fn": f"{key(i)}.json", "question": ["what", "color", "is", [1], "?"],
-                         "answer_choices": [["it", "is", c, "."] for c in order], "answer_label": label,
-                         "rationale_choices": [["because", [1], "looks", c, "."] for c in order],
-                         "rationale_label": label})
+            rows.append(
+                {
+                    "annot_id": f"{split}-{i}",
+                    "objects": ["person", "ball"],
+                    "img_fn": f"{key(i)}.jpg",
+                    "metadata_fn": f"{key(i)}.json",
+                    "question": ["what", "color", "is", [1], "?"],
+                    "answer_choices": [["it", "is", c, "."] for c in order],
+                    "answer_label": label,
+                    "rationale_choices": [["because", [1], "looks", c, "."] for c in order],
+                    "rationale_label": label,
+                }
+            )
         out.append(_lines(files / "vcr" / f"{split}.jsonl", rows))
     return out
 
@@ -193,12 +264,23 @@ def write_gqa(files: Path) -> list[Path]:
     """Balanced questions for train / val / testdev and a submission file without answers."""
     out = []
     for split, images in (("train", range(VAL_FROM)), ("val", range(VAL_FROM, 30)), ("testdev", range(30, IMAGES))):
-        questions = {f"{split}{i}": {"imageId": key(i), "question": "which color is the image?",
-                                     "answer": COLORS[color(i)], "types": {"structural": "query"}, "isBalanced": True}
-                     for i in images}
+        questions = {
+            f"{split}{i}": {
+                "imageId": key(i),
+                "question": "which color is the image?",
+                "answer": COLORS[color(i)],
+                "types": {"structural": "query"},
+                "isBalanced": True,
+            }
+            for i in images
+        }
         out.append(_dump(files / f"{split}_balanced_questions.json", questions))
-    out.append(_dump(files / "submission_all_questions.json",
-                     {f"s{i}": {"imageId": key(i), "question": "which color is the image?"} for i in range(30, IMAGES)}))
+    out.append(
+        _dump(
+            files / "submission_all_questions.json",
+            {f"s{i}": {"imageId": key(i), "question": "which color is the image?"} for i in range(30, IMAGES)},
+        )
+    )
     return out
 
 
@@ -207,6 +289,13 @@ def write_task_world(root: Path) -> dict:
     write_store(root / "feats")
     files = root / "files"
     files.mkdir(parents=True, exist_ok=True)
-    return {"store": root / "feats", "image_map": write_image_map(files), "vqa": write_vqa(files),
-            "nlvr2": write_nlvr2(files), "flickr30k": [write_karpathy(files)], "refcoco+": write_refcoco(files),
-            "vcr": write_vcr(files), "gqa": write_gqa(files)}
+    return {
+        "store": root / "feats",
+        "image_map": write_image_map(files),
+        "vqa": write_vqa(files),
+        "nlvr2": write_nlvr2(files),
+        "flickr30k": [write_karpathy(files)],
+        "refcoco+": write_refcoco(files),
+        "vcr": write_vcr(files),
+        "gqa": write_gqa(files),
+    }

@@ -8,14 +8,29 @@ from helpers import make_records
 
 from pipeline.store import write_records
 
-VLPREP = ["download", "datasets", "inspect", "verify", "import", "export", "formats", "version",
-          "demo"]  # demo: a plugin command (entry point group vlprep.commands)
+VLPREP = [
+    "download",
+    "datasets",
+    "inspect",
+    "verify",
+    "import",
+    "export",
+    "formats",
+    "version",
+    "demo",
+]  # demo: a plugin command (entry point group vlprep.commands)
 
 
 def _run(*args):
     exe = shutil.which(args[0])
     assert exe, f"{args[0]} console script is not installed (pip install -e .)"
-    return subprocess.run([exe, *args[1:]], capture_output=True, text=True, timeout=120, env={"COLUMNS": "160", "PATH": __import__("os").environ["PATH"]})
+    return subprocess.run(
+        [exe, *args[1:]],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"COLUMNS": "160", "PATH": __import__("os").environ["PATH"]},
+    )
 
 
 def test_vlprep_help_lists_commands():
@@ -40,8 +55,11 @@ def _commands():
 
     load_plugins()  # the commands that other packages attach, as `vlprep` does when it starts
 
-    return [(cli, app, name, command) for cli, app in (("vlprep", vlprep), ("vltrain", vltrain))
-            for name, command in typer.main.get_command(app).commands.items()]
+    return [
+        (cli, app, name, command)
+        for cli, app in (("vlprep", vlprep), ("vltrain", vltrain))
+        for name, command in typer.main.get_command(app).commands.items()
+    ]
 
 
 @pytest.mark.parametrize("cli, app, name, command", _commands(), ids=lambda v: v if isinstance(v, str) else "")
@@ -67,7 +85,9 @@ def test_vlprep_formats_lists_every_format():
 def test_vltrain_preview_batch(tmp_path):
     write_records(tmp_path / "s", make_records(5, seed=2, feature_dim=16), feature_dim=16)
     assert _run("vltrain", "--help").returncode == 0
-    proc = _run("vltrain", "preview-batch", str(tmp_path / "s"), "--batch-size", "3", "--max-boxes", "10", "--img-token")
+    proc = _run(
+        "vltrain", "preview-batch", str(tmp_path / "s"), "--batch-size", "3", "--max-boxes", "10", "--img-token"
+    )
     assert proc.returncode == 0, proc.stderr
     assert "(3, 11, 16)" in proc.stdout and "(3, 11, 5)" in proc.stdout and "real slots per image" in proc.stdout
     proc = _run("vltrain", "preview-batch", str(tmp_path))

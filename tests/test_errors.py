@@ -12,23 +12,37 @@ from typer.testing import CliRunner
 
 from pipeline.cli import app as vlprep
 from pipeline.errors import (
-    EXIT_BUSY, EXIT_CONFIG, EXIT_DATA, EXIT_DIVERGED, EXIT_IO, BusyError, CheckpointError, ConfigError, DataError,
-    DivergedError, StoreError, describe, exit_code,
+    EXIT_BUSY,
+    EXIT_CONFIG,
+    EXIT_DATA,
+    EXIT_DIVERGED,
+    EXIT_IO,
+    BusyError,
+    CheckpointError,
+    ConfigError,
+    DataError,
+    DivergedError,
+    StoreError,
+    describe,
+    exit_code,
 )
 from pipeline.io import LOCK_FILE, exclusive_lock
 from vl_models.cli import app as vltrain
 
 
-@pytest.mark.parametrize("err, code", [
-    (ConfigError("x"), EXIT_CONFIG),
-    (StoreError("x"), EXIT_DATA),
-    (CheckpointError("x"), EXIT_DATA),
-    (DivergedError("x"), EXIT_DIVERGED),
-    (BusyError("x"), EXIT_BUSY),
-    (OSError(errno.ENOSPC, "No space left on device", "shards/00003.arrow"), EXIT_IO),
-    (OSError(errno.ENOENT, "No such file"), None),
-    (KeyError("a bug"), None),
-])
+@pytest.mark.parametrize(
+    "err, code",
+    [
+        (ConfigError("x"), EXIT_CONFIG),
+        (StoreError("x"), EXIT_DATA),
+        (CheckpointError("x"), EXIT_DATA),
+        (DivergedError("x"), EXIT_DIVERGED),
+        (BusyError("x"), EXIT_BUSY),
+        (OSError(errno.ENOSPC, "No space left on device", "shards/00003.arrow"), EXIT_IO),
+        (OSError(errno.ENOENT, "No such file"), None),
+        (KeyError("a bug"), None),
+    ],
+)
 def test_exit_codes(err, code):
     assert exit_code(err) == code
 
@@ -60,8 +74,14 @@ def test_markup_in_messages_is_printed_verbatim(tmp_path):
 def test_lock_turns_a_second_writer_away_at_once(tmp_path):
     with exclusive_lock(tmp_path, "feature store"):
         child = subprocess.run(
-            [sys.executable, "-c", f"from pipeline.io import exclusive_lock\nwith exclusive_lock({str(tmp_path)!r}): pass"],
-            capture_output=True, text=True, timeout=60,
+            [
+                sys.executable,
+                "-c",
+                f"from pipeline.io import exclusive_lock\nwith exclusive_lock({str(tmp_path)!r}): pass",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
         )
         assert child.returncode != 0
         assert "BusyError" in child.stderr and "is writing this output" in child.stderr
@@ -75,9 +95,14 @@ def test_lock_turns_a_second_writer_away_at_once(tmp_path):
 
 def test_lock_of_a_killed_holder_is_released(tmp_path):
     holder = subprocess.Popen(
-        [sys.executable, "-c", f"import time\nfrom pipeline.io import exclusive_lock\n"
-                               f"with exclusive_lock({str(tmp_path)!r}):\n    print('held', flush=True)\n    time.sleep(60)"],
-        stdout=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-c",
+            f"import time\nfrom pipeline.io import exclusive_lock\n"
+            f"with exclusive_lock({str(tmp_path)!r}):\n    print('held', flush=True)\n    time.sleep(60)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
     )
     assert holder.stdout.readline().strip() == "held"
     with pytest.raises(BusyError, match=f"pid {holder.pid}"):
@@ -92,9 +117,17 @@ def test_lock_of_a_killed_holder_is_released(tmp_path):
 def test_logs_to_a_file_or_pipe_are_plain_unwrapped_lines():
     """Batch jobs (stderr redirected): one timestamped line per record, however long (rich
     wrapped them at 80 columns, splitting progress lines)."""
-    code = "import logging\nfrom pipeline.log import setup_logging\nsetup_logging()\nlogging.getLogger('x').info('step ' + 'a' * 200)"
-    child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
-                           env={"PATH": "/usr/bin:/bin", "COLUMNS": "80"})
+    code = (
+        "import logging\nfrom pipeline.log import setup_logging\nsetup_logging()\n"
+        "logging.getLogger('x').info('step ' + 'a' * 200)"
+    )
+    child = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PATH": "/usr/bin:/bin", "COLUMNS": "80"},
+    )
     lines = child.stderr.splitlines()
     assert len(lines) == 1, child.stderr
     assert lines[0].endswith("INFO x: step " + "a" * 200)

@@ -20,11 +20,18 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("pipeline", "vl_models")
 BASICS = ("pipeline.errors", "pipeline.io", "pipeline.log", "pipeline.config", "pipeline.registry")
-LAYERS = ((4, "the demo", ("vl_models.demo",)), (1, "shared basics", BASICS), (2, "pipeline", ("pipeline",)),
-          (3, "vl_models", ("vl_models",)))
+LAYERS = (
+    (4, "the demo", ("vl_models.demo",)),
+    (1, "shared basics", BASICS),
+    (2, "pipeline", ("pipeline",)),
+    (3, "vl_models", ("vl_models",)),
+)
 # (importer, imported): no module under the first prefix imports one under the second.
-BELOW = [(low, high) for low in ("vl_models.data", "vl_models.models")
-         for high in ("vl_models.tasks", "vl_models.train", "vl_models.eval", "vl_models.transfer")]
+BELOW = [
+    (low, high)
+    for low in ("vl_models.data", "vl_models.models")
+    for high in ("vl_models.tasks", "vl_models.train", "vl_models.eval", "vl_models.transfer")
+]
 BELOW += [(low, "vl_models.transfer") for low in ("vl_models.families", "vl_models.train", "vl_models.eval")]
 BELOW += [("pipeline.detect", "pipeline.synthetic")]
 
@@ -63,7 +70,7 @@ def imports(path: Path) -> list[tuple[int, str]]:
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
-                anchor = package.split(".")[:len(package.split(".")) - (node.level - 1)]
+                anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
                 base = ".".join(anchor + ([base] if base else []))
             for alias in node.names:
                 sub = f"{base}.{alias.name}"
@@ -77,8 +84,11 @@ def edges() -> list[tuple[str, int, str, str]]:
     for package in PACKAGES:
         for path in sorted((ROOT / package).rglob("*.py")):
             importer = module_name(path)
-            out += [(str(path.relative_to(ROOT)), line, importer, imported)
-                    for line, imported in imports(path) if layer(imported) and imported != importer]
+            out += [
+                (str(path.relative_to(ROOT)), line, importer, imported)
+                for line, imported in imports(path)
+                if layer(imported) and imported != importer
+            ]
     return out
 
 
@@ -93,15 +103,21 @@ def test_the_walk_sees_the_edges_it_should():
 
 
 def test_no_import_points_to_a_higher_layer():
-    upward = [f"{file}:{line}: {importer} ({layer(importer)[1]}) imports {imported} ({layer(imported)[1]})"
-              for file, line, importer, imported in edges() if layer(imported)[0] > layer(importer)[0]]
+    upward = [
+        f"{file}:{line}: {importer} ({layer(importer)[1]}) imports {imported} ({layer(imported)[1]})"
+        for file, line, importer, imported in edges()
+        if layer(imported)[0] > layer(importer)[0]
+    ]
     assert upward == [], "imports must run shared basics <- pipeline <- vl_models <- demo:\n" + "\n".join(upward)
 
 
 @pytest.mark.parametrize("low, high", BELOW, ids=lambda v: v)
 def test_lower_packages_do_not_import_higher_ones(low, high):
-    upward = [f"{file}:{line}: {importer} imports {imported}" for file, line, importer, imported in edges()
-              if within(importer, low) and within(imported, high)]
+    upward = [
+        f"{file}:{line}: {importer} imports {imported}"
+        for file, line, importer, imported in edges()
+        if within(importer, low) and within(imported, high)
+    ]
     assert upward == [], f"{low} must not import {high}:\n" + "\n".join(upward)
 
 
@@ -126,7 +142,9 @@ def test_importing_the_vlprep_cli_imports_no_vl_models():
 
 def test_the_demo_plugin_attaches_without_torch():
     """`vlprep` attaches its plugins at every start: the demo's registration stays light."""
-    code = ("import sys, pipeline.cli as c; c.load_plugins(); c.load_plugins(); "
-            "names = [x.name for x in c.app.registered_commands]; "
-            "print(names.count('demo'), 'torch' in sys.modules)")
+    code = (
+        "import sys, pipeline.cli as c; c.load_plugins(); c.load_plugins(); "
+        "names = [x.name for x in c.app.registered_commands]; "
+        "print(names.count('demo'), 'torch' in sys.modules)"
+    )
     assert _run_python(code) == "1 False"

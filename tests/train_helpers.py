@@ -14,9 +14,21 @@ VOCAB = bundled_bert_vocab()
 
 def config(data, tmp_path, model, **kw) -> TrainConfig:
     """A tiny run of `model` on the `data` fixture into tmp_path/run (4 steps, batch 4)."""
-    base = dict(model=model, stores=(str(data / "feats"),), mixture=str(data / "mix"), out=str(tmp_path / "run"),
-                vocab=str(VOCAB), steps=4, batch_size=4, lr=1e-3, warmup=1, checkpoint_every=2, log_every=1,
-                max_regions=10, max_text=12)
+    base = dict(
+        model=model,
+        stores=(str(data / "feats"),),
+        mixture=str(data / "mix"),
+        out=str(tmp_path / "run"),
+        vocab=str(VOCAB),
+        steps=4,
+        batch_size=4,
+        lr=1e-3,
+        warmup=1,
+        checkpoint_every=2,
+        log_every=1,
+        max_regions=10,
+        max_text=12,
+    )
     return TrainConfig.of(**{**base, **kw})
 
 
@@ -25,8 +37,11 @@ def assert_pretraining_logits_match(ours, hf, ids, feats, pos, mask, vmask, tol:
     with torch.no_grad():
         a = ours(ids, feats, pos, attention_mask=mask, visual_attention_mask=vmask)
         b = hf(input_ids=ids, visual_feats=feats, visual_pos=pos, attention_mask=mask, visual_attention_mask=vmask)
-    for x, y in ((a.lm_logits, b.prediction_logits), (a.matched_logits, b.cross_relationship_score),
-                 (a.answer_logits, b.question_answering_score)):
+    for x, y in (
+        (a.lm_logits, b.prediction_logits),
+        (a.matched_logits, b.cross_relationship_score),
+        (a.answer_logits, b.question_answering_score),
+    ):
         assert (x - y).abs().max() <= tol
 
 

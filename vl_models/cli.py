@@ -12,12 +12,23 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from pipeline.cli_flags import Flag, Flags, config_command, or_none
 from pipeline.errors import ConfigError
 from pipeline.log import cli_app, named_errors
-from pipeline.cli_flags import Flag, Flags, config_command, or_none
 from vl_models.config import (
-    AMP, DEVICES, OPTIMIZERS, REGION_OVERLAP, RESUME, TASK_SAMPLING, VISUAL_WEIGHTING, DataSettings, FinetuneConfig,
-    OptimConfig, RunSettings, TrainConfig, TransferSettings,
+    AMP,
+    DEVICES,
+    OPTIMIZERS,
+    REGION_OVERLAP,
+    RESUME,
+    TASK_SAMPLING,
+    VISUAL_WEIGHTING,
+    DataSettings,
+    FinetuneConfig,
+    OptimConfig,
+    RunSettings,
+    TrainConfig,
+    TransferSettings,
 )
 
 app = cli_app("vltrain", "Train ViLBERT- and LXMERT-style models on vlprep feature stores.")
@@ -25,16 +36,30 @@ out = Console()
 
 
 # What a recipe may set: the options that shape the run, not where its inputs and outputs are.
-_NOT_IN_RECIPES = {"recipe", "shards", "mixture", "out", "vocab", "init", "resume", "overwrite", "stop_at",
-                   "dist_timeout"}
-RESUME_HELP = ("An earlier run in OUT: no (refused; see --overwrite); yes (also a bare --resume): continue it bit-exactly from "
-               "checkpoints/latest (a new run if OUT holds none), settings that change what the run computes must "
-               "stay the same (refused, named), --steps, --epochs and how it checkpoints, evaluates and logs may "
-               "change (noted in metrics.jsonl); auto: continue it only when every setting is the same, start a new "
-               "run when OUT holds none (or a run of the same settings without a checkpoint), refuse anything else: "
-               "for job scripts, resubmitted preempted jobs and torchrun restarts (--max-restarts).")
-DIST_TIMEOUT_HELP = ("Under torchrun: seconds a collective waits for the other ranks before the run fails (0: "
-                     "torch's default, 30 min on gloo, 10 min on NCCL).")
+_NOT_IN_RECIPES = {
+    "recipe",
+    "shards",
+    "mixture",
+    "out",
+    "vocab",
+    "init",
+    "resume",
+    "overwrite",
+    "stop_at",
+    "dist_timeout",
+}
+RESUME_HELP = (
+    "An earlier run in OUT: no (refused; see --overwrite); yes (also a bare --resume): continue it bit-exactly from "
+    "checkpoints/latest (a new run if OUT holds none), settings that change what the run computes must "
+    "stay the same (refused, named), --steps, --epochs and how it checkpoints, evaluates and logs may "
+    "change (noted in metrics.jsonl); auto: continue it only when every setting is the same, start a new "
+    "run when OUT holds none (or a run of the same settings without a checkpoint), refuse anything else: "
+    "for job scripts, resubmitted preempted jobs and torchrun restarts (--max-restarts)."
+)
+DIST_TIMEOUT_HELP = (
+    "Under torchrun: seconds a collective waits for the other ranks before the run fails (0: "
+    "torch's default, 30 min on gloo, 10 min on NCCL)."
+)
 
 
 def _given(ctx: typer.Context, name: str) -> bool:
@@ -56,8 +81,10 @@ def _with_recipe(ctx: typer.Context, recipe: Optional[str]) -> dict:
     options = {p.name: p for p in ctx.command.params}
     unknown = sorted(set(obj) - (set(options) - _NOT_IN_RECIPES))
     if unknown:
-        raise ConfigError(f"{path}: unknown or not settable by a recipe: {', '.join(unknown)} (settable: "
-                          f"{', '.join(sorted(set(options) - _NOT_IN_RECIPES))})")
+        raise ConfigError(
+            f"{path}: unknown or not settable by a recipe: {', '.join(unknown)} (settable: "
+            f"{', '.join(sorted(set(options) - _NOT_IN_RECIPES))})"
+        )
     for name, value in obj.items():
         if _given(ctx, name):
             continue
@@ -76,48 +103,171 @@ def _with_recipe(ctx: typer.Context, recipe: Optional[str]) -> dict:
 @named_errors
 def pretrain(
     ctx: typer.Context,
-    model: str = typer.Option(None, help="Model config (required unless --recipe gives one): lxmert-base, lxmert-small, lxmert-tiny, vilbert-base[-2|4|8coattn], vilbert-small, vilbert-tiny, or a JSON path (small: 64 wide, the demo's; tiny: 32 wide, for tests).", rich_help_panel="Inputs and output"),
-    shards: List[Path] = typer.Option(..., "--shards", help="Feature store(s) with the images' region features (repeatable).", rich_help_panel="Inputs and output"),
-    mixture: Path = typer.Option(..., help="Mixture folder from `vlprep build-mixture`.", rich_help_panel="Inputs and output"),
-    out: Path = typer.Option(..., help="Run folder: config.json, metrics.jsonl, checkpoints/.", rich_help_panel="Inputs and output"),
-    vocab: Path = typer.Option(..., help="BERT WordPiece vocab: a vocab.txt (uncased), a tokenizer.json, or a model folder with either.", rich_help_panel="Inputs and output"),
-    recipe: str = typer.Option(None, help="A published recipe: lxmert-paper or vilbert-paper (every number cited in the file, see vl_models/recipes/), or a YAML file of the same keys (option names with underscores). Its values replace the defaults of the options not given on the command line.", rich_help_panel="Inputs and output"),
+    model: str = typer.Option(
+        None,
+        help="Model config (required unless --recipe gives one): lxmert-base, lxmert-small, lxmert-tiny, vilbert-base[-2|4|8coattn], vilbert-small, vilbert-tiny, or a JSON path (small: 64 wide, the demo's; tiny: 32 wide, for tests).",
+        rich_help_panel="Inputs and output",
+    ),
+    shards: List[Path] = typer.Option(
+        ...,
+        "--shards",
+        help="Feature store(s) with the images' region features (repeatable).",
+        rich_help_panel="Inputs and output",
+    ),
+    mixture: Path = typer.Option(
+        ..., help="Mixture folder from `vlprep build-mixture`.", rich_help_panel="Inputs and output"
+    ),
+    out: Path = typer.Option(
+        ..., help="Run folder: config.json, metrics.jsonl, checkpoints/.", rich_help_panel="Inputs and output"
+    ),
+    vocab: Path = typer.Option(
+        ...,
+        help="BERT WordPiece vocab: a vocab.txt (uncased), a tokenizer.json, or a model folder with either.",
+        rich_help_panel="Inputs and output",
+    ),
+    recipe: str = typer.Option(
+        None,
+        help="A published recipe: lxmert-paper or vilbert-paper (every number cited in the file, see vl_models/recipes/), or a YAML file of the same keys (option names with underscores). Its values replace the defaults of the options not given on the command line.",
+        rich_help_panel="Inputs and output",
+    ),
     steps: int = typer.Option(1000, help="Optimizer steps.", rich_help_panel="Schedule and optimizer"),
-    epochs: float = typer.Option(0, help="Passes over the train split; sets --steps from the split's size, the batch size and the rank count (0: use --steps).", rich_help_panel="Schedule and optimizer"),
-    batch_size: int = typer.Option(32, help="Examples per rank per micro-step.", rich_help_panel="Schedule and optimizer"),
+    epochs: float = typer.Option(
+        0,
+        help="Passes over the train split; sets --steps from the split's size, the batch size and the rank count (0: use --steps).",
+        rich_help_panel="Schedule and optimizer",
+    ),
+    batch_size: int = typer.Option(
+        32, help="Examples per rank per micro-step.", rich_help_panel="Schedule and optimizer"
+    ),
     grad_accum: int = typer.Option(1, help="Micro-steps per optimizer step.", rich_help_panel="Schedule and optimizer"),
-    lr: float = typer.Option(1e-4, help="Peak learning rate (linear warmup, then linear decay).", rich_help_panel="Schedule and optimizer"),
-    optimizer: Literal[OPTIMIZERS] = typer.Option("adamw", help="adamw (default, fused; no decay on bias/LayerNorm), bertadam (LXMERT's: no bias correction, decay on all parameters) or sgd (momentum 0.9).", rich_help_panel="Schedule and optimizer"),
-    warmup: float = typer.Option(100, help="Warmup: steps, or a fraction of all steps when below 1 (e.g. 0.1).", rich_help_panel="Schedule and optimizer"),
-    weight_decay: float = typer.Option(0.01, help="AdamW weight decay (none on biases and LayerNorms).", rich_help_panel="Schedule and optimizer"),
-    device: Literal[DEVICES] = typer.Option("cpu", help="cpu or cuda (under torchrun: one GPU per rank).", rich_help_panel="Run: devices, checkpoints, logging"),
-    amp: Literal[AMP] = typer.Option("none", help="Mixed precision: none, bf16, or fp16 (CUDA, with a GradScaler).", rich_help_panel="Run: devices, checkpoints, logging"),
+    lr: float = typer.Option(
+        1e-4, help="Peak learning rate (linear warmup, then linear decay).", rich_help_panel="Schedule and optimizer"
+    ),
+    optimizer: Literal[OPTIMIZERS] = typer.Option(
+        "adamw",
+        help="adamw (default, fused; no decay on bias/LayerNorm), bertadam (LXMERT's: no bias correction, decay on all parameters) or sgd (momentum 0.9).",
+        rich_help_panel="Schedule and optimizer",
+    ),
+    warmup: float = typer.Option(
+        100,
+        help="Warmup: steps, or a fraction of all steps when below 1 (e.g. 0.1).",
+        rich_help_panel="Schedule and optimizer",
+    ),
+    weight_decay: float = typer.Option(
+        0.01, help="AdamW weight decay (none on biases and LayerNorms).", rich_help_panel="Schedule and optimizer"
+    ),
+    device: Literal[DEVICES] = typer.Option(
+        "cpu",
+        help="cpu or cuda (under torchrun: one GPU per rank).",
+        rich_help_panel="Run: devices, checkpoints, logging",
+    ),
+    amp: Literal[AMP] = typer.Option(
+        "none",
+        help="Mixed precision: none, bf16, or fp16 (CUDA, with a GradScaler).",
+        rich_help_panel="Run: devices, checkpoints, logging",
+    ),
     workers: int = typer.Option(0, help="DataLoader worker processes.", rich_help_panel="Data"),
-    init: Path = typer.Option(None, help="Start from a checkpoint (file or folder): LXMERT (HF or original .pth), vilbert-multi-task, or a BERT (BertForPreTraining such as bert-base-uncased/, or a BertModel; pytorch_model.bin or model.safetensors) for the text side and LM head of either model.", rich_help_panel="Inputs and output"),
-    compile: bool = typer.Option(False, "--compile", help="torch.compile the backbone (slow first steps; faster after).", rich_help_panel="Run: devices, checkpoints, logging"),
-    checkpoint_every: int = typer.Option(500, help="Steps between checkpoints.", rich_help_panel="Run: devices, checkpoints, logging"),
-    eval_every: int = typer.Option(0, help="Steps between validation passes on the mixture's val split (0: at the end).", rich_help_panel="Run: devices, checkpoints, logging"),
-    seed: int = typer.Option(0, help="Seed of initialization, sampling and masking.", rich_help_panel="Run: devices, checkpoints, logging"),
-    resume: Literal[RESUME] = typer.Option("no", help=RESUME_HELP, rich_help_panel="Run: devices, checkpoints, logging"),
+    init: Path = typer.Option(
+        None,
+        help="Start from a checkpoint (file or folder): LXMERT (HF or original .pth), vilbert-multi-task, or a BERT (BertForPreTraining such as bert-base-uncased/, or a BertModel; pytorch_model.bin or model.safetensors) for the text side and LM head of either model.",
+        rich_help_panel="Inputs and output",
+    ),
+    compile: bool = typer.Option(
+        False,
+        "--compile",
+        help="torch.compile the backbone (slow first steps; faster after).",
+        rich_help_panel="Run: devices, checkpoints, logging",
+    ),
+    checkpoint_every: int = typer.Option(
+        500, help="Steps between checkpoints.", rich_help_panel="Run: devices, checkpoints, logging"
+    ),
+    eval_every: int = typer.Option(
+        0,
+        help="Steps between validation passes on the mixture's val split (0: at the end).",
+        rich_help_panel="Run: devices, checkpoints, logging",
+    ),
+    seed: int = typer.Option(
+        0, help="Seed of initialization, sampling and masking.", rich_help_panel="Run: devices, checkpoints, logging"
+    ),
+    resume: Literal[RESUME] = typer.Option(
+        "no", help=RESUME_HELP, rich_help_panel="Run: devices, checkpoints, logging"
+    ),
     dist_timeout: float = typer.Option(0, help=DIST_TIMEOUT_HELP, rich_help_panel="Run: devices, checkpoints, logging"),
-    overwrite: bool = typer.Option(False, "--overwrite", help="Start again in an OUT that holds a run: removes only the trainer's files there (config.json, metrics.jsonl, checkpoints/, tensorboard/, curves.png).", rich_help_panel="Run: devices, checkpoints, logging"),
-    stop_at: int = typer.Option(0, help="End this invocation at this step (0: run to --steps); resume later.", rich_help_panel="Run: devices, checkpoints, logging"),
-    keep_last: int = typer.Option(3, help="Checkpoints kept (0: all), besides the best one (--best-metric).", rich_help_panel="Run: devices, checkpoints, logging"),
-    best_metric: str = typer.Option(None, help="Keep the best checkpoint by this validation score (checkpoints/best), e.g. eval_qa_score, eval_retrieval_R@1, eval_region_kl; NAME:max or NAME:min to set the direction.", rich_help_panel="Run: devices, checkpoints, logging"),
-    log_every: int = typer.Option(10, help="Steps between metrics rows (and progress lines when stderr is not a terminal).", rich_help_panel="Run: devices, checkpoints, logging"),
-    report_to: List[str] = typer.Option([], "--report-to", help="Also report to: tensorboard (events in OUT/tensorboard; pip install tensorboard).", rich_help_panel="Run: devices, checkpoints, logging"),
-    max_text: int = typer.Option(0, help="Text tokens per item (0: the model's default, ViLBERT 36, LXMERT 20).", rich_help_panel="Data"),
+    overwrite: bool = typer.Option(
+        False,
+        "--overwrite",
+        help="Start again in an OUT that holds a run: removes only the trainer's files there (config.json, metrics.jsonl, checkpoints/, tensorboard/, curves.png).",
+        rich_help_panel="Run: devices, checkpoints, logging",
+    ),
+    stop_at: int = typer.Option(
+        0,
+        help="End this invocation at this step (0: run to --steps); resume later.",
+        rich_help_panel="Run: devices, checkpoints, logging",
+    ),
+    keep_last: int = typer.Option(
+        3,
+        help="Checkpoints kept (0: all), besides the best one (--best-metric).",
+        rich_help_panel="Run: devices, checkpoints, logging",
+    ),
+    best_metric: str = typer.Option(
+        None,
+        help="Keep the best checkpoint by this validation score (checkpoints/best), e.g. eval_qa_score, eval_retrieval_R@1, eval_region_kl; NAME:max or NAME:min to set the direction.",
+        rich_help_panel="Run: devices, checkpoints, logging",
+    ),
+    log_every: int = typer.Option(
+        10,
+        help="Steps between metrics rows (and progress lines when stderr is not a terminal).",
+        rich_help_panel="Run: devices, checkpoints, logging",
+    ),
+    report_to: List[str] = typer.Option(
+        [],
+        "--report-to",
+        help="Also report to: tensorboard (events in OUT/tensorboard; pip install tensorboard).",
+        rich_help_panel="Run: devices, checkpoints, logging",
+    ),
+    max_text: int = typer.Option(
+        0, help="Text tokens per item (0: the model's default, ViLBERT 36, LXMERT 20).", rich_help_panel="Data"
+    ),
     max_regions: int = typer.Option(36, help="Regions per image (ViLBERT adds its IMG token).", rich_help_panel="Data"),
-    region_overlap: Literal[REGION_OVERLAP] = typer.Option("keep", help="ViLBERT region masking: keep (the paper: only the 15 % selected regions are masked) or zero (12-in-1: every selected region and every region overlapping one by IoU > 0.4 are zeroed, none left unaltered). The loss is on the selected regions either way.", rich_help_panel="Data"),
-    mlm_prob: float = typer.Option(0.15, help="Share of words selected for masked LM (both papers: 0.15).", rich_help_panel="Data"),
-    region_prob: float = typer.Option(0.15, help="Share of regions selected for masked-region modelling (both papers: 0.15).", rich_help_panel="Data"),
-    mismatch_prob: float = typer.Option(0.5, help="Share of items whose text is swapped for another image's: the negatives of the alignment / matching task (both papers: 0.5).", rich_help_panel="Data"),
+    region_overlap: Literal[REGION_OVERLAP] = typer.Option(
+        "keep",
+        help="ViLBERT region masking: keep (the paper: only the 15 % selected regions are masked) or zero (12-in-1: every selected region and every region overlapping one by IoU > 0.4 are zeroed, none left unaltered). The loss is on the selected regions either way.",
+        rich_help_panel="Data",
+    ),
+    mlm_prob: float = typer.Option(
+        0.15, help="Share of words selected for masked LM (both papers: 0.15).", rich_help_panel="Data"
+    ),
+    region_prob: float = typer.Option(
+        0.15, help="Share of regions selected for masked-region modelling (both papers: 0.15).", rich_help_panel="Data"
+    ),
+    mismatch_prob: float = typer.Option(
+        0.5,
+        help="Share of items whose text is swapped for another image's: the negatives of the alignment / matching task (both papers: 0.5).",
+        rich_help_panel="Data",
+    ),
     clip: float = typer.Option(1.0, help="Gradient clipping (global norm).", rich_help_panel="Schedule and optimizer"),
-    verify_shards: bool = typer.Option(False, "--verify-shards", help="Check each feature-store shard's sha256 on first use (also: VLPREP_VERIFY_SHARDS=1).", rich_help_panel="Data"),
-    visual_weighting: Literal[VISUAL_WEIGHTING] = typer.Option("confidence", help="LXMERT obj/attr losses: confidence (reference) or masked.", rich_help_panel="Tasks"),
+    verify_shards: bool = typer.Option(
+        False,
+        "--verify-shards",
+        help="Check each feature-store shard's sha256 on first use (also: VLPREP_VERIFY_SHARDS=1).",
+        rich_help_panel="Data",
+    ),
+    visual_weighting: Literal[VISUAL_WEIGHTING] = typer.Option(
+        "confidence", help="LXMERT obj/attr losses: confidence (reference) or masked.", rich_help_panel="Tasks"
+    ),
     qa_from_epoch: int = typer.Option(0, help="LXMERT: train image QA from this epoch on.", rich_help_panel="Tasks"),
-    weight: List[str] = typer.Option([], "--weight", help="TASK=W: a task's loss weight (default 1; repeatable). Tasks: ViLBERT mlm, region, alignment; LXMERT mlm, matching, obj, attr, feat, qa.", rich_help_panel="Tasks"),
-    task_from: List[str] = typer.Option([], "--task-from", help="TASK=N: a task's loss is off for the first N optimizer steps (repeatable), e.g. alignment=1000 to let the streams learn before the pair head trains.", rich_help_panel="Tasks"),
+    weight: List[str] = typer.Option(
+        [],
+        "--weight",
+        help="TASK=W: a task's loss weight (default 1; repeatable). Tasks: ViLBERT mlm, region, alignment; LXMERT mlm, matching, obj, attr, feat, qa.",
+        rich_help_panel="Tasks",
+    ),
+    task_from: List[str] = typer.Option(
+        [],
+        "--task-from",
+        help="TASK=N: a task's loss is off for the first N optimizer steps (repeatable), e.g. alignment=1000 to let the streams learn before the pair head trains.",
+        rich_help_panel="Tasks",
+    ),
 ) -> None:
     """Pretrain ViLBERT or LXMERT on feature stores and a mixture, with all of the
     model's pretraining tasks. Runs on one CPU, or with torchrun on many processes/GPUs.
@@ -135,11 +285,19 @@ def pretrain(
         o["epochs"] = 0
     # Every other option is a training setting of the same name (a test checks both ways).
     settings = {k: v for k, v in o.items() if k not in ("recipe", "shards", "weight", "task_from")}
-    settings.update(stores=tuple(str(s) for s in shards), mixture=str(mixture), out=str(out), vocab=str(vocab),
-                    init=str(init) if init else None, epochs=o["epochs"] or None, stop_at=stop_at or None,
-                    dist_timeout=o["dist_timeout"] or None,
-                    max_text=o["max_text"] or None, weights=_pairs(o["weight"], "--weight", float),
-                    from_step=_pairs(o["task_from"], "--task-from", int))
+    settings.update(
+        stores=tuple(str(s) for s in shards),
+        mixture=str(mixture),
+        out=str(out),
+        vocab=str(vocab),
+        init=str(init) if init else None,
+        epochs=o["epochs"] or None,
+        stop_at=stop_at or None,
+        dist_timeout=o["dist_timeout"] or None,
+        max_text=o["max_text"] or None,
+        weights=_pairs(o["weight"], "--weight", float),
+        from_step=_pairs(o["task_from"], "--task-from", int),
+    )
     cfg = TrainConfig.of(**settings)
     _train_with_progress(run, cfg, "pretraining")
 
@@ -147,64 +305,121 @@ def pretrain(
 _FT = FinetuneConfig(tasks=("vqa",), task_data=(".",), stores=(".",), out=".")  # the sections' defaults
 _RUN = "Run: devices, checkpoints, logging"
 FINETUNE_FLAGS = (
-    Flags(FinetuneConfig, "Inputs and output", {
-        "tasks": Flag("Task(s) to fine-tune, repeatable (one backbone, a head each): vqa, gqa, nlvr2, flickr30k, "
-                      "coco-retrieval, refcoco+, refcoco, refcocog, vcr.", name="--task"),
-        "task_data": Flag("The task dataset of each --task, in the same order (`vlprep build-task`).", name="--data"),
-        "stores": Flag("Feature store(s) with the tasks' images (repeatable).", name="--shards"),
-        "out": "Run folder: config.json, metrics.jsonl, checkpoints/ (best: by the first task's metric).",
-        "init": Flag("Start from: a pretraining run folder or checkpoint of ours (model config and vocab come with "
-                     "it), a fine-tuning run (its backbone), an HF LXMERT or vilbert-multi-task checkpoint (with "
-                     "--model), or a BERT; none: from scratch (with --model).", parse=or_none),
-        "model": Flag("Model config (when --init is no run of ours): lxmert-base, vilbert-base, ..., or a JSON path.",
-                      parse=or_none),
-        "vocab": Flag("BERT WordPiece vocab (default: the --init run's).", parse=or_none),
-    }),
-    Flags(OptimConfig, "Schedule and optimizer", {
-        "steps": "Optimizer steps (with --epochs 0).",
-        "epochs": Flag("Passes over the tasks' training examples; sets --steps (0: use --steps).",
-                       parse=lambda text: float(text) or None, show=lambda v: str(v or 0)),
-        "batch_size": "Examples per rank per micro-step (all of one task).",
-        "grad_accum": "Micro-steps per optimizer step.",
-        "lr": "Peak learning rate (linear warmup, then linear decay).",
-        "optimizer": Flag("adamw, bertadam (LXMERT's) or sgd.", choices=OPTIMIZERS),
-        "warmup": "Warmup: steps, or a fraction of all steps when below 1.",
-        "weight_decay": "Weight decay.", "clip": "Gradient clipping (global norm)."}, section="optim", defaults=_FT.optim),
-    Flags(DataSettings, "Data", {
-        "max_text": Flag("Text tokens per candidate (0: the task's, else the model's).",
-                         parse=lambda text: int(text) or None, show=lambda v: str(v or 0)),
-        "max_regions": "Regions per image (ViLBERT adds its IMG token).",
-        "workers": "DataLoader worker processes.",
-        "verify_shards": "Check each feature-store shard's sha256 on first use."}, section="data"),
-    Flags(TransferSettings, "Tasks", {
-        "task_sampling": Flag("Several tasks: one-task batches round-robin, or in proportion to the tasks' sizes.",
-                              choices=TASK_SAMPLING),
-        "train_split": Flag("Split(s) to train on, comma-separated (default: the task's, e.g. train; VQA as LXMERT: "
-                            "train,nominival-lxmert).", parse=or_none),
-        "val_split": Flag("Split validated each epoch (default: the task's: val, dev or test).", parse=or_none),
-        "eval_items": "Rows scored per validation (0: the whole split).",
-        "init_answers": Flag("The --init checkpoint's QA answer table (LXMERT's all_ans.json), when it is no run "
-                             "of ours: answer heads start from its rows.", parse=or_none),
-        "copy_answers": "Start answer heads from the --init model's QA head, row by answer string (LXMERT's)."},
-          section="transfer"),
-    Flags(RunSettings, _RUN, {
-        "seed": "Seed of initialization and sampling.",
-        "device": Flag("cpu or cuda (under torchrun: one GPU per rank).", choices=DEVICES),
-        "amp": Flag("Mixed precision: none, bf16, or fp16 (CUDA).", choices=AMP),
-        "compile": "torch.compile the backbone.",
-        "resume": Flag(RESUME_HELP, choices=RESUME),
-        "overwrite": "Start again in an OUT that holds a run (removes only the trainer's files).",
-        "stop_at": Flag("End this invocation at this step (0: run to the end).", parse=lambda text: int(text) or None,
-                        show=lambda v: str(v or 0)),
-        "checkpoint_every": "Steps between checkpoints.",
-        "eval_every": "Steps between validations (0: every epoch).",
-        "log_every": "Steps between metrics rows.",
-        "keep_last": "Checkpoints kept (0: all), besides the best one.",
-        "best_metric": Flag("The validation score that picks checkpoints/best (default: the first task's, e.g. "
-                            "eval_vqa_accuracy).", parse=or_none),
-        "report_to": "Also report to: tensorboard.",
-        "dist_timeout": Flag(DIST_TIMEOUT_HELP, parse=lambda text: float(text) or None, show=lambda v: str(v or 0))},
-          section="run"),
+    Flags(
+        FinetuneConfig,
+        "Inputs and output",
+        {
+            "tasks": Flag(
+                "Task(s) to fine-tune, repeatable (one backbone, a head each): vqa, gqa, nlvr2, flickr30k, "
+                "coco-retrieval, refcoco+, refcoco, refcocog, vcr.",
+                name="--task",
+            ),
+            "task_data": Flag(
+                "The task dataset of each --task, in the same order (`vlprep build-task`).", name="--data"
+            ),
+            "stores": Flag("Feature store(s) with the tasks' images (repeatable).", name="--shards"),
+            "out": "Run folder: config.json, metrics.jsonl, checkpoints/ (best: by the first task's metric).",
+            "init": Flag(
+                "Start from: a pretraining run folder or checkpoint of ours (model config and vocab come with "
+                "it), a fine-tuning run (its backbone), an HF LXMERT or vilbert-multi-task checkpoint (with "
+                "--model), or a BERT; none: from scratch (with --model).",
+                parse=or_none,
+            ),
+            "model": Flag(
+                "Model config (when --init is no run of ours): lxmert-base, vilbert-base, ..., or a JSON path.",
+                parse=or_none,
+            ),
+            "vocab": Flag("BERT WordPiece vocab (default: the --init run's).", parse=or_none),
+        },
+    ),
+    Flags(
+        OptimConfig,
+        "Schedule and optimizer",
+        {
+            "steps": "Optimizer steps (with --epochs 0).",
+            "epochs": Flag(
+                "Passes over the tasks' training examples; sets --steps (0: use --steps).",
+                parse=lambda text: float(text) or None,
+                show=lambda v: str(v or 0),
+            ),
+            "batch_size": "Examples per rank per micro-step (all of one task).",
+            "grad_accum": "Micro-steps per optimizer step.",
+            "lr": "Peak learning rate (linear warmup, then linear decay).",
+            "optimizer": Flag("adamw, bertadam (LXMERT's) or sgd.", choices=OPTIMIZERS),
+            "warmup": "Warmup: steps, or a fraction of all steps when below 1.",
+            "weight_decay": "Weight decay.",
+            "clip": "Gradient clipping (global norm).",
+        },
+        section="optim",
+        defaults=_FT.optim,
+    ),
+    Flags(
+        DataSettings,
+        "Data",
+        {
+            "max_text": Flag(
+                "Text tokens per candidate (0: the task's, else the model's).",
+                parse=lambda text: int(text) or None,
+                show=lambda v: str(v or 0),
+            ),
+            "max_regions": "Regions per image (ViLBERT adds its IMG token).",
+            "workers": "DataLoader worker processes.",
+            "verify_shards": "Check each feature-store shard's sha256 on first use.",
+        },
+        section="data",
+    ),
+    Flags(
+        TransferSettings,
+        "Tasks",
+        {
+            "task_sampling": Flag(
+                "Several tasks: one-task batches round-robin, or in proportion to the tasks' sizes.",
+                choices=TASK_SAMPLING,
+            ),
+            "train_split": Flag(
+                "Split(s) to train on, comma-separated (default: the task's, e.g. train; VQA as LXMERT: "
+                "train,nominival-lxmert).",
+                parse=or_none,
+            ),
+            "val_split": Flag("Split validated each epoch (default: the task's: val, dev or test).", parse=or_none),
+            "eval_items": "Rows scored per validation (0: the whole split).",
+            "init_answers": Flag(
+                "The --init checkpoint's QA answer table (LXMERT's all_ans.json), when it is no run "
+                "of ours: answer heads start from its rows.",
+                parse=or_none,
+            ),
+            "copy_answers": "Start answer heads from the --init model's QA head, row by answer string (LXMERT's).",
+        },
+        section="transfer",
+    ),
+    Flags(
+        RunSettings,
+        _RUN,
+        {
+            "seed": "Seed of initialization and sampling.",
+            "device": Flag("cpu or cuda (under torchrun: one GPU per rank).", choices=DEVICES),
+            "amp": Flag("Mixed precision: none, bf16, or fp16 (CUDA).", choices=AMP),
+            "compile": "torch.compile the backbone.",
+            "resume": Flag(RESUME_HELP, choices=RESUME),
+            "overwrite": "Start again in an OUT that holds a run (removes only the trainer's files).",
+            "stop_at": Flag(
+                "End this invocation at this step (0: run to the end).",
+                parse=lambda text: int(text) or None,
+                show=lambda v: str(v or 0),
+            ),
+            "checkpoint_every": "Steps between checkpoints.",
+            "eval_every": "Steps between validations (0: every epoch).",
+            "log_every": "Steps between metrics rows.",
+            "keep_last": "Checkpoints kept (0: all), besides the best one.",
+            "best_metric": Flag(
+                "The validation score that picks checkpoints/best (default: the first task's, e.g. eval_vqa_accuracy).",
+                parse=or_none,
+            ),
+            "report_to": "Also report to: tensorboard.",
+            "dist_timeout": Flag(DIST_TIMEOUT_HELP, parse=lambda text: float(text) or None, show=lambda v: str(v or 0)),
+        },
+        section="run",
+    ),
 )
 
 
@@ -226,15 +441,28 @@ def finetune(cfg: FinetuneConfig) -> None:
 @app.command()
 @named_errors
 def evaluate(
-    task: str = typer.Option(..., help="The task: vqa, gqa, nlvr2, flickr30k, coco-retrieval, refcoco+, refcoco, refcocog, vcr."),
-    checkpoint: str = typer.Option(..., help="A fine-tuning run folder (its latest checkpoint; --step best: the best) or checkpoint file; with --zero-shot a pretraining run or checkpoint."),
+    task: str = typer.Option(
+        ..., help="The task: vqa, gqa, nlvr2, flickr30k, coco-retrieval, refcoco+, refcoco, refcocog, vcr."
+    ),
+    checkpoint: str = typer.Option(
+        ...,
+        help="A fine-tuning run folder (its latest checkpoint; --step best: the best) or checkpoint file; with --zero-shot a pretraining run or checkpoint.",
+    ),
     data: Path = typer.Option(..., help="The task dataset (`vlprep build-task`)."),
     split: str = typer.Option(..., help="The split to score (e.g. val, minval, test-dev, dev, test1, testA, test)."),
     shards: List[Path] = typer.Option([], "--shards", help="Feature store(s) (default: the run's)."),
     vocab: Path = typer.Option(None, help="Vocab (default: the run's)."),
-    out: Path = typer.Option(None, help="Folder for metrics.json and the submission file (default: RUN/eval/TASK-SPLIT)."),
-    zero_shot: bool = typer.Option(False, "--zero-shot", help="Retrieval with the pretraining pair head (alignment / matching), no fine-tuning: ViLBERT's zero-shot Flickr30k."),
-    model: str = typer.Option(None, help="Model config, when --checkpoint is no run of ours (HF LXMERT, vilbert-multi-task)."),
+    out: Path = typer.Option(
+        None, help="Folder for metrics.json and the submission file (default: RUN/eval/TASK-SPLIT)."
+    ),
+    zero_shot: bool = typer.Option(
+        False,
+        "--zero-shot",
+        help="Retrieval with the pretraining pair head (alignment / matching), no fine-tuning: ViLBERT's zero-shot Flickr30k.",
+    ),
+    model: str = typer.Option(
+        None, help="Model config, when --checkpoint is no run of ours (HF LXMERT, vilbert-multi-task)."
+    ),
     step: str = typer.Option(None, help="In a run folder: the checkpoint of this step, or best."),
     device: Literal[DEVICES] = typer.Option("cpu", help="cpu or cuda."),
     batch_size: int = typer.Option(64, help="Examples (retrieval: captions) per forward."),
@@ -245,21 +473,45 @@ def evaluate(
 
     Example: vltrain evaluate --task vqa --checkpoint runs/vqa --step best --data tasks/vqa --split test-dev
     """
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
 
     from vl_models.train import distributed
     from vl_models.train.checkpoint import resolve
     from vl_models.transfer.evaluate import evaluate_checkpoint
 
     source = str(resolve(checkpoint, step)) if step else checkpoint
-    columns = [TextColumn(f"{task} {split}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-               TimeRemainingColumn()]
+    columns = [
+        TextColumn(f"{task} {split}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+    ]
     main = distributed.is_main()  # under torchrun: the ranks share the scoring, rank 0 reports
     with Progress(*columns, console=Console(stderr=True), transient=True, disable=not main) as bar:
         job = bar.add_task("scoring", total=None)
-        result = evaluate_checkpoint(task, source, data, split, [str(s) for s in shards], str(vocab) if vocab else None,
-                                     out, zero_shot, model, device, batch_size, limit,
-                                     progress=lambda done, total: bar.update(job, completed=done, total=total))
+        result = evaluate_checkpoint(
+            task,
+            source,
+            data,
+            split,
+            [str(s) for s in shards],
+            str(vocab) if vocab else None,
+            out,
+            zero_shot,
+            model,
+            device,
+            batch_size,
+            limit,
+            progress=lambda done, total: bar.update(job, completed=done, total=total),
+        )
     if not main:
         return
     table = Table(title=f"{task} {split}: {result['examples']} rows")
@@ -293,8 +545,12 @@ def plot(
 def export(
     source: Path = typer.Argument(..., help="A run folder (its latest checkpoint, or --step) or a checkpoint file."),
     output: Path = typer.Argument(..., help="Folder to write (new or empty; an earlier export with --overwrite)."),
-    to: str = typer.Option("hf", "--to", help="hf: a Hugging Face folder (model.safetensors, config.json, tokenizer files)."),
-    step: str = typer.Option(None, "--step", help="In a run folder: the checkpoint of step N, or best (default: latest)."),
+    to: str = typer.Option(
+        "hf", "--to", help="hf: a Hugging Face folder (model.safetensors, config.json, tokenizer files)."
+    ),
+    step: str = typer.Option(
+        None, "--step", help="In a run folder: the checkpoint of step N, or best (default: latest)."
+    ),
     vocab: Path = typer.Option(None, help="The run's vocab, if it moved since training (default: the run's --vocab)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an earlier export in OUTPUT (its files only)."),
 ) -> None:
@@ -334,10 +590,22 @@ def preview_batch(
         if count == 0:
             Console(stderr=True).print(f"[red]error:[/red] {store} holds no records")
             raise typer.Exit(1)
-        batch = pad_regions([store_obj.record_at(i) for i in range(count)], max_boxes, position=position, img_token=img_token)
+        batch = pad_regions(
+            [store_obj.record_at(i) for i in range(count)], max_boxes, position=position, img_token=img_token
+        )
     table = Table("input", "shape", "dtype", title=f"padded batch of {count} from {store}")
-    for name in ("features", "positions", "mask", "num_boxes", "objects_id", "objects_conf", "attrs_id",
-                 "attrs_conf", "cls_prob", "attr_prob"):
+    for name in (
+        "features",
+        "positions",
+        "mask",
+        "num_boxes",
+        "objects_id",
+        "objects_conf",
+        "attrs_id",
+        "attrs_conf",
+        "cls_prob",
+        "attr_prob",
+    ):
         value = getattr(batch, name)
         if value is not None:
             table.add_row(name, str(tuple(value.shape)), str(value.dtype))
@@ -348,24 +616,40 @@ def preview_batch(
 def _train_with_progress(run, cfg, label: str) -> None:
     """Call ``run(cfg, on_step)`` with a progress bar on a terminal (a log line per logged step
     in a batch job), then print the last losses and validation scores (under torchrun: rank 0)."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
 
     from vl_models.train import distributed
     from vl_models.train.runlog import progress_line
 
     stderr = Console(stderr=True)
     if not stderr.is_terminal:  # a batch job: a log line per logged step instead of a bar
-        last = run(cfg, on_step=lambda step, metrics, total: logging.getLogger("vltrain").info(
-            progress_line(metrics, total)))
+        last = run(
+            cfg, on_step=lambda step, metrics, total: logging.getLogger("vltrain").info(progress_line(metrics, total))
+        )
     else:
-        columns = [TextColumn(label), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
-                   TimeElapsedColumn(), TimeRemainingColumn()]
+        columns = [
+            TextColumn(label),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[info]}"),
+            TimeElapsedColumn(),
+            TimeRemainingColumn(),
+        ]
         with Progress(*columns, console=stderr, transient=True) as bar:
             task = bar.add_task("steps", total=None, info="")  # the total comes with the first step
 
             def update(step: int, metrics: dict, total: int) -> None:
                 loss = sum(v for k, v in metrics.items() if k.startswith("loss_"))
-                bar.update(task, completed=step, total=total, info=f"loss {loss:.3f}, {metrics['samples_per_s']:.1f} samples/s")
+                bar.update(
+                    task, completed=step, total=total, info=f"loss {loss:.3f}, {metrics['samples_per_s']:.1f} samples/s"
+                )
 
             last = run(cfg, on_step=update)
     if not distributed.is_main():  # the other ranks log nothing either
@@ -385,8 +669,9 @@ def _pairs(items: List[str], flag: str, convert) -> dict:
                 raise ValueError
             out[key.strip()] = convert(value)
         except ValueError:
-            raise typer.BadParameter(f"{item!r}: expected TASK={convert.__name__.upper()}, each task once",
-                                     param_hint=flag) from None
+            raise typer.BadParameter(
+                f"{item!r}: expected TASK={convert.__name__.upper()}, each task once", param_hint=flag
+            ) from None
     return out
 
 

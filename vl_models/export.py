@@ -30,8 +30,9 @@ log = logging.getLogger(__name__)
 FORMATS = ("hf",)
 
 
-def export_run(source: Path, out: Path, step: Union[int, str, None] = None, vocab: Optional[Path] = None,
-               overwrite: bool = False) -> dict:
+def export_run(
+    source: Path, out: Path, step: Union[int, str, None] = None, vocab: Optional[Path] = None, overwrite: bool = False
+) -> dict:
     """Export the checkpoint that `source` and `step` name into `out`; returns what was written."""
     path = checkpoint.resolve(source, step)
     _check_out(Path(out), overwrite)
@@ -61,11 +62,14 @@ def _check_out(out: Path, overwrite: bool) -> None:
     if not out.exists() or (out.is_dir() and not any(out.iterdir())):
         return
     if not out.is_dir() or exported_record(out) is None:
-        raise ConfigError(f"{out} exists and is not an export of vltrain (no config.json with a 'vltrain' record): "
-                          "export into a new or empty folder")
+        raise ConfigError(
+            f"{out} exists and is not an export of vltrain (no config.json with a 'vltrain' record): "
+            "export into a new or empty folder"
+        )
     if not overwrite:
-        raise ConfigError(f"{out} holds an export already: pass --overwrite to replace it "
-                          "(only the export's files are replaced)")
+        raise ConfigError(
+            f"{out} holds an export already: pass --overwrite to replace it (only the export's files are replaced)"
+        )
 
 
 def _tokenizer(run: dict, vocab: Optional[Path]) -> WordPiece:

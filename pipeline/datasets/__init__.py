@@ -22,8 +22,12 @@ from pipeline.sources.base import named_read_errors
 READERS: dict[str, DatasetReader] = {
     r.name: r
     for r in (
-        DatasetReader(conceptual_captions.NAME, "Conceptual Captions TSV (caption, url), no header", conceptual_captions.read),
-        DatasetReader(url_list.NAME, "generic tsv/csv/jsonl/txt/parquet URL list with url/caption/id columns", url_list.read),
+        DatasetReader(
+            conceptual_captions.NAME, "Conceptual Captions TSV (caption, url), no header", conceptual_captions.read
+        ),
+        DatasetReader(
+            url_list.NAME, "generic tsv/csv/jsonl/txt/parquet URL list with url/caption/id columns", url_list.read
+        ),
         DatasetReader(coco.NAME, "MS COCO captions_*.json", coco.read),
         DatasetReader(visual_genome.NAME, "Visual Genome image_data.json", visual_genome.read),
         DatasetReader(nlvr2.NAME, "NLVR2 JSON lines with left_url/right_url", nlvr2.read),

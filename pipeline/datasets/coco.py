@@ -33,5 +33,11 @@ def read(paths: Sequence[Path], opts: ReaderOptions) -> Iterator[ReaderResult]:
             if img.url is None:
                 yield Malformed(path, f"images[{img.index}]", "no coco_url or flickr_url")
                 continue
-            yield SourceItem(image_id=img.stem, url=img.url, split=split, source=NAME, texts=tuple(texts[img.stem]),
-                             extra=(("coco_id", str(img.id)),))
+            yield SourceItem(
+                image_id=img.stem,
+                url=img.url,
+                split=split,
+                source=NAME,
+                texts=tuple(texts[img.stem]),
+                extra=(("coco_id", str(img.id)),),
+            )

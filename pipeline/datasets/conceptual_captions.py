@@ -22,7 +22,10 @@ def read(paths: Sequence[Path], opts: ReaderOptions) -> Iterator[ReaderResult]:
                 yield row
                 continue
             yield SourceItem(
-                image_id=row.image_id, url=row.url, split=row.split, source=NAME,
+                image_id=row.image_id,
+                url=row.url,
+                split=row.split,
+                source=NAME,
                 texts=(Text("caption", row.caption),) if isinstance(row.caption, str) else (),
                 extra=(("url_sha1", url_sha1(row.url)),),
             )

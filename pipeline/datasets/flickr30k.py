@@ -26,8 +26,13 @@ def read(paths: Sequence[Path], opts: ReaderOptions) -> Iterator[ReaderResult]:
         current, captions = None, []
 
         def flush():
-            return SourceItem(image_id=current.rsplit(".", 1)[0], path=str(root / current), split=opts.split or "",
-                              source=NAME, texts=tuple(Text("caption", c) for c in captions))
+            return SourceItem(
+                image_id=current.rsplit(".", 1)[0],
+                path=str(root / current),
+                split=opts.split or "",
+                source=NAME,
+                texts=tuple(Text("caption", c) for c in captions),
+            )
 
         with open_text(path) as f:
             for lineno, line in enumerate(f, 1):

@@ -33,5 +33,11 @@ def read(paths: Sequence[Path], opts: ReaderOptions) -> Iterator[ReaderResult]:
                 if image_id in seen:
                     continue
                 seen.add(image_id)
-                yield SourceItem(image_id=image_id, url=url, texts=texts, split=opts.split or ex.split, source=NAME,
-                                 extra=(("label", label),))
+                yield SourceItem(
+                    image_id=image_id,
+                    url=url,
+                    texts=texts,
+                    split=opts.split or ex.split,
+                    source=NAME,
+                    extra=(("label", label),),
+                )

@@ -91,6 +91,10 @@ def read(paths: Sequence[Path], opts: ReaderOptions) -> Iterator[ReaderResult]:
             caption = clean_text(str(caption)) if caption is not None else ""
             texts = (Text("caption", caption),) if caption else ()
             yield SourceItem(
-                image_id=image_id, url=url.strip(), texts=texts, split=opts.split or "",
-                source=NAME, extra=(("url_sha1", url_sha1(url.strip())),),
+                image_id=image_id,
+                url=url.strip(),
+                texts=texts,
+                split=opts.split or "",
+                source=NAME,
+                extra=(("url_sha1", url_sha1(url.strip())),),
             )

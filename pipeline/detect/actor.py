@@ -44,16 +44,30 @@ def resolve_device(device: str, cluster_gpus: float) -> str:
 def image_failure(row: dict, kind: str, detail: str, transient: bool = False) -> dict:
     """The failed-image entry of a shard's extract stats (URL credentials removed)."""
     url = row.get("url")
-    return {"image_id": row["image_id"], "url": redact_url(url) if url else None, "kind": kind,
-            "detail": (detail or "")[:500], "transient": transient}
+    return {
+        "image_id": row["image_id"],
+        "url": redact_url(url) if url else None,
+        "kind": kind,
+        "detail": (detail or "")[:500],
+        "transient": transient,
+    }
 
 
 class DetectorActor:
     """Holds one detector (loaded once) and turns a shard's image rows into records."""
 
-    def __init__(self, cfg_json: dict, weights: Optional[str], seed: int, selection: SelectionConfig,
-                 device: str, fp16: bool, batch_size: int, given_boxes: Optional[dict] = None,
-                 preprocess: str = "caffe"):
+    def __init__(
+        self,
+        cfg_json: dict,
+        weights: Optional[str],
+        seed: int,
+        selection: SelectionConfig,
+        device: str,
+        fp16: bool,
+        batch_size: int,
+        given_boxes: Optional[dict] = None,
+        preprocess: str = "caffe",
+    ):
         cfg = DetectorConfig.from_json(cfg_json)
         if weights is not None:
             model, _ = load_detector(Path(weights), cfg)
@@ -72,10 +86,14 @@ class DetectorActor:
         ready = []
         for row in rows:
             if row["status"] != "ok":
-                failures.append(image_failure(row, row["error_kind"], row.get("error") or "", bool(row.get("transient"))))
+                failures.append(
+                    image_failure(row, row["error_kind"], row.get("error") or "", bool(row.get("transient")))
+                )
                 continue
             if self.given is not None and row["image_id"] not in self.given:
-                failures.append(image_failure(row, "no given boxes", "the --given-boxes file has no boxes for this image"))
+                failures.append(
+                    image_failure(row, "no given boxes", "the --given-boxes file has no boxes for this image")
+                )
                 continue
             try:
                 ready.append((row, load_rgb(row["image"])))

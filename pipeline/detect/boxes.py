@@ -77,7 +77,9 @@ def encode(boxes: torch.Tensor, targets: torch.Tensor, weights=(1.0, 1.0, 1.0, 1
     tw = targets[:, 2] - targets[:, 0]
     th = targets[:, 3] - targets[:, 1]
     tcx, tcy = targets[:, 0] + 0.5 * tw, targets[:, 1] + 0.5 * th
-    return torch.stack([wx * (tcx - cx) / w, wy * (tcy - cy) / h, ww * torch.log(tw / w), wh * torch.log(th / h)], dim=1)
+    return torch.stack(
+        [wx * (tcx - cx) / w, wy * (tcy - cy) / h, ww * torch.log(tw / w), wh * torch.log(th / h)], dim=1
+    )
 
 
 def clip(boxes: torch.Tensor, height: float, width: float) -> torch.Tensor:
@@ -123,8 +125,9 @@ def per_class_nms_max_conf(boxes: torch.Tensor, probs: torch.Tensor, thresh: flo
     return (probs.t() * kept).max(dim=0).values
 
 
-def select_butd(proposals: torch.Tensor, cls_prob: torch.Tensor, count: BoxCount,
-                nms_thresh: float = 0.3, conf_thresh: float = 0.2) -> torch.Tensor:
+def select_butd(
+    proposals: torch.Tensor, cls_prob: torch.Tensor, count: BoxCount, nms_thresh: float = 0.3, conf_thresh: float = 0.2
+) -> torch.Tensor:
     """Indices of the proposals kept by the BUTD rule (see module doc). `proposals` are in
     original-image pixels (Caffe's ``rois / im_scale``); `cls_prob` is (R, C+1) with the
     background at column 0."""
@@ -137,8 +140,12 @@ def select_butd(proposals: torch.Tensor, cls_prob: torch.Tensor, count: BoxCount
     return keep
 
 
-def select_maxnms(boxes_per_class: torch.Tensor, cls_prob: torch.Tensor, count: BoxCount,
-                  thresholds=(0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)) -> tuple[torch.Tensor, torch.Tensor]:
+def select_maxnms(
+    boxes_per_class: torch.Tensor,
+    cls_prob: torch.Tensor,
+    count: BoxCount,
+    thresholds=(0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9),
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(kept indices, their regressed boxes) for the class-agnostic max-NMS rule.
     `boxes_per_class` is (R, C*4) regressed boxes for the foreground classes."""
     fg = cls_prob[:, 1:].float()

@@ -19,10 +19,9 @@ from pathlib import Path
 from typing import Optional, Union
 
 from pipeline.config import Config, at_least, flag, from_json, one_of
-from pipeline.datasets import READERS, ReaderOptions
+from pipeline.datasets import READERS, ReaderOptions, check_inputs
 from pipeline.distribute import DistributeConfig, absolute
 from pipeline.download.fetch import FetchConfig
-from pipeline.datasets import check_inputs
 from pipeline.errors import ConfigError
 from pipeline.images import ImageConfig
 from pipeline.io import read_named_json
@@ -207,5 +206,7 @@ class ExtractConfig(Config):
         if self.keep_images is not None:
             keep, out = Path(self.keep_images), Path(self.out)
             if keep == out or out in keep.parents or keep in out.parents:
-                raise ConfigError(f"--keep-images {keep} and --out {out} overlap: the image shards and the feature "
-                                  "store need folders of their own")
+                raise ConfigError(
+                    f"--keep-images {keep} and --out {out} overlap: the image shards and the feature "
+                    "store need folders of their own"
+                )

@@ -34,7 +34,9 @@ from pipeline.detect.preprocess import Resize, check_preprocess, prepare_image
 from pipeline.records import RegionFeatures, labels_from_probs
 
 
-def rpn_proposals(model: VGDetector, cell: torch.Tensor, features: torch.Tensor, height: int, width: int) -> torch.Tensor:
+def rpn_proposals(
+    model: VGDetector, cell: torch.Tensor, features: torch.Tensor, height: int, width: int
+) -> torch.Tensor:
     """RPN proposals (R, 4) in resized-image pixels for one image's features."""
     cfg = model.cfg
     logits, deltas = model.proposal_generator.rpn_head(features)
@@ -55,13 +57,20 @@ def pooled_region_features(model: VGDetector, features: torch.Tensor, boxes: tor
     """(R, C5) mean-pooled res5 features of `boxes` (resized-image pixels): ROIPool at
     1/16 to `pooler_resolution`, res5, mean over the map."""
     cfg = model.cfg
-    pooled = roi_pool(features, [boxes.to(features.dtype)], output_size=cfg.pooler_resolution,
-                      spatial_scale=1.0 / cfg.feature_stride)
+    pooled = roi_pool(
+        features, [boxes.to(features.dtype)], output_size=cfg.pooler_resolution, spatial_scale=1.0 / cfg.feature_stride
+    )
     return model.roi_heads.res5(pooled).mean(dim=(2, 3))
 
 
-def select_regions(selection: SelectionConfig, proposals: torch.Tensor, probs: torch.Tensor, deltas: torch.Tensor,
-                   resize: Resize, bbox_reg_weights) -> tuple[torch.Tensor, torch.Tensor]:
+def select_regions(
+    selection: SelectionConfig,
+    proposals: torch.Tensor,
+    probs: torch.Tensor,
+    deltas: torch.Tensor,
+    resize: Resize,
+    bbox_reg_weights,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(kept indices, their boxes in original pixels) for one image's `proposals` (resized
     pixels), `probs` (background first) and box `deltas`, by the selection policy."""
     if selection.policy == "butd":
@@ -93,8 +102,15 @@ def backbone_groups(sizes: Sequence[tuple[int, int]], pad_tolerance: float = 0.0
 
 
 class RegionFeatureExtractor:
-    def __init__(self, model: VGDetector, selection: SelectionConfig = SelectionConfig(),
-                 device: str = "cpu", fp16: bool = False, preprocess: str = "caffe", pad_tolerance: float = 0.0):
+    def __init__(
+        self,
+        model: VGDetector,
+        selection: SelectionConfig = SelectionConfig(),
+        device: str = "cpu",
+        fp16: bool = False,
+        preprocess: str = "caffe",
+        pad_tolerance: float = 0.0,
+    ):
         if pad_tolerance < 0:
             raise ValueError(f"pad_tolerance must be >= 0, got {pad_tolerance}")
         self.model = model.to(device).eval()
@@ -123,17 +139,22 @@ class RegionFeatureExtractor:
         for group in backbone_groups([tuple(x.shape[-2:]) for x in inputs], self.pad_tolerance):
             height = max(inputs[i].shape[-2] for i in group)
             width = max(inputs[i].shape[-1] for i in group)
-            stacked = torch.cat([F.pad(inputs[i], (0, width - inputs[i].shape[-1], 0, height - inputs[i].shape[-2]))
-                                 for i in group]).to(self.device)
+            stacked = torch.cat(
+                [F.pad(inputs[i], (0, width - inputs[i].shape[-1], 0, height - inputs[i].shape[-2])) for i in group]
+            ).to(self.device)
             fmaps = backbone(stacked)
             for k, i in enumerate(group):
                 fh, fw = backbone.output_size(*inputs[i].shape[-2:])
-                out[i] = fmaps[k:k + 1, :, :fh, :fw].contiguous()
+                out[i] = fmaps[k : k + 1, :, :fh, :fw].contiguous()
         return out
 
     @torch.no_grad()
-    def __call__(self, images: Sequence[np.ndarray], image_ids: Sequence[str],
-                 given_boxes: Optional[Sequence[Optional[np.ndarray]]] = None) -> list[RegionFeatures]:
+    def __call__(
+        self,
+        images: Sequence[np.ndarray],
+        image_ids: Sequence[str],
+        given_boxes: Optional[Sequence[Optional[np.ndarray]]] = None,
+    ) -> list[RegionFeatures]:
         """Extract regions for a batch of (H, W, 3) uint8 RGB images. With `given_boxes`
         (per image, (N, 4) x1y1x2y2 original pixels, or None to detect), features and
         predictions are computed for exactly those boxes."""
@@ -165,14 +186,26 @@ class RegionFeatureExtractor:
                 keep = torch.arange(len(boxes), device=self.device)
                 kept_boxes = torch.as_tensor(np.asarray(given, np.float32).reshape(-1, 4))
             else:
-                keep, kept_boxes = select_regions(self.selection, boxes, probs, deltas[sl], resize,
-                                                  self.cfg.bbox_reg_weights)
-            out.append(self._record(image_id, resize.height, resize.width, kept_boxes.cpu(), feat[keep], probs[keep],
-                                    given is None))
+                keep, kept_boxes = select_regions(
+                    self.selection, boxes, probs, deltas[sl], resize, self.cfg.bbox_reg_weights
+                )
+            out.append(
+                self._record(
+                    image_id, resize.height, resize.width, kept_boxes.cpu(), feat[keep], probs[keep], given is None
+                )
+            )
         return out
 
-    def _record(self, image_id: str, height: int, width: int, boxes: torch.Tensor, feat: torch.Tensor,
-                probs: torch.Tensor, clip_boxes: bool) -> RegionFeatures:
+    def _record(
+        self,
+        image_id: str,
+        height: int,
+        width: int,
+        boxes: torch.Tensor,
+        feat: torch.Tensor,
+        probs: torch.Tensor,
+        clip_boxes: bool,
+    ) -> RegionFeatures:
         boxes = boxes.float()
         if clip_boxes:
             boxes = clip(boxes, height, width)
@@ -190,6 +223,10 @@ class RegionFeatureExtractor:
             fields["attrs_id"], fields["attrs_conf"] = labels_from_probs(attr_prob)
             fields["attr_prob"] = attr_prob
         return RegionFeatures(
-            image_id=image_id, image_h=int(height), image_w=int(width), boxes=boxes.numpy().astype(np.float32),
-            features=feat.float().cpu().numpy().astype(np.float32), **fields,
+            image_id=image_id,
+            image_h=int(height),
+            image_w=int(width),
+            boxes=boxes.numpy().astype(np.float32),
+            features=feat.float().cpu().numpy().astype(np.float32),
+            **fields,
         )

@@ -100,6 +100,7 @@ class ResNetC4(nn.Module):
         first blocks of res3 and res4 halve a side rounding up; the stem's max-pool
         (k3 s2) gives ``ceil((n - 3) / 2) + 1`` Caffe-style (pad 0, ceil), ``ceil(n / 2)``
         otherwise (pad 1)."""
+
         def side(n: int) -> int:
             n = -(-n // 2)
             n = -(-(n - 3) // 2) + 1 if self.stem.caffe_maxpool else -(-n // 2)

@@ -41,7 +41,16 @@ from pipeline.detect.config import DetectorConfig, ExtractConfig
 from pipeline.detect.given_boxes import read_given_boxes
 from pipeline.detect.weights import load_detector
 from pipeline.distribute import (
-    MalformedRows, Progress, capacity, chunks, done_shards, ray_session, run_shards, shard_name, stats_path, summary,
+    MalformedRows,
+    Progress,
+    capacity,
+    chunks,
+    done_shards,
+    ray_session,
+    run_shards,
+    shard_name,
+    stats_path,
+    summary,
     task_resources,
 )
 from pipeline.download.failures import Policy, policy_of, should_retry
@@ -77,8 +86,11 @@ class ExtractProgress(Progress):
 
 def retry_ids(stats: dict, policy: Policy) -> set[str]:
     """Ids of a done shard's failed images that --retry-failed re-attempts under `policy`."""
-    return {f["image_id"] for f in stats["failed_images"]
-            if should_retry(f["kind"], bool(f.get("transient")), stats.get("policy"), policy)}
+    return {
+        f["image_id"]
+        for f in stats["failed_images"]
+        if should_retry(f["kind"], bool(f.get("transient")), stats.get("policy"), policy)
+    }
 
 
 def done_extract_shards(out: Path) -> dict[int, dict]:
@@ -92,16 +104,22 @@ def check_resumed_preprocess(cfg: ExtractConfig) -> None:
         return
     had = Manifest.read(cfg.out).provenance.get("preprocess", "caffe")
     if had != cfg.preprocess:
-        raise ConfigError(f"cannot append to {cfg.out}: its features were extracted with --preprocess {had}, "
-                          f"not {cfg.preprocess}; rerun with --preprocess {had} or choose another --out")
+        raise ConfigError(
+            f"cannot append to {cfg.out}: its features were extracted with --preprocess {had}, "
+            f"not {cfg.preprocess}; rerun with --preprocess {had} or choose another --out"
+        )
 
 
 def _image_rows(source: Path) -> Iterator[dict]:
     """The rows of an image source (``--images``), as the detector actors take them."""
     for item in iter_images(source):
         url = item.meta.get("url")
-        yield {"image_id": item.image_id, "status": "ok", "image": item.data,
-               "url": redact_url(url) if isinstance(url, str) else None}
+        yield {
+            "image_id": item.image_id,
+            "status": "ok",
+            "image": item.data,
+            "url": redact_url(url) if isinstance(url, str) else None,
+        }
 
 
 def run_extract(cfg: ExtractConfig, on_progress: Optional[Callable[[ExtractProgress], None]] = None) -> dict:
@@ -118,26 +136,44 @@ def _run_extract(cfg: ExtractConfig, on_progress: Optional[Callable[[ExtractProg
 
     det_cfg = DetectorConfig.load(cfg.detector)
     check_resumed_preprocess(cfg)
-    provenance = {"producer": f"vlprep {__version__} extract", "detector": det_cfg.name, "preprocess": cfg.preprocess,
-                  "box_policy": cfg.selection.describe(), "fp16": cfg.fp16}
+    provenance = {
+        "producer": f"vlprep {__version__} extract",
+        "detector": det_cfg.name,
+        "preprocess": cfg.preprocess,
+        "box_policy": cfg.selection.describe(),
+        "fp16": cfg.fp16,
+    }
     if cfg.weights is not None:  # validate the weights before any work starts
         model, report = load_detector(cfg.weights, det_cfg)
         det_cfg = model.cfg
         del model
-        provenance.update(weights_sha256=report.sha256, weights_layout=report.layout, weights_file=Path(cfg.weights).name)
+        provenance.update(
+            weights_sha256=report.sha256, weights_layout=report.layout, weights_file=Path(cfg.weights).name
+        )
     else:
         provenance.update(weights_sha256=f"random-seed-{cfg.seed}", random_weights=True)
         log.warning("--random-weights: features come from an untrained detector (smoke runs only)")
     given = None
     if cfg.given_boxes is not None:
         given = read_given_boxes(cfg.given_boxes)
-        provenance["box_policy"] = f"given boxes from {Path(cfg.given_boxes).name} (sha256 {sha256_file(Path(cfg.given_boxes))[:16]})"
+        provenance["box_policy"] = (
+            f"given boxes from {Path(cfg.given_boxes).name} (sha256 {sha256_file(Path(cfg.given_boxes))[:16]})"
+        )
     with ray_session(cfg.distribute):
-        device = resolve_device(cfg.device, ray.cluster_resources().get("GPU", 0))  # the cluster's GPUs, not the driver's
+        device = resolve_device(
+            cfg.device, ray.cluster_resources().get("GPU", 0)
+        )  # the cluster's GPUs, not the driver's
         writer = FeatureStoreWriter(
-            cfg.out, backend=cfg.backend, shard_size=10**12, resume=True, feature_dim=det_cfg.res5_channels,
-            dtype=cfg.dtype, cls_prob=cfg.cls_prob, attr_prob=cfg.attr_prob if det_cfg.num_attributes else "none",
-            provenance={**provenance, "device": device}, config=cfg.to_json(),
+            cfg.out,
+            backend=cfg.backend,
+            shard_size=10**12,
+            resume=True,
+            feature_dim=det_cfg.res5_channels,
+            dtype=cfg.dtype,
+            cls_prob=cfg.cls_prob,
+            attr_prob=cfg.attr_prob if det_cfg.num_attributes else "none",
+            provenance={**provenance, "device": device},
+            config=cfg.to_json(),
         )
         writer.open()  # takes the store's write lock: from here on, temporary files left behind are a killed run's
         try:
@@ -151,9 +187,14 @@ def _run_extract(cfg: ExtractConfig, on_progress: Optional[Callable[[ExtractProg
     return result
 
 
-def _extract_shards(cfg: ExtractConfig, writer: FeatureStoreWriter, det_cfg: DetectorConfig, device: str,
-                    given: Optional[dict], on_progress: Optional[Callable[[ExtractProgress], None]],
-                    ) -> tuple[dict, MalformedRows]:
+def _extract_shards(
+    cfg: ExtractConfig,
+    writer: FeatureStoreWriter,
+    det_cfg: DetectorConfig,
+    device: str,
+    given: Optional[dict],
+    on_progress: Optional[Callable[[ExtractProgress], None]],
+) -> tuple[dict, MalformedRows]:
     """Run the shards not done yet through download tasks and detector actors (inside the
     run's `ray_session`); returns the failed shards and the malformed input rows."""
     import ray
@@ -171,8 +212,10 @@ def _extract_shards(cfg: ExtractConfig, writer: FeatureStoreWriter, det_cfg: Det
         if cfg.images is not None:
             source = chunks(_image_rows(Path(cfg.images)), cfg.distribute.shard_size)
         else:
-            source = ((job.number, job) for job in shard_jobs(cfg.dataset, cfg.inputs, cfg.reader,
-                                                              cfg.distribute.shard_size, malformed))
+            source = (
+                (job.number, job)
+                for job in shard_jobs(cfg.dataset, cfg.inputs, cfg.reader, cfg.distribute.shard_size, malformed)
+            )
         for number, work in source:
             retrying = done.get(number)
             if retrying is not None:
@@ -180,8 +223,11 @@ def _extract_shards(cfg: ExtractConfig, writer: FeatureStoreWriter, det_cfg: Det
                 if not ids:
                     progress.shards_done += 1
                     continue
-                work = (ShardJob(number, tuple(i for i in work.items if i.image_id in ids), retry_failed=True)
-                        if isinstance(work, ShardJob) else [r for r in work if r["image_id"] in ids])
+                work = (
+                    ShardJob(number, tuple(i for i in work.items if i.image_id in ids), retry_failed=True)
+                    if isinstance(work, ShardJob)
+                    else [r for r in work if r["image_id"] in ids]
+                )
             yield ExtractJob(number, work, retrying)
 
     gpu = device.startswith("cuda")
@@ -191,30 +237,52 @@ def _extract_shards(cfg: ExtractConfig, writer: FeatureStoreWriter, det_cfg: Det
     placement = {"num_gpus": 1, "num_cpus": 0} if gpu else {"num_cpus": cfg.actor_cpus}
     actor_cls = ray.remote(**placement, max_restarts=-1, max_task_retries=2)(DetectorActor)
     given_ref = ray.put(given) if given is not None else None
-    actors = [actor_cls.remote(det_cfg.to_json(), str(cfg.weights) if cfg.weights else None, cfg.seed,
-                               cfg.selection, device, cfg.fp16, cfg.batch_size, given_ref, cfg.preprocess)
-              for _ in range(n_actors)]
+    actors = [
+        actor_cls.remote(
+            det_cfg.to_json(),
+            str(cfg.weights) if cfg.weights else None,
+            cfg.seed,
+            cfg.selection,
+            device,
+            cfg.fp16,
+            cfg.batch_size,
+            given_ref,
+            cfg.preprocess,
+        )
+        for _ in range(n_actors)
+    ]
     downloads = task_resources(cfg.distribute)
     download = ray.remote(**downloads, max_retries=3)(download_rows)
     keep_images = str(cfg.keep_images) if cfg.keep_images else None
     turn = itertools.count()
 
     def submit(job: ExtractJob):
-        rows = (download.remote(job.work, cfg.fetch, cfg.image, keep_images)
-                if isinstance(job.work, ShardJob) else job.work)
+        rows = (
+            download.remote(job.work, cfg.fetch, cfg.image, keep_images) if isinstance(job.work, ShardJob) else job.work
+        )
         return actors[next(turn) % len(actors)].extract.remote(job.number, rows)
 
     failed_shards = run_shards(
-        jobs(), submit, commit=lambda job, result: _commit(cfg, writer, result, progress, policy, job.retrying),
-        retries=cfg.distribute.shard_retries, max_in_flight=2 * len(actors) + 1, progress=progress,
+        jobs(),
+        submit,
+        commit=lambda job, result: _commit(cfg, writer, result, progress, policy, job.retrying),
+        retries=cfg.distribute.shard_retries,
+        max_in_flight=2 * len(actors) + 1,
+        progress=progress,
         on_progress=(lambda: on_progress(progress)) if on_progress else None,
         capacity=capacity(cfg.distribute, *[placement] * n_actors, *[downloads] * (cfg.images is None)),
     )
     return failed_shards, malformed
 
 
-def _commit(cfg: ExtractConfig, writer: FeatureStoreWriter, result: dict, progress: ExtractProgress, policy: Policy,
-            retrying: Optional[dict] = None) -> None:
+def _commit(
+    cfg: ExtractConfig,
+    writer: FeatureStoreWriter,
+    result: dict,
+    progress: ExtractProgress,
+    policy: Policy,
+    retrying: Optional[dict] = None,
+) -> None:
     """Write a shard's records, commit them as one store shard, then its stats (done-marker).
     For a retry (`retrying`: the shard's stats so far) the stats are merged: the retried
     images' old failures are replaced by this outcome."""
@@ -227,20 +295,32 @@ def _commit(cfg: ExtractConfig, writer: FeatureStoreWriter, result: dict, progre
             else:
                 present += 1
         except InvalidRecordError as err:  # e.g. a given box outside its image
-            failed_images.append(image_failure({"image_id": rec.image_id}, "invalid record", f"{err.field}: {err.reason}"))
+            failed_images.append(
+                image_failure({"image_id": rec.image_id}, "invalid record", f"{err.field}: {err.reason}")
+            )
     writer.commit_shard()
     attempted = len(result["records"]) + len(result["failures"])
-    stats = {"shard": shard_name(result["number"]), "count": attempted, "extracted": written,
-             "already_present": present, "retried": 0, **result["node"]}
+    stats = {
+        "shard": shard_name(result["number"]),
+        "count": attempted,
+        "extracted": written,
+        "already_present": present,
+        "retried": 0,
+        **result["node"],
+    }
     if retrying is not None:
         redone = {rec.image_id for rec in result["records"]} | {f["image_id"] for f in result["failures"]}
         failed_images = [f for f in retrying["failed_images"] if f["image_id"] not in redone] + failed_images
-        stats.update(count=retrying["count"], extracted=retrying["extracted"] + written,
-                     already_present=retrying["already_present"] + present,
-                     retried=retrying.get("retried", 0) + attempted)
+        stats.update(
+            count=retrying["count"],
+            extracted=retrying["extracted"] + written,
+            already_present=retrying["already_present"] + present,
+            retried=retrying.get("retried", 0) + attempted,
+        )
     failures = Counter(f["kind"] for f in failed_images)
-    stats.update(failures=dict(failures.most_common()), failed_images=failed_images, policy=policy,
-                 finished=time.time())
+    stats.update(
+        failures=dict(failures.most_common()), failed_images=failed_images, policy=policy, finished=time.time()
+    )
     atomic_write_json(stats_path(cfg.out / EXTRACT_DIR, result["number"]), stats)
     progress.images += attempted
     progress.extracted += written

@@ -9,12 +9,24 @@ from typing import Optional
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
-from pipeline.images import load_rgb
 from pipeline.errors import ConfigError
+from pipeline.images import load_rgb
 from pipeline.records import RegionFeatures
 
-_PALETTE = [(230, 25, 75), (60, 180, 75), (255, 225, 25), (0, 130, 200), (245, 130, 48), (145, 30, 180),
-            (70, 240, 240), (240, 50, 230), (210, 245, 60), (250, 190, 212), (0, 128, 128), (170, 110, 40)]
+_PALETTE = [
+    (230, 25, 75),
+    (60, 180, 75),
+    (255, 225, 25),
+    (0, 130, 200),
+    (245, 130, 48),
+    (145, 30, 180),
+    (70, 240, 240),
+    (240, 50, 230),
+    (210, 245, 60),
+    (250, 190, 212),
+    (0, 128, 128),
+    (170, 110, 40),
+]
 
 
 def read_vocab(path: Optional[Path]) -> Optional[list[str]]:
@@ -37,12 +49,20 @@ def label(rec: RegionFeatures, i: int, objects: Optional[list[str]], attributes:
     return " ".join(parts) or f"region {i}"
 
 
-def render(rec: RegionFeatures, image_bytes: bytes, max_boxes: int = 36, min_conf: float = 0.0,
-           objects: Optional[list[str]] = None, attributes: Optional[list[str]] = None) -> Image.Image:
+def render(
+    rec: RegionFeatures,
+    image_bytes: bytes,
+    max_boxes: int = 36,
+    min_conf: float = 0.0,
+    objects: Optional[list[str]] = None,
+    attributes: Optional[list[str]] = None,
+) -> Image.Image:
     rgb = load_rgb(image_bytes)
     if rgb.shape[:2] != (rec.image_h, rec.image_w):
-        raise ConfigError(f"the image is {rgb.shape[1]}x{rgb.shape[0]}, the stored record was extracted from a "
-                          f"{rec.image_w}x{rec.image_h} image: not the same picture")
+        raise ConfigError(
+            f"the image is {rgb.shape[1]}x{rgb.shape[0]}, the stored record was extracted from a "
+            f"{rec.image_w}x{rec.image_h} image: not the same picture"
+        )
     im = Image.fromarray(rgb)
     draw = ImageDraw.Draw(im)
     font = ImageFont.load_default(size=max(11, rec.image_h // 45))

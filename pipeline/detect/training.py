@@ -74,8 +74,14 @@ def attribute_loss(logits: torch.Tensor, attributes: torch.Tensor) -> torch.Tens
     return per_box.mean()
 
 
-def detection_losses(model: VGDetector, images: list[np.ndarray], targets: list[DetectionTarget],
-                     rpn_batch: int = 256, roi_batch: int = 128, seed: int = 0) -> dict[str, torch.Tensor]:
+def detection_losses(
+    model: VGDetector,
+    images: list[np.ndarray],
+    targets: list[DetectionTarget],
+    rpn_batch: int = 256,
+    roi_batch: int = 128,
+    seed: int = 0,
+) -> dict[str, torch.Tensor]:
     cfg = model.cfg
     gen = torch.Generator().manual_seed(seed)
     cell = cell_anchors(cfg.anchor_sizes, cfg.anchor_ratios)
@@ -102,10 +108,13 @@ def detection_losses(model: VGDetector, images: list[np.ndarray], targets: list[
         labels[iou.argmax(dim=0)] = 1
         picked = _sample(labels, rpn_batch, 0.5, gen)
         losses["rpn_cls"] = losses["rpn_cls"] + F.binary_cross_entropy_with_logits(
-            logits[picked], labels[picked].float())
+            logits[picked], labels[picked].float()
+        )
         pos = picked[labels[picked] == 1]
         target_deltas = encode(anchors[pos], gt[match[pos]])
-        losses["rpn_loc"] = losses["rpn_loc"] + F.smooth_l1_loss(deltas[pos], target_deltas, beta=0.0, reduction="sum") / max(1, len(picked))
+        losses["rpn_loc"] = losses["rpn_loc"] + F.smooth_l1_loss(
+            deltas[pos], target_deltas, beta=0.0, reduction="sum"
+        ) / max(1, len(picked))
 
         # Box head on proposals + ground truth
         with torch.no_grad():
@@ -122,7 +131,9 @@ def detection_losses(model: VGDetector, images: list[np.ndarray], targets: list[
         if len(fg):
             box_deltas = predictor.bbox_pred(feats[fg]).reshape(len(fg), -1, 4)[torch.arange(len(fg)), labels[fg] - 1]
             wanted = encode(proposals[picked][fg], gt[match[picked][fg]], cfg.bbox_reg_weights)
-            losses["box"] = losses["box"] + F.smooth_l1_loss(box_deltas, wanted, beta=0.0, reduction="sum") / len(picked)
+            losses["box"] = losses["box"] + F.smooth_l1_loss(box_deltas, wanted, beta=0.0, reduction="sum") / len(
+                picked
+            )
             if predictor.has_attributes:
                 attr_logits = predictor.attribute_logits(feats[fg], labels[fg])
                 losses["attr"] = losses["attr"] + attribute_loss(attr_logits, gt_attr[match[picked][fg]])
@@ -131,8 +142,9 @@ def detection_losses(model: VGDetector, images: list[np.ndarray], targets: list[
 
 
 @torch.no_grad()
-def calibrate_frozen_norms(model: VGDetector, images: list[np.ndarray], boxes: list[np.ndarray],
-                           scale: float = 1.0) -> None:
+def calibrate_frozen_norms(
+    model: VGDetector, images: list[np.ndarray], boxes: list[np.ndarray], scale: float = 1.0
+) -> None:
     """Set every frozen norm of a freshly initialized model from data, as a batch norm's
     statistics would be (the norms stay frozen afterwards): each conv's output over
     `images` (backbone) or over the regions `boxes` (original pixels; res5) gets mean 0 and
@@ -140,6 +152,7 @@ def calibrate_frozen_norms(model: VGDetector, images: list[np.ndarray], boxes: l
     calibrated outputs of the layers before it. Training from scratch needs this: the
     generic initialization keeps a deep random tower tame by shrinking activations, which
     leaves a small network's features orders of magnitude below its heads' scale."""
+
     def hook(norm: FrozenBatchNorm2d, args: tuple) -> None:
         x = args[0].transpose(0, 1).reshape(norm.weight.shape[0], -1)
         norm.running_mean.copy_(x.mean(dim=1))

@@ -44,11 +44,20 @@ from pipeline.safe_pickle import safe_loads
 log = logging.getLogger(__name__)
 
 ANCHOR_KEY = "proposal_generator.anchor_generator.cell_anchors.0"
-ATTRIBUTE_PREFIXES = ("roi_heads.box_predictor.cls_embedding.", "roi_heads.box_predictor.fc_attr.",
-                      "roi_heads.box_predictor.attr_score.")
-BACKGROUND_LAST = ("roi_heads.box_predictor.cls_score.weight", "roi_heads.box_predictor.cls_score.bias",
-                   "roi_heads.box_predictor.cls_embedding.weight", "roi_heads.box_predictor.attr_score.weight",
-                   "roi_heads.box_predictor.attr_score.bias")
+ATTRIBUTE_PREFIXES = (
+    "roi_heads.box_predictor.cls_embedding.",
+    "roi_heads.box_predictor.fc_attr.",
+    "roi_heads.box_predictor.attr_score.",
+)
+BACKGROUND_LAST = (
+    "roi_heads.box_predictor.cls_score.weight",
+    "roi_heads.box_predictor.cls_score.bias",
+    "roi_heads.box_predictor.cls_embedding.weight",
+    "roi_heads.box_predictor.attr_score.weight",
+    "roi_heads.box_predictor.attr_score.bias",
+)
+
+
 @dataclass
 class LoadReport:
     path: str
@@ -127,15 +136,20 @@ def load_detector(path: Path, cfg: DetectorConfig, layout: Optional[str] = None)
         stored = tensors.pop(ANCHOR_KEY).float()
         ours = cell_anchors(cfg.anchor_sizes, cfg.anchor_ratios)
         if stored.shape != ours.shape or not torch.allclose(stored, ours, atol=1e-3):
-            raise ConfigError(f"{path}: its anchors differ from the config's ({cfg.anchor_sizes} x {cfg.anchor_ratios})")
+            raise ConfigError(
+                f"{path}: its anchors differ from the config's ({cfg.anchor_sizes} x {cfg.anchor_ratios})"
+            )
         report.dropped.append(ANCHOR_KEY)
 
     missing = [k for k in expected if k not in tensors]
     identity = [k for k in missing if k.endswith((".norm.running_mean", ".norm.running_var"))]
     missing = [k for k in missing if k not in identity]
     unexpected = [k for k in tensors if k not in expected]
-    misshaped = [f"{k}: file {tuple(tensors[k].shape)}, model {tuple(expected[k].shape)}"
-                 for k in tensors if k in expected and tensors[k].shape != expected[k].shape]
+    misshaped = [
+        f"{k}: file {tuple(tensors[k].shape)}, model {tuple(expected[k].shape)}"
+        for k in tensors
+        if k in expected and tensors[k].shape != expected[k].shape
+    ]
     if missing or unexpected or misshaped:
         lines = []
         for title, keys in (("missing", missing), ("unexpected", unexpected), ("misshaped", misshaped)):
@@ -164,8 +178,10 @@ def _to_background_last(name: str, value: torch.Tensor) -> torch.Tensor:
 def published_state(model: VGDetector) -> dict[str, torch.Tensor]:
     """`model`'s weights as the published files hold them: detectron2 names, background and
     "no attribute" rows last, float32 CPU tensors."""
-    return {name: _to_background_last(name, value.detach().cpu().float()).clone()
-            for name, value in model.state_dict().items()}
+    return {
+        name: _to_background_last(name, value.detach().cpu().float()).clone()
+        for name, value in model.state_dict().items()
+    }
 
 
 def save_detector(model: VGDetector, path: Path, author: str = "vlprep") -> str:

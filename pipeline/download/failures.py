@@ -46,7 +46,8 @@ class RetryRule:
 
 def _more_networks(old: Policy, new: Policy) -> bool:
     return (new["allow_private_network"] and not old["allow_private_network"]) or not (
-        set(new["allowed_networks"]) <= set(old["allowed_networks"]))
+        set(new["allowed_networks"]) <= set(old["allowed_networks"])
+    )
 
 
 def _raised(name: str, off: Optional[float] = None) -> Callable[[Policy, Policy], bool]:
@@ -81,19 +82,26 @@ def should_retry(kind: str, transient: bool, old: Optional[Policy], new: Policy)
     return rule is not None and (old is None or rule.when(old, new))
 
 
-def verdict(items: int, successes: int, failures: Counter, shards_failed: dict, max_rate: float,
-            malformed: int = 0) -> dict:
+def verdict(
+    items: int, successes: int, failures: Counter, shards_failed: dict, max_rate: float, malformed: int = 0
+) -> dict:
     """The summary fields that judge a run: failure_rate, max_failure_rate, verdict ("ok"
     or "failed") and verdict_reason (one line naming the top reasons and how to retry). A
     folder with no items at all (an empty input, or every row malformed) has failed."""
     rate = (items - successes) / items if items else 0.0
     reason = None
     if not items and not shards_failed:
-        reason = (f"no items: all {malformed:,} input rows are malformed (see malformed_examples in the summary; "
-                  "a wrong column name?)" if malformed else "no items: the input lists none")
+        reason = (
+            f"no items: all {malformed:,} input rows are malformed (see malformed_examples in the summary; "
+            "a wrong column name?)"
+            if malformed
+            else "no items: the input lists none"
+        )
     elif shards_failed:
-        reason = (f"{len(shards_failed)} shard(s) failed for good ({', '.join(sorted(shards_failed)[:5])}; see "
-                  "shards_failed in the summary); rerun the same command to retry them")
+        reason = (
+            f"{len(shards_failed)} shard(s) failed for good ({', '.join(sorted(shards_failed)[:5])}; see "
+            "shards_failed in the summary); rerun the same command to retry them"
+        )
     elif items and (successes == 0 or rate > max_rate):
         top = failures.most_common(3)
         hints = [f"{kind}: {RETRY_WHEN[kind].hint}" for kind, _ in top if kind in RETRY_WHEN]
@@ -103,6 +111,9 @@ def verdict(items: int, successes: int, failures: Counter, shards_failed: dict, 
             + ". Finished work is kept; rerun with --retry-failed to re-attempt transient failures"
             + (f" and those the changed options now allow ({'; '.join(hints)})" if hints else "")
         )
-    return {"failure_rate": round(rate, 4), "max_failure_rate": max_rate,
-            "verdict": "failed" if reason else "ok", "verdict_reason": reason}
-
+    return {
+        "failure_rate": round(rate, 4),
+        "max_failure_rate": max_rate,
+        "verdict": "failed" if reason else "ok",
+        "verdict_reason": reason,
+    }

@@ -62,8 +62,21 @@ class FetchConfig(Config):
     allowed_networks: tuple[str, ...] = ()  # CIDRs allowed even when private networks are refused
 
     def __post_init__(self) -> None:
-        at_least(self, {"connect_timeout": 0.01, "read_timeout": 0.01, "deadline": 0.01, "max_bytes": 1,
-                        "max_redirects": 0, "retries": 0, "backoff": 0, "max_retry_wait": 0, "per_host": 1, "threads": 1})
+        at_least(
+            self,
+            {
+                "connect_timeout": 0.01,
+                "read_timeout": 0.01,
+                "deadline": 0.01,
+                "max_bytes": 1,
+                "max_redirects": 0,
+                "retries": 0,
+                "backoff": 0,
+                "max_retry_wait": 0,
+                "per_host": 1,
+                "threads": 1,
+            },
+        )
         directives = tuple(d.strip().lower() for d in self.disallowed_directives if d.strip())
         object.__setattr__(self, "disallowed_directives", directives)
         canonical = []
@@ -264,8 +277,12 @@ def _request_once(url: str, cfg: FetchConfig, limiter: HostLimiter, attempt: int
             seen.add(url)
             continue
         if status == 429 or 500 <= status < 600:
-            raise FetchError(f"http {status}", "server busy or failing", transient=True,
-                             retry_after=_retry_after(headers.get("retry-after")))
+            raise FetchError(
+                f"http {status}",
+                "server busy or failing",
+                transient=True,
+                retry_after=_retry_after(headers.get("retry-after")),
+            )
         if status >= 400:
             raise FetchError(f"http {status}", _short(url))
         if status != 200:
@@ -311,7 +328,9 @@ def _exchange(scheme: str, host: str, ip: str, port: int, path: str, cfg: FetchC
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise FetchError("deadline", f"body not complete after {cfg.deadline:g} s ({size:,} bytes)", transient=True)
+                raise FetchError(
+                    "deadline", f"body not complete after {cfg.deadline:g} s ({size:,} bytes)", transient=True
+                )
             sock.settimeout(min(cfg.read_timeout, remaining))
             chunk = resp.read1(CHUNK)
             if not chunk:
@@ -349,6 +368,8 @@ def fetch(url: str, cfg: FetchConfig, limiter: HostLimiter) -> Fetched:
         except FetchError as err:
             if not err.transient or attempt == cfg.retries:
                 raise
-            wait = err.retry_after if err.retry_after is not None else cfg.backoff * 2**attempt * random.uniform(0.5, 1.5)
+            wait = (
+                err.retry_after if err.retry_after is not None else cfg.backoff * 2**attempt * random.uniform(0.5, 1.5)
+            )
             time.sleep(min(wait, cfg.max_retry_wait))
     raise AssertionError("unreachable")

@@ -26,7 +26,15 @@ from pipeline import __version__
 from pipeline.config import Config, one_of
 from pipeline.datasets import READERS, Malformed, ReaderOptions, check_inputs, read_items
 from pipeline.distribute import (
-    DistributeConfig, MalformedRows, Progress, absolute, capacity, ray_session, run_shards, summary, task_resources,
+    DistributeConfig,
+    MalformedRows,
+    Progress,
+    absolute,
+    capacity,
+    ray_session,
+    run_shards,
+    summary,
+    task_resources,
 )
 from pipeline.download.failures import Policy, policy_of, should_retry
 from pipeline.download.fetch import FetchConfig
@@ -94,8 +102,10 @@ def _prepare_out(cfg: DownloadConfig) -> None:
                 "use a new --out, or rerun with the same dataset, inputs and --shard-size"
             )
     else:
-        atomic_write_json(run_file, {"producer": f"vlprep {__version__} download", "fingerprint": fingerprint,
-                                     "config": cfg.to_json()})
+        atomic_write_json(
+            run_file,
+            {"producer": f"vlprep {__version__} download", "fingerprint": fingerprint, "config": cfg.to_json()},
+        )
     for stale in remove_stale_tmp(cfg.out):
         log.info("removed %s left by a killed run", stale.name)
 
@@ -140,7 +150,8 @@ def _shard_task(job: ShardJob, out: str, fetch_cfg: FetchConfig, image_cfg: Imag
 def needs_retry(stats: dict, policy: Policy) -> bool:
     """Whether a complete shard has failures --retry-failed re-attempts under `policy`."""
     return bool(stats.get("transient_failures")) or any(
-        should_retry(kind, False, stats.get("policy"), policy) for kind in stats.get("failures", {}))
+        should_retry(kind, False, stats.get("policy"), policy) for kind in stats.get("failures", {})
+    )
 
 
 def run_download(cfg: DownloadConfig, on_progress: Optional[Callable[[DownloadProgress], None]] = None) -> dict:
@@ -186,9 +197,14 @@ def _run_download(cfg: DownloadConfig, on_progress: Optional[Callable[[DownloadP
                 on_progress(progress)
 
         failed_shards = run_shards(
-            jobs(), submit=lambda job: task.remote(job, str(cfg.out), cfg.fetch, cfg.image, reporter),
-            commit=lambda job, stats: log.debug("shard %s done (%.2f s in the task)", stats["shard"], stats["duration_s"]),
-            retries=cfg.distribute.shard_retries, progress=progress, on_progress=report,
+            jobs(),
+            submit=lambda job: task.remote(job, str(cfg.out), cfg.fetch, cfg.image, reporter),
+            commit=lambda job, stats: log.debug(
+                "shard %s done (%.2f s in the task)", stats["shard"], stats["duration_s"]
+            ),
+            retries=cfg.distribute.shard_retries,
+            progress=progress,
+            on_progress=report,
             max_in_flight=2 * max(1, int(ray.available_resources().get("CPU", cfg.distribute.workers))),
             capacity=capacity(cfg.distribute, resources),
         )
@@ -207,8 +223,9 @@ def _count_items(cfg: DownloadConfig, progress: DownloadProgress) -> None:
     progress.total_items = total
 
 
-def _summarize(cfg: DownloadConfig, input_items: int, malformed: MalformedRows, failed_shards: dict,
-               seconds: float) -> dict:
+def _summarize(
+    cfg: DownloadConfig, input_items: int, malformed: MalformedRows, failed_shards: dict, seconds: float
+) -> dict:
     shards = done_shards(cfg.out)
     total = sum(s["count"] for s in shards.values())
     successes = sum(s["successes"] for s in shards.values())

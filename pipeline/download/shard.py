@@ -24,7 +24,7 @@ from typing import Callable, Iterator, Optional, Sequence
 from pipeline.datasets import Malformed, ReaderOptions, read_items
 from pipeline.distribute import MalformedRows, chunks, shard_name, this_node
 from pipeline.download.failures import Policy, policy_of, should_retry
-from pipeline.download.fetch import Fetched, FetchConfig, FetchError, HostLimiter, fetch, redact_url
+from pipeline.download.fetch import FetchConfig, Fetched, FetchError, HostLimiter, fetch, redact_url
 from pipeline.image_shards import item_row, read_shard_rows, row_item, write_shard
 from pipeline.images import ImageConfig, ImageError, process_image
 from pipeline.records import SourceItem
@@ -43,8 +43,9 @@ class ShardJob:
     previous_policy: Optional[Policy] = None  # the options the existing shard was made under, from its stats
 
 
-def shard_jobs(dataset: str, inputs: Sequence[Path], reader: ReaderOptions, shard_size: int,
-               malformed: MalformedRows) -> Iterator[ShardJob]:
+def shard_jobs(
+    dataset: str, inputs: Sequence[Path], reader: ReaderOptions, shard_size: int, malformed: MalformedRows
+) -> Iterator[ShardJob]:
     """The deterministic shards of a dataset's items (`distribute.chunks`); malformed
     input rows are counted in `malformed`, not shard items."""
 
@@ -99,16 +100,27 @@ def _outcome(item: SourceItem, fetched: "Future[Fetched] | Fetched", image_cfg: 
     except ImageError as err:
         return _failure(err.kind, err.detail, False, got.attempts)
     return {
-        "status": "ok", "transient": False, "image": img.data, "format": img.format,
-        "width": img.width, "height": img.height, "original_width": img.original_width,
-        "original_height": img.original_height, "sha256": img.sha256, "attempts": got.attempts,
-        "http_status": got.status or None, "final_url": got.final_url if item.url else None,
+        "status": "ok",
+        "transient": False,
+        "image": img.data,
+        "format": img.format,
+        "width": img.width,
+        "height": img.height,
+        "original_width": img.original_width,
+        "original_height": img.original_height,
+        "sha256": img.sha256,
+        "attempts": got.attempts,
+        "http_status": got.status or None,
+        "final_url": got.final_url if item.url else None,
         "_downloaded": len(got.data),
     }
 
 
 def fetch_rows(
-    items: list[SourceItem], redo: list[bool], fetch_cfg: FetchConfig, image_cfg: ImageConfig,
+    items: list[SourceItem],
+    redo: list[bool],
+    fetch_cfg: FetchConfig,
+    image_cfg: ImageConfig,
     progress: Optional[ProgressFn] = None,
 ) -> list[Optional[dict]]:
     """Rows for the items marked in `redo` (None for the others), in item order, fetched
@@ -117,7 +129,11 @@ def fetch_rows(
     limiter = HostLimiter(fetch_cfg.per_host)
 
     def fetch_one(item: SourceItem) -> Fetched:
-        return _read_local(item.path, fetch_cfg.max_bytes) if item.path is not None else fetch(item.url, fetch_cfg, limiter)
+        return (
+            _read_local(item.path, fetch_cfg.max_bytes)
+            if item.path is not None
+            else fetch(item.url, fetch_cfg, limiter)
+        )
 
     # Items sharing a location are fetched once.
     by_location: dict[str, list[int]] = {}
@@ -151,7 +167,11 @@ def fetch_rows(
 
 
 def download_shard(
-    job: ShardJob, out: Path, fetch_cfg: FetchConfig, image_cfg: ImageConfig, progress: Optional[ProgressFn] = None,
+    job: ShardJob,
+    out: Path,
+    fetch_cfg: FetchConfig,
+    image_cfg: ImageConfig,
+    progress: Optional[ProgressFn] = None,
 ) -> dict:
     """Download, process and write one shard; returns its stats (also in NNNNN_stats.json).
     A retry job rewrites the existing shard, re-attempting only its retryable failures."""
@@ -159,8 +179,13 @@ def download_shard(
     policy = policy_of(fetch_cfg, image_cfg)
     previous = read_shard_rows(out / f"{shard_name(job.number)}.parquet") if job.retry_failed else None
     items = [row_item(r) for r in previous] if previous is not None else list(job.items)
-    redo = [previous is None or (r["status"] == "failed" and should_retry(
-        r["error_kind"], bool(r["transient"]), job.previous_policy, policy)) for r in (previous or items)]
+    redo = [
+        previous is None
+        or (
+            r["status"] == "failed" and should_retry(r["error_kind"], bool(r["transient"]), job.previous_policy, policy)
+        )
+        for r in (previous or items)
+    ]
     rows = fetch_rows(items, redo, fetch_cfg, image_cfg, progress)
     for i, row in enumerate(rows):
         if row is None:  # kept from the previous run of this shard
@@ -171,7 +196,9 @@ def download_shard(
     return stats
 
 
-def download_rows(job: ShardJob, fetch_cfg: FetchConfig, image_cfg: ImageConfig, keep_images: Optional[str]) -> list[dict]:
+def download_rows(
+    job: ShardJob, fetch_cfg: FetchConfig, image_cfg: ImageConfig, keep_images: Optional[str]
+) -> list[dict]:
     """Fetch a shard's images into rows (the bytes stay in memory / the object store).
     With `keep_images`, the rows are also written there as an image shard; a retry job's
     rows replace theirs in the shard kept before (if none was, none is written: the folder
@@ -187,14 +214,21 @@ def download_rows(job: ShardJob, fetch_cfg: FetchConfig, image_cfg: ImageConfig,
             return rows
         fresh = {r["image_id"]: r for r in rows}
         kept = [fresh.get(r["image_id"], r) for r in read_shard_rows(earlier)]
-    stats = shard_stats(job.number, kept, started, downloaded, policy_of(fetch_cfg, image_cfg),
-                        retried=len(rows) if job.retry_failed else 0)
+    stats = shard_stats(
+        job.number,
+        kept,
+        started,
+        downloaded,
+        policy_of(fetch_cfg, image_cfg),
+        retried=len(rows) if job.retry_failed else 0,
+    )
     write_shard(Path(keep_images), job.number, kept, stats)
     return rows
 
 
-def shard_stats(number: int, rows: list[dict], started: float, downloaded: int, policy: Policy,
-                retried: int = 0) -> dict:
+def shard_stats(
+    number: int, rows: list[dict], started: float, downloaded: int, policy: Policy, retried: int = 0
+) -> dict:
     """A shard's stats; `policy` records the options its failures happened under (for
     --retry-failed: a failure kept from an earlier run still holds under them), ``node_id``
     and ``hostname`` where it was made (`distribute.this_node`)."""

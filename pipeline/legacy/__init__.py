@@ -12,15 +12,29 @@ from pipeline.legacy.vilbert_lmdb import check_vilbert_ids, read_vilbert_lmdb, w
 FORMATS: dict[str, LegacyFormat] = {
     f.name: f
     for f in (
-        LegacyFormat("lxmert-tsv", "LXMERT obj36 TSV: 10 fields, base64 int64/float32 arrays",
-                     read_lxmert_tsv, write_lxmert_tsv),
-        LegacyFormat("butd-tsv", "bottom-up-attention TSV: 6 fields, or 7 with cls_prob (ViLBERT)",
-                     read_butd_tsv, write_butd_tsv),
-        LegacyFormat("vilbert-lmdb", "ViLBERT/MMF LMDB of pickled dicts plus a 'keys' entry; export as "
-                     "vilbert-multi-task's convert_to_lmdb.py writes it",
-                     read_vilbert_lmdb, write_vilbert_lmdb, needs_pickle=True, check_ids=check_vilbert_ids),
-        LegacyFormat("mmf-npy", "MMF folder of <id>.npy features and <id>_info.npy dicts",
-                     read_mmf_npy, write_mmf_npy, needs_pickle=True, check_ids=check_mmf_ids),
+        LegacyFormat(
+            "lxmert-tsv", "LXMERT obj36 TSV: 10 fields, base64 int64/float32 arrays", read_lxmert_tsv, write_lxmert_tsv
+        ),
+        LegacyFormat(
+            "butd-tsv", "bottom-up-attention TSV: 6 fields, or 7 with cls_prob (ViLBERT)", read_butd_tsv, write_butd_tsv
+        ),
+        LegacyFormat(
+            "vilbert-lmdb",
+            "ViLBERT/MMF LMDB of pickled dicts plus a 'keys' entry; export as "
+            "vilbert-multi-task's convert_to_lmdb.py writes it",
+            read_vilbert_lmdb,
+            write_vilbert_lmdb,
+            needs_pickle=True,
+            check_ids=check_vilbert_ids,
+        ),
+        LegacyFormat(
+            "mmf-npy",
+            "MMF folder of <id>.npy features and <id>_info.npy dicts",
+            read_mmf_npy,
+            write_mmf_npy,
+            needs_pickle=True,
+            check_ids=check_mmf_ids,
+        ),
     )
 }
 

@@ -125,7 +125,10 @@ def array_from_bytes(field: str, raw: bytes, dtype, num: int, width: Optional[in
     if width is None:
         per_box = num * itemsize
         if not raw or len(raw) % per_box:
-            raise RowError("num_boxes mismatch", f"field {field}: {len(raw)} bytes is not a multiple of num_boxes={num} x {itemsize}")
+            raise RowError(
+                "num_boxes mismatch",
+                f"field {field}: {len(raw)} bytes is not a multiple of num_boxes={num} x {itemsize}",
+            )
         width = len(raw) // per_box
     expected = num * width * itemsize
     if len(raw) != expected:
@@ -262,7 +265,12 @@ def _record_from_dict(obj: dict, default_id: str, features) -> RegionFeatures:
 
     image_id = _image_id(pick("image_id"), default_id)
     boxes_value, feats_value = pick("boxes"), pick("features") if features is None else features
-    for name, value in (("image_h", pick("image_h")), ("image_w", pick("image_w")), ("boxes", boxes_value), ("features", feats_value)):
+    for name, value in (
+        ("image_h", pick("image_h")),
+        ("image_w", pick("image_w")),
+        ("boxes", boxes_value),
+        ("features", feats_value),
+    ):
         if value is None:
             raise RowError("missing field", f"no {name}")
     num = pick("num_boxes")
@@ -283,7 +291,11 @@ def _record_from_dict(obj: dict, default_id: str, features) -> RegionFeatures:
     )
     cls_prob = pick("cls_prob")
     if cls_prob is not None:
-        cls_prob = _as_matrix("cls_prob", cls_prob, n, None) if isinstance(cls_prob, (str, bytes)) else _numeric("cls_prob", cls_prob)
+        cls_prob = (
+            _as_matrix("cls_prob", cls_prob, n, None)
+            if isinstance(cls_prob, (str, bytes))
+            else _numeric("cls_prob", cls_prob)
+        )
         if cls_prob.ndim == 1:
             fields["objects_conf"] = _as_matrix("cls_prob", cls_prob, n, 1).reshape(n)
         else:

@@ -56,7 +56,6 @@ class ImportConfig(Config):
             raise pickle_refusal(self.fmt)
 
 
-
 @dataclass
 class ImportReport(Config):
     rows_read: int = 0
@@ -74,7 +73,6 @@ class ImportReport(Config):
         log.warning("skipped %s", skip)
 
 
-
 def run_import(cfg: ImportConfig, progress: Progress = None) -> ImportReport:
     """Stream every row of the sources into the store at `cfg.dest` (resuming it if it
     exists: ids already there are skipped). Bad rows are skipped with their file:row
@@ -85,8 +83,14 @@ def run_import(cfg: ImportConfig, progress: Progress = None) -> ImportReport:
     fmt = FORMATS[cfg.fmt]
     report = ImportReport()
     writer = FeatureStoreWriter(
-        cfg.dest, backend=cfg.backend, shard_size=cfg.shard_size, resume=True,
-        feature_dim=cfg.feature_dim, dtype=cfg.dtype, cls_prob=cfg.cls_prob, attr_prob=cfg.attr_prob,
+        cfg.dest,
+        backend=cfg.backend,
+        shard_size=cfg.shard_size,
+        resume=True,
+        feature_dim=cfg.feature_dim,
+        dtype=cfg.dtype,
+        cls_prob=cfg.cls_prob,
+        attr_prob=cfg.attr_prob,
         provenance={"producer": f"vlprep {__version__} import --from {cfg.fmt}", "source_format": cfg.fmt},
         config=cfg.to_json(),
     )
@@ -128,8 +132,13 @@ class ExportConfig:
     def output_check(self) -> dict:
         """How DEST is checked before it is written or replaced (pipeline.io.check_output):
         a file may replace a file; a folder only an earlier export to this format."""
-        return dict(kind=f"{self.fmt} export", inputs=(self.store,), flag="DEST",
-                    what=f"vlprep export --to {self.fmt}", folder=None)
+        return dict(
+            kind=f"{self.fmt} export",
+            inputs=(self.store,),
+            flag="DEST",
+            what=f"vlprep export --to {self.fmt}",
+            folder=None,
+        )
 
 
 def run_export(cfg: ExportConfig, progress: Progress = None) -> int:
@@ -146,7 +155,11 @@ def run_export(cfg: ExportConfig, progress: Progress = None) -> int:
             raise
     for name in ("cls_prob", "attr_prob"):
         if store.layout.prob(name).mode == "topk":
-            log.warning("%s is stored as %s: exported tables hold those values and zeros elsewhere", name, store.layout.prob(name))
+            log.warning(
+                "%s is stored as %s: exported tables hold those values and zeros elsewhere",
+                name,
+                store.layout.prob(name),
+            )
 
     def records():
         for rec in store:

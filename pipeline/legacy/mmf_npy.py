@@ -25,7 +25,13 @@ import numpy as np
 
 from pipeline.errors import ConfigError, UnsafePickleError
 from pipeline.legacy.base import (
-    ReadOptions, ReadResult, RowError, decode_row, pickle_refusal, record_from_dict, safe_relative_path,
+    ReadOptions,
+    ReadResult,
+    RowError,
+    decode_row,
+    pickle_refusal,
+    record_from_dict,
+    safe_relative_path,
 )
 from pipeline.records import RegionFeatures
 from pipeline.safe_pickle import legacy_dumps, safe_load_npy_object
@@ -69,9 +75,11 @@ def _load(path: Path, load):
 
 
 def _collision(first: str, second: str, what: str) -> ConfigError:
-    return ConfigError(f"mmf-npy export: the image ids collide: {what}; MMF's layout (<id>.npy beside "
-                       f"<id>_info.npy) cannot hold both {first!r} and {second!r}: rename one, or export to "
-                       "another format")
+    return ConfigError(
+        f"mmf-npy export: the image ids collide: {what}; MMF's layout (<id>.npy beside "
+        f"<id>_info.npy) cannot hold both {first!r} and {second!r}: rename one, or export to "
+        "another format"
+    )
 
 
 def check_mmf_ids(store: "FeatureStore") -> None:
@@ -88,7 +96,9 @@ def check_mmf_ids(store: "FeatureStore") -> None:
             for suffix in (".npy", INFO_SUFFIX):
                 if name.endswith(suffix) and name[: -len(suffix)] in store:
                     other = name[: -len(suffix)]
-                    raise _collision(other, image_id, f"{other!r} writes the file {name}, which {image_id!r} needs as a folder")
+                    raise _collision(
+                        other, image_id, f"{other!r} writes the file {name}, which {image_id!r} needs as a folder"
+                    )
 
 
 def _npy_bytes(array: np.ndarray) -> bytes:
@@ -125,9 +135,12 @@ def write_mmf_npy(records: Iterable[RegionFeatures], dest: Path, layout: StoreLa
             "image_height": rec.image_h,
         }
         optional = {
-            "objects": (rec.objects_id, np.int64), "objects_conf": (rec.objects_conf, np.float32),
-            "attrs_id": (rec.attrs_id, np.int64), "attrs_conf": (rec.attrs_conf, np.float32),
-            "cls_prob": (rec.cls_prob, np.float32), "attr_prob": (rec.attr_prob, np.float32),
+            "objects": (rec.objects_id, np.int64),
+            "objects_conf": (rec.objects_conf, np.float32),
+            "attrs_id": (rec.attrs_id, np.int64),
+            "attrs_conf": (rec.attrs_conf, np.float32),
+            "cls_prob": (rec.cls_prob, np.float32),
+            "attr_prob": (rec.attr_prob, np.float32),
         }
         info.update({k: np.asarray(v, t) for k, (v, t) in optional.items() if v is not None})
         target.with_name(target.name + ".npy").write_bytes(_npy_bytes(np.asarray(rec.features, np.float32)))

@@ -21,14 +21,31 @@ from typing import IO, Iterable, Iterator, Sequence
 import numpy as np
 
 from pipeline.legacy.base import (
-    ReadOptions, ReadResult, RowError, Skipped, decode_array, decode_row, decode_vector, encode_array, parse_int,
+    ReadOptions,
+    ReadResult,
+    RowError,
+    Skipped,
+    decode_array,
+    decode_row,
+    decode_vector,
+    encode_array,
+    parse_int,
     record_with_derived_labels,
 )
 from pipeline.records import RegionFeatures
 from pipeline.store.layout import StoreLayout
 
 LXMERT_FIELDS = (
-    "img_id", "img_h", "img_w", "objects_id", "objects_conf", "attrs_id", "attrs_conf", "num_boxes", "boxes", "features",
+    "img_id",
+    "img_h",
+    "img_w",
+    "objects_id",
+    "objects_conf",
+    "attrs_id",
+    "attrs_conf",
+    "num_boxes",
+    "boxes",
+    "features",
 )
 BUTD_FIELDS = ("image_id", "image_w", "image_h", "num_boxes", "boxes", "features")
 BUTD_CLS_FIELDS = BUTD_FIELDS + ("cls_prob",)
@@ -51,12 +68,16 @@ def _read(paths: Sequence[Path], decode, counts: tuple[int, ...]) -> Iterator[Re
 
         def decode_fields(fields=fields):
             if len(fields) not in counts:
-                raise RowError("wrong field count", f"expected {' or '.join(map(str, counts))} fields, found {len(fields)}")
+                raise RowError(
+                    "wrong field count", f"expected {' or '.join(map(str, counts))} fields, found {len(fields)}"
+                )
             return decode(fields)
 
         result = decode_row(location, decode_fields)
         if isinstance(result, Skipped) and not complete:
-            result = Skipped(location, "truncated last line", f"no newline at end of file and {result.kind}: {result.detail}")
+            result = Skipped(
+                location, "truncated last line", f"no newline at end of file and {result.kind}: {result.detail}"
+            )
         yield result
 
 
@@ -84,14 +105,16 @@ def _decode_lxmert(f: list[bytes]) -> RegionFeatures:
 
 def _decode_butd(f: list[bytes]) -> RegionFeatures:
     n = _num_boxes(f[3])
-    return record_with_derived_labels(dict(
-        image_id=f[0].decode("utf-8"),
-        image_w=parse_int("image_w", f[1]),
-        image_h=parse_int("image_h", f[2]),
-        boxes=decode_array("boxes", f[4], np.float32, n, 4),
-        features=decode_array("features", f[5], np.float32, n),
-        cls_prob=decode_array("cls_prob", f[6], np.float32, n) if len(f) == 7 else None,
-    ))
+    return record_with_derived_labels(
+        dict(
+            image_id=f[0].decode("utf-8"),
+            image_w=parse_int("image_w", f[1]),
+            image_h=parse_int("image_h", f[2]),
+            boxes=decode_array("boxes", f[4], np.float32, n, 4),
+            features=decode_array("features", f[5], np.float32, n),
+            cls_prob=decode_array("cls_prob", f[6], np.float32, n) if len(f) == 7 else None,
+        )
+    )
 
 
 def read_lxmert_tsv(paths: Sequence[Path], opts: ReadOptions) -> Iterator[ReadResult]:
@@ -126,10 +149,16 @@ def _write_lines(records: Iterable[RegionFeatures], out: IO[str], fields_of) -> 
 def _lxmert_fields(rec: RegionFeatures) -> list[str]:
     _require(rec, ("objects_id", "objects_conf", "attrs_id", "attrs_conf"), "lxmert-tsv")
     return [
-        rec.image_id, str(rec.image_h), str(rec.image_w),
-        encode_array(rec.objects_id, np.int64), encode_array(rec.objects_conf, np.float32),
-        encode_array(rec.attrs_id, np.int64), encode_array(rec.attrs_conf, np.float32),
-        str(rec.num_boxes), encode_array(rec.boxes, np.float32), encode_array(rec.features, np.float32),
+        rec.image_id,
+        str(rec.image_h),
+        str(rec.image_w),
+        encode_array(rec.objects_id, np.int64),
+        encode_array(rec.objects_conf, np.float32),
+        encode_array(rec.attrs_id, np.int64),
+        encode_array(rec.attrs_conf, np.float32),
+        str(rec.num_boxes),
+        encode_array(rec.boxes, np.float32),
+        encode_array(rec.features, np.float32),
     ]
 
 
@@ -139,8 +168,12 @@ def write_butd_tsv(records: Iterable[RegionFeatures], dest: Path, layout: StoreL
 
     def fields_of(rec: RegionFeatures) -> list[str]:
         fields = [
-            rec.image_id, str(rec.image_w), str(rec.image_h), str(rec.num_boxes),
-            encode_array(rec.boxes, np.float32), encode_array(rec.features, np.float32),
+            rec.image_id,
+            str(rec.image_w),
+            str(rec.image_h),
+            str(rec.num_boxes),
+            encode_array(rec.boxes, np.float32),
+            encode_array(rec.features, np.float32),
         ]
         if with_cls_prob:
             _require(rec, ("cls_prob",), "butd-tsv with cls_prob (7 fields)")

@@ -84,28 +84,39 @@ def check_vilbert_ids(store: "FeatureStore") -> None:
     """Refuse ids the format cannot hold: one spelled like the ``keys`` entry, or keys
     longer than LMDB allows."""
     if KEYS_ENTRY.decode() in store:
-        raise ConfigError(f"{store.path}: image id 'keys' would overwrite the list of keys that "
-                          "vilbert-lmdb stores under that name; rename it before exporting")
+        raise ConfigError(
+            f"{store.path}: image id 'keys' would overwrite the list of keys that "
+            "vilbert-lmdb stores under that name; rename it before exporting"
+        )
     long = [i for i in store.ids() if len(i.encode("utf-8")) > MAX_KEY_BYTES]
     if long:
-        raise ConfigError(f"{store.path}: {len(long)} image ids are longer than LMDB's {MAX_KEY_BYTES}-byte "
-                          f"key limit, e.g. {long[0][:80]!r}…")
+        raise ConfigError(
+            f"{store.path}: {len(long)} image ids are longer than LMDB's {MAX_KEY_BYTES}-byte "
+            f"key limit, e.g. {long[0][:80]!r}…"
+        )
 
 
 def write_vilbert_lmdb(records: Iterable[RegionFeatures], dest: Path, layout: StoreLayout) -> int:
     if layout.feature_dim != VILBERT_FEATURE_DIM:
-        log.warning("features are %d wide; vilbert-multi-task reads them as (-1, %d)", layout.feature_dim, VILBERT_FEATURE_DIM)
+        log.warning(
+            "features are %d wide; vilbert-multi-task reads them as (-1, %d)", layout.feature_dim, VILBERT_FEATURE_DIM
+        )
     env = lmdb.open(str(dest), subdir=True, map_size=64 << 20, sync=False, metasync=False)
     keys: list[bytes] = []
     batch: list[tuple[bytes, bytes]] = []
     dropped: set[str] = set()
     try:
         for rec in records:
-            dropped.update(name for name in ("objects_id", "attrs_id", "cls_prob", "attr_prob") if getattr(rec, name) is not None)
+            dropped.update(
+                name for name in ("objects_id", "attrs_id", "cls_prob", "attr_prob") if getattr(rec, name) is not None
+            )
             key = str(rec.image_id).encode()
             item = {
-                "image_id": rec.image_id, "image_h": int(rec.image_h), "image_w": int(rec.image_w),
-                "num_boxes": int(rec.num_boxes), "boxes": np.asarray(rec.boxes, np.float32),
+                "image_id": rec.image_id,
+                "image_h": int(rec.image_h),
+                "image_w": int(rec.image_w),
+                "num_boxes": int(rec.num_boxes),
+                "boxes": np.asarray(rec.boxes, np.float32),
                 "features": np.asarray(rec.features, np.float32),
             }
             batch.append((key, legacy_dumps(item)))

@@ -63,12 +63,18 @@ from pipeline.errors import ConfigError
 from pipeline.io import atomic_write_json, replacing_output, sha256_file
 from pipeline.mixture.answers import answer_table, fixed_table, read_answer_file
 from pipeline.mixture.mixture import (
-    ANSWER_SCORES, ANSWERS_FILE, FORMAT, ITEMS_FILE, ITEMS_SCHEMA, MANIFEST_FILE, MIXTURE_SCHEMA_VERSION,
+    ANSWER_SCORES,
+    ANSWERS_FILE,
+    FORMAT,
+    ITEMS_FILE,
+    ITEMS_SCHEMA,
+    MANIFEST_FILE,
+    MIXTURE_SCHEMA_VERSION,
     mixture_manifest,
 )
 from pipeline.mixture.sources import KINDS, QUESTION_KINDS, ImageIds, read_source
-from pipeline.sources.base import Skip
 from pipeline.schema import Field, Schema
+from pipeline.sources.base import Skip
 
 __all__ = ["KINDS", "SPEC_SCHEMA", "MixtureSpec", "SourceSpec", "build_mixture", "render_report"]
 log = logging.getLogger(__name__)
@@ -77,26 +83,30 @@ DEFAULT_TOP_K = 9500
 BATCH = 8192
 LISTED_EXAMPLES = 20
 
-SOURCE_SCHEMA = Schema({
-    "name": Field(str),  # default: the kind
-    "kind": Field(str, required=True, choices=KINDS),
-    "files": Field(str, many=True, required=True),
-    "split": Field(str, choices=SPLITS),  # val: every item of the source is val
-    "repeat": Field(int, default=1, ge=1),
-    "weight": Field(float, default=1.0, gt=0),
-})
-SPEC_SCHEMA = Schema({
-    "name": Field(str),  # default: the spec file's stem
-    "root": Field(str),
-    "image_data": Field(str),
-    "image_map": Field(str),
-    "sources": Field(SOURCE_SCHEMA, many=True, required=True),
-    "heldout": Field(str, many=True, default=()),
-    "drop": Field(str, many=True, default=()),
-    "drop_coco_test": Field(bool, default=True),
-    "answers": Field(Schema({"top_k": Field(int, ge=0)})),  # default: DEFAULT_TOP_K, or all of answers_from
-    "answers_from": Field(str),
-})
+SOURCE_SCHEMA = Schema(
+    {
+        "name": Field(str),  # default: the kind
+        "kind": Field(str, required=True, choices=KINDS),
+        "files": Field(str, many=True, required=True),
+        "split": Field(str, choices=SPLITS),  # val: every item of the source is val
+        "repeat": Field(int, default=1, ge=1),
+        "weight": Field(float, default=1.0, gt=0),
+    }
+)
+SPEC_SCHEMA = Schema(
+    {
+        "name": Field(str),  # default: the spec file's stem
+        "root": Field(str),
+        "image_data": Field(str),
+        "image_map": Field(str),
+        "sources": Field(SOURCE_SCHEMA, many=True, required=True),
+        "heldout": Field(str, many=True, default=()),
+        "drop": Field(str, many=True, default=()),
+        "drop_coco_test": Field(bool, default=True),
+        "answers": Field(Schema({"top_k": Field(int, ge=0)})),  # default: DEFAULT_TOP_K, or all of answers_from
+        "answers_from": Field(str),
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -136,8 +146,10 @@ class MixtureSpec:
         if spec["answers_from"] is None and top_k is None:
             top_k = DEFAULT_TOP_K
         if spec["answers_from"] is not None and top_k == 0:
-            raise ConfigError(f"{path}: answers.top_k: 0 (or --top-k 0: no answer table) contradicts answers_from: "
-                              f"{spec['answers_from']}; drop one of them")
+            raise ConfigError(
+                f"{path}: answers.top_k: 0 (or --top-k 0: no answer table) contradicts answers_from: "
+                f"{spec['answers_from']}; drop one of them"
+            )
         base = Path(root or spec["root"] or Path(path).parent)
         resolve = lambda p: Path(p) if Path(p).is_absolute() else base / p  # noqa: E731
         sources: list[SourceSpec] = []
@@ -146,17 +158,25 @@ class MixtureSpec:
                 raise ConfigError(f"{path}: sources[{i}] (vqa) lists questions/annotations files in pairs")
             name = s["name"] or s["kind"]
             if any(other.name == name for other in sources):
-                raise ConfigError(f"{path}: sources[{i}]: the name {name!r} is taken by another source; "
-                                  "give each source its own name (it is part of the item uids)")
-            sources.append(SourceSpec(name, s["kind"], tuple(resolve(f) for f in s["files"]), s["split"], s["repeat"],
-                                      s["weight"]))
+                raise ConfigError(
+                    f"{path}: sources[{i}]: the name {name!r} is taken by another source; "
+                    "give each source its own name (it is part of the item uids)"
+                )
+            sources.append(
+                SourceSpec(name, s["kind"], tuple(resolve(f) for f in s["files"]), s["split"], s["repeat"], s["weight"])
+            )
         mixture = cls(
-            name=spec["name"] or Path(path).stem, sources=tuple(sources),
+            name=spec["name"] or Path(path).stem,
+            sources=tuple(sources),
             image_data=resolve(spec["image_data"]) if spec["image_data"] else None,
             image_map=resolve(spec["image_map"]) if spec["image_map"] else None,
-            heldout=tuple(resolve(p) for p in spec["heldout"]), drop=tuple(resolve(p) for p in spec["drop"]),
-            drop_coco_test=spec["drop_coco_test"], top_k=top_k,
-            answers_from=resolve(spec["answers_from"]) if spec["answers_from"] else None, raw=raw, path=Path(path),
+            heldout=tuple(resolve(p) for p in spec["heldout"]),
+            drop=tuple(resolve(p) for p in spec["drop"]),
+            drop_coco_test=spec["drop_coco_test"],
+            top_k=top_k,
+            answers_from=resolve(spec["answers_from"]) if spec["answers_from"] else None,
+            raw=raw,
+            path=Path(path),
         )
         missing = [str(p) for p in mixture.all_files() if not p.exists()]
         if missing:
@@ -176,8 +196,13 @@ def _read_id_list(path: Path, ids: ImageIds) -> dict[str, str]:
 
 def _list_matches(path: Path, listed: dict[str, str], seen: set[str]) -> dict:
     unmatched = sorted(image for image, canonical in listed.items() if canonical not in seen)
-    return {"path": str(path), "ids": len(listed), "matched": len(listed) - len(unmatched), "unmatched": len(unmatched),
-            "unmatched_examples": unmatched[:LISTED_EXAMPLES]}
+    return {
+        "path": str(path),
+        "ids": len(listed),
+        "matched": len(listed) - len(unmatched),
+        "unmatched": len(unmatched),
+        "unmatched_examples": unmatched[:LISTED_EXAMPLES],
+    }
 
 
 def _is_mixture(path: Path) -> bool:
@@ -185,8 +210,13 @@ def _is_mixture(path: Path) -> bool:
     return mixture_manifest(path) is not None
 
 
-def build_mixture(spec: MixtureSpec, out: Path, stores: tuple[Path, ...] = (), drop_missing: bool = False,
-                  progress: Optional[Callable[[int], None]] = None) -> dict:
+def build_mixture(
+    spec: MixtureSpec,
+    out: Path,
+    stores: tuple[Path, ...] = (),
+    drop_missing: bool = False,
+    progress: Optional[Callable[[int], None]] = None,
+) -> dict:
     """Build the mixture into `out`; returns the manifest.
 
     Before any work: every store must exist, and `out` must be a new or empty folder or an
@@ -205,10 +235,17 @@ def build_mixture(spec: MixtureSpec, out: Path, stores: tuple[Path, ...] = (), d
         return _build(spec, tmp, stores, [FeatureStore.open(p) for p in stores], drop_missing, progress)
 
 
-def _build(spec: MixtureSpec, tmp: Path, stores: tuple[Path, ...], feature_stores: list, drop_missing: bool,
-           progress: Optional[Callable[[int], None]]) -> dict:
-    ids = ImageIds(spec.image_data, [f for s in spec.sources if s.kind == "coco_captions" for f in s.files],
-                   spec.image_map)
+def _build(
+    spec: MixtureSpec,
+    tmp: Path,
+    stores: tuple[Path, ...],
+    feature_stores: list,
+    drop_missing: bool,
+    progress: Optional[Callable[[int], None]],
+) -> dict:
+    ids = ImageIds(
+        spec.image_data, [f for s in spec.sources if s.kind == "coco_captions" for f in s.files], spec.image_map
+    )
     heldout_lists = {p: _read_id_list(p, ids) for p in spec.heldout}
     drop_lists = {p: _read_id_list(p, ids) for p in spec.drop}
     heldout = {c for listed in heldout_lists.values() for c in listed.values()}
@@ -236,12 +273,18 @@ def _build(spec: MixtureSpec, tmp: Path, stores: tuple[Path, ...], feature_store
                 counts.update(a for a, s in item.answers.items() if s > 0)
     if spec.answers_from is not None:
         entries = read_answer_file(spec.answers_from)
-        fixed = fixed_table(entries[:spec.top_k] if spec.top_k is not None else entries, spec.answers_from)
+        fixed = fixed_table(entries[: spec.top_k] if spec.top_k is not None else entries, spec.answers_from)
         table, index, unreachable = fixed.answers, fixed.index, fixed.unreachable
         if unreachable:
-            log.warning("%s: %d of its %d entries normalize to nothing or to an earlier entry's answer (e.g. entry "
-                        "%d %r); they keep their answer ids, but no item maps to them", spec.answers_from,
-                        len(unreachable), len(table), unreachable[0], entries[unreachable[0]])
+            log.warning(
+                "%s: %d of its %d entries normalize to nothing or to an earlier entry's answer (e.g. entry "
+                "%d %r); they keep their answer ids, but no item maps to them",
+                spec.answers_from,
+                len(unreachable),
+                len(table),
+                unreachable[0],
+                entries[unreachable[0]],
+            )
     else:
         entries, table, unreachable = [], answer_table(counts, spec.top_k), []
         index = {a: i for i, a in enumerate(table)}
@@ -256,6 +299,7 @@ def _build(spec: MixtureSpec, tmp: Path, stores: tuple[Path, ...], feature_store
     score_total = score_covered = 0.0
     columns: dict[str, list] = {f.name: [] for f in ITEMS_SCHEMA}
     with pa.OSFile(str(tmp / ITEMS_FILE), "wb") as sink, pa.ipc.new_file(sink, ITEMS_SCHEMA) as writer:
+
         def flush() -> None:
             if columns["uid"]:
                 writer.write_batch(pa.RecordBatch.from_pydict(columns, schema=ITEMS_SCHEMA))
@@ -312,8 +356,10 @@ def _build(spec: MixtureSpec, tmp: Path, stores: tuple[Path, ...], feature_store
         flush()
     if missing and not drop_missing:
         examples = ", ".join(sorted(missing)[:LISTED_EXAMPLES])
-        raise ConfigError(f"{len(missing)} images have no features in the given stores (e.g. {examples}); "
-                          "extract them, or pass --drop-missing to leave their items out")
+        raise ConfigError(
+            f"{len(missing)} images have no features in the given stores (e.g. {examples}); "
+            "extract them, or pass --drop-missing to leave their items out"
+        )
     heldout_matches = [_list_matches(p, listed, seen) for p, listed in heldout_lists.items()]
     drop_matches = [_list_matches(p, listed, seen) for p, listed in drop_lists.items()]
     _check_lists(heldout_matches, drop_matches)
@@ -323,30 +369,46 @@ def _build(spec: MixtureSpec, tmp: Path, stores: tuple[Path, ...], feature_store
     groups = _identity_groups(images, ids)
     table_info: dict = {"table_size": len(table), "top_k": spec.top_k}
     if spec.answers_from is not None:
-        table_info["file"] = {"path": str(spec.answers_from), "name": spec.answers_from.name, "entries": len(entries),
-                              "sha256": sha256_file(spec.answers_from)}
+        table_info["file"] = {
+            "path": str(spec.answers_from),
+            "name": spec.answers_from.name,
+            "entries": len(entries),
+            "sha256": sha256_file(spec.answers_from),
+        }
         table_info["unreachable"] = len(unreachable)
         table_info["unreachable_examples"] = [
             {"id": i, "entry": entries[i], "answer": table[i], "first_id": index.get(table[i])}
-            for i in unreachable[:LISTED_EXAMPLES]]
+            for i in unreachable[:LISTED_EXAMPLES]
+        ]
     manifest = {
-        "format": FORMAT, "schema_version": MIXTURE_SCHEMA_VERSION, "answer_scores": ANSWER_SCORES, "name": spec.name,
+        "format": FORMAT,
+        "schema_version": MIXTURE_SCHEMA_VERSION,
+        "answer_scores": ANSWER_SCORES,
+        "name": spec.name,
         "producer": f"vlprep {__version__} build-mixture",
         "spec": spec.raw,
         "inputs": [{"path": str(p), "bytes": p.stat().st_size, "sha256": sha256_file(p)} for p in spec.all_files()],
         "counts": {name: dict(sorted(c.items())) for name, c in stats.items()},
-        "totals": dict(sorted(sum((Counter({k: v for k, v in c.items() if "/" in k}) for c in stats.values()), Counter()).items())),
+        "totals": dict(
+            sorted(sum((Counter({k: v for k, v in c.items() if "/" in k}) for c in stats.values()), Counter()).items())
+        ),
         "skipped": {name: dict(sorted(c.items())) for name, c in skipped.items()},
         "images": {name: len(v) for name, v in images.items()},
         "identity_groups": groups,
         "heldout": heldout_matches,
         "drop": drop_matches,
-        "answers": {**table_info, "distinct_train_answers": len(counts),
-                    "questions_best_answer_covered": round(covered / answered, 4) if answered else None,
-                    "score_mass_covered": round(score_covered / score_total, 4) if score_total else None},
+        "answers": {
+            **table_info,
+            "distinct_train_answers": len(counts),
+            "questions_best_answer_covered": round(covered / answered, 4) if answered else None,
+            "score_mass_covered": round(score_covered / score_total, 4) if score_total else None,
+        },
         "stores": [str(p) for p in stores],
-        "missing_features": {"images": len(missing), "items_dropped": sum(missing.values()) if drop_missing else 0,
-                             "examples": sorted(missing)[:50]},
+        "missing_features": {
+            "images": len(missing),
+            "items_dropped": sum(missing.values()) if drop_missing else 0,
+            "examples": sorted(missing)[:50],
+        },
     }
     dead = set(unreachable)
     table_counts = [0 if i in dead else counts[a] for i, a in enumerate(table)]
@@ -362,14 +424,22 @@ def _check_lists(heldout: list[dict], drop: list[dict]) -> None:
     for entry in heldout:
         if not entry["matched"]:
             examples = ", ".join(entry["unmatched_examples"][:5])
-            raise ConfigError(f"{entry['path']}: none of its {entry['ids']} ids names an image of the mixture "
-                              f"(e.g. {examples}); list the annotation files' image ids (COCO file stems, VG ids) "
-                              "or the store keys")
+            raise ConfigError(
+                f"{entry['path']}: none of its {entry['ids']} ids names an image of the mixture "
+                f"(e.g. {examples}); list the annotation files' image ids (COCO file stems, VG ids) "
+                "or the store keys"
+            )
     for what, entries in (("held-out", heldout), ("drop", drop)):
         for entry in entries:
             if entry["unmatched"]:
-                log.warning("%s list %s: %d of its %d ids match no image (e.g. %s)", what, entry["path"],
-                            entry["unmatched"], entry["ids"], ", ".join(entry["unmatched_examples"][:5]))
+                log.warning(
+                    "%s list %s: %d of its %d ids match no image (e.g. %s)",
+                    what,
+                    entry["path"],
+                    entry["unmatched"],
+                    entry["ids"],
+                    ", ".join(entry["unmatched_examples"][:5]),
+                )
 
 
 def _identity_groups(images: dict[str, set], ids: ImageIds) -> dict:
@@ -389,44 +459,84 @@ def _identity_groups(images: dict[str, set], ids: ImageIds) -> dict:
 
 
 def render_report(m: dict) -> str:
-    lines = [f"# Mixture `{m['name']}`", "", f"Built by {m['producer']}.", "", "## Items per source", "",
-             "| source | " + " | ".join(sorted(m["totals"])) + " | images |", "|---" * (len(m["totals"]) + 2) + "|"]
+    lines = [
+        f"# Mixture `{m['name']}`",
+        "",
+        f"Built by {m['producer']}.",
+        "",
+        "## Items per source",
+        "",
+        "| source | " + " | ".join(sorted(m["totals"])) + " | images |",
+        "|---" * (len(m["totals"]) + 2) + "|",
+    ]
     for name, c in m["counts"].items():
-        lines.append(f"| {name} | " + " | ".join(f"{c.get(k, 0):,}" for k in sorted(m["totals"])) + f" | {m['images'].get(name, 0):,} |")
+        lines.append(
+            f"| {name} | "
+            + " | ".join(f"{c.get(k, 0):,}" for k in sorted(m["totals"]))
+            + f" | {m['images'].get(name, 0):,} |"
+        )
     lines.append("| **all** | " + " | ".join(f"{v:,}" for _, v in sorted(m["totals"].items())) + " | |")
     groups = sorted({g for c in m["identity_groups"].values() for g in c})
-    lines += ["", "## Images by identity (as LXMERT's Table 1)", "", "| source | " + " | ".join(groups) + " |",
-              "|---" * (len(groups) + 1) + "|"]
+    lines += [
+        "",
+        "## Images by identity (as LXMERT's Table 1)",
+        "",
+        "| source | " + " | ".join(groups) + " |",
+        "|---" * (len(groups) + 1) + "|",
+    ]
     for name, c in m["identity_groups"].items():
         lines.append(f"| {name} | " + " | ".join(f"{c.get(g, 0):,}" for g in groups) + " |")
     a = m["answers"]
-    lines += ["", "## Answers", "",
-              f"- soft scores: {m['answer_scores']} (0.3 / 0.6 / 0.9 / 1.0 for 1 / 2 / 3 / 4+ annotators)"]
+    lines += [
+        "",
+        "## Answers",
+        "",
+        f"- soft scores: {m['answer_scores']} (0.3 / 0.6 / 0.9 / 1.0 for 1 / 2 / 3 / 4+ annotators)",
+    ]
     if "file" in a:
         f = a["file"]
-        lines += [f"- answer table: {a['table_size']:,} answers from {f['name']} (`{f['path']}`, sha256 {f['sha256']}"
-                  + (f"; its first {a['table_size']:,} of {f['entries']:,} entries)" if a["top_k"] is not None else ")"),
-                  f"- table entries no item maps to (empty, or an earlier entry's answer once normalized): "
-                  f"{a['unreachable']:,}",
-                  f"- distinct training answers: {a['distinct_train_answers']:,}"]
+        lines += [
+            f"- answer table: {a['table_size']:,} answers from {f['name']} (`{f['path']}`, sha256 {f['sha256']}"
+            + (f"; its first {a['table_size']:,} of {f['entries']:,} entries)" if a["top_k"] is not None else ")"),
+            f"- table entries no item maps to (empty, or an earlier entry's answer once normalized): "
+            f"{a['unreachable']:,}",
+            f"- distinct training answers: {a['distinct_train_answers']:,}",
+        ]
     else:
-        lines += [f"- answer table: {a['table_size']:,} of {a['distinct_train_answers']:,} distinct "
-                  f"training answers (top {a['top_k']:,})"]
-    lines += [f"- training questions whose best answer is in the table: {a['questions_best_answer_covered']}",
-              f"- answer score mass covered: {a['score_mass_covered']}"]
+        lines += [
+            f"- answer table: {a['table_size']:,} of {a['distinct_train_answers']:,} distinct "
+            f"training answers (top {a['top_k']:,})"
+        ]
+    lines += [
+        f"- training questions whose best answer is in the table: {a['questions_best_answer_covered']}",
+        f"- answer score mass covered: {a['score_mass_covered']}",
+    ]
     reasons = sorted({r for c in m["skipped"].values() for r in c})
     if reasons:
-        lines += ["", "## Skipped annotations", "", "| source | " + " | ".join(reasons) + " |", "|---" * (len(reasons) + 1) + "|"]
+        lines += [
+            "",
+            "## Skipped annotations",
+            "",
+            "| source | " + " | ".join(reasons) + " |",
+            "|---" * (len(reasons) + 1) + "|",
+        ]
         for name, c in m["skipped"].items():
             lines.append(f"| {name} | " + " | ".join(f"{c.get(r, 0):,}" for r in reasons) + " |")
     if m["heldout"] or m["drop"]:
         lines += ["", "## Held-out and drop lists", ""]
         for what in ("heldout", "drop"):
             for e in m[what]:
-                lines.append(f"- {what} `{e['path']}`: {e['matched']:,} of {e['ids']:,} ids matched an image"
-                             + (f" (unmatched e.g. {', '.join(e['unmatched_examples'][:5])})" if e["unmatched"] else ""))
+                lines.append(
+                    f"- {what} `{e['path']}`: {e['matched']:,} of {e['ids']:,} ids matched an image"
+                    + (f" (unmatched e.g. {', '.join(e['unmatched_examples'][:5])})" if e["unmatched"] else "")
+                )
     mf = m["missing_features"]
     if m["stores"]:
-        lines += ["", "## Features", "", f"- stores: {', '.join(m['stores'])}",
-                  f"- images without features: {mf['images']:,} (items dropped: {mf['items_dropped']:,})"]
+        lines += [
+            "",
+            "## Features",
+            "",
+            f"- stores: {', '.join(m['stores'])}",
+            f"- images without features: {mf['images']:,} (items dropped: {mf['items_dropped']:,})",
+        ]
     return "\n".join(lines) + "\n"

@@ -64,18 +64,23 @@ def check_mixture(folder: Path) -> dict:
     folder = Path(folder)
     manifest = mixture_manifest(folder)
     if manifest is None:
-        raise ConfigError(f"{folder} is not a mixture (no {FORMAT} manifest.json): "
-                          "build one with `vlprep build-mixture`")
+        raise ConfigError(
+            f"{folder} is not a mixture (no {FORMAT} manifest.json): build one with `vlprep build-mixture`"
+        )
     version = manifest.get("schema_version", 1)
     if version == MIXTURE_SCHEMA_VERSION:
         return manifest
     if isinstance(version, int) and version > MIXTURE_SCHEMA_VERSION:
-        raise ConfigError(f"{folder}: mixture schema {version} was written by a newer vlprep (this one reads "
-                          f"schema {MIXTURE_SCHEMA_VERSION}); upgrade vlprep, or rebuild the mixture with "
-                          "`vlprep build-mixture`")
-    raise ConfigError(f"{folder}: mixture schema {version} stores the old answer scores min(1, k/3) (k annotators), "
-                      f"not the official VQA values (0.3/0.6/0.9/1.0 for 1/2/3/4+ of 10; schema "
-                      f"{MIXTURE_SCHEMA_VERSION}); rebuild it with `vlprep build-mixture --spec SPEC --out {folder}`")
+        raise ConfigError(
+            f"{folder}: mixture schema {version} was written by a newer vlprep (this one reads "
+            f"schema {MIXTURE_SCHEMA_VERSION}); upgrade vlprep, or rebuild the mixture with "
+            "`vlprep build-mixture`"
+        )
+    raise ConfigError(
+        f"{folder}: mixture schema {version} stores the old answer scores min(1, k/3) (k annotators), "
+        f"not the official VQA values (0.3/0.6/0.9/1.0 for 1/2/3/4+ of 10; schema "
+        f"{MIXTURE_SCHEMA_VERSION}); rebuild it with `vlprep build-mixture --spec SPEC --out {folder}`"
+    )
 
 
 class ItemsFolder:

@@ -108,7 +108,9 @@ def read_gqa(path: Path) -> Iterator[Read]:
         if isinstance(q, Skip):
             yield q
         else:
-            yield TextItem(q.image, q.text, "question", _one_answer(q.answer) if q.answer is not None else None, in_vg=True)
+            yield TextItem(
+                q.image, q.text, "question", _one_answer(q.answer) if q.answer is not None else None, in_vg=True
+            )
 
 
 def read_lxmert(path: Path) -> Iterator[tuple[str, Read]]:
@@ -128,7 +130,10 @@ def read_conceptual_captions(path: Path) -> Iterator[Read]:
 # Spec kind -> reader of one file. "vqa" reads (questions, annotations) pairs, "lxmert" files
 # name their own sources: `read_source` handles both.
 _FILE_READERS: dict[str, Callable[[Path], Iterator[Read]]] = {
-    "coco_captions": read_coco_captions, "vg_regions": read_vg_regions, "gqa": read_gqa, "vgqa": read_vgqa,
+    "coco_captions": read_coco_captions,
+    "vg_regions": read_vg_regions,
+    "gqa": read_gqa,
+    "vgqa": read_vgqa,
     "conceptual_captions": read_conceptual_captions,
 }
 KINDS = ("coco_captions", "vg_regions", "vqa", "gqa", "vgqa", "lxmert", "conceptual_captions")
@@ -197,8 +202,10 @@ def read_image_map(path: Path) -> dict[str, str]:
             raise ConfigError(f"{path}:{lineno}: an image map line is 'source id<TAB>store key'")
         source, key = parts[0].strip(), parts[1].strip()
         if source in aliases and aliases[source] != key:
-            raise ConfigError(f"{path}:{lineno}: source id {source!r} maps to {key!r}, but line {first_line[source]} "
-                              f"maps it to {aliases[source]!r}; an image id maps to one store key")
+            raise ConfigError(
+                f"{path}:{lineno}: source id {source!r} maps to {key!r}, but line {first_line[source]} "
+                f"maps it to {aliases[source]!r}; an image id maps to one store key"
+            )
         aliases[source] = key
         first_line.setdefault(source, lineno)
     return aliases

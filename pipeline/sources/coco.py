@@ -56,8 +56,12 @@ def read_captions(path: Path) -> CocoCaptions:
     out = CocoCaptions()
     stems: dict[int, str] = {}
     for i, img in enumerate(data["images"]):
-        if not isinstance(img, dict) or not is_int(img.get("id")) or not isinstance(img.get("file_name"), str) \
-                or not img["file_name"]:
+        if (
+            not isinstance(img, dict)
+            or not is_int(img.get("id"))
+            or not isinstance(img.get("file_name"), str)
+            or not img["file_name"]
+        ):
             out.malformed.append(Malformed(path, f"images[{i}]", "needs an integer id and a file_name"))
             continue
         url = img.get("coco_url") or img.get("flickr_url")

@@ -33,9 +33,14 @@ class KarpathyImage:
 
 
 def _well_formed(img) -> bool:
-    return isinstance(img, dict) and isinstance(img.get("filename"), str) and img["filename"] != "" \
-        and img.get("split") in SPLITS and isinstance(img.get("sentences"), list) \
+    return (
+        isinstance(img, dict)
+        and isinstance(img.get("filename"), str)
+        and img["filename"] != ""
+        and img.get("split") in SPLITS
+        and isinstance(img.get("sentences"), list)
         and all(isinstance(s, dict) and is_int(s.get("sentid")) for s in img["sentences"])
+    )
 
 
 def read_karpathy(path: Path) -> Iterator[Union[KarpathyImage, Malformed]]:
@@ -43,8 +48,11 @@ def read_karpathy(path: Path) -> Iterator[Union[KarpathyImage, Malformed]]:
     path = Path(path)
     for i, img in iter_json(path, member="images", array=True):
         if not _well_formed(img):
-            yield Malformed(path, f"images[{i}]", f"needs filename, split ({' | '.join(SPLITS)}) and sentences "
-                                                  "(objects with an integer sentid)")
+            yield Malformed(
+                path,
+                f"images[{i}]",
+                f"needs filename, split ({' | '.join(SPLITS)}) and sentences (objects with an integer sentid)",
+            )
             continue
         image = img["filename"].rsplit(".", 1)[0]
         texts = [(text_or_skip(image, s.get("raw")), s["sentid"]) for s in img["sentences"]]

@@ -40,10 +40,18 @@ def _scores(label) -> bool:
 
 def read_lxmert(path: Path) -> Iterator[Union[LxmertSentence, Skip, Malformed]]:
     for i, datum in iter_json(path, array=True):
-        if not isinstance(datum, dict) or not is_id(datum.get("img_id")) or not _lists(datum.get("sentf")) \
-                or not _lists(datum.get("labelf", {})):
-            yield Malformed(Path(path), f"[{i}]", "needs img_id, sentf (sources to lists of sentences) and, when "
-                                                  "given, labelf (sources to lists of labels)")
+        if (
+            not isinstance(datum, dict)
+            or not is_id(datum.get("img_id"))
+            or not _lists(datum.get("sentf"))
+            or not _lists(datum.get("labelf", {}))
+        ):
+            yield Malformed(
+                Path(path),
+                f"[{i}]",
+                "needs img_id, sentf (sources to lists of sentences) and, when "
+                "given, labelf (sources to lists of labels)",
+            )
             continue
         image, labels = str(datum["img_id"]), datum.get("labelf", {})
         for source, sentences in datum["sentf"].items():

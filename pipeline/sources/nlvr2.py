@@ -80,5 +80,13 @@ def read_nlvr2(path: Path, urls_required: bool = False) -> Iterator[Union[Nlvr2E
         if urls_required and not (left_url and right_url):
             yield Malformed(path, where, "needs left_url and right_url (the URL release)")
             continue
-        yield Nlvr2Example(identifier, text_or_skip(pair, obj.get("sentence")), f"{pair}-img0", f"{pair}-img1",
-                           left_url, right_url, label, directory)
+        yield Nlvr2Example(
+            identifier,
+            text_or_skip(pair, obj.get("sentence")),
+            f"{pair}-img0",
+            f"{pair}-img1",
+            left_url,
+            right_url,
+            label,
+            directory,
+        )

@@ -73,25 +73,46 @@ def load_refs(path: Path) -> list:
 
 
 def _well_formed(ref: Any) -> bool:
-    return isinstance(ref, dict) and all(is_int(ref.get(key)) for key in ("ref_id", "ann_id", "image_id")) \
-        and isinstance(ref.get("split"), str) and ref["split"] != "" and isinstance(ref.get("sentences"), list) \
+    return (
+        isinstance(ref, dict)
+        and all(is_int(ref.get(key)) for key in ("ref_id", "ann_id", "image_id"))
+        and isinstance(ref.get("split"), str)
+        and ref["split"] != ""
+        and isinstance(ref.get("sentences"), list)
         and all(isinstance(s, dict) and is_int(s.get("sent_id")) for s in ref["sentences"])
+    )
 
 
-def _instances(path: Path, image_ids: set[int], ann_ids: set[int], images: dict[int, _Image],
-               boxes: dict[int, tuple[int, tuple[float, ...]]]) -> Iterator[Malformed]:
+def _instances(
+    path: Path,
+    image_ids: set[int],
+    ann_ids: set[int],
+    images: dict[int, _Image],
+    boxes: dict[int, tuple[int, tuple[float, ...]]],
+) -> Iterator[Malformed]:
     """Fill `images` and `boxes` (annotation id -> (image id, x, y, w, h)) with the wanted
     ids' entries of instances.json; yield its malformed rows."""
     for i, img in iter_json(path, member="images", array=True):
-        if not isinstance(img, dict) or not is_int(img.get("id")) or not isinstance(img.get("file_name"), str) \
-                or not is_int(img.get("width")) or not is_int(img.get("height")):
+        if (
+            not isinstance(img, dict)
+            or not is_int(img.get("id"))
+            or not isinstance(img.get("file_name"), str)
+            or not is_int(img.get("width"))
+            or not is_int(img.get("height"))
+        ):
             yield Malformed(path, f"images[{i}]", "needs an integer id, file_name, width and height")
         elif img["id"] in image_ids:
             images[img["id"]] = _Image(img["file_name"].rsplit(".", 1)[0], img["width"], img["height"])
     for i, ann in iter_json(path, member="annotations", array=True):
         bbox = ann.get("bbox") if isinstance(ann, dict) else None
-        if not isinstance(ann, dict) or not is_int(ann.get("id")) or not is_int(ann.get("image_id")) \
-                or not isinstance(bbox, list) or len(bbox) != 4 or not all(_number(v) for v in bbox):
+        if (
+            not isinstance(ann, dict)
+            or not is_int(ann.get("id"))
+            or not is_int(ann.get("image_id"))
+            or not isinstance(bbox, list)
+            or len(bbox) != 4
+            or not all(_number(v) for v in bbox)
+        ):
             yield Malformed(path, f"annotations[{i}]", "needs an integer id and image_id and a bbox [x, y, w, h]")
         elif ann["id"] in ann_ids:
             boxes[ann["id"]] = (ann["image_id"], tuple(float(v) for v in bbox))
@@ -109,20 +130,37 @@ def read_refs(refs: Path, instances: Path) -> Iterator[Union[RefExpression, Skip
     for i, ref in enumerate(rows):
         where = f"[{i}]"
         if not _well_formed(ref):
-            yield Malformed(refs, where, "needs integer ref_id, ann_id and image_id, a split and sentences "
-                                         "(objects with an integer sent_id)")
+            yield Malformed(
+                refs,
+                where,
+                "needs integer ref_id, ann_id and image_id, a split and sentences (objects with an integer sent_id)",
+            )
             continue
         image, found = images.get(ref["image_id"]), boxes.get(ref["ann_id"])
         if image is None or found is None or found[0] != ref["image_id"]:
-            yield Malformed(refs, where, f"annotation {ref['ann_id']} of image {ref['image_id']} is not in "
-                                         f"{instances.name}")
+            yield Malformed(
+                refs, where, f"annotation {ref['ann_id']} of image {ref['image_id']} is not in {instances.name}"
+            )
             continue
         x, y, w, h = found[1]
         for s in ref["sentences"]:
             text = text_or_skip(image.stem, s.get("sent"))
-            yield text if isinstance(text, Skip) else RefExpression(
-                ref["ref_id"], s["sent_id"], ref["split"], image.stem, ref["image_id"], ref["ann_id"], text,
-                (x, y, x + w, y + h), image.width, image.height)
+            yield (
+                text
+                if isinstance(text, Skip)
+                else RefExpression(
+                    ref["ref_id"],
+                    s["sent_id"],
+                    ref["split"],
+                    image.stem,
+                    ref["image_id"],
+                    ref["ann_id"],
+                    text,
+                    (x, y, x + w, y + h),
+                    image.width,
+                    image.height,
+                )
+            )
 
 
 def annotation_boxes(instances: Path, images: set[str]) -> dict[str, list[list[float]]]:

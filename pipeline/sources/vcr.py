@@ -33,8 +33,23 @@ from pipeline.sources.jsonlines import iter_json_lines
 
 CHOICES = 4
 # The gender-neutral names R2C and VL-BERT give tagged people, by object index (cycled).
-NAMES = ("Casey", "Riley", "Jessie", "Jackie", "Avery", "Jaime", "Peyton", "Kerry", "Jody", "Kendall", "Peyton",
-         "Skyler", "Frankie", "Pat", "Quinn")
+NAMES = (
+    "Casey",
+    "Riley",
+    "Jessie",
+    "Jackie",
+    "Avery",
+    "Jaime",
+    "Peyton",
+    "Kerry",
+    "Jody",
+    "Kendall",
+    "Peyton",
+    "Skyler",
+    "Frankie",
+    "Pat",
+    "Quinn",
+)
 _IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
 
 
@@ -105,17 +120,28 @@ def _image(img_fn: str) -> str:
 
 def _question(obj: Any) -> VcrQuestion:
     """The question of one line; _Bad saying why not."""
-    if not isinstance(obj, dict) or not isinstance(obj.get("annot_id"), str) or not isinstance(obj.get("img_fn"), str) \
-            or not obj["img_fn"] or not isinstance(obj.get("objects"), list) \
-            or not all(isinstance(o, str) for o in obj["objects"]):
+    if (
+        not isinstance(obj, dict)
+        or not isinstance(obj.get("annot_id"), str)
+        or not isinstance(obj.get("img_fn"), str)
+        or not obj["img_fn"]
+        or not isinstance(obj.get("objects"), list)
+        or not all(isinstance(o, str) for o in obj["objects"])
+    ):
         raise _Bad("needs annot_id, img_fn and objects (a list of class names)")
     objects = tuple(obj["objects"])
     metadata_fn = obj.get("metadata_fn")
     return VcrQuestion(
-        obj["annot_id"], _image(obj["img_fn"]), metadata_fn if isinstance(metadata_fn, str) else "", objects,
-        render_tokens(obj.get("question"), objects), _choices(obj.get("answer_choices"), objects),
-        _choices(obj.get("rationale_choices"), objects), _label(obj.get("answer_label")),
-        _label(obj.get("rationale_label")))
+        obj["annot_id"],
+        _image(obj["img_fn"]),
+        metadata_fn if isinstance(metadata_fn, str) else "",
+        objects,
+        render_tokens(obj.get("question"), objects),
+        _choices(obj.get("answer_choices"), objects),
+        _choices(obj.get("rationale_choices"), objects),
+        _label(obj.get("answer_label")),
+        _label(obj.get("rationale_label")),
+    )
 
 
 def read_vcr(path: Path) -> Iterator[Union[VcrQuestion, Malformed]]:
@@ -138,12 +164,20 @@ def read_vcr_metadata(path: Path) -> VcrMetadata:
     path = Path(path)
     data = load_json_file(path)
     boxes, names = (data.get("boxes"), data.get("names")) if isinstance(data, dict) else (None, None)
-    if not isinstance(boxes, list) or not isinstance(names, list) or len(boxes) != len(names) \
-            or not all(isinstance(n, str) for n in names) \
-            or not all(isinstance(b, list) and len(b) in (4, 5) and all(isinstance(v, (int, float)) for v in b)
-                       for b in boxes) \
-            or not is_int(data.get("width")) or not is_int(data.get("height")):
-        raise ConfigError(f"{path}: not a VCR metadata file (needs boxes [[x1, y1, x2, y2, score]], as many names, "
-                          "an integer width and height)")
+    if (
+        not isinstance(boxes, list)
+        or not isinstance(names, list)
+        or len(boxes) != len(names)
+        or not all(isinstance(n, str) for n in names)
+        or not all(
+            isinstance(b, list) and len(b) in (4, 5) and all(isinstance(v, (int, float)) for v in b) for b in boxes
+        )
+        or not is_int(data.get("width"))
+        or not is_int(data.get("height"))
+    ):
+        raise ConfigError(
+            f"{path}: not a VCR metadata file (needs boxes [[x1, y1, x2, y2, score]], as many names, "
+            "an integer width and height)"
+        )
     array = np.array([b[:4] for b in boxes], dtype=np.float32).reshape(len(boxes), 4)
     return VcrMetadata(array, tuple(names), data["width"], data["height"])

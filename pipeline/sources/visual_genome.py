@@ -48,8 +48,9 @@ def read_image_data(path: Path) -> Iterator[Union[VgImage, Malformed]]:
         image_id = img.get("image_id", img.get("id")) if isinstance(img, dict) else None
         url, coco_id = (img.get("url"), img.get("coco_id", False)) if isinstance(img, dict) else (None, False)
         if not is_id(image_id) or not isinstance(url, str) or not url or not (coco_id is None or is_int(coco_id)):
-            yield Malformed(Path(path), f"[{i}]", "needs image_id, url and coco_id (an integer, or null when not in "
-                                                  "COCO)")
+            yield Malformed(
+                Path(path), f"[{i}]", "needs image_id, url and coco_id (an integer, or null when not in COCO)"
+            )
             continue
         yield VgImage(str(image_id), url, coco_id)
 

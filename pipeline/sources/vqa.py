@@ -55,9 +55,13 @@ def _interned(value: Any) -> str:
 
 def _annotation(ann: dict) -> _Annotation:
     return _Annotation(
-        tuple(_interned(a["answer"]) for a in ann["answers"] if isinstance(a, dict) and isinstance(a.get("answer"), str)),
-        _interned(ann.get("question_type")), _interned(ann.get("answer_type")),
-        _interned(ann.get("multiple_choice_answer")))
+        tuple(
+            _interned(a["answer"]) for a in ann["answers"] if isinstance(a, dict) and isinstance(a.get("answer"), str)
+        ),
+        _interned(ann.get("question_type")),
+        _interned(ann.get("answer_type")),
+        _interned(ann.get("multiple_choice_answer")),
+    )
 
 
 def read_vqa(questions: Path, annotations: Path) -> Iterator[Union[VqaQuestion, Skip, Malformed]]:
@@ -87,19 +91,25 @@ def _split(questions: Path) -> str:
     """The COCO split of the images of a questions file; ConfigError when its name has none."""
     split = coco_split(questions.name)
     if split is None:
-        raise ConfigError(f"{questions.name}: cannot tell the COCO split (train2014, val2014, test-dev2015, ...) "
-                          "from the file name")
+        raise ConfigError(
+            f"{questions.name}: cannot tell the COCO split (train2014, val2014, test-dev2015, ...) from the file name"
+        )
     return split
 
 
-def _read_questions(path: Path, split: str, annotations: Optional[tuple[Path, dict[Any, _Annotation]]]
-                    ) -> Iterator[Union[VqaQuestion, Skip, Malformed]]:
+def _read_questions(
+    path: Path, split: str, annotations: Optional[tuple[Path, dict[Any, _Annotation]]]
+) -> Iterator[Union[VqaQuestion, Skip, Malformed]]:
     """The questions of `path` about images of `split`, each with its annotation from
     (annotations file, its annotations by question_id), or none when that is None."""
     for i, q in iter_json(path, member="questions", array=True):
         where = f"questions[{i}]"
-        if not isinstance(q, dict) or not is_int(q.get("image_id")) or "question" not in q \
-                or not is_int(q.get("question_id")):
+        if (
+            not isinstance(q, dict)
+            or not is_int(q.get("image_id"))
+            or "question" not in q
+            or not is_int(q.get("question_id"))
+        ):
             yield Malformed(path, where, "needs an integer image_id, question and an integer question_id")
             continue
         qid = q["question_id"]
@@ -109,5 +119,10 @@ def _read_questions(path: Path, split: str, annotations: Optional[tuple[Path, di
             continue
         image = coco_stem(split, q["image_id"])
         text = text_or_skip(image, q["question"])
-        yield text if isinstance(text, Skip) else VqaQuestion(image, text, ann.answers, qid, ann.question_type,
-                                                              ann.answer_type, ann.multiple_choice_answer)
+        yield (
+            text
+            if isinstance(text, Skip)
+            else VqaQuestion(
+                image, text, ann.answers, qid, ann.question_type, ann.answer_type, ann.multiple_choice_answer
+            )
+        )

@@ -204,7 +204,9 @@ class ArrowShardReader:
         table rows, and one list of views of the map for all of them; and whether each row
         holds the image id `keys` (UTF-8) at the same position."""
         data, (begin, end) = self._bytes, (self._ids.start, self._ids.stop - 1)
-        table = [self._table[row].tolist() for row in rows]  # cheaper than a fancy index for the 1-2 rows of a big store
+        table = [
+            self._table[row].tolist() for row in rows
+        ]  # cheaper than a fancy index for the 1-2 rows of a big store
         same = [data[entry[begin] : entry[end]] == key for entry, key in zip(table, keys)]
         return Part(table, [self._values] * len(rows)), same
 

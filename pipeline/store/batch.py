@@ -22,7 +22,6 @@ from pipeline.records import OPTIONAL_ARRAYS, PROB_FIELDS, RegionBuffer
 from pipeline.store.columns import columns
 from pipeline.store.layout import StoreLayout
 
-
 # A `Part` row: the record's height, width and number of regions, then per stored column
 # (`columns(layout)`) the element where its values start.
 IMAGE_H, IMAGE_W, NUM_BOXES, FIRST_START = range(4)
@@ -75,18 +74,26 @@ class Gather:
             k, tables = storage.k, []
             for row, v, n in zip(rows, values, counts):
                 ids_at, values_at = row[FIRST_START + c], row[FIRST_START + c + 1]
-                tables.append(None if ids_at < 0 else storage.decode_topk(
-                    v[c][ids_at : ids_at + n * k].reshape(n, k), v[c + 1][values_at : values_at + n * k].reshape(n, k),
-                    dim).reshape(-1))
+                tables.append(
+                    None
+                    if ids_at < 0
+                    else storage.decode_topk(
+                        v[c][ids_at : ids_at + n * k].reshape(n, k),
+                        v[c + 1][values_at : values_at + n * k].reshape(n, k),
+                        dim,
+                    ).reshape(-1)
+                )
             sources[field] = (tables, [-1 if table is None else 0 for table in tables])
         out.put_many(slots, image_ids, [row[IMAGE_H] for row in rows], [row[IMAGE_W] for row in rows], counts, sources)
 
 
-def buffer_for(layout: StoreLayout, size: int, max_boxes: int, *, fields: Optional[Sequence[str]] = None,
-               **options) -> RegionBuffer:
+def buffer_for(
+    layout: StoreLayout, size: int, max_boxes: int, *, fields: Optional[Sequence[str]] = None, **options
+) -> RegionBuffer:
     """A `RegionBuffer` for a store of `layout` (options: see `RegionBuffer`) holding the
     optional `fields` (default: all) that the store can hold: a probability table it drops,
     or that no record had yet, is left out (None in the buffer's batches)."""
+
     def stored(name: str) -> bool:
         return name not in PROB_FIELDS or (layout.prob(name).mode != "none" and layout.prob_dim(name) is not None)
 

@@ -100,13 +100,15 @@ class Assembler:
         self._plain = [(name, names.index(name)) for name in _RECORD_ARRAYS if name in names]
         self._topk = [
             (name, layout.prob(name), layout.prob_dim(name), names.index(f"{name}_topk_ids"))
-            for name in ("cls_prob", "attr_prob") if layout.prob(name).mode == "topk"
+            for name in ("cls_prob", "attr_prob")
+            if layout.prob(name).mode == "topk"
         ]
         self._convert = out_dtype is not None and out_dtype != layout.np_dtype
         self._out_dtype = out_dtype
 
-    def __call__(self, image_id: str, image_h: int, image_w: int,
-                 values: Sequence[Optional[np.ndarray]]) -> RegionFeatures:
+    def __call__(
+        self, image_id: str, image_h: int, image_w: int, values: Sequence[Optional[np.ndarray]]
+    ) -> RegionFeatures:
         if self._direct:
             rec = RegionFeatures(image_id, image_h, image_w, *values)
         else:

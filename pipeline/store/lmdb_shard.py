@@ -72,8 +72,17 @@ def encode_value(rec: RegionFeatures, layout: StoreLayout) -> bytes:
     iid = rec.image_id.encode("utf-8")
     parts = [
         HEADER.pack(
-            MAGIC, VALUE_VERSION, flags, rec.num_boxes, rec.image_h, rec.image_w, rec.features.shape[1],
-            widths["cls_prob"], widths["attr_prob"], len(iid), 0,
+            MAGIC,
+            VALUE_VERSION,
+            flags,
+            rec.num_boxes,
+            rec.image_h,
+            rec.image_w,
+            rec.features.shape[1],
+            widths["cls_prob"],
+            widths["attr_prob"],
+            len(iid),
+            0,
         ),
         iid,
         bytes(_pad8(len(iid)) - len(iid)),
@@ -93,8 +102,12 @@ def write_error(path: Path, err: lmdb.Error) -> OSError:
     its source), so the CLI reports it in one line (exit 74)."""
     if isinstance(err, lmdb.DiskError):
         return OSError(errno.ENOSPC, f"{os.strerror(errno.ENOSPC)} (LMDB: {err})", str(path / "data.mdb"))
-    return OSError(errno.EIO, f"{os.strerror(errno.EIO)} (LMDB: {err}; after a short write this means the disk "
-                   "is full: free space and rerun, finished work is kept)", str(path / "data.mdb"))
+    return OSError(
+        errno.EIO,
+        f"{os.strerror(errno.EIO)} (LMDB: {err}; after a short write this means the disk "
+        "is full: free space and rerun, finished work is kept)",
+        str(path / "data.mdb"),
+    )
 
 
 def put_all(env: lmdb.Environment, items: Sequence[tuple[bytes, bytes]], path: Path, append: bool = False) -> None:
@@ -152,8 +165,13 @@ def _acquire_env(path: Path) -> lmdb.Environment:
     if entry is None:
         try:
             env = lmdb.open(
-                key[1], subdir=True, readonly=True, lock=False, readahead=False,
-                meminit=False, max_readers=2048,
+                key[1],
+                subdir=True,
+                readonly=True,
+                lock=False,
+                readahead=False,
+                meminit=False,
+                max_readers=2048,
             )
         except lmdb.Error as err:
             raise StoreError(f"shard {path.name}: cannot open LMDB environment: {err}") from err

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-from operator import itemgetter
 import time
 from dataclasses import dataclass, field
+from operator import itemgetter
 from pathlib import Path
 from typing import NamedTuple
 
@@ -72,8 +72,14 @@ class Manifest:
 
     def dtypes(self) -> dict[str, str]:
         float_dtype = self.layout.dtype
-        out = {"boxes": "float32", "features": float_dtype, "objects_id": "int32", "objects_conf": "float32",
-               "attrs_id": "int32", "attrs_conf": "float32"}
+        out = {
+            "boxes": "float32",
+            "features": float_dtype,
+            "objects_id": "int32",
+            "objects_conf": "float32",
+            "attrs_id": "int32",
+            "attrs_conf": "float32",
+        }
         for name in ("cls_prob", "attr_prob"):
             if self.layout.prob(name).mode != "none":
                 out[name] = float_dtype

@@ -35,7 +35,13 @@ import numpy as np
 
 from pipeline.errors import ConfigError, StoreError
 from pipeline.io import (
-    commit_path, disk_bytes, exclusive_lock, remove_path, remove_stale_tmp, sha256_file, tmp_path_for,
+    commit_path,
+    disk_bytes,
+    exclusive_lock,
+    remove_path,
+    remove_stale_tmp,
+    sha256_file,
+    tmp_path_for,
 )
 from pipeline.records import RegionBuffer, RegionFeatures, validate_record
 from pipeline.store import arrow_shard, lmdb_shard
@@ -81,8 +87,9 @@ def check_shard(directory: Path, info: ShardInfo, *, checksum: bool = False) -> 
         if seen not in _VERIFIED:
             digest = sha256_file(data)
             if digest != info.sha256:
-                raise StoreError(f"{where} is corrupt: sha256 mismatch (file {digest[:12]}…, manifest "
-                                 f"{info.sha256[:12]}…); {advice}")
+                raise StoreError(
+                    f"{where} is corrupt: sha256 mismatch (file {digest[:12]}…, manifest {info.sha256[:12]}…); {advice}"
+                )
             _VERIFIED.add(seen)
     return path
 
@@ -163,17 +170,17 @@ class _ProcessState:
 
 class FeatureStore:
     """Read access to a feature store, used like a read-only mapping from image id to
-    `RegionFeatures`: ``store[image_id]`` (or ``store.get``), ``image_id in store``,
-    ``len(store)``, ``store.keys()`` / ``store.ids()``; iterating yields the records in
-    storage order, and ``store.record_at(position)`` picks one by position.
+        `RegionFeatures`: ``store[image_id]`` (or ``store.get``), ``image_id in store``,
+        ``len(store)``, ``store.keys()`` / ``store.ids()``; iterating yields the records in
+        storage order, and ``store.record_at(position)`` picks one by position.
 
-    Records are zero-copy, read-only views valid while the store is open; pass
-    ``dtype="float32"`` to get float32 copies of the float16 features and probability
-    tables. Opening reads only the manifest (no per-shard work: a store of 100,000 shards opens in
-a fraction of a second); each shard's size is checked before its first use, and
-`check_shards` checks them all at once. ``verify=True``
-    (default: the ``VLPREP_VERIFY_SHARDS=1`` environment variable) also checks each
-    shard's sha256 once per process, on its first use. Damage raises `StoreError`."""
+        Records are zero-copy, read-only views valid while the store is open; pass
+        ``dtype="float32"`` to get float32 copies of the float16 features and probability
+        tables. Opening reads only the manifest (no per-shard work: a store of 100,000 shards opens in
+    a fraction of a second); each shard's size is checked before its first use, and
+    `check_shards` checks them all at once. ``verify=True``
+        (default: the ``VLPREP_VERIFY_SHARDS=1`` environment variable) also checks each
+        shard's sha256 once per process, on its first use. Damage raises `StoreError`."""
 
     def __init__(self, path: Union[str, Path], *, dtype: Optional[str] = None, verify: Optional[bool] = None):
         self.path = Path(path)
@@ -187,7 +194,9 @@ a fraction of a second); each shard's size is checked before its first use, and
         self._gathers: dict[tuple, Gather] = {}  # per set of buffer fields
 
     @classmethod
-    def open(cls, path: Union[str, Path], *, dtype: Optional[str] = None, verify: Optional[bool] = None) -> "FeatureStore":
+    def open(
+        cls, path: Union[str, Path], *, dtype: Optional[str] = None, verify: Optional[bool] = None
+    ) -> "FeatureStore":
         return cls(path, dtype=dtype, verify=verify)
 
     def check_shards(self, checksum: bool = False) -> None:
@@ -222,12 +231,16 @@ a fraction of a second); each shard's size is checked before its first use, and
         reader = state.readers.get(shard)
         if reader is None:
             reader = state.readers[shard] = open_shard_reader(
-                self.path, self.manifest, shard, self._out_dtype, checksum=self.verify)
+                self.path, self.manifest, shard, self._out_dtype, checksum=self.verify
+            )
         return reader
 
     def __getstate__(self) -> dict:
-        return {"path": self.path, "dtype": None if self._out_dtype is None else self._out_dtype.name,
-                "verify": self.verify}
+        return {
+            "path": self.path,
+            "dtype": None if self._out_dtype is None else self._out_dtype.name,
+            "verify": self.verify,
+        }
 
     def __setstate__(self, state: dict) -> None:
         self.__init__(state["path"], dtype=state["dtype"], verify=state.get("verify"))
@@ -244,7 +257,8 @@ a fraction of a second); each shard's size is checked before its first use, and
             raise StoreError(
                 f"{self.path}: index.arrow puts image {key.decode('utf-8', 'replace')!r} at shard "
                 f"{self.manifest.shards[shard].name} row {row}, which holds {stored!r}: the shard or the "
-                f"index is corrupt; run `vlprep verify {self.path}`")
+                f"index is corrupt; run `vlprep verify {self.path}`"
+            )
 
     def __contains__(self, image_id: object) -> bool:
         if not isinstance(image_id, str):
@@ -262,8 +276,10 @@ a fraction of a second); each shard's size is checked before its first use, and
         return self._find(image_id, lambda reader, row: reader.record(row, image_id))
 
     def _not_an_id(self, image_id: object) -> KeyError:
-        return KeyError(f"image ids are strings, got {image_id!r}; use record_at(position) for the "
-                        f"record at a position of the feature store {self.path}")
+        return KeyError(
+            f"image ids are strings, got {image_id!r}; use record_at(position) for the "
+            f"record at a position of the feature store {self.path}"
+        )
 
     def _find(self, image_id: str, read):
         """`read(reader, row)` at the row holding `image_id` (it returns None at a row of
@@ -287,8 +303,9 @@ a fraction of a second); each shard's size is checked before its first use, and
         """One record per id (zero-copy views unless the store converts dtypes)."""
         return [self.get(i) for i in image_ids]
 
-    def get_many_into(self, image_ids: Sequence[str], out: RegionBuffer,
-                      slots: Optional[Sequence[int]] = None) -> RegionBuffer:
+    def get_many_into(
+        self, image_ids: Sequence[str], out: RegionBuffer, slots: Optional[Sequence[int]] = None
+    ) -> RegionBuffer:
         """Gather the regions of `image_ids` into `out`'s image slots `slots` (default
         0, 1, ...): the ids are looked up together, then each shard holding some of them
         gives where their values of the columns `out` holds lie in its map (`_parts`), and
@@ -387,9 +404,11 @@ a fraction of a second); each shard's size is checked before its first use, and
 
     def __repr__(self) -> str:
         layout = self.layout
-        return (f"FeatureStore({str(self.path)!r}, backend={layout.backend}, records={len(self):,}, "
-                f"shards={len(self.manifest.shards)}, features={layout.feature_dim} x {layout.dtype}, "
-                f"cls_prob={layout.cls_prob}, attr_prob={layout.attr_prob})")
+        return (
+            f"FeatureStore({str(self.path)!r}, backend={layout.backend}, records={len(self):,}, "
+            f"shards={len(self.manifest.shards)}, features={layout.feature_dim} x {layout.dtype}, "
+            f"cls_prob={layout.cls_prob}, attr_prob={layout.attr_prob})"
+        )
 
 
 class FeatureStoreWriter:
@@ -490,8 +509,10 @@ class FeatureStoreWriter:
         else:
             leftovers = sorted(p.name for p in shards_dir.iterdir()) if shards_dir.is_dir() else []
             if leftovers:  # a new store writes its manifest first: shards without one are not ours to reuse
-                raise StoreError(f"{shards_dir} holds {', '.join(leftovers[:5])} but {self.path} has no "
-                                 f"{MANIFEST_FILE}; move them away or write the store elsewhere")
+                raise StoreError(
+                    f"{shards_dir} holds {', '.join(leftovers[:5])} but {self.path} has no "
+                    f"{MANIFEST_FILE}; move them away or write the store elsewhere"
+                )
             shards_dir.mkdir(parents=True, exist_ok=True)
             self._manifest = Manifest(layout=self._requested, provenance={**self._provenance, "config": self._config})
             self._write_manifest()
@@ -557,7 +578,7 @@ class FeatureStoreWriter:
         with _naming(self._shard.tmp):
             self._shard.writer.add(take)
         self._shard.rows += len(take)
-        self._buffer = self._buffer[len(take):]
+        self._buffer = self._buffer[len(take) :]
         if self._shard.rows >= self.shard_size:
             self._commit_shard()
             self._flush_buffer()
@@ -573,8 +594,11 @@ class FeatureStoreWriter:
             commit_path(shard.tmp, shard.final)
         final, rows = shard.final, shard.rows
         info = ShardInfo(
-            name=final.name, rows=rows, bytes=disk_bytes(final),
-            sha256=sha256_file(shard_checksum_path(final)), created=now_iso(),
+            name=final.name,
+            rows=rows,
+            bytes=disk_bytes(final),
+            sha256=sha256_file(shard_checksum_path(final)),
+            created=now_iso(),
         )
         self._manifest.shards.append(info)
         self._write_manifest()  # last: the shard exists for readers from here on

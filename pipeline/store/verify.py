@@ -22,9 +22,14 @@ def record_summary(rec: RegionFeatures) -> dict:
         "image_h": rec.image_h,
         "image_w": rec.image_w,
         "num_boxes": rec.num_boxes,
-        "features": {"shape": list(rec.features.shape), "dtype": str(rec.features.dtype),
-                     "mean": round(float(feats.mean()), 4), "std": round(float(feats.std()), 4),
-                     "min": round(float(feats.min()), 4), "max": round(float(feats.max()), 4)},
+        "features": {
+            "shape": list(rec.features.shape),
+            "dtype": str(rec.features.dtype),
+            "mean": round(float(feats.mean()), 4),
+            "std": round(float(feats.std()), 4),
+            "min": round(float(feats.min()), 4),
+            "max": round(float(feats.max()), 4),
+        },
         "first_box": [round(float(v), 2) for v in rec.boxes[0]],
     }
     if rec.objects_id is not None:
@@ -82,8 +87,9 @@ class VerifyReport:
         return not self.problems
 
 
-def verify_store(path: Path, on_record: Optional[Callable[[int], None]] = None, *,
-                 sample: Optional[int] = None, seed: int = 0) -> VerifyReport:
+def verify_store(
+    path: Path, on_record: Optional[Callable[[int], None]] = None, *, sample: Optional[int] = None, seed: int = 0
+) -> VerifyReport:
     """Check every shard's presence, size and sha256, its schema, every record's sanity,
     id uniqueness and the id index. Shards whose size or checksum is wrong are not decoded.
     The write lock file (`.vlprep.lock`, in the store's root) is neither a problem nor a
@@ -116,17 +122,20 @@ def verify_store(path: Path, on_record: Optional[Callable[[int], None]] = None, 
                 continue
             shard_ids[-1].append((row, rec.image_id))
             if rec.image_id in seen:
-                report.problems.append(f"shard {info.name} row {row}: image {rec.image_id!r} duplicates one in "
-                                       f"{seen[rec.image_id]}")
+                report.problems.append(
+                    f"shard {info.name} row {row}: image {rec.image_id!r} duplicates one in {seen[rec.image_id]}"
+                )
             seen[rec.image_id] = f"{info.name} row {row}"
             if on_record:
                 on_record(1)
         reader.close()
     _check_leftovers(path, manifest, report)
     _check_index(path, manifest, shard_ids, report)
-    report.checked = [f"{report.shards_checked} of {len(manifest.shards)} shards: size, sha256, schema",
-                      f"{report.records_checked} of {manifest.num_records} records: structure, values, unique ids",
-                      "index.arrow: an entry for every record"]
+    report.checked = [
+        f"{report.shards_checked} of {len(manifest.shards)} shards: size, sha256, schema",
+        f"{report.records_checked} of {manifest.num_records} records: structure, values, unique ids",
+        "index.arrow: an entry for every record",
+    ]
     return report
 
 
@@ -147,8 +156,9 @@ def _check_record(reader, row: int, shard: str, layout, report: VerifyReport) ->
     """The record at `row` if it decodes and is sane (counted), else None with the problem reported."""
     try:
         rec = reader.record(row)
-        validate_record(rec, feature_dim=layout.feature_dim,
-                        prob_dims={"cls_prob": layout.cls_dim, "attr_prob": layout.attr_dim})
+        validate_record(
+            rec, feature_dim=layout.feature_dim, prob_dims={"cls_prob": layout.cls_dim, "attr_prob": layout.attr_dim}
+        )
     except (StoreError, InvalidRecordError, ValueError) as err:
         report.problems.append(f"shard {shard} row {row}: {err}")
         return None
@@ -156,8 +166,14 @@ def _check_record(reader, row: int, shard: str, layout, report: VerifyReport) ->
     return rec
 
 
-def _verify_sample(path: Path, manifest: Manifest, sample: int, seed: int, report: VerifyReport,
-                   on_record: Optional[Callable[[int], None]]) -> None:
+def _verify_sample(
+    path: Path,
+    manifest: Manifest,
+    sample: int,
+    seed: int,
+    report: VerifyReport,
+    on_record: Optional[Callable[[int], None]],
+) -> None:
     """`verify_store(sample=...)`: the cheap checks of everything, the full ones on a sample."""
     total = manifest.num_records
     for info in manifest.shards:
@@ -168,7 +184,9 @@ def _verify_sample(path: Path, manifest: Manifest, sample: int, seed: int, repor
     _check_leftovers(path, manifest, report)
     index = fresh_index(path, manifest)
     if index is None:
-        report.warnings.append("index.arrow is missing or stale: readers rebuild it in memory; resuming a writer persists it")
+        report.warnings.append(
+            "index.arrow is missing or stale: readers rebuild it in memory; resuming a writer persists it"
+        )
     elif len(index) != total:
         report.problems.append(f"index.arrow: {len(index)} entries for {total} records")
     positions = sample_positions(total, sample, seed)
@@ -191,7 +209,8 @@ def _verify_sample(path: Path, manifest: Manifest, sample: int, seed: int, repor
         f"{report.shards_checked} shards holding the sample: schema",
         f"{report.records_checked} of {len(positions)} sampled records (seed {seed}) of {total}: structure, values, "
         "index entry (found at its place, no duplicate id)",
-        "index.arrow: entry count"]
+        "index.arrow: entry count",
+    ]
 
 
 def sample_positions(total: int, count: int, seed: int) -> np.ndarray:
@@ -199,8 +218,9 @@ def sample_positions(total: int, count: int, seed: int) -> np.ndarray:
     return np.sort(np.random.default_rng(seed).choice(total, size=min(max(count, 0), total), replace=False))
 
 
-def _check_entry(path: Path, manifest: Manifest, index, shard: int, row: int, image_id: str,
-                 report: VerifyReport) -> None:
+def _check_entry(
+    path: Path, manifest: Manifest, index, shard: int, row: int, image_id: str, report: VerifyReport
+) -> None:
     """The index sends `image_id` to (shard, row) and to no other row holding that id."""
     where = f"shard {manifest.shards[shard].name} row {row}"
     found = index.candidates(image_id.encode("utf-8"))
@@ -212,8 +232,9 @@ def _check_entry(path: Path, manifest: Manifest, index, shard: int, row: int, im
         reader = open_shard_reader(path, manifest, other_shard)
         try:
             if reader.image_id(other_row) == image_id:
-                report.problems.append(f"{where}: image {image_id!r} duplicates one in "
-                                       f"{manifest.shards[other_shard].name} row {other_row}")
+                report.problems.append(
+                    f"{where}: image {image_id!r} duplicates one in {manifest.shards[other_shard].name} row {other_row}"
+                )
         finally:
             reader.close()
 
@@ -223,7 +244,9 @@ def _check_leftovers(path: Path, manifest: Manifest, report: VerifyReport) -> No
     listed = set(manifest.shard_names)
     for extra in sorted(shards_dir.iterdir()) if shards_dir.is_dir() else []:
         if extra.name.startswith(TMP_PREFIX):
-            report.warnings.append(f"{extra.name}: unfinished shard of a killed writer (removed when the store is resumed)")
+            report.warnings.append(
+                f"{extra.name}: unfinished shard of a killed writer (removed when the store is resumed)"
+            )
         elif extra.name not in listed:
             report.warnings.append(f"{extra.name}: not listed in the manifest (ignored by readers)")
 
@@ -231,12 +254,16 @@ def _check_leftovers(path: Path, manifest: Manifest, report: VerifyReport) -> No
 def _check_index(path: Path, manifest: Manifest, shard_ids: list[list[tuple[int, str]]], report: VerifyReport) -> None:
     index = fresh_index(path, manifest)
     if index is None:
-        report.warnings.append("index.arrow is missing or stale: readers rebuild it in memory; resuming a writer persists it")
+        report.warnings.append(
+            "index.arrow is missing or stale: readers rebuild it in memory; resuming a writer persists it"
+        )
         return
     for shard, ids in enumerate(shard_ids):
         for row, image_id in ids:
             if (shard, row) not in index.candidates(image_id.encode("utf-8")):
-                report.problems.append(f"index.arrow: no entry for image {image_id!r} (shard {manifest.shards[shard].name} row {row})")
+                report.problems.append(
+                    f"index.arrow: no entry for image {image_id!r} (shard {manifest.shards[shard].name} row {row})"
+                )
                 return
     if len(index) != manifest.num_records:
         report.problems.append(f"index.arrow: {len(index)} entries for {manifest.num_records} records")

@@ -26,5 +26,15 @@ from pipeline.synthetic.render import render
 from pipeline.synthetic.scenes import Background, Scene, SceneObject, attribute_names, generate_scene, object_names
 from pipeline.synthetic.world import load_scenes, write_cc_tsvs, write_world
 
-__all__ = ["Background", "Scene", "SceneObject", "attribute_names", "generate_scene", "load_scenes", "object_names",
-           "render", "write_cc_tsvs", "write_world"]
+__all__ = [
+    "Background",
+    "Scene",
+    "SceneObject",
+    "attribute_names",
+    "generate_scene",
+    "load_scenes",
+    "object_names",
+    "render",
+    "write_cc_tsvs",
+    "write_world",
+]

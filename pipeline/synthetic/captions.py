@@ -10,8 +10,16 @@ import numpy as np
 
 from pipeline.synthetic.scenes import Scene, pick
 from pipeline.synthetic.words import (
-    NUMBER_WORDS, RELATION_WORDS, article, background_words, clear_pairs, count_phrase, join_words, mention,
-    sample_texts, shape_counts,
+    NUMBER_WORDS,
+    RELATION_WORDS,
+    article,
+    background_words,
+    clear_pairs,
+    count_phrase,
+    join_words,
+    mention,
+    sample_texts,
+    shape_counts,
 )
 
 
@@ -28,12 +36,23 @@ def _caption_relation(scene: Scene, rng: np.random.Generator) -> Optional[str]:
 def _caption_counts(scene: Scene, rng: np.random.Generator) -> str:
     counts = shape_counts(scene)
     shapes = [str(s) for s in rng.permutation(sorted(counts))][:3]
-    parts = [article(mention(scene, next(o for o in scene.objects if o.shape == s))) if counts[s] == 1
-             else count_phrase(counts[s], s) for s in shapes]
+    parts = [
+        article(mention(scene, next(o for o in scene.objects if o.shape == s)))
+        if counts[s] == 1
+        else count_phrase(counts[s], s)
+        for s in shapes
+    ]
     listed = join_words(parts)
     verb = "there is" if len(parts) == 1 and counts[shapes[0]] == 1 else "there are"
-    return pick(rng, (f"{verb} {listed}", listed, f"a picture of {listed}",
-                       f"{listed} on a {background_words(scene.background)} background"))
+    return pick(
+        rng,
+        (
+            f"{verb} {listed}",
+            listed,
+            f"a picture of {listed}",
+            f"{listed} on a {background_words(scene.background)} background",
+        ),
+    )
 
 
 def _caption_colors(scene: Scene, rng: np.random.Generator) -> Optional[str]:
@@ -65,15 +84,23 @@ def _caption_total(scene: Scene, rng: np.random.Generator) -> str:
     bg = background_words(scene.background)
     if len(scene.objects) == 1:
         obj = mention(scene, scene.objects[0])
-        return pick(rng, (f"a single {obj} on a {bg} background", f"one {obj}",
-                           f"{article(bg)} background with {article(obj)}"))
+        return pick(
+            rng, (f"a single {obj} on a {bg} background", f"one {obj}", f"{article(bg)} background with {article(obj)}")
+        )
     n = NUMBER_WORDS[len(scene.objects)]
-    return pick(rng, (f"{n} shapes on a {bg} background", f"{n} colorful shapes",
-                       f"{article(bg)} background with {n} shapes"))
+    return pick(
+        rng, (f"{n} shapes on a {bg} background", f"{n} colorful shapes", f"{article(bg)} background with {n} shapes")
+    )
 
 
-CAPTION_GENERATORS = (_caption_relation, _caption_relation, _caption_counts, _caption_colors, _caption_unique,
-                      _caption_total)
+CAPTION_GENERATORS = (
+    _caption_relation,
+    _caption_relation,
+    _caption_counts,
+    _caption_colors,
+    _caption_unique,
+    _caption_total,
+)
 
 
 def captions(scene: Scene, rng: np.random.Generator, k: int = 5) -> list[str]:

@@ -10,8 +10,18 @@ import numpy as np
 
 from pipeline.synthetic.scenes import COLORS, SHAPES, Scene, SceneObject, pick
 from pipeline.synthetic.words import (
-    NUMBER_WORDS, RELATION_WORDS, RELATIONS, article, clear_pairs, only_related, phrase, plural, relation,
-    sample_texts, shape_counts, unique_descriptions,
+    NUMBER_WORDS,
+    RELATION_WORDS,
+    RELATIONS,
+    article,
+    clear_pairs,
+    only_related,
+    phrase,
+    plural,
+    relation,
+    sample_texts,
+    shape_counts,
+    unique_descriptions,
 )
 
 
@@ -39,9 +49,14 @@ def _question_color(scene: Scene, rng: np.random.Generator) -> Optional[QA]:
         return None
     obj = pick(rng, askable)
     name = _named(scene, obj, rng, exclude=("color",))
-    frame, qtype = pick(rng, (("what color is the {}?", "what color is the"),
-                               ("what is the color of the {}?", "what is the color of the"),
-                               ("which color does the {} have?", "which color")))
+    frame, qtype = pick(
+        rng,
+        (
+            ("what color is the {}?", "what color is the"),
+            ("what is the color of the {}?", "what is the color of the"),
+            ("which color does the {} have?", "which color"),
+        ),
+    )
     return QA(frame.format(name), obj.color, qtype, "other")
 
 
@@ -70,8 +85,12 @@ def _question_exists(scene: Scene, rng: np.random.Generator) -> QA:
     color, shape = pick(rng, pool)
     what = f"{color} {shape}".strip()
     if rng.random() < 0.7:
-        return QA(f"is there {article(what)}{pick(rng, ('', ' in the image', ' in the picture'))}?",
-                  _yes_no(answer), "is there a", "yes/no")
+        return QA(
+            f"is there {article(what)}{pick(rng, ('', ' in the image', ' in the picture'))}?",
+            _yes_no(answer),
+            "is there a",
+            "yes/no",
+        )
     return QA(f"are there any {plural(what)}?", _yes_no(answer), "are there", "yes/no")
 
 
@@ -96,8 +115,13 @@ def _question_compare(scene: Scene, rng: np.random.Generator) -> Optional[QA]:
 
 def _question_spatial(scene: Scene, rng: np.random.Generator) -> Optional[QA]:
     if rng.random() < 0.5:
-        askable = [(ref, rel, target) for ref in scene.objects if unique_descriptions(scene, ref) for rel in RELATIONS
-                   if (target := only_related(scene, ref, rel, scene.objects)) is not None]
+        askable = [
+            (ref, rel, target)
+            for ref in scene.objects
+            if unique_descriptions(scene, ref)
+            for rel in RELATIONS
+            if (target := only_related(scene, ref, rel, scene.objects)) is not None
+        ]
         if not askable:
             return None
         ref, rel, target = pick(rng, askable)
@@ -118,8 +142,14 @@ def _question_spatial(scene: Scene, rng: np.random.Generator) -> Optional[QA]:
     return QA(f"is the {name_a} {pick(rng, RELATION_WORDS[rel])} the {name_b}?", answer, "is the", "yes/no")
 
 
-QUESTION_GENERATORS = (_question_color, _question_count, _question_exists, _question_exists, _question_compare,
-                       _question_spatial)
+QUESTION_GENERATORS = (
+    _question_color,
+    _question_count,
+    _question_exists,
+    _question_exists,
+    _question_compare,
+    _question_spatial,
+)
 
 
 def questions(scene: Scene, rng: np.random.Generator, k: int = 6) -> list[QA]:

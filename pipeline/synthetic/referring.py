@@ -7,11 +7,21 @@ import numpy as np
 
 from pipeline.synthetic.scenes import Scene, SceneObject, pick
 from pipeline.synthetic.words import (
-    RELATION_WORDS, RELATIONS, matches, only_related, phrase, relation, unique_descriptions,
+    RELATION_WORDS,
+    RELATIONS,
+    matches,
+    only_related,
+    phrase,
+    relation,
+    unique_descriptions,
 )
 
-POSITION_WORDS = {"left of": ("on the left", "leftmost"), "right of": ("on the right", "rightmost"),
-                  "above": ("at the top", "topmost"), "below": ("at the bottom", "bottommost")}
+POSITION_WORDS = {
+    "left of": ("on the left", "leftmost"),
+    "right of": ("on the right", "rightmost"),
+    "above": ("at the top", "topmost"),
+    "below": ("at the bottom", "bottommost"),
+}
 
 
 def _positional(scene: Scene, obj: SceneObject) -> list[str]:
@@ -21,8 +31,11 @@ def _positional(scene: Scene, obj: SceneObject) -> list[str]:
         group = [o for o in scene.objects if matches(obj, o, attrs)]
         for rel, (pair_words, extreme) in POSITION_WORDS.items():
             if len(group) > 1 and all(relation(obj, o, rel, scene.margin) for o in group if o is not obj):
-                out.append(f"the {phrase(obj, attrs)} {pair_words}" if len(group) == 2
-                           else f"the {extreme} {phrase(obj, attrs)}")
+                out.append(
+                    f"the {phrase(obj, attrs)} {pair_words}"
+                    if len(group) == 2
+                    else f"the {extreme} {phrase(obj, attrs)}"
+                )
     return out
 
 

@@ -18,14 +18,25 @@ COLORS = ("red", "green", "blue", "yellow", "purple", "orange", "white", "gray")
 SIZES = ("small", "large")
 TEXTURES = ("plain", "striped")
 RGB = {
-    "red": (220, 30, 30), "green": (30, 160, 50), "blue": (30, 70, 220), "yellow": (240, 220, 30),
-    "purple": (140, 50, 180), "orange": (245, 140, 20), "white": (250, 250, 250), "gray": (128, 128, 128),
+    "red": (220, 30, 30),
+    "green": (30, 160, 50),
+    "blue": (30, 70, 220),
+    "yellow": (240, 220, 30),
+    "purple": (140, 50, 180),
+    "orange": (245, 140, 20),
+    "white": (250, 250, 250),
+    "gray": (128, 128, 128),
 }
 SIZE_RANGE = {"small": (0.11, 0.17), "large": (0.25, 0.375)}  # side of the shape's box / image side
 # Background colours, each at least ~95 RGB units from every object colour.
 BACKGROUNDS = {
-    "beige": (215, 195, 150), "light blue": (160, 200, 235), "mint": (170, 225, 190), "navy": (20, 30, 70),
-    "brown": (110, 70, 40), "teal": (20, 110, 130), "pink": (235, 170, 190),
+    "beige": (215, 195, 150),
+    "light blue": (160, 200, 235),
+    "mint": (170, 225, 190),
+    "navy": (20, 30, 70),
+    "brown": (110, 70, 40),
+    "teal": (20, 110, 130),
+    "pink": (235, 170, 190),
 }
 IMAGE_SIZE = 256
 MAX_OBJECTS = 6
@@ -39,9 +50,13 @@ def _min_distance_to_objects(rgb: np.ndarray) -> float:
 
 # Gradients only between background colours whose every blend stays far from object colours.
 GRADIENTS = tuple(
-    (a, b) for a, b in itertools.combinations(BACKGROUNDS, 2)
-    if min(_min_distance_to_objects(np.array(BACKGROUNDS[a], float) * (1 - t) + np.array(BACKGROUNDS[b], float) * t)
-           for t in np.linspace(0, 1, 21)) >= 75
+    (a, b)
+    for a, b in itertools.combinations(BACKGROUNDS, 2)
+    if min(
+        _min_distance_to_objects(np.array(BACKGROUNDS[a], float) * (1 - t) + np.array(BACKGROUNDS[b], float) * t)
+        for t in np.linspace(0, 1, 21)
+    )
+    >= 75
 )
 
 
@@ -146,15 +161,26 @@ def generate_scene(rng: np.random.Generator, size: int = IMAGE_SIZE, textures: b
 
 
 def scene_to_json(scene: Scene, name: str) -> dict:
-    return {"image": name, "width": scene.width, "height": scene.height,
-            "background": asdict(scene.background),
-            "objects": [{"box": list(o.box), "shape": o.shape, "color": o.color, "size": o.size, "texture": o.texture}
-                        for o in scene.objects]}
+    return {
+        "image": name,
+        "width": scene.width,
+        "height": scene.height,
+        "background": asdict(scene.background),
+        "objects": [
+            {"box": list(o.box), "shape": o.shape, "color": o.color, "size": o.size, "texture": o.texture}
+            for o in scene.objects
+        ],
+    }
 
 
 def scene_from_json(obj: dict) -> Scene:
     bg = obj["background"]
-    return Scene(int(obj["width"]), int(obj["height"]),
-                 Background(bg["kind"], tuple(bg["colors"]), float(bg["noise"]), int(bg["seed"])),
-                 tuple(SceneObject(o["shape"], o["color"], o["size"], o["texture"], tuple(float(v) for v in o["box"]))
-                       for o in obj["objects"]))
+    return Scene(
+        int(obj["width"]),
+        int(obj["height"]),
+        Background(bg["kind"], tuple(bg["colors"]), float(bg["noise"]), int(bg["seed"])),
+        tuple(
+            SceneObject(o["shape"], o["color"], o["size"], o["texture"], tuple(float(v) for v in o["box"]))
+            for o in obj["objects"]
+        ),
+    )

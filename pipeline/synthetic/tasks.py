@@ -33,6 +33,7 @@ VCR_DIR = "vcr"
 @dataclass(frozen=True)
 class SplitDraws:
     """What one split of the world drew that the task files are made of; lists by image index."""
+
     name: str  # train | val
     file_names: list[str]  # the COCO file name of each image
     scenes: list[Scene]
@@ -53,7 +54,7 @@ def retrieval_captions(scene: Scene, have: Sequence[str], rng: np.random.Generat
     for _ in range(4):
         if len(out) == RETRIEVAL_CAPTIONS:
             break
-        out += [c for c in captions(scene, rng) if c not in out][:RETRIEVAL_CAPTIONS - len(out)]
+        out += [c for c in captions(scene, rng) if c not in out][: RETRIEVAL_CAPTIONS - len(out)]
     return out + [out[j % len(out)] for j in range(RETRIEVAL_CAPTIONS - len(out))]
 
 
@@ -73,9 +74,9 @@ def vcr_question(scene: Scene, rng: np.random.Generator) -> dict:
     i = int(rng.integers(len(scene.objects)))
     color = scene.objects[i].color
     others = [c for c in COLORS if c != color]
-    answers, answer_label = _place(["it", "is", color, "."],
-                                   [["it", "is", others[k], "."] for k in rng.choice(len(others), 3, replace=False)],
-                                   rng)
+    answers, answer_label = _place(
+        ["it", "is", color, "."], [["it", "is", others[k], "."] for k in rng.choice(len(others), 3, replace=False)], rng
+    )
     # Wrong rationales: the object in other colours, other objects in theirs; distinct even when
     # object indices are read as names (no two of the 4 name the same shape and colour).
     pool, seen = [], {(scene.objects[i].shape, color)}
@@ -83,10 +84,16 @@ def vcr_question(scene: Scene, rng: np.random.Generator) -> dict:
         if (scene.objects[j].shape, c) not in seen:
             seen.add((scene.objects[j].shape, c))
             pool.append((j, c))
-    rationales, rationale_label = _place(_because(i, color),
-                                         [_because(*pool[k]) for k in rng.choice(len(pool), 3, replace=False)], rng)
-    return {"question": ["what", "color", "is", [i], "?"], "answer_choices": answers, "answer_label": answer_label,
-            "rationale_choices": rationales, "rationale_label": rationale_label}
+    rationales, rationale_label = _place(
+        _because(i, color), [_because(*pool[k]) for k in rng.choice(len(pool), 3, replace=False)], rng
+    )
+    return {
+        "question": ["what", "color", "is", [i], "?"],
+        "answer_choices": answers,
+        "answer_label": answer_label,
+        "rationale_choices": rationales,
+        "rationale_label": rationale_label,
+    }
 
 
 def _json(obj) -> bytes:
@@ -98,10 +105,18 @@ def _flickr30k(splits: Sequence[SplitDraws]) -> dict:
     for split in splits:
         for file_name, texts in zip(split.file_names, split.captions):
             imgid, first = len(images), len(images) * RETRIEVAL_CAPTIONS
-            sentences = [{"raw": t, "tokens": tokens(t), "imgid": imgid, "sentid": first + k}
-                         for k, t in enumerate(texts)]
-            images.append({"filename": file_name, "imgid": imgid, "split": RETRIEVAL_SPLIT[split.name],
-                           "sentids": [s["sentid"] for s in sentences], "sentences": sentences})
+            sentences = [
+                {"raw": t, "tokens": tokens(t), "imgid": imgid, "sentid": first + k} for k, t in enumerate(texts)
+            ]
+            images.append(
+                {
+                    "filename": file_name,
+                    "imgid": imgid,
+                    "split": RETRIEVAL_SPLIT[split.name],
+                    "sentids": [s["sentid"] for s in sentences],
+                    "sentences": sentences,
+                }
+            )
     return {"dataset": "flickr30k", "images": images}
 
 
@@ -118,20 +133,36 @@ def _refcoco(splits: Sequence[SplitDraws]) -> tuple[list[dict], dict]:
             images.append({"id": image_id, "file_name": file_name, "width": scene.width, "height": scene.height})
             for k, obj in enumerate(scene.objects):
                 x1, y1, x2, y2 = obj.box
-                ann = {"id": len(anns) + 1, "image_id": image_id, "bbox": [x1, y1, x2 - x1, y2 - y1],
-                       "area": (x2 - x1) * (y2 - y1), "iscrowd": 0, "category_id": SHAPES.index(obj.shape) + 1,
-                       "segmentation": [[x1, y1, x2, y1, x2, y2, x1, y2]]}
+                ann = {
+                    "id": len(anns) + 1,
+                    "image_id": image_id,
+                    "bbox": [x1, y1, x2 - x1, y2 - y1],
+                    "area": (x2 - x1) * (y2 - y1),
+                    "iscrowd": 0,
+                    "category_id": SHAPES.index(obj.shape) + 1,
+                    "segmentation": [[x1, y1, x2, y1, x2, y2, x1, y2]],
+                }
                 anns.append(ann)
                 texts = [text for j, text in refexps if j == k]
                 if not texts:
                     continue
-                sentences = [{"sent": " ".join(tokens(t)), "raw": t, "tokens": tokens(t), "sent_id": n_sentences + n}
-                             for n, t in enumerate(texts)]
+                sentences = [
+                    {"sent": " ".join(tokens(t)), "raw": t, "tokens": tokens(t), "sent_id": n_sentences + n}
+                    for n, t in enumerate(texts)
+                ]
                 n_sentences += len(texts)
-                refs.append({"ref_id": len(refs), "ann_id": ann["id"], "image_id": image_id,
-                             "split": split.name if split.name == "train" else REFCOCO_VAL_SPLITS[i % 3],
-                             "sentences": sentences, "sent_ids": [s["sent_id"] for s in sentences],
-                             "category_id": ann["category_id"], "file_name": f"{file_name[:-4]}_{ann['id']}.jpg"})
+                refs.append(
+                    {
+                        "ref_id": len(refs),
+                        "ann_id": ann["id"],
+                        "image_id": image_id,
+                        "split": split.name if split.name == "train" else REFCOCO_VAL_SPLITS[i % 3],
+                        "sentences": sentences,
+                        "sent_ids": [s["sent_id"] for s in sentences],
+                        "category_id": ann["category_id"],
+                        "file_name": f"{file_name[:-4]}_{ann['id']}.jpg",
+                    }
+                )
     categories = [{"id": k + 1, "name": shape, "supercategory": "shape"} for k, shape in enumerate(SHAPES)]
     return refs, {"images": images, "annotations": anns, "categories": categories}
 
@@ -140,11 +171,23 @@ def _vcr(split: SplitDraws) -> dict[str, bytes]:
     files, rows = {}, []
     for i, (file_name, scene, question) in enumerate(zip(split.file_names, split.scenes, split.vcr)):
         names = [o.shape for o in scene.objects]
-        rows.append({"annot_id": f"{split.name}-{i}", "objects": names, "img_fn": file_name,
-                     "metadata_fn": f"{file_name[:-4]}.json", **question})
+        rows.append(
+            {
+                "annot_id": f"{split.name}-{i}",
+                "objects": names,
+                "img_fn": file_name,
+                "metadata_fn": f"{file_name[:-4]}.json",
+                **question,
+            }
+        )
         files[f"{VCR_DIR}/metadata/{file_name[:-4]}.json"] = _json(
-            {"boxes": [[*o.box, 1.0] for o in scene.objects], "names": names,
-             "width": scene.width, "height": scene.height})
+            {
+                "boxes": [[*o.box, 1.0] for o in scene.objects],
+                "names": names,
+                "width": scene.width,
+                "height": scene.height,
+            }
+        )
     files[f"{VCR_DIR}/{split.name}.jsonl"] = "".join(json.dumps(r) + "\n" for r in rows).encode()
     return files
 
@@ -153,9 +196,11 @@ def task_files(splits: Sequence[SplitDraws]) -> dict[str, bytes]:
     """The task files' contents by path under annotations/: FLICKR30K_FILE,
     refcoco+/refs(unc).p, refcoco+/instances.json, vcr/<split>.jsonl, vcr/metadata/<COCO stem>.json."""
     refs, instances = _refcoco(splits)
-    files = {FLICKR30K_FILE: _json(_flickr30k(splits)),
-             f"{REFCOCO_DIR}/refs(unc).p": pickle.dumps(refs, protocol=2),  # the official format is a pickle
-             f"{REFCOCO_DIR}/instances.json": _json(instances)}
+    files = {
+        FLICKR30K_FILE: _json(_flickr30k(splits)),
+        f"{REFCOCO_DIR}/refs(unc).p": pickle.dumps(refs, protocol=2),  # the official format is a pickle
+        f"{REFCOCO_DIR}/instances.json": _json(instances),
+    }
     for split in splits:
         files.update(_vcr(split))
     return files
@@ -163,6 +208,9 @@ def task_files(splits: Sequence[SplitDraws]) -> dict[str, bytes]:
 
 def task_counts(split: SplitDraws) -> dict[str, int]:
     """summary.json's per-split counts of the task files."""
-    return {"retrieval_images": len(split.captions), "retrieval_captions": sum(map(len, split.captions)),
-            "refcoco_refs": sum(len({k for k, _ in refexps}) for refexps in split.refexps),
-            "vcr_questions": len(split.vcr)}
+    return {
+        "retrieval_images": len(split.captions),
+        "retrieval_captions": sum(map(len, split.captions)),
+        "refcoco_refs": sum(len({k for k, _ in refexps}) for refexps in split.refexps),
+        "vcr_questions": len(split.vcr),
+    }

@@ -13,12 +13,23 @@ from pipeline.synthetic.scenes import Background, Scene, SceneObject, pick
 
 NUMBER_WORDS = ("no", "one", "two", "three", "four", "five", "six")
 RELATIONS = ("left of", "right of", "above", "below")
-RELATION_WORDS = {"left of": ("left of", "to the left of"), "right of": ("right of", "to the right of"),
-                  "above": ("above", "over"), "below": ("below", "under", "beneath")}
+RELATION_WORDS = {
+    "left of": ("left of", "to the left of"),
+    "right of": ("right of", "to the right of"),
+    "above": ("above", "over"),
+    "below": ("below", "under", "beneath"),
+}
 ATTRIBUTE_ORDER = ("size", "texture", "color")
 # Attribute sets tried, simplest first, to name one object unambiguously.
-DESCRIPTIONS = ((), ("color",), ("size",), ("texture",), ("size", "color"), ("texture", "color"),
-                ("size", "texture", "color"))
+DESCRIPTIONS = (
+    (),
+    ("color",),
+    ("size",),
+    ("texture",),
+    ("size", "color"),
+    ("texture", "color"),
+    ("size", "texture", "color"),
+)
 
 
 def plural(shape: str) -> str:
@@ -50,8 +61,11 @@ def matches(obj: SceneObject, other: SceneObject, attrs: Iterable[str]) -> bool:
 def unique_descriptions(scene: Scene, obj: SceneObject, exclude: Iterable[str] = ()) -> list[tuple[str, ...]]:
     """The attribute sets (simplest first) whose phrase names only `obj` in the scene."""
     exclude = set(exclude)
-    return [attrs for attrs in DESCRIPTIONS if not exclude & set(attrs)
-            and sum(matches(obj, o, attrs) for o in scene.objects) == 1]
+    return [
+        attrs
+        for attrs in DESCRIPTIONS
+        if not exclude & set(attrs) and sum(matches(obj, o, attrs) for o in scene.objects) == 1
+    ]
 
 
 def relation(a: SceneObject, b: SceneObject, rel: str, margin: float) -> Optional[bool]:
@@ -93,8 +107,14 @@ def sample_texts(generators: Sequence[Callable], scene, rng: np.random.Generator
 
 def clear_pairs(scene: Scene, holds: bool = True) -> list[tuple[SceneObject, SceneObject, str]]:
     objs = scene.objects
-    return [(a, b, rel) for a in objs for b in objs if a is not b for rel in RELATIONS
-            if relation(a, b, rel, scene.margin) is holds]
+    return [
+        (a, b, rel)
+        for a in objs
+        for b in objs
+        if a is not b
+        for rel in RELATIONS
+        if relation(a, b, rel, scene.margin) is holds
+    ]
 
 
 def only_related(scene: Scene, ref: SceneObject, rel: str, candidates: Iterable[SceneObject]) -> Optional[SceneObject]:

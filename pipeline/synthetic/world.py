@@ -45,7 +45,13 @@ from pipeline.synthetic.questions import annotator_answers, questions
 from pipeline.synthetic.referring import referring_expressions
 from pipeline.synthetic.render import render
 from pipeline.synthetic.scenes import (
-    IMAGE_SIZE, Scene, attribute_names, generate_scene, object_names, scene_from_json, scene_to_json,
+    IMAGE_SIZE,
+    Scene,
+    attribute_names,
+    generate_scene,
+    object_names,
+    scene_from_json,
+    scene_to_json,
 )
 from pipeline.synthetic.statements import pair_statements
 from pipeline.synthetic.tasks import SplitDraws, retrieval_captions, task_counts, task_files, vcr_question
@@ -62,8 +68,10 @@ class _Split:
     tsv: str  # Conceptual Captions file
 
 
-SPLITS = (_Split("train", 0, "train2014", "train", "Train_GCC-training.tsv"),
-          _Split("val", 1, "val2014", "dev", "Validation_GCC-1.1.0-Validation.tsv"))
+SPLITS = (
+    _Split("train", 0, "train2014", "train", "Train_GCC-training.tsv"),
+    _Split("val", 1, "val2014", "dev", "Validation_GCC-1.1.0-Validation.tsv"),
+)
 WORLD_KIND = "shapes world"  # the ownership marker's kind (pipeline.io.replacing_output)
 STREAM_SCENE, STREAM_TEXT, STREAM_PAIR = 0, 1, 2
 STREAM_RETRIEVAL, STREAM_VCR = 3, 4  # the task files' own draws (retrieval's extra captions, VCR)
@@ -107,8 +115,10 @@ def write_cc_tsvs(world_dir: Path, base_url: str) -> None:
         first = {}
         for ann in captions_json["annotations"]:
             first.setdefault(ann["image_id"], ann["caption"])
-        rows = [f"{first[i + 1]}\t{_image_url(base_url, image_name(split.name, i))}\n"
-                for i in range(len(captions_json["images"]))]
+        rows = [
+            f"{first[i + 1]}\t{_image_url(base_url, image_name(split.name, i))}\n"
+            for i in range(len(captions_json["images"]))
+        ]
         (world_dir / split.tsv).write_text("".join(rows), encoding="utf-8")
 
 
@@ -120,8 +130,15 @@ def _is_world(path: Path) -> bool:
         return False
 
 
-def _write_split(out: Path, split: _Split, n: int, seed: int, base_url: str, textures: bool,
-                 progress: Optional[Callable[[int], None]]) -> tuple[dict, SplitDraws, list[str]]:
+def _write_split(
+    out: Path,
+    split: _Split,
+    n: int,
+    seed: int,
+    base_url: str,
+    textures: bool,
+    progress: Optional[Callable[[int], None]],
+) -> tuple[dict, SplitDraws, list[str]]:
     """Write the split's images and files; returns its counts, its draws for the task files and
     its NLVR2 image map lines."""
     names, scenes, caption_anns, q_list, a_list, refexps = [], [], [], [], [], []
@@ -134,14 +151,22 @@ def _write_split(out: Path, split: _Split, n: int, seed: int, base_url: str, tex
         names.append(name)
         scenes.append(scene)
         image_captions = captions(scene, rng)
-        caption_anns += [{"id": len(caption_anns) + j + 1, "image_id": i + 1, "caption": c}
-                         for j, c in enumerate(image_captions)]
+        caption_anns += [
+            {"id": len(caption_anns) + j + 1, "image_id": i + 1, "caption": c} for j, c in enumerate(image_captions)
+        ]
         for j, qa in enumerate(questions(scene, rng)):
             qid = (i + 1) * 1000 + j
             q_list.append({"image_id": i + 1, "question": qa.question, "question_id": qid})
-            a_list.append({"question_id": qid, "image_id": i + 1, "question_type": qa.question_type,
-                           "answer_type": qa.answer_type, "multiple_choice_answer": qa.answer,
-                           "answers": annotator_answers(qa, rng)})
+            a_list.append(
+                {
+                    "question_id": qid,
+                    "image_id": i + 1,
+                    "question_type": qa.question_type,
+                    "answer_type": qa.answer_type,
+                    "multiple_choice_answer": qa.answer,
+                    "answers": annotator_answers(qa, rng),
+                }
+            )
         image_refexps = referring_expressions(scene, rng)
         refexps += [{"image": name, "box": list(obj.box), "sentence": s} for obj, s in image_refexps]
         referring.append([(scene.objects.index(obj), s) for obj, s in image_refexps])  # boxes are unique
@@ -155,38 +180,80 @@ def _write_split(out: Path, split: _Split, n: int, seed: int, base_url: str, tex
         left, right = (int(v) for v in rng.choice(n, 2, replace=False))
         pair = pair_statements(scenes[left], scenes[right], rng)
         if pair:  # the pair's official image names: the identifier, less the statement number, + -img0|1
-            nlvr2_map += [f"{split.nlvr2}-{p}-0-img{k}\t{store_key(split.name, side)}\n"
-                          for k, side in enumerate((left, right))]
+            nlvr2_map += [
+                f"{split.nlvr2}-{p}-0-img{k}\t{store_key(split.name, side)}\n" for k, side in enumerate((left, right))
+            ]
         for j, (text, label) in enumerate(pair):
-            statements.append({"identifier": f"{split.nlvr2}-{p}-0-{j}", "sentence": text,
-                               "left_url": _image_url(base_url, names[left]),
-                               "right_url": _image_url(base_url, names[right]), "label": str(label)})
+            statements.append(
+                {
+                    "identifier": f"{split.nlvr2}-{p}-0-{j}",
+                    "sentence": text,
+                    "left_url": _image_url(base_url, names[left]),
+                    "right_url": _image_url(base_url, names[right]),
+                    "label": str(label),
+                }
+            )
 
     info = {"description": f"shapes world ({split.name} split), seed {seed}", "version": "1.0"}
     ann = out / "annotations"
-    _dump(ann / f"captions_{split.coco}.json", {
-        "info": info,
-        "images": [{"id": i + 1, "file_name": coco_file_name(split.coco, i + 1), "width": s.width, "height": s.height,
-                    "coco_url": _image_url(base_url, names[i])} for i, s in enumerate(scenes)],
-        "annotations": caption_anns})
-    _dump(ann / f"v2_OpenEnded_mscoco_{split.coco}_questions.json",
-          {"info": info, "task_type": "Open-Ended", "data_type": "mscoco", "data_subtype": split.coco,
-           "questions": q_list})
-    _dump(ann / f"v2_mscoco_{split.coco}_annotations.json",
-          {"info": info, "data_type": "mscoco", "data_subtype": split.coco, "annotations": a_list})
+    _dump(
+        ann / f"captions_{split.coco}.json",
+        {
+            "info": info,
+            "images": [
+                {
+                    "id": i + 1,
+                    "file_name": coco_file_name(split.coco, i + 1),
+                    "width": s.width,
+                    "height": s.height,
+                    "coco_url": _image_url(base_url, names[i]),
+                }
+                for i, s in enumerate(scenes)
+            ],
+            "annotations": caption_anns,
+        },
+    )
+    _dump(
+        ann / f"v2_OpenEnded_mscoco_{split.coco}_questions.json",
+        {
+            "info": info,
+            "task_type": "Open-Ended",
+            "data_type": "mscoco",
+            "data_subtype": split.coco,
+            "questions": q_list,
+        },
+    )
+    _dump(
+        ann / f"v2_mscoco_{split.coco}_annotations.json",
+        {"info": info, "data_type": "mscoco", "data_subtype": split.coco, "annotations": a_list},
+    )
     _dump(ann / f"refexp_{split.name}.json", refexps)
     _dump(ann / f"scenes_{split.name}.json", [scene_to_json(s, names[i]) for i, s in enumerate(scenes)])
     (ann / f"nlvr2_{split.nlvr2}.json").write_text("".join(json.dumps(s) + "\n" for s in statements), encoding="utf-8")
-    counts = {"images": n, "objects": sum(len(s.objects) for s in scenes), "captions": len(caption_anns),
-              "questions": len(q_list), "refexps": len(refexps), "nlvr2_statements": len(statements),
-              "nlvr2_true": sum(s["label"] == "True" for s in statements)}
-    draws = SplitDraws(split.name, [coco_file_name(split.coco, i + 1) for i in range(n)], scenes, retrieval,
-                       referring, vcr)
+    counts = {
+        "images": n,
+        "objects": sum(len(s.objects) for s in scenes),
+        "captions": len(caption_anns),
+        "questions": len(q_list),
+        "refexps": len(refexps),
+        "nlvr2_statements": len(statements),
+        "nlvr2_true": sum(s["label"] == "True" for s in statements),
+    }
+    draws = SplitDraws(
+        split.name, [coco_file_name(split.coco, i + 1) for i in range(n)], scenes, retrieval, referring, vcr
+    )
     return counts | task_counts(draws), draws, nlvr2_map
 
 
-def write_world(out: Path, n_images: int, seed: int, val_fraction: float = 0.1, base_url: str = "http://127.0.0.1:8000",
-                textures: bool = True, progress: Optional[Callable[[int], None]] = None) -> dict:
+def write_world(
+    out: Path,
+    n_images: int,
+    seed: int,
+    val_fraction: float = 0.1,
+    base_url: str = "http://127.0.0.1:8000",
+    textures: bool = True,
+    progress: Optional[Callable[[int], None]] = None,
+) -> dict:
     """Write a complete shapes world into `out` (layout in the module docstring); returns the summary.
 
     The world is built under a temporary name beside `out` and renamed into place when
@@ -213,15 +280,26 @@ def write_world(out: Path, n_images: int, seed: int, val_fraction: float = 0.1, 
             (tmp / "annotations" / path).parent.mkdir(parents=True, exist_ok=True)
             (tmp / "annotations" / path).write_bytes(data)
         write_cc_tsvs(tmp, base_url)
-        coco_map = [f"{coco_file_name(s.coco, i + 1)[:-4]}\t{store_key(s.name, i)}\n"
-                    for s in SPLITS for i in range(sizes[s.name])]
+        coco_map = [
+            f"{coco_file_name(s.coco, i + 1)[:-4]}\t{store_key(s.name, i)}\n"
+            for s in SPLITS
+            for i in range(sizes[s.name])
+        ]
         nlvr2_map = [line for *_, lines in written.values() for line in lines]  # appended: earlier lines stay
         (tmp / "image_map.tsv").write_text("".join(coco_map + nlvr2_map))
         (tmp / "objects.txt").write_text("".join(f"{n}\n" for n in object_names()))
         (tmp / "attributes.txt").write_text("".join(f"{n}\n" for n in attribute_names()))
-        summary = {"name": "shapes", "seed": seed, "n_images": n_images, "val_fraction": val_fraction,
-                   "textures": textures, "image_size": IMAGE_SIZE, "base_url": base_url, "splits": splits,
-                   "vocab": {"objects": object_names(), "attributes": attribute_names()}}
+        summary = {
+            "name": "shapes",
+            "seed": seed,
+            "n_images": n_images,
+            "val_fraction": val_fraction,
+            "textures": textures,
+            "image_size": IMAGE_SIZE,
+            "base_url": base_url,
+            "splits": splits,
+            "vocab": {"objects": object_names(), "attributes": attribute_names()},
+        }
         atomic_write_json(tmp / "summary.json", summary)
     return summary
 

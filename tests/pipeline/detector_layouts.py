@@ -31,27 +31,35 @@ def published_shapes(cfg: DetectorConfig, attributes: bool = True) -> dict[str, 
             conv(f"{stage}.{i}.conv2", width, width, 3)
             conv(f"{stage}.{i}.conv3", cout, width, 1)
         cin, width, cout = cout, width * 2, cout * 2
-    c4, c5, anchors = cfg.res2_out_channels * 4, cfg.res2_out_channels * 8, len(cfg.anchor_sizes) * len(cfg.anchor_ratios)
-    shapes.update({
-        "proposal_generator.rpn_head.conv.weight": (cfg.rpn_channels, c4, 3, 3),
-        "proposal_generator.rpn_head.conv.bias": (cfg.rpn_channels,),
-        "proposal_generator.rpn_head.objectness_logits.weight": (anchors, cfg.rpn_channels, 1, 1),
-        "proposal_generator.rpn_head.objectness_logits.bias": (anchors,),
-        "proposal_generator.rpn_head.anchor_deltas.weight": (anchors * 4, cfg.rpn_channels, 1, 1),
-        "proposal_generator.rpn_head.anchor_deltas.bias": (anchors * 4,),
-        "roi_heads.box_predictor.cls_score.weight": (cfg.num_classes + 1, c5),
-        "roi_heads.box_predictor.cls_score.bias": (cfg.num_classes + 1,),
-        "roi_heads.box_predictor.bbox_pred.weight": (cfg.num_classes * 4, c5),
-        "roi_heads.box_predictor.bbox_pred.bias": (cfg.num_classes * 4,),
-    })
+    c4, c5, anchors = (
+        cfg.res2_out_channels * 4,
+        cfg.res2_out_channels * 8,
+        len(cfg.anchor_sizes) * len(cfg.anchor_ratios),
+    )
+    shapes.update(
+        {
+            "proposal_generator.rpn_head.conv.weight": (cfg.rpn_channels, c4, 3, 3),
+            "proposal_generator.rpn_head.conv.bias": (cfg.rpn_channels,),
+            "proposal_generator.rpn_head.objectness_logits.weight": (anchors, cfg.rpn_channels, 1, 1),
+            "proposal_generator.rpn_head.objectness_logits.bias": (anchors,),
+            "proposal_generator.rpn_head.anchor_deltas.weight": (anchors * 4, cfg.rpn_channels, 1, 1),
+            "proposal_generator.rpn_head.anchor_deltas.bias": (anchors * 4,),
+            "roi_heads.box_predictor.cls_score.weight": (cfg.num_classes + 1, c5),
+            "roi_heads.box_predictor.cls_score.bias": (cfg.num_classes + 1,),
+            "roi_heads.box_predictor.bbox_pred.weight": (cfg.num_classes * 4, c5),
+            "roi_heads.box_predictor.bbox_pred.bias": (cfg.num_classes * 4,),
+        }
+    )
     if attributes:
-        shapes.update({
-            "roi_heads.box_predictor.cls_embedding.weight": (cfg.num_classes + 1, cfg.attribute_embed),
-            "roi_heads.box_predictor.fc_attr.weight": (cfg.attribute_hidden, c5 + cfg.attribute_embed),
-            "roi_heads.box_predictor.fc_attr.bias": (cfg.attribute_hidden,),
-            "roi_heads.box_predictor.attr_score.weight": (cfg.num_attributes + 1, cfg.attribute_hidden),
-            "roi_heads.box_predictor.attr_score.bias": (cfg.num_attributes + 1,),
-        })
+        shapes.update(
+            {
+                "roi_heads.box_predictor.cls_embedding.weight": (cfg.num_classes + 1, cfg.attribute_embed),
+                "roi_heads.box_predictor.fc_attr.weight": (cfg.attribute_hidden, c5 + cfg.attribute_embed),
+                "roi_heads.box_predictor.fc_attr.bias": (cfg.attribute_hidden,),
+                "roi_heads.box_predictor.attr_score.weight": (cfg.num_attributes + 1, cfg.attribute_hidden),
+                "roi_heads.box_predictor.attr_score.bias": (cfg.num_attributes + 1,),
+            }
+        )
     return shapes
 
 
@@ -101,7 +109,7 @@ def two_box_scene(rng: np.random.Generator, attributes_per_box: int | None = Non
     for cls, color in ((1, (220, 30, 30)), (2, (30, 30, 220))):
         x1, y1 = rng.integers(0, 110), rng.integers(0, 80)
         w, h = rng.integers(40, 80), rng.integers(40, 70)
-        img[y1:y1 + h, x1:x1 + w] = color
+        img[y1 : y1 + h, x1 : x1 + w] = color
         boxes.append([x1, y1, x1 + w, y1 + h])
         classes.append(cls)
         attrs.append(cls if attributes_per_box is None else [cls, 3 + cls, 6][:attributes_per_box])

@@ -15,8 +15,18 @@ import numpy as np
 
 from pipeline.records import RegionFeatures
 
-LXMERT_FIELDNAMES = ["img_id", "img_h", "img_w", "objects_id", "objects_conf", "attrs_id", "attrs_conf",
-                     "num_boxes", "boxes", "features"]
+LXMERT_FIELDNAMES = [
+    "img_id",
+    "img_h",
+    "img_w",
+    "objects_id",
+    "objects_conf",
+    "attrs_id",
+    "attrs_conf",
+    "num_boxes",
+    "boxes",
+    "features",
+]
 BUTD_FIELDNAMES = ["image_id", "image_w", "image_h", "num_boxes", "boxes", "features"]
 
 
@@ -29,13 +39,20 @@ def write_lxmert_tsv(path: Path, records: list[RegionFeatures]) -> None:
     with open(path, "w", newline="") as f:
         writer = csv.DictWriter(f, delimiter="\t", fieldnames=LXMERT_FIELDNAMES)
         for r in records:
-            writer.writerow({
-                "img_id": r.image_id, "img_h": r.image_h, "img_w": r.image_w,
-                "objects_id": _b64(r.objects_id, np.int64), "objects_conf": _b64(r.objects_conf, np.float32),
-                "attrs_id": _b64(r.attrs_id, np.int64), "attrs_conf": _b64(r.attrs_conf, np.float32),
-                "num_boxes": r.num_boxes, "boxes": _b64(r.boxes, np.float32),
-                "features": _b64(r.features, np.float32),
-            })
+            writer.writerow(
+                {
+                    "img_id": r.image_id,
+                    "img_h": r.image_h,
+                    "img_w": r.image_w,
+                    "objects_id": _b64(r.objects_id, np.int64),
+                    "objects_conf": _b64(r.objects_conf, np.float32),
+                    "attrs_id": _b64(r.attrs_id, np.int64),
+                    "attrs_conf": _b64(r.attrs_conf, np.float32),
+                    "num_boxes": r.num_boxes,
+                    "boxes": _b64(r.boxes, np.float32),
+                    "features": _b64(r.features, np.float32),
+                }
+            )
 
 
 def write_butd_tsv(path: Path, records: list[RegionFeatures], with_cls_prob: bool) -> None:
@@ -44,8 +61,14 @@ def write_butd_tsv(path: Path, records: list[RegionFeatures], with_cls_prob: boo
     with open(path, "w", newline="") as f:
         writer = csv.DictWriter(f, delimiter="\t", fieldnames=names)
         for r in records:
-            row = {"image_id": r.image_id, "image_w": r.image_w, "image_h": r.image_h, "num_boxes": r.num_boxes,
-                   "boxes": _b64(r.boxes, np.float32), "features": _b64(r.features, np.float32)}
+            row = {
+                "image_id": r.image_id,
+                "image_w": r.image_w,
+                "image_h": r.image_h,
+                "num_boxes": r.num_boxes,
+                "boxes": _b64(r.boxes, np.float32),
+                "features": _b64(r.features, np.float32),
+            }
             if with_cls_prob:
                 row["cls_prob"] = _b64(r.cls_prob, np.float32)
             writer.writerow(row)
@@ -60,9 +83,14 @@ def load_obj_tsv(path: Path) -> list[dict]:
             for key in ["img_h", "img_w", "num_boxes"]:
                 item[key] = int(item[key])
             boxes = item["num_boxes"]
-            decode_config = [("objects_id", (boxes,), np.int64), ("objects_conf", (boxes,), np.float32),
-                             ("attrs_id", (boxes,), np.int64), ("attrs_conf", (boxes,), np.float32),
-                             ("boxes", (boxes, 4), np.float32), ("features", (boxes, -1), np.float32)]
+            decode_config = [
+                ("objects_id", (boxes,), np.int64),
+                ("objects_conf", (boxes,), np.float32),
+                ("attrs_id", (boxes,), np.int64),
+                ("attrs_conf", (boxes,), np.float32),
+                ("boxes", (boxes, 4), np.float32),
+                ("features", (boxes, -1), np.float32),
+            ]
             for key, shape, dtype in decode_config:
                 item[key] = np.frombuffer(base64.b64decode(item[key]), dtype=dtype).reshape(shape)
             data.append(item)
@@ -92,18 +120,35 @@ def write_vilbert_lmdb(path: Path, records: list[RegionFeatures], style: str = "
     with env.begin(write=True) as txn:
         for r in records:
             if style == "multitask":
-                item = {"image_id": r.image_id, "image_h": r.image_h, "image_w": r.image_w,
-                        "num_boxes": r.num_boxes, "boxes": np.asarray(r.boxes, np.float32),
-                        "features": np.asarray(r.features, np.float32)}
+                item = {
+                    "image_id": r.image_id,
+                    "image_h": r.image_h,
+                    "image_w": r.image_w,
+                    "num_boxes": r.num_boxes,
+                    "boxes": np.asarray(r.boxes, np.float32),
+                    "features": np.asarray(r.features, np.float32),
+                }
             elif style == "beta":
-                item = {"image_id": r.image_id, "image_h": str(r.image_h), "image_w": str(r.image_w),
-                        "num_boxes": str(r.num_boxes), "boxes": _b64(r.boxes, np.float32),
-                        "features": _b64(r.features, np.float32), "cls_prob": _b64(r.cls_prob, np.float32)}
+                item = {
+                    "image_id": r.image_id,
+                    "image_h": str(r.image_h),
+                    "image_w": str(r.image_w),
+                    "num_boxes": str(r.num_boxes),
+                    "boxes": _b64(r.boxes, np.float32),
+                    "features": _b64(r.features, np.float32),
+                    "cls_prob": _b64(r.cls_prob, np.float32),
+                }
             else:
-                item = {"feature_path": r.image_id, "features": np.asarray(r.features, np.float32),
-                        "image_height": r.image_h, "image_width": r.image_w, "num_boxes": np.int64(r.num_boxes),
-                        "objects": r.objects_id, "cls_prob": np.asarray(r.cls_prob, np.float32)[:, 1:],
-                        "bbox": np.asarray(r.boxes, np.float32)}
+                item = {
+                    "feature_path": r.image_id,
+                    "features": np.asarray(r.features, np.float32),
+                    "image_height": r.image_h,
+                    "image_width": r.image_w,
+                    "num_boxes": np.int64(r.num_boxes),
+                    "objects": r.objects_id,
+                    "cls_prob": np.asarray(r.cls_prob, np.float32)[:, 1:],
+                    "bbox": np.asarray(r.boxes, np.float32),
+                }
             key = str(r.image_id).encode()
             txn.put(key, pickle.dumps(item))
             ids.append(key)
@@ -116,9 +161,14 @@ def write_mmf_npy(folder: Path, records: list[RegionFeatures]) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     for r in records:
         np.save(folder / f"{r.image_id}.npy", np.asarray(r.features, np.float32))
-        info = {"bbox": np.asarray(r.boxes, np.float32), "num_boxes": r.num_boxes,
-                "objects": np.asarray(r.cls_prob)[:, 1:].argmax(1), "cls_prob": np.asarray(r.cls_prob, np.float32)[:, 1:],
-                "image_width": r.image_w, "image_height": r.image_h}
+        info = {
+            "bbox": np.asarray(r.boxes, np.float32),
+            "num_boxes": r.num_boxes,
+            "objects": np.asarray(r.cls_prob)[:, 1:].argmax(1),
+            "cls_prob": np.asarray(r.cls_prob, np.float32)[:, 1:],
+            "image_width": r.image_w,
+            "image_height": r.image_h,
+        }
         np.save(folder / f"{r.image_id}_info.npy", info, allow_pickle=True)
 
 
@@ -152,11 +202,18 @@ def vilbert_features_reader(path: Path, image_id) -> dict:
     features = np.concatenate([np.expand_dims(g_feat, axis=0), features], axis=0)
     location = np.zeros((boxes.shape[0], 5), dtype=np.float32)
     location[:, :4] = boxes
-    location[:, 4] = (location[:, 3] - location[:, 1]) * (location[:, 2] - location[:, 0]) / (float(image_w) * float(image_h))
+    location[:, 4] = (
+        (location[:, 3] - location[:, 1]) * (location[:, 2] - location[:, 0]) / (float(image_w) * float(image_h))
+    )
     location[:, 0] /= float(image_w)
     location[:, 1] /= float(image_h)
     location[:, 2] /= float(image_w)
     location[:, 3] /= float(image_h)
     location = np.concatenate([np.array([[0, 0, 1, 1, 1]], np.float32), location], axis=0)
-    return {"image_ids": image_ids, "item": item, "features": features, "num_boxes": num_boxes + 1,
-            "image_location": location}
+    return {
+        "image_ids": image_ids,
+        "item": item,
+        "features": features,
+        "num_boxes": num_boxes + 1,
+        "image_location": location,
+    }

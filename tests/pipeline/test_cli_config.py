@@ -79,8 +79,18 @@ def test_flag_defaults_are_the_config_defaults():
 def _invoke(monkeypatch, command: str, *args: str):
     """Run `vlprep COMMAND ARGS` in process with the run function replaced: the config it gets."""
     got = {}
-    summary = {"successes": 0, "items_in_shards": 0, "success_rate": None, "shards_complete": 0, "extracted": 0,
-               "images": 0, "shards_done": 0, "failures": {}, "shards_failed": {}, "verdict": "ok"}
+    summary = {
+        "successes": 0,
+        "items_in_shards": 0,
+        "success_rate": None,
+        "shards_complete": 0,
+        "extracted": 0,
+        "images": 0,
+        "shards_done": 0,
+        "failures": {},
+        "shards_failed": {},
+        "verdict": "ok",
+    }
 
     def run(cfg, on_progress=None):
         got["cfg"] = cfg
@@ -97,9 +107,29 @@ def _invoke(monkeypatch, command: str, *args: str):
 def test_what_the_flags_say_reaches_the_config(tmp_path, monkeypatch):
     urls = tmp_path / "urls.jsonl"
     urls.write_text('{"link": "http://example.com/a.jpg"}\n')
-    common = ["--dataset", "url_list", "--input", urls, "--url-col", "link", "--caption-col", "", "--threads", "3",
-              "--max-side", "64", "--opt-out-directives", "NoAI, x", "--allow-network", "10.0.0.0/8",
-              "--shard-size", "7", "--retry-failed", "--backoff", "0.1"]
+    common = [
+        "--dataset",
+        "url_list",
+        "--input",
+        urls,
+        "--url-col",
+        "link",
+        "--caption-col",
+        "",
+        "--threads",
+        "3",
+        "--max-side",
+        "64",
+        "--opt-out-directives",
+        "NoAI, x",
+        "--allow-network",
+        "10.0.0.0/8",
+        "--shard-size",
+        "7",
+        "--retry-failed",
+        "--backoff",
+        "0.1",
+    ]
     result, cfg = _invoke(monkeypatch, "download", *common, "--out", tmp_path / "o")
     assert result.exit_code == 0, result.output
     assert isinstance(cfg, DownloadConfig) and cfg.dataset == "url_list" and cfg.inputs == (urls,)
@@ -108,20 +138,35 @@ def test_what_the_flags_say_reaches_the_config(tmp_path, monkeypatch):
     assert cfg.fetch.allowed_networks == ("10.0.0.0/8",) and cfg.image.max_side == 64
     assert (cfg.distribute.shard_size, cfg.distribute.retry_failed) == (7, True)
 
-    result, cfg = _invoke(monkeypatch, "extract", *common, "--out", tmp_path / "s", "--random-weights", "--boxes",
-                          "36", "--nms-thresh", "0.4", "--seed", "3")
+    result, cfg = _invoke(
+        monkeypatch,
+        "extract",
+        *common,
+        "--out",
+        tmp_path / "s",
+        "--random-weights",
+        "--boxes",
+        "36",
+        "--nms-thresh",
+        "0.4",
+        "--seed",
+        "3",
+    )
     assert result.exit_code == 0, result.output
     assert isinstance(cfg, ExtractConfig) and (cfg.reader.url_col, cfg.reader.caption_col) == ("link", None)
     assert (cfg.fetch.threads, cfg.image.max_side, cfg.distribute.shard_size) == (3, 64, 7)
     assert (str(cfg.selection.boxes), cfg.selection.nms_thresh, cfg.seed) == ("36", 0.4, 3)
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--quality", "0"], "--quality must be >= 1"),
-    (["--max-failure-rate", "2"], "--max-failure-rate must be between 0 and 1"),
-    (["--allow-network", "nonsense"], "--allow-network 'nonsense' is not a network"),
-    (["--encode-format", "gif"], "Invalid value for '--encode-format'"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--quality", "0"], "--quality must be >= 1"),
+        (["--max-failure-rate", "2"], "--max-failure-rate must be between 0 and 1"),
+        (["--allow-network", "nonsense"], "--allow-network 'nonsense' is not a network"),
+        (["--encode-format", "gif"], "Invalid value for '--encode-format'"),
+    ],
+)
 def test_a_bad_flag_value_is_refused_naming_the_flag(tmp_path, args, message):
     from helpers import run_cli
 
@@ -139,11 +184,14 @@ def test_the_cli_loads_without_torch_or_ray():
     assert out.strip() == "[]"
 
 
-@pytest.mark.parametrize("command, config, mapped", [
-    ("import", "pipeline.legacy.convert:ImportConfig", {"sources": "paths", "dest": "paths"}),  # SOURCES... DEST
-    ("export", "pipeline.legacy.convert:ExportConfig", {}),
-    ("demo", "vl_models.demo:DemoConfig", {}),  # the plugin command
-])
+@pytest.mark.parametrize(
+    "command, config, mapped",
+    [
+        ("import", "pipeline.legacy.convert:ImportConfig", {"sources": "paths", "dest": "paths"}),  # SOURCES... DEST
+        ("export", "pipeline.legacy.convert:ExportConfig", {}),
+        ("demo", "vl_models.demo:DemoConfig", {}),  # the plugin command
+    ],
+)
 def test_the_other_commands_reach_every_field_of_their_config(command, config, mapped):
     """`vlprep demo` could not set its detector weights or config (fields without a flag)."""
     import importlib

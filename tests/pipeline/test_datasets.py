@@ -17,8 +17,10 @@ def split_results(results):
 
 def test_conceptual_captions_ids_are_stable_rows_and_malformed_lines_named(tmp_path):
     tsv = tmp_path / "Validation_GCC-1.1.0-Validation.tsv"
-    tsv.write_text("a dog on a beach\thttp://a.example/1.jpg\nbroken line without tab\n"
-                   "a cat\thttp://a.example/2.jpg\n\t\nsame url again\thttp://a.example/1.jpg\n")
+    tsv.write_text(
+        "a dog on a beach\thttp://a.example/1.jpg\nbroken line without tab\n"
+        "a cat\thttp://a.example/2.jpg\n\t\nsame url again\thttp://a.example/1.jpg\n"
+    )
     items, bad = split_results(read_items("conceptual_captions", [tsv]))
     assert [i.image_id for i in items] == ["cc3m-val-00000000", "cc3m-val-00000002", "cc3m-val-00000004"]
     assert items[0].texts == (Text("caption", "a dog on a beach"),) and items[0].split == "val"
@@ -35,7 +37,9 @@ def test_url_list_formats_and_columns(tmp_path):
     (tmp_path / "l.csv").write_text('link,text,key\nhttp://x/3,"a, b",k3\n')
     (tmp_path / "l.jsonl").write_text('{"url": "http://x/4", "caption": "c4"}\nnot json\n{"caption": "no url"}\n')
     pq.write_table(pa.table({"url": ["http://x/5"], "caption": ["c5"]}), tmp_path / "l.parquet")
-    items, bad = split_results(read_items("url_list", [tmp_path / "l.tsv", tmp_path / "l.jsonl", tmp_path / "l.parquet"]))
+    items, bad = split_results(
+        read_items("url_list", [tmp_path / "l.tsv", tmp_path / "l.jsonl", tmp_path / "l.parquet"])
+    )
     assert [i.image_id for i in items] == ["l-000000000", "l-000000000", "l-000000000"]
     assert [i.url for i in items] == ["http://x/1", "http://x/4", "http://x/5"]
     assert [b.location for b in bad] == ["l.tsv:3", "l.jsonl:2", "l.jsonl:3"]
@@ -50,8 +54,12 @@ def test_url_list_plain_text_files_one_url_a_line(tmp_path):
     gz = tmp_path / "more.txt.gz"
     gz.write_bytes(gzip.compress(b"http://x/4.jpg\n"))
     items, bad = split_results(read_items("url_list", [tmp_path / "urls.txt", gz], ReaderOptions(split="train")))
-    assert [(i.image_id, i.url) for i in items] == [("urls-000000000", "http://x/1.jpg"), ("urls-000000001", "http://x/2.jpg"),
-                                                    ("urls-000000002", "http://x/3.jpg"), ("more-000000000", "http://x/4.jpg")]
+    assert [(i.image_id, i.url) for i in items] == [
+        ("urls-000000000", "http://x/1.jpg"),
+        ("urls-000000001", "http://x/2.jpg"),
+        ("urls-000000002", "http://x/3.jpg"),
+        ("more-000000000", "http://x/4.jpg"),
+    ]
     assert not bad and items[0].texts == () and items[0].split == "train"
 
 
@@ -61,19 +69,37 @@ def test_json_lone_surrogates_become_replacement_characters(tmp_path):
     items, bad = split_results(read_items("url_list", [tmp_path / "l.jsonl"]))
     assert not bad and items[0].url == "http://x/\ufffd.jpg" and items[0].texts[0].text == "a \ufffd b \U0001f600"
     path = tmp_path / "dev.json"
-    path.write_text(json.dumps({"identifier": "dev-1-0-0", "sentence": "x\ud800", "left_url": "http://l", "right_url": "http://r"}) + "\n")
+    path.write_text(
+        json.dumps({"identifier": "dev-1-0-0", "sentence": "x\ud800", "left_url": "http://l", "right_url": "http://r"})
+        + "\n"
+    )
     items, _ = split_results(read_items("nlvr2", [path]))
     assert items[0].texts[0].text == "x\ufffd"
 
 
 def test_coco_captions(tmp_path):
     path = tmp_path / "captions_val2014.json"
-    path.write_text(json.dumps({
-        "images": [{"id": 42, "file_name": "COCO_val2014_000000000042.jpg", "coco_url": "http://i/42.jpg", "height": 1, "width": 1},
-                   {"id": 7, "file_name": "COCO_val2014_000000000007.jpg"}],
-        "annotations": [{"image_id": 42, "id": 1, "caption": "A man. "}, {"image_id": 42, "id": 2, "caption": "A bike."},
-                        {"image_id": 42}],
-    }))
+    path.write_text(
+        json.dumps(
+            {
+                "images": [
+                    {
+                        "id": 42,
+                        "file_name": "COCO_val2014_000000000042.jpg",
+                        "coco_url": "http://i/42.jpg",
+                        "height": 1,
+                        "width": 1,
+                    },
+                    {"id": 7, "file_name": "COCO_val2014_000000000007.jpg"},
+                ],
+                "annotations": [
+                    {"image_id": 42, "id": 1, "caption": "A man. "},
+                    {"image_id": 42, "id": 2, "caption": "A bike."},
+                    {"image_id": 42},
+                ],
+            }
+        )
+    )
     items, bad = split_results(read_items("coco", [path]))
     assert len(items) == 1 and items[0].image_id == "COCO_val2014_000000000042" and items[0].split == "val2014"
     assert [t.text for t in items[0].texts] == ["A man.", "A bike."]
@@ -85,8 +111,15 @@ def test_coco_captions(tmp_path):
 
 def test_visual_genome_image_data(tmp_path):
     path = tmp_path / "image_data.json"
-    path.write_text(json.dumps([{"image_id": 1, "url": "https://vg/1.jpg", "width": 800, "height": 600, "coco_id": None},
-                                {"image_id": 51, "url": "https://vg/51.jpg", "coco_id": 9}, {"url": "x"}]))
+    path.write_text(
+        json.dumps(
+            [
+                {"image_id": 1, "url": "https://vg/1.jpg", "width": 800, "height": 600, "coco_id": None},
+                {"image_id": 51, "url": "https://vg/51.jpg", "coco_id": 9},
+                {"url": "x"},
+            ]
+        )
+    )
     items, bad = split_results(read_items("visual_genome", [path]))
     assert [i.image_id for i in items] == ["1", "51"] and dict(items[1].extra) == {"coco_id": "9"}
     assert len(bad) == 1
@@ -94,8 +127,22 @@ def test_visual_genome_image_data(tmp_path):
 
 def test_nlvr2_pairs(tmp_path):
     path = tmp_path / "dev.json"
-    rows = [{"identifier": "dev-850-0-0", "sentence": "One dog.", "left_url": "http://l", "right_url": "http://r", "label": "True"},
-            {"identifier": "dev-850-0-1", "sentence": "Two dogs.", "left_url": "http://l", "right_url": "http://r", "label": "False"}]
+    rows = [
+        {
+            "identifier": "dev-850-0-0",
+            "sentence": "One dog.",
+            "left_url": "http://l",
+            "right_url": "http://r",
+            "label": "True",
+        },
+        {
+            "identifier": "dev-850-0-1",
+            "sentence": "Two dogs.",
+            "left_url": "http://l",
+            "right_url": "http://r",
+            "label": "False",
+        },
+    ]
     path.write_text("\n".join(json.dumps(r) for r in rows) + "\n{}\n")
     items, bad = split_results(read_items("nlvr2", [path]))
     assert [i.image_id for i in items] == ["dev-850-0-img0", "dev-850-0-img1"]
@@ -105,7 +152,9 @@ def test_nlvr2_pairs(tmp_path):
 
 def test_flickr30k_token_file(tmp_path):
     token = tmp_path / "results_20130124.token"
-    token.write_text("1000092795.jpg#0\tTwo young guys .\n1000092795.jpg#1\tTwo men .\n10002456.jpg#0\tSeveral men .\nbad\n")
+    token.write_text(
+        "1000092795.jpg#0\tTwo young guys .\n1000092795.jpg#1\tTwo men .\n10002456.jpg#0\tSeveral men .\nbad\n"
+    )
     items, bad = split_results(read_items("flickr30k", [token], ReaderOptions(images_root=tmp_path / "imgs")))
     assert [i.image_id for i in items] == ["1000092795", "10002456"]
     assert items[0].path == str(tmp_path / "imgs" / "1000092795.jpg") and len(items[0].texts) == 2
@@ -130,7 +179,11 @@ def test_registry_and_manifests_agree():
     generated = {name for name, manifest in described.items() if "generated_by" in manifest}  # e.g. shapes
     assert generated == {"shapes"} and set(described) - generated == set(READERS)
     for name, manifest in described.items():
-        assert manifest["name"] == name and manifest["files"] and (name in generated or manifest["obtain"] and manifest["ids"])
+        assert (
+            manifest["name"] == name
+            and manifest["files"]
+            and (name in generated or manifest["obtain"] and manifest["ids"])
+        )
     with pytest.raises(ConfigError, match="unknown dataset"):
         read_items("nope", [])
 

@@ -17,7 +17,10 @@ def test_quick_demo_shows_pretraining_lifting_retrieval_and_transfer(tmp_path):
     report = json.loads((out / "report.json").read_text())
     assert report["extract"]["extracted"] == report["extract"]["images"] == report["config"]["n_images"]
     assert report["extract"]["failures"] == {}
-    both, captions = report["mixtures"]["mixture_captions_qa"]["totals"], report["mixtures"]["mixture_captions"]["totals"]
+    both, captions = (
+        report["mixtures"]["mixture_captions_qa"]["totals"],
+        report["mixtures"]["mixture_captions"]["totals"],
+    )
     assert both["train/caption"] == captions["train/caption"] > 0 and both["val/question"] > 0
     assert "train/question" not in captions  # ViLBERT pretrains on captions alone, as on CC
     vilbert, lxmert = report["evaluation"]["vilbert"], report["evaluation"]["lxmert"]
@@ -31,7 +34,9 @@ def test_quick_demo_shows_pretraining_lifting_retrieval_and_transfer(tmp_path):
     # LXMERT's held-out QA score (measured: 0.020 -> 0.477).
     assert lxmert["pretrained"]["qa_score"] > lxmert["untrained"]["qa_score"] + 0.3, report["evaluation"]
     for model in (vilbert, lxmert):
-        assert {"retrieval_R@1", "retrieval_R@5", "retrieval_R@10"} <= set(model["pretrained"]) <= set(model["untrained"])
+        assert (
+            {"retrieval_R@1", "retrieval_R@5", "retrieval_R@10"} <= set(model["pretrained"]) <= set(model["untrained"])
+        )
     for picture in report["pictures"].values():
         assert (out / picture).stat().st_size > 10_000
     text = (out / "report.md").read_text()
@@ -42,7 +47,9 @@ def test_quick_demo_shows_pretraining_lifting_retrieval_and_transfer(tmp_path):
     assert all(t["train"] > 0 and t["val"] > 0 for t in transfer["tasks"].values()), transfer["tasks"]
     scores = transfer["scores"]
     assert {init: len(v) for kind in scores.values() for t in kind.values() for init, v in t.items()} == {
-        "scratch": 1, "pretrained": 1}
+        "scratch": 1,
+        "pretrained": 1,
+    }
 
     def gain(kind: str, task: str) -> float:
         return scores[kind][task]["pretrained"][0] - scores[kind][task]["scratch"][0]
@@ -59,16 +66,27 @@ def test_quick_demo_shows_pretraining_lifting_retrieval_and_transfer(tmp_path):
 
 
 def test_the_report_shows_the_transfer_table_only_when_the_stage_ran():
-    report = {"config": {"quick": True, "n_images": 400, "steps": 1200, "seed": 0}, "total_seconds": 1.0,
-              "stages": {"world": {"seconds": 1.0}}, "extract": {"extracted": 4, "images": 4, "failures": {}},
-              "mixtures": {}, "pictures": {"scenes": "scenes.png"},
-              "evaluation": {"vilbert": {"retrieval_images": 40, "untrained": {}, "pretrained": {}}}}
+    report = {
+        "config": {"quick": True, "n_images": 400, "steps": 1200, "seed": 0},
+        "total_seconds": 1.0,
+        "stages": {"world": {"seconds": 1.0}},
+        "extract": {"extracted": 4, "images": 4, "failures": {}},
+        "mixtures": {},
+        "pictures": {"scenes": "scenes.png"},
+        "evaluation": {"vilbert": {"retrieval_images": 40, "untrained": {}, "pretrained": {}}},
+    }
     assert "Transfer" not in markdown(report)
     report["transfer"] = {
-        "seeds": [0, 1], "steps": 50, "batch_size": 32, "lr": 1e-3,
+        "seeds": [0, 1],
+        "steps": 50,
+        "batch_size": 32,
+        "lr": 1e-3,
         "tasks": {"vqa": {"train": 2160, "val": 240, "val_split": "val", "metric": "accuracy", "answers": 22}},
-        "scores": {"vilbert": {"vqa": {"scratch": [34.0, 36.0], "pretrained": [40.0, 41.0]}},
-                   "lxmert": {"vqa": {"scratch": [30.0, 30.0], "pretrained": [50.0, 52.0]}}}}
+        "scores": {
+            "vilbert": {"vqa": {"scratch": [34.0, 36.0], "pretrained": [40.0, 41.0]}},
+            "lxmert": {"vqa": {"scratch": [30.0, 30.0], "pretrained": [50.0, 52.0]}},
+        },
+    }
     text = markdown(report)
     assert "| task (train / val rows, metric) | vilbert-small scratch | vilbert-small pretrained |" in text
     assert "| vqa (2160 / 240 val, accuracy) | 35.0 (34.0, 36.0) | 40.5 (40.0, 41.0) | 30.0 (30.0, 30.0) | 51.0" in text

@@ -33,7 +33,11 @@ def tiny_files(tmp_path_factory):
 def images():
     rng = np.random.default_rng(0)
     base = load_rgb(make_corpus()["big.jpg"][0])
-    return [base, rng.integers(0, 255, (90, 300, 3), dtype=np.uint8), rng.integers(0, 255, (260, 140, 3), dtype=np.uint8)]
+    return [
+        base,
+        rng.integers(0, 255, (90, 300, 3), dtype=np.uint8),
+        rng.integers(0, 255, (260, 140, 3), dtype=np.uint8),
+    ]
 
 
 def test_both_published_layouts_load_into_the_same_model(tiny_files):
@@ -72,12 +76,20 @@ def test_cls_prob_background_is_column_zero(tiny_files):
     assert rec.objects_id[0] == probs[0, :-1].argmax()
 
 
-@pytest.mark.parametrize("change, words", [
-    (lambda w: w.pop("backbone.res3.0.conv2.weight"), "missing: backbone.res3.0.conv2.weight"),
-    (lambda w: w.__setitem__("roi_heads.extra.weight", np.zeros(3, np.float32)), "unexpected: roi_heads.extra.weight"),
-    (lambda w: w.__setitem__("roi_heads.box_predictor.bbox_pred.bias", np.zeros(7, np.float32)),
-     "misshaped: roi_heads.box_predictor.bbox_pred.bias"),
-])
+@pytest.mark.parametrize(
+    "change, words",
+    [
+        (lambda w: w.pop("backbone.res3.0.conv2.weight"), "missing: backbone.res3.0.conv2.weight"),
+        (
+            lambda w: w.__setitem__("roi_heads.extra.weight", np.zeros(3, np.float32)),
+            "unexpected: roi_heads.extra.weight",
+        ),
+        (
+            lambda w: w.__setitem__("roi_heads.box_predictor.bbox_pred.bias", np.zeros(7, np.float32)),
+            "misshaped: roi_heads.box_predictor.bbox_pred.bias",
+        ),
+    ],
+)
 def test_key_mismatches_are_clear_errors(tmp_path, change, words):
     weights = random_weights(TINY)
     change(weights)
@@ -166,6 +178,7 @@ def test_maxnms_policy_returns_regressed_boxes_inside_the_image(tiny_files):
 
 # -- pure selection and box arithmetic ------------------------------------------
 
+
 def test_box_count_parsing():
     assert BoxCount.parse("36") == BoxCount(36, 36) and BoxCount.parse("10-100") == BoxCount(10, 100)
     for bad in ("0", "5-3", "a", "1-2-3"):
@@ -174,15 +187,21 @@ def test_box_count_parsing():
 
 
 def test_butd_selection_on_hand_built_scores():
-    boxes = torch.tensor([[0, 0, 10, 10], [1, 1, 11, 11], [50, 50, 60, 60], [100, 100, 110, 110], [0, 0, 9, 10.]])
+    boxes = torch.tensor([[0, 0, 10, 10], [1, 1, 11, 11], [50, 50, 60, 60], [100, 100, 110, 110], [0, 0, 9, 10.0]])
     # columns: background, class 1, class 2
-    probs = torch.tensor([
-        [0.1, 0.8, 0.1],   # box 0: best for class 1
-        [0.1, 0.7, 0.2],   # box 1: overlaps box 0 -> suppressed in class 1; in class 2 it outranks box 0 -> kept, 0.2
-        [0.5, 0.3, 0.2],   # box 2: alone: max 0.3
-        [0.85, 0.1, 0.05],  # box 3: alone but weak: 0.1
-        [0.2, 0.79, 0.01],  # box 4: overlaps box 0 in class 1 -> suppressed; class 2 suppressed by box 1
-    ])
+    probs = torch.tensor(
+        [
+            [0.1, 0.8, 0.1],  # box 0: best for class 1
+            [
+                0.1,
+                0.7,
+                0.2,
+            ],  # box 1: overlaps box 0 -> suppressed in class 1; in class 2 it outranks box 0 -> kept, 0.2
+            [0.5, 0.3, 0.2],  # box 2: alone: max 0.3
+            [0.85, 0.1, 0.05],  # box 3: alone but weak: 0.1
+            [0.2, 0.79, 0.01],  # box 4: overlaps box 0 in class 1 -> suppressed; class 2 suppressed by box 1
+        ]
+    )
     max_conf = per_class_nms_max_conf(boxes, probs[:, 1:], 0.3)
     np.testing.assert_allclose(max_conf.numpy(), [0.8, 0.2, 0.3, 0.1, 0.0], atol=1e-6)
     assert select_butd(boxes, probs, BoxCount(1, 10)).tolist() == [0, 1, 2]  # >= 0.2, proposal order
@@ -192,7 +211,7 @@ def test_butd_selection_on_hand_built_scores():
 
 
 def test_maxnms_selection_raises_the_threshold_until_enough_boxes():
-    boxes = torch.tensor([[0, 0, 10, 10], [0, 0, 10, 9.5], [0, 0, 10, 9], [50, 50, 60, 60.]])
+    boxes = torch.tensor([[0, 0, 10, 10], [0, 0, 10, 9.5], [0, 0, 10, 9], [50, 50, 60, 60.0]])
     per_class = boxes.repeat(1, 2)  # two foreground classes, same regressed boxes
     probs = torch.tensor([[0.1, 0.9, 0.0], [0.1, 0.0, 0.8], [0.2, 0.7, 0.1], [0.3, 0.6, 0.1]])
     keep, chosen = select_maxnms(per_class, probs, BoxCount(2, 10))
@@ -209,13 +228,16 @@ def test_decode_inverts_encode():
     np.testing.assert_allclose(decode(encode(a, b, (10, 10, 5, 5)), a, (10, 10, 5, 5)).numpy(), b.numpy(), rtol=1e-5)
 
 
-@pytest.mark.parametrize("hw, expected", [
-    ((480, 640), (600, 800)),  # landscape
-    ((1000, 300), (1000, 300)),  # portrait: 600/300 = 2 makes 2000 > 1000, so 1000/1000
-    ((10, 10), (600, 600)),  # tiny
-    ((4000, 6000), (600, 900)),  # huge
-    ((500, 1200), (417, 1000)),  # round(600/500*1200) = 1440 > 1000
-])
+@pytest.mark.parametrize(
+    "hw, expected",
+    [
+        ((480, 640), (600, 800)),  # landscape
+        ((1000, 300), (1000, 300)),  # portrait: 600/300 = 2 makes 2000 > 1000, so 1000/1000
+        ((10, 10), (600, 600)),  # tiny
+        ((4000, 6000), (600, 900)),  # huge
+        ((500, 1200), (417, 1000)),  # round(600/500*1200) = 1440 > 1000
+    ],
+)
 def test_preprocessing_sizes(hw, expected):
     cfg = DetectorConfig()
     scale = butd_scale(*hw, cfg.min_size, cfg.max_size)
@@ -234,6 +256,7 @@ def test_odd_image_modes_become_rgb_inputs(name):
 
 # -- the detect stage's configs validate themselves ------------------------------
 
+
 def test_selection_and_detector_configs_validate_themselves():
     with pytest.raises(ConfigError, match="--policy must be one of butd, maxnms"):
         SelectionConfig("nms")
@@ -247,16 +270,19 @@ def test_selection_and_detector_configs_validate_themselves():
         DetectorConfig.from_json({**TINY.to_json(), "colour": 1})
 
 
-@pytest.mark.parametrize("fields, message", [
-    ({"device": "gpu"}, "--device must be auto, cpu, cuda or cuda:N"),
-    ({"cls_prob": "topk"}, "--cls-prob: probability storage"),
-    ({"backend": "zarr"}, "--backend must be one of arrow, lmdb"),
-    ({"dtype": "int8"}, "--dtype must be one of float16, float32"),
-    ({"batch_size": 0}, "--batch-size must be >= 1"),
-    ({"actors": 0}, "--actors must be >= 1"),
-    ({"dataset": "nope", "images": None, "inputs": ("x",)}, "--dataset must be one of"),
-    ({"dataset": "folder", "images": None}, "give at least one --input"),
-])
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        ({"device": "gpu"}, "--device must be auto, cpu, cuda or cuda:N"),
+        ({"cls_prob": "topk"}, "--cls-prob: probability storage"),
+        ({"backend": "zarr"}, "--backend must be one of arrow, lmdb"),
+        ({"dtype": "int8"}, "--dtype must be one of float16, float32"),
+        ({"batch_size": 0}, "--batch-size must be >= 1"),
+        ({"actors": 0}, "--actors must be >= 1"),
+        ({"dataset": "nope", "images": None, "inputs": ("x",)}, "--dataset must be one of"),
+        ({"dataset": "folder", "images": None}, "give at least one --input"),
+    ],
+)
 def test_extract_config_refuses_bad_values_naming_the_flag(tmp_path, fields, message):
     from pipeline.detect.config import ExtractConfig
 
@@ -308,8 +334,10 @@ def test_padded_groups_differ_only_near_the_padded_border():
     torch.manual_seed(0)
     ex = RegionFeatureExtractor(VGDetector(FULL_SIZE_TINY), pad_tolerance=0.1)
     rng = np.random.default_rng(0)
-    inputs = [prepare_image(rng.integers(0, 255, hw, dtype=np.uint8), FULL_SIZE_TINY)[0]
-              for hw in ((120, 160, 3), (120, 170, 3))]  # 600x800 padded to 600x850 with its neighbour
+    inputs = [
+        prepare_image(rng.integers(0, 255, hw, dtype=np.uint8), FULL_SIZE_TINY)[0]
+        for hw in ((120, 160, 3), (120, 170, 3))
+    ]  # 600x800 padded to 600x850 with its neighbour
     with torch.no_grad():
         grouped = ex.backbone_features(inputs)
         alone = [ex.backbone_features([x])[0] for x in inputs]

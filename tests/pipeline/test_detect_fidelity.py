@@ -30,6 +30,7 @@ def noise(height: int, width: int, seed: int = 0) -> np.ndarray:
 
 # -- item 9: --preprocess detectron2 -----------------------------------------------
 
+
 def fork_input(rgb: np.ndarray, min_size: int, max_size: int, pixel_mean_bgr) -> torch.Tensor:
     """What the fork feeds its backbone, step by step (demo/detectron2_mscoco_proposal_maxnms.py
     `doit`, ResizeShortestEdge.get_transform, ResizeTransform.apply_image, preprocess_image)."""
@@ -47,15 +48,18 @@ def fork_input(rgb: np.ndarray, min_size: int, max_size: int, pixel_mean_bgr) ->
     return ((image - mean) / torch.ones(3, 1, 1))[None]  # PIXEL_STD 1; batch of one: no padding
 
 
-@pytest.mark.parametrize("hw", [
-    (480, 640),  # landscape
-    (640, 427),  # portrait
-    (500, 500),  # square
-    (300, 1000),  # max_size binds: 600 x 2000 -> 300 x 1000
-    (37, 53),  # a small image, upscaled
-    (333, 517),  # odd sizes: x and y scales differ
-    (400, 659),  # 988.5: Caffe's round() gives 988, the fork's int(x + 0.5) 989
-])
+@pytest.mark.parametrize(
+    "hw",
+    [
+        (480, 640),  # landscape
+        (640, 427),  # portrait
+        (500, 500),  # square
+        (300, 1000),  # max_size binds: 600 x 2000 -> 300 x 1000
+        (37, 53),  # a small image, upscaled
+        (333, 517),  # odd sizes: x and y scales differ
+        (400, 659),  # 988.5: Caffe's round() gives 988, the fork's int(x + 0.5) 989
+    ],
+)
 def test_detectron2_input_is_the_forks_exactly(hw):
     rgb = noise(*hw)
     x, resize = prepare_image(rgb, VG, "detectron2")
@@ -141,15 +145,19 @@ def test_a_resumed_extract_with_another_preprocess_is_refused(tmp_path):
 
     (tmp_path / "imgs").mkdir()
     for name, prov in (("d2", {"preprocess": "detectron2"}), ("old", {})):  # old: made before the option: caffe
-        with FeatureStoreWriter(tmp_path / name, feature_dim=TINY.res5_channels,
-                                provenance={"detector": "tiny", "weights_sha256": "random-seed-0", **prov}):
+        with FeatureStoreWriter(
+            tmp_path / name,
+            feature_dim=TINY.res5_channels,
+            provenance={"detector": "tiny", "weights_sha256": "random-seed-0", **prov},
+        ):
             pass
     cfg = ExtractConfig(out=tmp_path / "d2", images=tmp_path / "imgs", random_weights=True, detector="tiny")
     assert cfg.preprocess == "caffe" and cfg.to_json()["preprocess"] == "caffe"
     with pytest.raises(ConfigError, match="--preprocess detectron2"):
         run_extract(cfg)
-    cfg = ExtractConfig(out=tmp_path / "old", images=tmp_path / "imgs", random_weights=True, detector="tiny",
-                        preprocess="detectron2")
+    cfg = ExtractConfig(
+        out=tmp_path / "old", images=tmp_path / "imgs", random_weights=True, detector="tiny", preprocess="detectron2"
+    )
     assert cfg.to_json()["preprocess"] == "detectron2"
     with pytest.raises(ConfigError, match="--preprocess caffe"):
         run_extract(cfg)
@@ -180,6 +188,7 @@ def test_extract_records_the_preprocess_mode(tmp_path):
 
 # -- item 10: the butd policy's NMS is Caffe's ---------------------------------------
 
+
 def caffe_nms(boxes: np.ndarray, scores: np.ndarray, thresh: float) -> list[int]:
     """lib/nms/cpu_nms.pyx `cpu_nms`, as written: float32 arithmetic, +1 pixel widths and
     heights, greedy in descending score order, suppress when ovr >= thresh (a double)."""
@@ -193,7 +202,7 @@ def caffe_nms(boxes: np.ndarray, scores: np.ndarray, thresh: float) -> list[int]
         if suppressed[i]:
             continue
         keep.append(int(i))
-        for j in order[rank + 1:]:
+        for j in order[rank + 1 :]:
             if suppressed[j]:
                 continue
             w = max(zero, min(x2[i], x2[j]) - max(x1[i], x1[j]) + one)
@@ -244,10 +253,13 @@ def test_a_pair_across_the_threshold_and_its_knock_on():
     np.testing.assert_array_equal(per_class_nms_max_conf(boxes, probs, 0.3).double().numpy(), expected)
 
 
-@pytest.mark.parametrize("thresh, small", [
-    (0.5, [0, 0, 9, 4]),  # +1 areas 50 / 100: ovr is exactly 0.5
-    (0.3, [0, 0, 4, 5]),  # 30 / 100: ovr is float32(0.3), above the double 0.3 Caffe compares with
-])
+@pytest.mark.parametrize(
+    "thresh, small",
+    [
+        (0.5, [0, 0, 9, 4]),  # +1 areas 50 / 100: ovr is exactly 0.5
+        (0.3, [0, 0, 4, 5]),  # 30 / 100: ovr is float32(0.3), above the double 0.3 Caffe compares with
+    ],
+)
 def test_an_overlap_equal_to_the_threshold_suppresses(thresh, small):
     boxes = torch.tensor([[0, 0, 9, 9], small], dtype=torch.float32)
     probs = torch.tensor([[0.9], [0.8]])

@@ -22,11 +22,39 @@ from PIL import Image
 
 from pipeline.image_shards import iter_images
 
-LOCAL_FLAGS = ["--allow-network", "127.0.0.0/8", "--connect-timeout", "2", "--read-timeout", "1", "--deadline", "2",
-               "--max-bytes", "1000000", "--retries", "1", "--workers", "2", "--threads", "8"]
+LOCAL_FLAGS = [
+    "--allow-network",
+    "127.0.0.0/8",
+    "--connect-timeout",
+    "2",
+    "--read-timeout",
+    "1",
+    "--deadline",
+    "2",
+    "--max-bytes",
+    "1000000",
+    "--retries",
+    "1",
+    "--workers",
+    "2",
+    "--threads",
+    "8",
+]
 
-GOOD = ["rgb.jpg", "rgb.png", "rgb.webp", "anim.gif", "exif_rotated.jpg", "cmyk.jpg", "gray.jpg", "rgba.png",
-        "palette.png", "sixteen.png", "big.jpg", "octet.jpg"]
+GOOD = [
+    "rgb.jpg",
+    "rgb.png",
+    "rgb.webp",
+    "anim.gif",
+    "exif_rotated.jpg",
+    "cmyk.jpg",
+    "gray.jpg",
+    "rgba.png",
+    "palette.png",
+    "sixteen.png",
+    "big.jpg",
+    "octet.jpg",
+]
 BAD = {  # path -> expected reason
     "/status/404": "http 404",
     "/status/403": "http 403",
@@ -50,13 +78,20 @@ def all_rows(out):
 
 def test_download_end_to_end(tmp_path, server):
     urls = [server.url(f"/img/{n}") for n in GOOD] + [server.url(p) for p in BAD]
-    urls += [server.url("/flaky/1/e2e"), server.url("/busy/e2e"), server.url("/redirect-ok"), server.url("/img/rgb.jpg")]
+    urls += [
+        server.url("/flaky/1/e2e"),
+        server.url("/busy/e2e"),
+        server.url("/redirect-ok"),
+        server.url("/img/rgb.jpg"),
+    ]
     tsv = tmp_path / "Validation_GCC-1.1.0-Validation.tsv"
     write_tsv(tsv, urls)
     with open(tsv, "a") as f:
         f.write("a malformed row without a url\n")
     out = tmp_path / "out"
-    proc = run_cli("download", "--dataset", "conceptual_captions", "--input", tsv, "--out", out, "--shard-size", "7", *LOCAL_FLAGS)
+    proc = run_cli(
+        "download", "--dataset", "conceptual_captions", "--input", tsv, "--out", out, "--shard-size", "7", *LOCAL_FLAGS
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
 
     rows = {r["image_id"]: r for r in all_rows(out)}
@@ -78,7 +113,10 @@ def test_download_end_to_end(tmp_path, server):
     assert by_url[server.url("/img/rgb.jpg")][0]["image"] == server.corpus["rgb.jpg"][0]  # original bytes kept
     for path, reason in BAD.items():
         row = by_url[server.url(path)][0]
-        assert row["status"] == "failed" and row["error_kind"] == reason and row["image"] is None, (path, row["error_kind"])
+        assert row["status"] == "failed" and row["error_kind"] == reason and row["image"] is None, (
+            path,
+            row["error_kind"],
+        )
     assert all(r["status"] == "ok" for r in by_url[server.url("/img/rgb.jpg")])  # duplicate URL: both stored
     assert len(by_url[server.url("/img/rgb.jpg")]) == 2
     for path in ("/flaky/1/e2e", "/busy/e2e", "/redirect-ok"):
@@ -105,9 +143,22 @@ def test_killed_download_resumes_with_nothing_lost_or_duplicated(tmp_path):
         tsv = tmp_path / "list.tsv"
         write_tsv(tsv, urls)
         out = tmp_path / "out"
-        args = [sys.executable, "-m", "pipeline.cli", "download", "--dataset", "conceptual_captions",
-                "--input", str(tsv), "--out", str(out), *KILL_SCRIPT_ARGS]
-        proc = subprocess.Popen(args, cwd=REPO, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        args = [
+            sys.executable,
+            "-m",
+            "pipeline.cli",
+            "download",
+            "--dataset",
+            "conceptual_captions",
+            "--input",
+            str(tsv),
+            "--out",
+            str(out),
+            *KILL_SCRIPT_ARGS,
+        ]
+        proc = subprocess.Popen(
+            args, cwd=REPO, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
         deadline = time.time() + 120
         while time.time() < deadline and len(list(out.glob("*_stats.json"))) < 2:
             time.sleep(0.05)
@@ -155,11 +206,20 @@ def test_download_refuses_a_folder_made_from_other_inputs(tmp_path, server):
     tsv = tmp_path / "a.tsv"
     write_tsv(tsv, [server.url("/img/rgb.jpg?x")])
     out = tmp_path / "out"
-    assert run_cli("download", "--dataset", "conceptual_captions", "--input", tsv, "--out", out, *LOCAL_FLAGS).returncode == 0
-    proc = run_cli("download", "--dataset", "conceptual_captions", "--input", tsv, "--out", out, "--shard-size", "3", *LOCAL_FLAGS)
+    assert (
+        run_cli("download", "--dataset", "conceptual_captions", "--input", tsv, "--out", out, *LOCAL_FLAGS).returncode
+        == 0
+    )
+    proc = run_cli(
+        "download", "--dataset", "conceptual_captions", "--input", tsv, "--out", out, "--shard-size", "3", *LOCAL_FLAGS
+    )
     assert proc.returncode == 2 and "other inputs or settings" in proc.stderr
     proc = run_cli("download", "--dataset", "nope", "--input", tsv, "--out", out)
-    assert proc.returncode == 2 and "Invalid value for '--dataset'" in proc.stderr and "'nope' is not one of" in proc.stderr
+    assert (
+        proc.returncode == 2
+        and "Invalid value for '--dataset'" in proc.stderr
+        and "'nope' is not one of" in proc.stderr
+    )
 
 
 def test_a_failing_shard_is_retried_then_reported(tmp_path, server):
@@ -168,12 +228,28 @@ def test_a_failing_shard_is_retried_then_reported(tmp_path, server):
     write_tsv(tsv, urls)
     out = tmp_path / "out"
     (out / "00001_stats.json").mkdir(parents=True)  # shard 1 cannot be finished: its task raises
-    proc = run_cli("download", "--dataset", "conceptual_captions", "--input", tsv, "--out", out,
-                   "--shard-size", "3", "--shard-retries", "1", *LOCAL_FLAGS)
+    proc = run_cli(
+        "download",
+        "--dataset",
+        "conceptual_captions",
+        "--input",
+        tsv,
+        "--out",
+        out,
+        "--shard-size",
+        "3",
+        "--shard-retries",
+        "1",
+        *LOCAL_FLAGS,
+    )
     assert proc.returncode == 1 and "shard 00001 failed" in proc.stderr
     summary = json.loads((out / "summary.json").read_text())
     reason = summary["shards_failed"]["00001"]  # the task's own error, naming the file, without Ray's traceback
-    assert list(summary["shards_failed"]) == ["00001"] and reason.startswith("FileExistsError: ") and "00001_stats.json" in reason
+    assert (
+        list(summary["shards_failed"]) == ["00001"]
+        and reason.startswith("FileExistsError: ")
+        and "00001_stats.json" in reason
+    )
     assert "Traceback" not in reason and "ray::" not in reason
     assert summary["shards_complete"] == 1 and summary["successes"] == 3
     assert server.hits["/img/rgb.jpg?shardfail=3"] == 2  # the shard ran twice: first try and one retry
@@ -184,18 +260,61 @@ def hostile_urls(server, n_random: int, seed: int = 0) -> list[str]:
     the path of a local URL and in host labels. None of them names a good image."""
     port = server.port
     fixed = [
-        "http://a..b/x.jpg", "http://" + "a" * 64 + ".example/x.jpg", "http://\u00e9..example/x.jpg",
-        "http://[::1", "http://[::1]x/", "http://user@", "http://user:pw@/x.jpg", "http://%zz/x.jpg",
-        f"http://127.0.0.1:{port}99999/x.jpg", "http://127.0.0.1:-1/x.jpg", "http://127.0.0.1:0/x.jpg",
-        "http://127.0.0.1:abc/x.jpg", "http://exa mple.com/x.jpg", f"http://127.0.0.1:{port}/a b.jpg",
-        f"http://127.0.0.1:{port}/a\r\nX-Injected: 1", f"http://127.0.0.1:{port}/a\tb", f"http://127.0.0.1:{port}/\x00",
-        f"http://127.0.0.1:{port}/\ud800.jpg", "ftp://127.0.0.1/x.jpg", "javascript:alert(1)", "//no-scheme/x.jpg",
-        "http:", "http://", "\u00e9\u00e9\u00e9", f"http://127.0.0.1:{port}/img/nope\u00e9.jpg",
+        "http://a..b/x.jpg",
+        "http://" + "a" * 64 + ".example/x.jpg",
+        "http://\u00e9..example/x.jpg",
+        "http://[::1",
+        "http://[::1]x/",
+        "http://user@",
+        "http://user:pw@/x.jpg",
+        "http://%zz/x.jpg",
+        f"http://127.0.0.1:{port}99999/x.jpg",
+        "http://127.0.0.1:-1/x.jpg",
+        "http://127.0.0.1:0/x.jpg",
+        "http://127.0.0.1:abc/x.jpg",
+        "http://exa mple.com/x.jpg",
+        f"http://127.0.0.1:{port}/a b.jpg",
+        f"http://127.0.0.1:{port}/a\r\nX-Injected: 1",
+        f"http://127.0.0.1:{port}/a\tb",
+        f"http://127.0.0.1:{port}/\x00",
+        f"http://127.0.0.1:{port}/\ud800.jpg",
+        "ftp://127.0.0.1/x.jpg",
+        "javascript:alert(1)",
+        "//no-scheme/x.jpg",
+        "http:",
+        "http://",
+        "\u00e9\u00e9\u00e9",
+        f"http://127.0.0.1:{port}/img/nope\u00e9.jpg",
         f"http://alice:s3cret@127.0.0.1:{port}/status/404",
     ]
     rng = random.Random(seed)
-    pieces = ["..", "a" * 70, "\u00e9", "\u4e2d\u6587", " ", "\r\n", "\t", "\x00", "\x7f", "%", "%zz", "%00", "[", "]",
-              "@", "::", "\ud800", "#", "?", "\\", "\u202e", "\ufeff", "\U0001f600", "//", "%2e%2e/"]
+    pieces = [
+        "..",
+        "a" * 70,
+        "\u00e9",
+        "\u4e2d\u6587",
+        " ",
+        "\r\n",
+        "\t",
+        "\x00",
+        "\x7f",
+        "%",
+        "%zz",
+        "%00",
+        "[",
+        "]",
+        "@",
+        "::",
+        "\ud800",
+        "#",
+        "?",
+        "\\",
+        "\u202e",
+        "\ufeff",
+        "\U0001f600",
+        "//",
+        "%2e%2e/",
+    ]
     out = []
     for i in range(n_random):
         garbage = "".join(rng.choice(pieces) + rng.choice(["", "x", "/"]) for _ in range(rng.randint(1, 4)))
@@ -215,8 +334,9 @@ def test_hostile_urls_fail_alone_and_the_good_images_of_their_shard_are_kept(tmp
     lines = tmp_path / "fuzz.jsonl"  # JSON strings carry any character, CR/LF and lone surrogates included
     lines.write_text("".join(json.dumps({"url": u}) + "\n" for u in urls))
     out = tmp_path / "out"
-    proc = run_cli("download", "--dataset", "url_list", "--input", lines, "--out", out, "--shard-size", "1000",
-                   *LOCAL_FLAGS)
+    proc = run_cli(
+        "download", "--dataset", "url_list", "--input", lines, "--out", out, "--shard-size", "1000", *LOCAL_FLAGS
+    )
     rows = {r["image_id"]: r for r in all_rows(out)}
     assert len(rows) == len(urls), proc.stderr[-3000:]  # one shard, nothing lost
     for i in range(len(good)):
@@ -244,7 +364,11 @@ def test_all_refused_exits_1_and_retry_failed_with_the_option_that_allows_them_f
     proc = run_cli(*common)  # loopback is refused by default: every item fails
     assert proc.returncode == 1 and "private address" in proc.stderr and "--allow-private-network" in proc.stderr
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["verdict"] == "failed" and summary["failure_rate"] == 1.0 and summary["failures"] == {"private address": 3}
+    assert (
+        summary["verdict"] == "failed"
+        and summary["failure_rate"] == 1.0
+        and summary["failures"] == {"private address": 3}
+    )
     assert run_cli(*common, "--retry-failed").returncode == 1  # the same options: refused again, nothing fetched
     assert sum(server.hits[f"/img/rgb.jpg?private={i}"] for i in range(3)) == 0
     proc = run_cli(*common, "--retry-failed", "--allow-private-network")
@@ -278,12 +402,17 @@ def test_relative_paths_are_absolute_before_they_reach_the_tasks(tmp_path, monke
     (tmp_path / "imgs" / "a.jpg").write_bytes(b"x")
     (tmp_path / "results_20130124.token").write_text("a.jpg#0\tA thing .\n")
     monkeypatch.chdir(tmp_path)
-    cfg = DownloadConfig(dataset="folder", inputs=(Path("imgs"),), out=Path("out"),
-                         distribute=DistributeConfig(ray_address="auto"))
+    cfg = DownloadConfig(
+        dataset="folder", inputs=(Path("imgs"),), out=Path("out"), distribute=DistributeConfig(ray_address="auto")
+    )
     assert cfg.out == tmp_path / "out" and cfg.inputs == (tmp_path / "imgs",)
     assert cfg.to_json()["out"] == str(tmp_path / "out")
-    cfg = DownloadConfig(dataset="flickr30k", inputs=(Path("results_20130124.token"),), out=Path("sub/../out"),
-                         reader=ReaderOptions(images_root=Path("imgs")))
+    cfg = DownloadConfig(
+        dataset="flickr30k",
+        inputs=(Path("results_20130124.token"),),
+        out=Path("sub/../out"),
+        reader=ReaderOptions(images_root=Path("imgs")),
+    )
     assert cfg.out == tmp_path / "out"
     job = next(shard_jobs(cfg.dataset, cfg.inputs, cfg.reader, cfg.distribute.shard_size, MalformedRows()))
     assert job.items[0].path == str(tmp_path / "imgs" / "a.jpg")
@@ -311,7 +440,10 @@ def test_local_paths_no_file_can_have_fail_alone(tmp_path):
     from pipeline.images import ImageConfig
     from pipeline.records import SourceItem
 
-    items = [SourceItem(image_id="nul", path=str(tmp_path / "a\x00b.jpg")), SourceItem(image_id="dir", path=str(tmp_path))]
+    items = [
+        SourceItem(image_id="nul", path=str(tmp_path / "a\x00b.jpg")),
+        SourceItem(image_id="dir", path=str(tmp_path)),
+    ]
     rows = fetch_rows(items, [True, True], FetchConfig(threads=2), ImageConfig())
     assert [r["error_kind"] for r in rows] == ["file error", "file error"]
 
@@ -328,8 +460,10 @@ def test_retry_table():
         assert not should_retry(kind, False, old, same), kind
     assert should_retry("internal error", False, old, same)  # a bug, perhaps fixed since
     looser = {
-        "private address": [FetchConfig(max_bytes=1000, allow_private_network=True),
-                            FetchConfig(max_bytes=1000, allowed_networks=("10.0.0.0/8",))],
+        "private address": [
+            FetchConfig(max_bytes=1000, allow_private_network=True),
+            FetchConfig(max_bytes=1000, allowed_networks=("10.0.0.0/8",)),
+        ],
         "too large": [FetchConfig(max_bytes=2000)],
         "decompression bomb": [FetchConfig(max_bytes=1000), ImageConfig(max_pixels=10**9)],
     }
@@ -337,9 +471,11 @@ def test_retry_table():
         fetch = next((c for c in configs if isinstance(c, FetchConfig)), FetchConfig(max_bytes=1000))
         image = next((c for c in configs if isinstance(c, ImageConfig)), ImageConfig(min_side=100, max_aspect_ratio=3))
         assert should_retry(kind, False, old, policy_of(fetch, image)), kind
-    for image, kind in ((ImageConfig(min_side=50, max_aspect_ratio=3), "too small"),
-                        (ImageConfig(min_side=100, max_aspect_ratio=0), "aspect ratio"),
-                        (ImageConfig(min_side=100, max_aspect_ratio=4), "aspect ratio")):
+    for image, kind in (
+        (ImageConfig(min_side=50, max_aspect_ratio=3), "too small"),
+        (ImageConfig(min_side=100, max_aspect_ratio=0), "aspect ratio"),
+        (ImageConfig(min_side=100, max_aspect_ratio=4), "aspect ratio"),
+    ):
         assert should_retry(kind, False, old, policy_of(FetchConfig(max_bytes=1000), image)), kind
     stricter = policy_of(FetchConfig(max_bytes=500), ImageConfig(min_side=200, max_aspect_ratio=2))
     assert not any(should_retry(k, False, old, stricter) for k in ("too large", "too small", "aspect ratio"))
@@ -373,17 +509,22 @@ def test_a_shard_task_error_is_reported_as_its_own_error_and_a_full_disk_stops_t
     from pipeline.distribute import shard_failure
     from pipeline.errors import describe
 
-    wrapped = RayTaskError("_shard_task", "Traceback (most recent call last): ...", FileExistsError("/o/00001_stats.json"))
+    wrapped = RayTaskError(
+        "_shard_task", "Traceback (most recent call last): ...", FileExistsError("/o/00001_stats.json")
+    )
     assert shard_failure(wrapped.as_instanceof_cause()) == "FileExistsError: /o/00001_stats.json"
     full = OSError(errno.ENOSPC, "No space left on device", "/o/.tmp-00003.parquet.77")
     with pytest.raises(OSError) as info:  # not retried, not counted: the run stops (exit 74)
         shard_failure(RayTaskError("_shard_task", "Traceback ...", full).as_instanceof_cause())
     assert info.value is full and describe(info.value).startswith("disk full writing /o/.tmp-00003.parquet.77")
     flaky = OSError(errno.EIO, "Input/output error", "/nfs/o/00004.parquet")  # e.g. NFS: retried like any error
-    assert shard_failure(RayTaskError("_shard_task", "Traceback ...", flaky).as_instanceof_cause()).startswith("OSError")
+    assert shard_failure(RayTaskError("_shard_task", "Traceback ...", flaky).as_instanceof_cause()).startswith(
+        "OSError"
+    )
 
 
 # -- the one distributor ----------------------------------------------------------
+
 
 def test_one_distributor_runs_the_shards_of_download_and_extract():
     """Ray start, in-flight bound, retry-then-report, done-shard scan and the summary skeleton
@@ -395,21 +536,41 @@ def test_one_distributor_runs_the_shards_of_download_and_extract():
         if path.name == "distribute.py":
             continue
         text = path.read_text()
-        for twin in ("ray.init(", "ray.wait(", "ray.shutdown(", "in_flight[", "def shard_failure", "def done_shards",
-                     'glob("[0-9]*', "MAX_LISTED_MALFORMED"):
+        for twin in (
+            "ray.init(",
+            "ray.wait(",
+            "ray.shutdown(",
+            "in_flight[",
+            "def shard_failure",
+            "def done_shards",
+            'glob("[0-9]*',
+            "MAX_LISTED_MALFORMED",
+        ):
             assert twin not in text or (twin == "def done_shards" and path.name == "image_shards.py"), (path, twin)
     for path in (root / "detect").glob("*.py"):
         text = path.read_text()
         assert "DownloadConfig" not in text and "pipeline.download.run" not in text, path
     run = (root / "detect" / "run.py").read_text()
-    for concern in ("class DetectorActor", "def read_given_boxes", "def resolve_device", "class ExtractConfig",
-                    "def _download_rows"):
+    for concern in (
+        "class DetectorActor",
+        "def read_given_boxes",
+        "def resolve_device",
+        "class ExtractConfig",
+        "def _download_rows",
+    ):
         assert concern not in run, concern
 
 
 def test_distribute_cuts_scans_and_checks_its_config(tmp_path):
     from pipeline.distribute import (
-        DistributeConfig, MalformedRows, capacity, chunks, done_shards, stats_path, task_resources, this_node,
+        DistributeConfig,
+        MalformedRows,
+        capacity,
+        chunks,
+        done_shards,
+        stats_path,
+        task_resources,
+        this_node,
     )
     from pipeline.errors import ConfigError, DataError
 
@@ -422,10 +583,14 @@ def test_distribute_cuts_scans_and_checks_its_config(tmp_path):
     stats_path(tmp_path, 5).write_text("{trunc")
     with pytest.raises(DataError, match="00005_stats.json: unreadable stats"):
         done_shards(tmp_path, "stats")
-    for fields, flag in (({"shard_size": 0}, "--shard-size"), ({"workers": 0}, "--workers"),
-                         ({"shard_retries": -1}, "--shard-retries"), ({"max_failure_rate": 1.5}, "--max-failure-rate"),
-                         ({"download_resource": "CPU"}, "--download-resource"),
-                         ({"capacity_timeout": -1}, "--capacity-timeout")):
+    for fields, flag in (
+        ({"shard_size": 0}, "--shard-size"),
+        ({"workers": 0}, "--workers"),
+        ({"shard_retries": -1}, "--shard-retries"),
+        ({"max_failure_rate": 1.5}, "--max-failure-rate"),
+        ({"download_resource": "CPU"}, "--download-resource"),
+        ({"capacity_timeout": -1}, "--capacity-timeout"),
+    ):
         with pytest.raises(ConfigError, match=flag):
             DistributeConfig(**fields)
     cfg = DistributeConfig(download_resource="download")
@@ -481,6 +646,13 @@ def test_run_shards_bounds_in_flight_work_retries_then_reports():
         needs = {"num_cpus": 1, "resources": {"download": 1}}  # a resource no node of this cluster offers
         stuck = ray.remote(**needs)(work)
         with pytest.raises(NoCapacityError, match=r"no capacity left.*needs \{'download': 1\}.*offer \{'download': 0"):
-            run_shards([Job(0)], lambda job: stuck.remote(0, 0), commit, retries=0, max_in_flight=1,
-                       progress=Progress(), capacity=capacity(DistributeConfig(), needs))  # local: at once
+            run_shards(
+                [Job(0)],
+                lambda job: stuck.remote(0, 0),
+                commit,
+                retries=0,
+                max_in_flight=1,
+                progress=Progress(),
+                capacity=capacity(DistributeConfig(), needs),
+            )  # local: at once
     assert not ray.is_initialized()  # the session it started is shut down

@@ -37,16 +37,38 @@ def test_extract_downloads_and_fills_a_verified_store(tmp_path, server, weights)
     tsv = tmp_path / "val.tsv"
     write_tsv(tsv, urls)
     out = tmp_path / "feats"
-    proc = run_cli("extract", "--dataset", "conceptual_captions", "--input", tsv, "--weights", weights,
-                   "--detector", "tiny", "--boxes", "5-12", "--out", out, "--shard-size", "4", "--batch-size", "2",
-                   "--keep-images", tmp_path / "images", *NET)
+    proc = run_cli(
+        "extract",
+        "--dataset",
+        "conceptual_captions",
+        "--input",
+        tsv,
+        "--weights",
+        weights,
+        "--detector",
+        "tiny",
+        "--boxes",
+        "5-12",
+        "--out",
+        out,
+        "--shard-size",
+        "4",
+        "--batch-size",
+        "2",
+        "--keep-images",
+        tmp_path / "images",
+        *NET,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     store = FeatureStore.open(out)
     assert len(store) == len(GOOD)
     prov = store.manifest.provenance
     assert prov["detector"] == "tiny" and prov["weights_sha256"] == sha256_file(weights)
     assert prov["box_policy"].startswith("butd boxes=5-12") and prov["weights_layout"] == "d2-pickle"
-    assert store.manifest.layout.cls_dim == TINY.num_classes + 1 and store.manifest.layout.attr_dim == TINY.num_attributes + 1
+    assert (
+        store.manifest.layout.cls_dim == TINY.num_classes + 1
+        and store.manifest.layout.attr_dim == TINY.num_attributes + 1
+    )
     for rec in store:
         assert 5 <= rec.num_boxes <= 12 and rec.features.shape[1] == 128
     rotated = store.get("cc3m-val-00000005")  # the EXIF-rotated image: stored upright size
@@ -60,8 +82,21 @@ def test_extract_downloads_and_fills_a_verified_store(tmp_path, server, weights)
     assert len(list((tmp_path / "images").glob("*.parquet"))) == 3  # --keep-images
 
     # the downloaded image shards are an image source too; same detector -> same features
-    proc = run_cli("extract", "--images", tmp_path / "images", "--weights", weights, "--detector", "tiny",
-                   "--boxes", "5-12", "--out", tmp_path / "again", "--workers", "2")
+    proc = run_cli(
+        "extract",
+        "--images",
+        tmp_path / "images",
+        "--weights",
+        weights,
+        "--detector",
+        "tiny",
+        "--boxes",
+        "5-12",
+        "--out",
+        tmp_path / "again",
+        "--workers",
+        "2",
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     again = FeatureStore.open(tmp_path / "again")
     np.testing.assert_array_equal(again.get("cc3m-val-00000000").features, store.get("cc3m-val-00000000").features)
@@ -72,7 +107,9 @@ def test_extract_downloads_and_fills_a_verified_store(tmp_path, server, weights)
     (tmp_path / "big.jpg").write_bytes(server.corpus["big.jpg"][0])
     vocab = tmp_path / "objects_vocab.txt"
     vocab.write_text("\n".join(f"thing{i},synonym" for i in range(TINY.num_classes)))
-    proc = run_cli("show", out, "cc3m-val-00000006", "--image", tmp_path / "big.jpg", "-o", png, "--objects-vocab", vocab)
+    proc = run_cli(
+        "show", out, "cc3m-val-00000006", "--image", tmp_path / "big.jpg", "-o", png, "--objects-vocab", vocab
+    )
     assert proc.returncode == 0, proc.stderr
     drawn = np.asarray(Image.open(png))
     assert drawn.shape == (480, 640, 3) and not np.array_equal(drawn, np.asarray(Image.open(tmp_path / "big.jpg")))
@@ -91,8 +128,20 @@ def test_random_weights_are_stamped_into_provenance(tmp_path, server):
     for name in ("rgb.jpg", "gray.jpg"):
         (folder / name).write_bytes(server.corpus[name][0])
     (folder / "broken.jpg").write_bytes(b"\xff\xd8\xff not really")
-    proc = run_cli("extract", "--images", folder, "--random-weights", "--detector", "tiny", "--boxes", "4",
-                   "--out", tmp_path / "s", "--backend", "lmdb")
+    proc = run_cli(
+        "extract",
+        "--images",
+        folder,
+        "--random-weights",
+        "--detector",
+        "tiny",
+        "--boxes",
+        "4",
+        "--out",
+        tmp_path / "s",
+        "--backend",
+        "lmdb",
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     store = FeatureStore.open(tmp_path / "s")
     assert sorted(store.ids()) == ["gray", "rgb"] and store.manifest.provenance["random_weights"] is True
@@ -106,10 +155,32 @@ def test_killed_extract_resumes_without_loss_or_duplicates(tmp_path, weights):
         tsv = tmp_path / "list.tsv"
         write_tsv(tsv, urls)
         out = tmp_path / "feats"
-        args = [sys.executable, "-m", "pipeline.cli", "extract", "--dataset", "conceptual_captions", "--input", str(tsv),
-                "--weights", str(weights), "--detector", "tiny", "--boxes", "5-12", "--out", str(out),
-                "--shard-size", "3", "--threads", "1", *NET]
-        proc = subprocess.Popen(args, cwd=REPO, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        args = [
+            sys.executable,
+            "-m",
+            "pipeline.cli",
+            "extract",
+            "--dataset",
+            "conceptual_captions",
+            "--input",
+            str(tsv),
+            "--weights",
+            str(weights),
+            "--detector",
+            "tiny",
+            "--boxes",
+            "5-12",
+            "--out",
+            str(out),
+            "--shard-size",
+            "3",
+            "--threads",
+            "1",
+            *NET,
+        ]
+        proc = subprocess.Popen(
+            args, cwd=REPO, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
         deadline = time.time() + 120
         while time.time() < deadline and len(list((out / "extract").glob("*_stats.json"))) < 2:
             time.sleep(0.05)
@@ -133,8 +204,21 @@ def test_given_boxes_file(tmp_path, server, weights):
         (folder / name).write_bytes(server.corpus[name][0])
     boxes = {"rgb": [[0, 0, 64, 48], [5, 5, 20, 30]], "big": [[10, 10, 600, 470]], "gray": [[0, 0, 500, 500]]}
     (tmp_path / "boxes.json").write_text(json.dumps(boxes))
-    proc = run_cli("extract", "--images", folder, "--weights", weights, "--detector", "tiny",
-                   "--given-boxes", tmp_path / "boxes.json", "--out", tmp_path / "s", "--dtype", "float32")
+    proc = run_cli(
+        "extract",
+        "--images",
+        folder,
+        "--weights",
+        weights,
+        "--detector",
+        "tiny",
+        "--given-boxes",
+        tmp_path / "boxes.json",
+        "--out",
+        tmp_path / "s",
+        "--dtype",
+        "float32",
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     store = FeatureStore.open(tmp_path / "s")
     np.testing.assert_array_equal(store.get("rgb").boxes, np.array(boxes["rgb"], np.float32))
@@ -143,8 +227,19 @@ def test_given_boxes_file(tmp_path, server, weights):
     assert stats["failures"] == {"invalid record": 1} and stats["failed_images"][0]["image_id"] == "gray"
     assert store.manifest.provenance["box_policy"].startswith("given boxes from boxes.json")
     (tmp_path / "bad.json").write_text(json.dumps({"x": [[5, 5, 1, 1]]}))
-    proc = run_cli("extract", "--images", folder, "--weights", weights, "--detector", "tiny",
-                   "--given-boxes", tmp_path / "bad.json", "--out", tmp_path / "t")
+    proc = run_cli(
+        "extract",
+        "--images",
+        folder,
+        "--weights",
+        weights,
+        "--detector",
+        "tiny",
+        "--given-boxes",
+        tmp_path / "bad.json",
+        "--out",
+        tmp_path / "t",
+    )
     assert proc.returncode == 2 and "x1 <= x2" in proc.stderr
 
 
@@ -160,9 +255,29 @@ def test_a_dead_detector_actor_is_replaced_and_its_shard_retried(tmp_path, weigh
         tsv = tmp_path / "list.tsv"
         write_tsv(tsv, urls)
         out = tmp_path / "feats"
-        args = [sys.executable, "-m", "pipeline.cli", "extract", "--dataset", "conceptual_captions", "--input", str(tsv),
-                "--weights", str(weights), "--detector", "tiny", "--boxes", "5", "--out", str(out),
-                "--shard-size", "3", "--threads", "1", *NET]
+        args = [
+            sys.executable,
+            "-m",
+            "pipeline.cli",
+            "extract",
+            "--dataset",
+            "conceptual_captions",
+            "--input",
+            str(tsv),
+            "--weights",
+            str(weights),
+            "--detector",
+            "tiny",
+            "--boxes",
+            "5",
+            "--out",
+            str(out),
+            "--shard-size",
+            "3",
+            "--threads",
+            "1",
+            *NET,
+        ]
         proc = subprocess.Popen(args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         deadline = time.time() + 120
         while time.time() < deadline and not (_actor_pids() and list((out / "extract").glob("*_stats.json"))):
@@ -186,8 +301,27 @@ def test_extract_where_all_failed_exits_1_and_retry_failed_extracts_them_once(tm
     tsv = tmp_path / "val.tsv"
     write_tsv(tsv, urls)
     out = tmp_path / "feats"
-    common = ["extract", "--dataset", "conceptual_captions", "--input", tsv, "--weights", weights, "--detector", "tiny",
-              "--boxes", "5", "--out", out, "--shard-size", "2", "--workers", "2", "--threads", "2"]
+    common = [
+        "extract",
+        "--dataset",
+        "conceptual_captions",
+        "--input",
+        tsv,
+        "--weights",
+        weights,
+        "--detector",
+        "tiny",
+        "--boxes",
+        "5",
+        "--out",
+        out,
+        "--shard-size",
+        "2",
+        "--workers",
+        "2",
+        "--threads",
+        "2",
+    ]
     proc = run_cli(*common)  # loopback is refused by default: every image fails
     assert proc.returncode == 1 and "private address x 4" in proc.stderr and "--allow-private-network" in proc.stderr
     summary = json.loads((out / "extract_summary.json").read_text())
@@ -200,7 +334,9 @@ def test_extract_where_all_failed_exits_1_and_retry_failed_extracts_them_once(tm
     assert sorted(store.ids()) == ["cc3m-val-00000000", "cc3m-val-00000001", "cc3m-val-00000002"]
     assert verify_store(out).ok
     stats = [json.loads(p.read_text()) for p in sorted((out / "extract").glob("*_stats.json"))]
-    assert [f["kind"] for s in stats for f in s["failed_images"]] == ["http 404"]  # re-attempted, now for its own reason
+    assert [f["kind"] for s in stats for f in s["failed_images"]] == [
+        "http 404"
+    ]  # re-attempted, now for its own reason
     assert [s["count"] for s in stats] == [2, 2] and stats[0]["extracted"] == 2 and stats[0]["failures"] == {}
     summary = json.loads((out / "extract_summary.json").read_text())
     assert summary["verdict"] == "ok" and summary["extracted"] == 3 and summary["failures"] == {"http 404": 1}
@@ -223,8 +359,9 @@ def test_extract_reads_img2dataset_files_output(tmp_path):
     from test_image_shards import write_img2dataset_files_output
 
     source = write_img2dataset_files_output(tmp_path / "i2d")
-    proc = run_cli("extract", "--images", source, "--random-weights", "--detector", "tiny", "--boxes", "4",
-                   "--out", tmp_path / "s")
+    proc = run_cli(
+        "extract", "--images", source, "--random-weights", "--detector", "tiny", "--boxes", "4", "--out", tmp_path / "s"
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert sorted(FeatureStore.open(tmp_path / "s").ids()) == ["000000000", "000000002", "000010000"]
 
@@ -239,11 +376,24 @@ def test_relative_extract_paths_are_absolute_before_they_reach_the_workers(tmp_p
     (tmp_path / "w.pkl").write_bytes(b"")
     (tmp_path / "list.tsv").write_text("")
     monkeypatch.chdir(tmp_path)
-    cfg = ExtractConfig(out=Path("feats"), images=Path("imgs"), weights=Path("w.pkl"), keep_images=Path("keep"),
-                        given_boxes=Path("boxes.json"), distribute=DistributeConfig(ray_address="auto"))
+    cfg = ExtractConfig(
+        out=Path("feats"),
+        images=Path("imgs"),
+        weights=Path("w.pkl"),
+        keep_images=Path("keep"),
+        given_boxes=Path("boxes.json"),
+        distribute=DistributeConfig(ray_address="auto"),
+    )
     assert (cfg.out, cfg.images, cfg.weights, cfg.keep_images, cfg.given_boxes) == (
-        tmp_path / "feats", tmp_path / "imgs", tmp_path / "w.pkl", tmp_path / "keep", tmp_path / "boxes.json")
-    cfg = ExtractConfig(out=Path("feats"), dataset="conceptual_captions", inputs=(Path("list.tsv"),), random_weights=True)
+        tmp_path / "feats",
+        tmp_path / "imgs",
+        tmp_path / "w.pkl",
+        tmp_path / "keep",
+        tmp_path / "boxes.json",
+    )
+    cfg = ExtractConfig(
+        out=Path("feats"), dataset="conceptual_captions", inputs=(Path("list.tsv"),), random_weights=True
+    )
     assert cfg.inputs == (tmp_path / "list.tsv",)
     assert cfg.to_json()["out"] == str(tmp_path / "feats")
 
@@ -253,14 +403,27 @@ def test_one_image_that_breaks_the_decoder_fails_alone(server):
     from pipeline.detect.config import BoxCount, SelectionConfig
 
     actor = DetectorActor(TINY.to_json(), None, 0, SelectionConfig("butd", BoxCount.parse("4")), "cpu", False, 2)
-    rows = [{"image_id": "good", "status": "ok", "image": server.corpus["rgb.jpg"][0], "url": None},
-            {"image_id": "none", "status": "ok", "image": None, "url": "http://u:p@example.com/none.jpg"},
-            {"image_id": "junk", "status": "ok", "image": b"junk", "url": None},
-            {"image_id": "gone", "status": "failed", "error_kind": "http 404", "error": "x", "transient": False, "url": None}]
+    rows = [
+        {"image_id": "good", "status": "ok", "image": server.corpus["rgb.jpg"][0], "url": None},
+        {"image_id": "none", "status": "ok", "image": None, "url": "http://u:p@example.com/none.jpg"},
+        {"image_id": "junk", "status": "ok", "image": b"junk", "url": None},
+        {
+            "image_id": "gone",
+            "status": "failed",
+            "error_kind": "http 404",
+            "error": "x",
+            "transient": False,
+            "url": None,
+        },
+    ]
     result = actor.extract(7, rows)
     assert [r.image_id for r in result["records"]] == ["good"]
     failed = {f["image_id"]: f for f in result["failures"]}
-    assert {k: f["kind"] for k, f in failed.items()} == {"none": "internal error", "junk": "not an image", "gone": "http 404"}
+    assert {k: f["kind"] for k, f in failed.items()} == {
+        "none": "internal error",
+        "junk": "not an image",
+        "gone": "http 404",
+    }
     assert failed["none"]["detail"].startswith("TypeError") and failed["none"]["url"] == "http://example.com/none.jpg"
     assert failed["gone"]["transient"] is False
 

@@ -5,8 +5,15 @@ import pytest
 
 from pipeline.download.fetch import FetchConfig, FetchError, HostLimiter, fetch
 
-LOCAL = FetchConfig(allowed_networks=("127.0.0.0/8",), deadline=3.0, read_timeout=2.0, connect_timeout=2.0,
-                    max_bytes=1 << 20, retries=1, backoff=0.05)
+LOCAL = FetchConfig(
+    allowed_networks=("127.0.0.0/8",),
+    deadline=3.0,
+    read_timeout=2.0,
+    connect_timeout=2.0,
+    max_bytes=1 << 20,
+    retries=1,
+    backoff=0.05,
+)
 
 
 def get(server, path, cfg=LOCAL):
@@ -77,8 +84,14 @@ def test_opt_out_is_respected(server):
     assert get(server, "/noai", FetchConfig(**{**LOCAL.__dict__, "disallowed_directives": ()})).status == 200
 
 
-@pytest.mark.parametrize("url, kind", [("ftp://127.0.0.1/a.jpg", "unsupported scheme"), ("file:///etc/passwd", "unsupported scheme"),
-                                       ("http:///nohost", "invalid url")])
+@pytest.mark.parametrize(
+    "url, kind",
+    [
+        ("ftp://127.0.0.1/a.jpg", "unsupported scheme"),
+        ("file:///etc/passwd", "unsupported scheme"),
+        ("http:///nohost", "invalid url"),
+    ],
+)
 def test_only_http_urls(url, kind):
     with pytest.raises(FetchError) as info:
         fetch(url, LOCAL, HostLimiter(4))
@@ -133,7 +146,11 @@ def test_non_ascii_paths_and_hosts_are_encoded_as_browsers_do(server):
     assert got.status == 200 and server.hits["/any/caf%C3%A9.jpg"] == 1
     target = parse_url("https://B\u00fccher.example:8443/\u00e4/x.jpg?a=1#frag")
     assert (target.scheme, target.host, target.port, target.target) == (
-        "https", "xn--bcher-kva.example", 8443, "/%C3%A4/x.jpg?a=1")
+        "https",
+        "xn--bcher-kva.example",
+        8443,
+        "/%C3%A4/x.jpg?a=1",
+    )
     assert parse_url("http://[::1]/x").host == "::1" and parse_url("http://example.com").target == "/"
 
 
@@ -150,16 +167,33 @@ def test_credentials_never_reach_rows_or_messages(server):
     assert redact_url("http://[::1]:8/x") == "http://[::1]:8/x" and redact_url("not a url [") == "not a url ["
 
 
-@pytest.mark.parametrize("ip", [
-    "10.0.0.1", "127.0.0.1", "169.254.169.254", "100.64.0.1", "0.0.0.0", "224.0.0.1",
-    "::1", "::", "fe80::1", "fc00::1", "ff02::1",
-    "::ffff:10.0.0.1", "::ffff:127.0.0.1",  # IPv4-mapped: ipaddress already knows these
-    "::10.0.0.1", "::169.254.169.254",  # IPv4-compatible (deprecated ::/96)
-    "64:ff9b::a00:1", "64:ff9b::7f00:1", "64:ff9b::a9fe:a9fe",  # NAT64 (64:ff9b::/96) of private IPv4
-    "64:ff9b:1::a00:1",  # local-use NAT64 (64:ff9b:1::/48)
-    "2002:a00:1::1", "2002:a9fe:a9fe::",  # 6to4 (2002::/16) of private IPv4
-    "2001:0:4136:e378:8000:63bf:f5ff:fffe",  # Teredo
-])
+@pytest.mark.parametrize(
+    "ip",
+    [
+        "10.0.0.1",
+        "127.0.0.1",
+        "169.254.169.254",
+        "100.64.0.1",
+        "0.0.0.0",
+        "224.0.0.1",
+        "::1",
+        "::",
+        "fe80::1",
+        "fc00::1",
+        "ff02::1",
+        "::ffff:10.0.0.1",
+        "::ffff:127.0.0.1",  # IPv4-mapped: ipaddress already knows these
+        "::10.0.0.1",
+        "::169.254.169.254",  # IPv4-compatible (deprecated ::/96)
+        "64:ff9b::a00:1",
+        "64:ff9b::7f00:1",
+        "64:ff9b::a9fe:a9fe",  # NAT64 (64:ff9b::/96) of private IPv4
+        "64:ff9b:1::a00:1",  # local-use NAT64 (64:ff9b:1::/48)
+        "2002:a00:1::1",
+        "2002:a9fe:a9fe::",  # 6to4 (2002::/16) of private IPv4
+        "2001:0:4136:e378:8000:63bf:f5ff:fffe",  # Teredo
+    ],
+)
 def test_private_addresses_in_every_form_are_refused(ip):
     from pipeline.download.fetch import _address_allowed
 
@@ -182,11 +216,18 @@ def test_allowed_networks_cover_embedded_ipv4():
     assert _address_allowed("::ffff:10.1.2.3", False, nets) and not _address_allowed("::ffff:192.168.0.1", False, nets)
 
 
-@pytest.mark.parametrize("fields, flag", [
-    ({"deadline": 0}, "--deadline"), ({"connect_timeout": -1}, "--connect-timeout"), ({"max_bytes": 0}, "--max-bytes"),
-    ({"retries": -1}, "--retries"), ({"per_host": 0}, "--per-host"), ({"threads": 0}, "--threads"),
-    ({"allowed_networks": ("10.0.0.0/33",)}, "--allow-network"),
-])
+@pytest.mark.parametrize(
+    "fields, flag",
+    [
+        ({"deadline": 0}, "--deadline"),
+        ({"connect_timeout": -1}, "--connect-timeout"),
+        ({"max_bytes": 0}, "--max-bytes"),
+        ({"retries": -1}, "--retries"),
+        ({"per_host": 0}, "--per-host"),
+        ({"threads": 0}, "--threads"),
+        ({"allowed_networks": ("10.0.0.0/33",)}, "--allow-network"),
+    ],
+)
 def test_fetch_config_refuses_bad_values_naming_the_flag(fields, flag):
     from pipeline.errors import ConfigError
 

@@ -50,8 +50,11 @@ def test_img2dataset_outputs(tmp_path):
     wds.mkdir()
     with tarfile.open(wds / "00000.tar", "w") as tar:
         for key, caption in (("000000000", "a red thing"), ("000000001", "blue")):
-            for ext, data in (("jpg", CORPUS["rgb.jpg"][0]), ("txt", caption.encode()),
-                              ("json", json.dumps({"key": key, "url": f"http://x/{key}", "status": "success"}).encode())):
+            for ext, data in (
+                ("jpg", CORPUS["rgb.jpg"][0]),
+                ("txt", caption.encode()),
+                ("json", json.dumps({"key": key, "url": f"http://x/{key}", "status": "success"}).encode()),
+            ):
                 info = tarfile.TarInfo(f"{key}.{ext}")
                 info.size = len(data)
                 tar.addfile(info, io.BytesIO(data))
@@ -61,9 +64,18 @@ def test_img2dataset_outputs(tmp_path):
 
     par = tmp_path / "par"
     par.mkdir()
-    pq.write_table(pa.table({"key": ["000000000", "000000001"], "jpg": [CORPUS["rgb.jpg"][0], None],
-                             "caption": ["c", "d"], "url": ["u0", "u1"], "status": ["success", "failed_to_download"]}),
-                   par / "00000.parquet")
+    pq.write_table(
+        pa.table(
+            {
+                "key": ["000000000", "000000001"],
+                "jpg": [CORPUS["rgb.jpg"][0], None],
+                "caption": ["c", "d"],
+                "url": ["u0", "u1"],
+                "status": ["success", "failed_to_download"],
+            }
+        ),
+        par / "00000.parquet",
+    )
     (par / "00000_stats.json").write_text("{}")  # img2dataset writes stats files as we do
     items = list(iter_images(par))
     assert [i.image_id for i in items] == ["000000000"] and items[0].data == CORPUS["rgb.jpg"][0]
@@ -90,10 +102,19 @@ def write_img2dataset_files_output(out):
         for number, key, url, caption, image in samples:
             if number != shard:
                 continue
-            meta = {"url": url, "caption": caption, "key": key, "status": "success" if image else "failed_to_download",
-                    "error_message": None if image else "HTTP Error 404", "width": 64 if image else None,
-                    "height": 48 if image else None, "original_width": 64 if image else None,
-                    "original_height": 48 if image else None, "exif": None, "sha256": None}
+            meta = {
+                "url": url,
+                "caption": caption,
+                "key": key,
+                "status": "success" if image else "failed_to_download",
+                "error_message": None if image else "HTTP Error 404",
+                "width": 64 if image else None,
+                "height": 48 if image else None,
+                "original_width": 64 if image else None,
+                "original_height": 48 if image else None,
+                "exif": None,
+                "sha256": None,
+            }
             meta_rows.append(meta)
             if image is not None:
                 (folder / f"{key}.jpg").write_bytes(image)
@@ -120,7 +141,9 @@ def test_file_names_that_are_not_utf8_do_not_lose_the_shard(tmp_path):
         f.write(CORPUS["rgb.png"][0])
     out = tmp_path / "shards"
     out.mkdir()
-    stats = download_shard(ShardJob(0, tuple(read_items("folder", [folder]))), out, FetchConfig(threads=2), ImageConfig())
+    stats = download_shard(
+        ShardJob(0, tuple(read_items("folder", [folder]))), out, FetchConfig(threads=2), ImageConfig()
+    )
     assert stats["successes"] == 2
     rows = pq.read_table(out / "00000.parquet").to_pylist()
     assert [r["image_id"] for r in rows] == ["caf\ufffd", "rgb"] and rows[0]["image"] == CORPUS["rgb.png"][0]

@@ -96,8 +96,15 @@ def test_large_jpeg_downscale_matches_the_target_size():
     assert np.abs(decode(img.data).astype(int) - [10, 200, 30]).max() < 8
 
 
-@pytest.mark.parametrize("data, kind", [(HOSTILE["html"], "not an image"), (HOSTILE["truncated.jpg"], "decode error"),
-                                        (HOSTILE["bomb.png"], "decompression bomb"), (b"", "not an image")])
+@pytest.mark.parametrize(
+    "data, kind",
+    [
+        (HOSTILE["html"], "not an image"),
+        (HOSTILE["truncated.jpg"], "decode error"),
+        (HOSTILE["bomb.png"], "decompression bomb"),
+        (b"", "not an image"),
+    ],
+)
 def test_load_rgb_names_bad_images_as_downloads_do(data, kind):
     with pytest.raises(ImageError) as info:
         load_rgb(data)
@@ -110,11 +117,19 @@ def test_load_rgb_is_upright_rgb():
     assert load_rgb(CORPUS["cmyk.jpg"][0]).shape == (48, 64, 3)
 
 
-@pytest.mark.parametrize("fields, flag", [
-    ({"encode_format": "gif"}, "--encode-format"), ({"resample": "nearest"}, "--resample"), ({"quality": 0}, "--quality"),
-    ({"quality": 101}, "--quality"), ({"max_pixels": 0}, "--max-pixels"), ({"min_side": -1}, "--min-side"),
-    ({"max_side": -5}, "--max-side"), ({"max_aspect_ratio": 0.5}, "--max-aspect-ratio"),
-])
+@pytest.mark.parametrize(
+    "fields, flag",
+    [
+        ({"encode_format": "gif"}, "--encode-format"),
+        ({"resample": "nearest"}, "--resample"),
+        ({"quality": 0}, "--quality"),
+        ({"quality": 101}, "--quality"),
+        ({"max_pixels": 0}, "--max-pixels"),
+        ({"min_side": -1}, "--min-side"),
+        ({"max_side": -5}, "--max-side"),
+        ({"max_aspect_ratio": 0.5}, "--max-aspect-ratio"),
+    ],
+)
 def test_image_config_refuses_bad_values_naming_the_flag(fields, flag):
     with pytest.raises(ConfigError, match=flag):
         ImageConfig(**fields)
@@ -133,6 +148,8 @@ def test_one_image_module_decodes_for_download_detect_and_show():
             continue
         text = path.read_text()
         assert "pipeline.download.images" not in text, path
-        assert not any(f"def {name}(" in text for name in ("sniff", "to_rgb", "_to_rgb", "load_rgb", "process_image")), path
+        assert not any(
+            f"def {name}(" in text for name in ("sniff", "to_rgb", "_to_rgb", "load_rgb", "process_image")
+        ), path
         if path in stages:
             assert "Image.open(" not in text, path

@@ -67,10 +67,17 @@ def test_check_output_refuses_what_must_not_be_replaced(tmp_path, monkeypatch):
     (tmp_path / "link").symlink_to(tmp_path / "mine")
     (tmp_path / "file").write_text("f")
     cases = {
-        ".": "current folder", "..": "current folder", str(sub): "current folder", str(tmp_path / "work"): "current folder",
-        "/": "current folder", str(tmp_path / "data"): "spec.yaml", str(tmp_path / "store"): "store",
-        str(tmp_path / "store" / "inside"): "store", str(tmp_path / "link"): "symbolic link",
-        str(tmp_path / "mine"): r"not written by vlprep test.*notes\.txt, photos", str(tmp_path / "file"): "not a folder",
+        ".": "current folder",
+        "..": "current folder",
+        str(sub): "current folder",
+        str(tmp_path / "work"): "current folder",
+        "/": "current folder",
+        str(tmp_path / "data"): "spec.yaml",
+        str(tmp_path / "store"): "store",
+        str(tmp_path / "store" / "inside"): "store",
+        str(tmp_path / "link"): "symbolic link",
+        str(tmp_path / "mine"): r"not written by vlprep test.*notes\.txt, photos",
+        str(tmp_path / "file"): "not a folder",
     }
     for out, message in cases.items():
         with pytest.raises(ConfigError, match=message):
@@ -125,7 +132,10 @@ def test_replacing_output_removes_dead_writers_leftovers_and_restores_an_aside_c
             assert (out / "a.txt").read_text() == "old"  # restored before the build starts
             raise RuntimeError("fail on purpose")
     assert (out / "a.txt").read_text() == "old"
-    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".tmp-")) == [".tmp-out.5.123", ".tmp-outside.123"]
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".tmp-")) == [
+        ".tmp-out.5.123",
+        ".tmp-outside.123",
+    ]
 
 
 def test_output_lock_refuses_a_second_writer_of_the_same_output(tmp_path):
@@ -218,7 +228,11 @@ def test_atomic_write_that_fails_leaves_the_old_file_and_no_temporary(tmp_path):
 
     target = tmp_path / "metrics.json"
     target.write_text("old")
-    child = subprocess.run([sys.executable, "-c", f"""
+    child = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            f"""
 import resource, signal
 from pathlib import Path
 from pipeline.io import atomic_write_bytes
@@ -228,7 +242,12 @@ try:
     atomic_write_bytes(Path({str(target)!r}), b"x" * 5000)
 except OSError as err:
     print(err.errno, err.filename)
-"""], capture_output=True, text=True, timeout=60)
+""",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert child.returncode == 0, child.stderr
     number, name = child.stdout.split()
     assert int(number) == 27 and name == str(target)  # EFBIG, the final name

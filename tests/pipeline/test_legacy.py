@@ -7,7 +7,13 @@ import numpy as np
 import pytest
 from helpers import assert_same_record, make_records, run_cli
 from legacy_files import (
-    RunsCode, load_obj_tsv, read_butd_tsv, write_butd_tsv, write_lxmert_tsv, write_mmf_npy, write_vilbert_lmdb,
+    RunsCode,
+    load_obj_tsv,
+    read_butd_tsv,
+    write_butd_tsv,
+    write_lxmert_tsv,
+    write_mmf_npy,
+    write_vilbert_lmdb,
 )
 
 from pipeline.errors import ConfigError
@@ -160,7 +166,11 @@ def test_corrupt_rows_are_skipped_with_reasons(tmp_path, records):
     report = _import("lxmert-tsv", [src], tmp_path / "s")
     assert report.rows_read == 7 and report.imported == 2  # rows 0 and 5
     assert dict(report.skipped_by_kind) == {
-        "bad base64": 1, "num_boxes mismatch": 1, "invalid record": 1, "wrong field count": 1, "truncated last line": 1,
+        "bad base64": 1,
+        "num_boxes mismatch": 1,
+        "invalid record": 1,
+        "wrong field count": 1,
+        "truncated last line": 1,
     }
     assert any("bad.tsv:2" in r for r in report.skipped_rows)
     assert any("features" in r and "NaN" in r for r in report.skipped_rows)
@@ -250,6 +260,7 @@ def test_cli_inspect_and_export(tmp_path, records):
 
 # -- hostile rows are skipped with file:row, good rows committed (issue 12 item 17) --
 
+
 def _b64(arr, dtype) -> bytes:
     import base64
 
@@ -290,16 +301,28 @@ def test_hostile_lxmert_rows_are_skipped_with_file_and_row(tmp_path, records):
         {"f9": _b64(np.full((n, D), 1e30), np.float32)},
     ):
         lines.append(row(**changes))
-    lines.append(b"\xff\xfe" + row()[len(b"hostile_7"):])
+    lines.append(b"\xff\xfe" + row()[len(b"hostile_7") :])
     with open(src, "ab") as f:
         for line in lines:
             f.write(line + b"\r\n")
     report = _import("lxmert-tsv", [src], tmp_path / "s")
-    _check_skips(report, tmp_path / "s", "hostile.tsv:", good, {
-        "invalid record": 4, "bad integer": 1, "num_boxes mismatch": 1, "bad num_boxes": 1, "bad utf-8": 1,
-    })
-    assert any(line.startswith("hostile.tsv:4: invalid record") and "image_h" in line and "2**31" in line
-               for line in report.skipped_rows), report.skipped_rows
+    _check_skips(
+        report,
+        tmp_path / "s",
+        "hostile.tsv:",
+        good,
+        {
+            "invalid record": 4,
+            "bad integer": 1,
+            "num_boxes mismatch": 1,
+            "bad num_boxes": 1,
+            "bad utf-8": 1,
+        },
+    )
+    assert any(
+        line.startswith("hostile.tsv:4: invalid record") and "image_h" in line and "2**31" in line
+        for line in report.skipped_rows
+    ), report.skipped_rows
 
 
 def test_hostile_butd_rows_are_skipped_with_file_and_row(tmp_path, records):
@@ -316,8 +339,7 @@ def test_hostile_butd_rows_are_skipped_with_file_and_row(tmp_path, records):
     with open(src, "ab") as f:
         f.write(b"".join(h + b"\r\n" for h in hostile))
     report = _import("butd-tsv", [src], tmp_path / "s")
-    _check_skips(report, tmp_path / "s", "hostile.tsv:", good,
-                 {"invalid record": 2, "bad integer": 1, "bad base64": 1})
+    _check_skips(report, tmp_path / "s", "hostile.tsv:", good, {"invalid record": 2, "bad integer": 1, "bad base64": 1})
 
 
 def test_hostile_vilbert_lmdb_values_are_skipped_with_key(tmp_path, records):
@@ -325,8 +347,13 @@ def test_hostile_vilbert_lmdb_values_are_skipped_with_key(tmp_path, records):
     good = records[:2]
     write_vilbert_lmdb(src, good, "multitask")
     r = records[2]
-    base = {"image_h": r.image_h, "image_w": r.image_w, "num_boxes": r.num_boxes,
-            "boxes": np.asarray(r.boxes, np.float32), "features": np.asarray(r.features, np.float32)}
+    base = {
+        "image_h": r.image_h,
+        "image_w": r.image_w,
+        "num_boxes": r.num_boxes,
+        "boxes": np.asarray(r.boxes, np.float32),
+        "features": np.asarray(r.features, np.float32),
+    }
     hostile = {
         b"objects_as_text": {**base, "objects": "abc", "objects_conf": np.zeros(r.num_boxes, np.float32)},
         b"too_tall": {**base, "image_h": 99999999999},
@@ -344,14 +371,33 @@ def test_hostile_vilbert_lmdb_values_are_skipped_with_key(tmp_path, records):
     env = lmdb.open(str(src), map_size=1 << 28)
     with env.begin(write=True) as txn:
         for key, value in hostile.items():
-            txn.put(key, pickle.dumps({"image_id": key.decode(), **value} if isinstance(value, dict) and "image_id" not in value else value))
+            txn.put(
+                key,
+                pickle.dumps(
+                    {"image_id": key.decode(), **value}
+                    if isinstance(value, dict) and "image_id" not in value
+                    else value
+                ),
+            )
         txn.put(b"keys", pickle.dumps([g.image_id.encode() for g in good] + list(hostile)))
     env.close()
     report = _import("vilbert-lmdb", [src], tmp_path / "s", trust_pickle=True)
-    _check_skips(report, tmp_path / "s", "hostile.lmdb key b'", good, {
-        "bad array": 2, "invalid record": 1, "bad integer": 3, "not a dict": 1, "bad base64": 1,
-        "bad image id": 2, "bad num_boxes": 1, "num_boxes mismatch": 1,
-    })
+    _check_skips(
+        report,
+        tmp_path / "s",
+        "hostile.lmdb key b'",
+        good,
+        {
+            "bad array": 2,
+            "invalid record": 1,
+            "bad integer": 3,
+            "not a dict": 1,
+            "bad base64": 1,
+            "bad image id": 2,
+            "bad num_boxes": 1,
+            "num_boxes mismatch": 1,
+        },
+    )
 
 
 def test_hostile_mmf_files_are_skipped_with_path(tmp_path, records):
@@ -359,9 +405,14 @@ def test_hostile_mmf_files_are_skipped_with_path(tmp_path, records):
     good = records[:2]
     write_mmf_npy(src, good)
     r = records[2]
-    info = {"bbox": np.asarray(r.boxes, np.float32), "num_boxes": r.num_boxes, "image_width": r.image_w,
-            "image_height": r.image_h, "objects": np.zeros(r.num_boxes, np.int64),
-            "cls_prob": np.asarray(r.cls_prob, np.float32)[:, 1:]}
+    info = {
+        "bbox": np.asarray(r.boxes, np.float32),
+        "num_boxes": r.num_boxes,
+        "image_width": r.image_w,
+        "image_height": r.image_h,
+        "objects": np.zeros(r.num_boxes, np.int64),
+        "cls_prob": np.asarray(r.cls_prob, np.float32)[:, 1:],
+    }
     hostile = {
         "objects_as_text": {**info, "objects": "abc"},
         "too_tall": {**info, "image_height": 99999999999},
@@ -369,25 +420,40 @@ def test_hostile_mmf_files_are_skipped_with_path(tmp_path, records):
     }
     for name, value in hostile.items():
         np.save(src / f"{name}.npy", np.asarray(r.features, np.float32))
-        np.save(src / f"{name}_info.npy", np.array(value, dtype=object) if isinstance(value, list) else value, allow_pickle=True)
+        np.save(
+            src / f"{name}_info.npy",
+            np.array(value, dtype=object) if isinstance(value, list) else value,
+            allow_pickle=True,
+        )
     np.save(src / "object_features.npy", np.array([object()] * 2), allow_pickle=True)
     np.save(src / "object_features_info.npy", info, allow_pickle=True)
     report = _import("mmf-npy", [src], tmp_path / "s", trust_pickle=True)
     _check_skips(report, tmp_path / "s", "", good, {"bad array": 1, "invalid record": 1, "not a dict": 1, "bad npy": 1})
     assert sorted(line.split(":")[0] for line in report.skipped_rows) == [
-        "a_list_info.npy", "object_features_info.npy", "objects_as_text_info.npy", "too_tall_info.npy"]
+        "a_list_info.npy",
+        "object_features_info.npy",
+        "objects_as_text_info.npy",
+        "too_tall_info.npy",
+    ]
 
 
 # -- export collisions (issue 12 item 7) ---------------------------------------
 
-@pytest.mark.parametrize("ids, words", [
-    (["img", "img_info"], "'img' and 'img_info' both write img_info.npy"),
-    (["a", "a.npy/b"], "'a' writes the file a.npy, which 'a.npy/b' needs as a folder"),
-])
+
+@pytest.mark.parametrize(
+    "ids, words",
+    [
+        (["img", "img_info"], "'img' and 'img_info' both write img_info.npy"),
+        (["a", "a.npy/b"], "'a' writes the file a.npy, which 'a.npy/b' needs as a folder"),
+    ],
+)
 def test_mmf_export_refuses_colliding_ids_before_writing(tmp_path, ids, words):
     from pipeline.store import write_records
 
-    recs = [r.__class__(**{**r.__dict__, "image_id": i}) for r, i in zip(make_records(len(ids), seed=31, feature_dim=8), ids)]
+    recs = [
+        r.__class__(**{**r.__dict__, "image_id": i})
+        for r, i in zip(make_records(len(ids), seed=31, feature_dim=8), ids)
+    ]
     write_records(tmp_path / "s", recs, feature_dim=8)
     with pytest.raises(ConfigError, match=words):
         run_export(ExportConfig("mmf-npy", tmp_path / "s", tmp_path / "out"))
@@ -401,7 +467,10 @@ def test_mmf_round_trip_of_an_id_ending_in_info(tmp_path):
     the features file for the info file of an image `x`."""
     from pipeline.store import write_records
 
-    recs = [r.__class__(**{**r.__dict__, "image_id": i}) for r, i in zip(make_records(2, seed=32, feature_dim=8), ["x_info", "y"])]
+    recs = [
+        r.__class__(**{**r.__dict__, "image_id": i})
+        for r, i in zip(make_records(2, seed=32, feature_dim=8), ["x_info", "y"])
+    ]
     write_records(tmp_path / "s", recs, feature_dim=8, dtype="float32")
     run_export(ExportConfig("mmf-npy", tmp_path / "s", tmp_path / "out"))
     report = _import("mmf-npy", [tmp_path / "out"], tmp_path / "t", dtype="float32", feature_dim=8, trust_pickle=True)
@@ -410,6 +479,7 @@ def test_mmf_round_trip_of_an_id_ending_in_info(tmp_path):
 
 
 # -- vilbert-lmdb export (issue 12 item 23) --------------------------------------
+
 
 def _pickle_globals(data: bytes) -> set[str]:
     import pickletools
@@ -447,7 +517,9 @@ def test_vilbert_lmdb_export_loads_in_vilbert_multi_task_and_round_trips(tmp_pat
     with env.begin() as txn:
         names = set().union(*(_pickle_globals(bytes(v)) for _, v in txn.cursor()))
     env.close()
-    assert names <= {"numpy.core.multiarray._reconstruct", "numpy.ndarray", "numpy.dtype"}, names  # numpy 1.x loads these
+    assert names <= {"numpy.core.multiarray._reconstruct", "numpy.ndarray", "numpy.dtype"}, (
+        names
+    )  # numpy 1.x loads these
 
     report = _import("vilbert-lmdb", [tmp_path / "feats.lmdb"], tmp_path / "back", dtype="float32", trust_pickle=True)
     assert (report.imported, report.skipped) == (5, 0)
@@ -458,13 +530,16 @@ def test_vilbert_lmdb_export_refuses_an_image_id_named_keys(tmp_path):
     from pipeline.store import write_records
 
     recs = make_records(2, seed=34, feature_dim=8)
-    write_records(tmp_path / "s", [recs[0], recs[1].__class__(**{**recs[1].__dict__, "image_id": "keys"})], feature_dim=8)
+    write_records(
+        tmp_path / "s", [recs[0], recs[1].__class__(**{**recs[1].__dict__, "image_id": "keys"})], feature_dim=8
+    )
     with pytest.raises(ConfigError, match="'keys'.*the list of keys"):
         run_export(ExportConfig("vilbert-lmdb", tmp_path / "s", tmp_path / "out.lmdb"))
     assert not (tmp_path / "out.lmdb").exists()
 
 
 # -- disk full during import (issue 12, "raw tracebacks") --------------------------
+
 
 def _limit_file_size(limit: int):
     import resource
@@ -488,15 +563,34 @@ def test_disk_full_during_import_keeps_the_committed_shards_and_exits_74(tmp_pat
     rng = np.random.default_rng(35)
     from helpers import make_record
 
-    recs = [make_record(rng, f"small_{i}", num_boxes=2, feature_dim=D, cls_dim=None, attr_dim=None, labels=True) for i in range(4)]
-    recs += [make_record(rng, f"large_{i}", num_boxes=60, feature_dim=D, cls_dim=None, attr_dim=None, labels=True) for i in range(3)]
+    recs = [
+        make_record(rng, f"small_{i}", num_boxes=2, feature_dim=D, cls_dim=None, attr_dim=None, labels=True)
+        for i in range(4)
+    ]
+    recs += [
+        make_record(rng, f"large_{i}", num_boxes=60, feature_dim=D, cls_dim=None, attr_dim=None, labels=True)
+        for i in range(3)
+    ]
     src = tmp_path / "feats.tsv"
     write_lxmert_tsv(src, recs)
-    args = [sys.executable, "-m", "pipeline.cli", "import", "--from", "lxmert-tsv", "--backend", backend,
-            "--shard-size", "2", str(src), str(tmp_path / "s")]
+    args = [
+        sys.executable,
+        "-m",
+        "pipeline.cli",
+        "import",
+        "--from",
+        "lxmert-tsv",
+        "--backend",
+        backend,
+        "--shard-size",
+        "2",
+        str(src),
+        str(tmp_path / "s"),
+    ]
     env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "COLUMNS": "200", "NO_COLOR": "1"}
-    proc = subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True, timeout=120,
-                          preexec_fn=_limit_file_size(200_000))  # two small shards fit, a large one does not
+    proc = subprocess.run(
+        args, cwd=REPO, env=env, capture_output=True, text=True, timeout=120, preexec_fn=_limit_file_size(200_000)
+    )  # two small shards fit, a large one does not
     assert proc.returncode == 74, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "shards/.tmp-00002" in lines[0] and "rerun" in lines[0], lines

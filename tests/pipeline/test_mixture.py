@@ -21,37 +21,109 @@ def dump(path, obj):
 @pytest.fixture
 def root(tmp_path):
     r = tmp_path / "data"
-    dump(r / "coco/captions_train2014.json", {
-        "images": [{"id": 9, "file_name": "COCO_train2014_000000000009.jpg"}, {"id": 25, "file_name": "COCO_train2014_000000000025.jpg"}],
-        "annotations": [{"image_id": 9, "caption": "A plate  of food."}, {"image_id": 9, "caption": "Dinner."},
-                        {"image_id": 25, "caption": "A giraffe."}]})
-    dump(r / "coco/captions_val2014.json", {
-        "images": [{"id": 42, "file_name": "COCO_val2014_000000000042.jpg"}],
-        "annotations": [{"image_id": 42, "caption": "A dog."}]})
-    dump(r / "vg/image_data.json", [{"image_id": 1, "coco_id": 9, "url": "u"}, {"image_id": 2, "coco_id": 42, "url": "u"},
-                                    {"image_id": 3, "coco_id": None, "url": "u"}, {"image_id": 4, "coco_id": None, "url": "u"}])
-    dump(r / "vg/region_descriptions.json", [
-        {"id": 1, "regions": [{"phrase": "red   plate", "image_id": 1}, {"phrase": "fork", "image_id": 1}]},
-        {"id": 3, "regions": [{"phrase": "a tall tree", "image_id": 3}]}])
-    dump(r / "vqa/v2_OpenEnded_mscoco_train2014_questions.json", {"info": {}, "questions": [
-        {"image_id": 9, "question": "What is on the plate?", "question_id": 90},
-        {"image_id": 25, "question": "How many giraffes?", "question_id": 250}]})
-    dump(r / "vqa/v2_mscoco_train2014_annotations.json", {"annotations": [
-        {"question_id": 90, "image_id": 9, "answers": [{"answer": a} for a in ["Food", "food.", "food", "pizza"] + ["the food"] * 6]},
-        {"question_id": 250, "image_id": 25, "answers": [{"answer": a} for a in ["two"] * 2 + ["2"] * 2 + ["one"] * 6]}]})
-    dump(r / "gqa/train_balanced_questions.json", {"q1": {"imageId": "3", "question": "Is the tree tall?", "answer": "Yes"},
-                                                   "q2": {"imageId": "1", "question": "Is there a fork?", "answer": "yes"}})
-    dump(r / "vg/question_answers.json", [{"id": 4, "qas": [{"question": "How many birds?", "answer": "Two.", "image_id": 4}]},
-                                          {"id": 2, "qas": [{"question": "What animal?", "answer": "A dog", "image_id": 2}]}])
+    dump(
+        r / "coco/captions_train2014.json",
+        {
+            "images": [
+                {"id": 9, "file_name": "COCO_train2014_000000000009.jpg"},
+                {"id": 25, "file_name": "COCO_train2014_000000000025.jpg"},
+            ],
+            "annotations": [
+                {"image_id": 9, "caption": "A plate  of food."},
+                {"image_id": 9, "caption": "Dinner."},
+                {"image_id": 25, "caption": "A giraffe."},
+            ],
+        },
+    )
+    dump(
+        r / "coco/captions_val2014.json",
+        {
+            "images": [{"id": 42, "file_name": "COCO_val2014_000000000042.jpg"}],
+            "annotations": [{"image_id": 42, "caption": "A dog."}],
+        },
+    )
+    dump(
+        r / "vg/image_data.json",
+        [
+            {"image_id": 1, "coco_id": 9, "url": "u"},
+            {"image_id": 2, "coco_id": 42, "url": "u"},
+            {"image_id": 3, "coco_id": None, "url": "u"},
+            {"image_id": 4, "coco_id": None, "url": "u"},
+        ],
+    )
+    dump(
+        r / "vg/region_descriptions.json",
+        [
+            {"id": 1, "regions": [{"phrase": "red   plate", "image_id": 1}, {"phrase": "fork", "image_id": 1}]},
+            {"id": 3, "regions": [{"phrase": "a tall tree", "image_id": 3}]},
+        ],
+    )
+    dump(
+        r / "vqa/v2_OpenEnded_mscoco_train2014_questions.json",
+        {
+            "info": {},
+            "questions": [
+                {"image_id": 9, "question": "What is on the plate?", "question_id": 90},
+                {"image_id": 25, "question": "How many giraffes?", "question_id": 250},
+            ],
+        },
+    )
+    dump(
+        r / "vqa/v2_mscoco_train2014_annotations.json",
+        {
+            "annotations": [
+                {
+                    "question_id": 90,
+                    "image_id": 9,
+                    "answers": [{"answer": a} for a in ["Food", "food.", "food", "pizza"] + ["the food"] * 6],
+                },
+                {
+                    "question_id": 250,
+                    "image_id": 25,
+                    "answers": [{"answer": a} for a in ["two"] * 2 + ["2"] * 2 + ["one"] * 6],
+                },
+            ]
+        },
+    )
+    dump(
+        r / "gqa/train_balanced_questions.json",
+        {
+            "q1": {"imageId": "3", "question": "Is the tree tall?", "answer": "Yes"},
+            "q2": {"imageId": "1", "question": "Is there a fork?", "answer": "yes"},
+        },
+    )
+    dump(
+        r / "vg/question_answers.json",
+        [
+            {"id": 4, "qas": [{"question": "How many birds?", "answer": "Two.", "image_id": 4}]},
+            {"id": 2, "qas": [{"question": "What animal?", "answer": "A dog", "image_id": 2}]},
+        ],
+    )
     (r / "minival_ids.txt").write_text("COCO_val2014_000000000042\n")
-    spec = {"name": "small", "image_data": "vg/image_data.json", "heldout": ["minival_ids.txt"], "answers": {"top_k": 3},
-            "sources": [
-                {"name": "mscoco", "kind": "coco_captions", "files": ["coco/captions_train2014.json", "coco/captions_val2014.json"]},
-                {"name": "vg", "kind": "vg_regions", "files": ["vg/region_descriptions.json"]},
-                {"name": "vqa", "kind": "vqa", "files": ["vqa/v2_OpenEnded_mscoco_train2014_questions.json",
-                                                         "vqa/v2_mscoco_train2014_annotations.json"]},
-                {"name": "gqa", "kind": "gqa", "files": ["gqa/train_balanced_questions.json"]},
-                {"name": "visual7w", "kind": "vgqa", "files": ["vg/question_answers.json"]}]}
+    spec = {
+        "name": "small",
+        "image_data": "vg/image_data.json",
+        "heldout": ["minival_ids.txt"],
+        "answers": {"top_k": 3},
+        "sources": [
+            {
+                "name": "mscoco",
+                "kind": "coco_captions",
+                "files": ["coco/captions_train2014.json", "coco/captions_val2014.json"],
+            },
+            {"name": "vg", "kind": "vg_regions", "files": ["vg/region_descriptions.json"]},
+            {
+                "name": "vqa",
+                "kind": "vqa",
+                "files": [
+                    "vqa/v2_OpenEnded_mscoco_train2014_questions.json",
+                    "vqa/v2_mscoco_train2014_annotations.json",
+                ],
+            },
+            {"name": "gqa", "kind": "gqa", "files": ["gqa/train_balanced_questions.json"]},
+            {"name": "visual7w", "kind": "vgqa", "files": ["vg/question_answers.json"]},
+        ],
+    }
     (r / "spec.yaml").write_text(yaml.safe_dump(spec))
     return r
 
@@ -100,33 +172,77 @@ def test_same_inputs_give_byte_identical_items(tmp_path, root):
 
 def test_lxmert_json_input(tmp_path):
     r = tmp_path
-    dump(r / "lxmert/mscoco_train.json", [
-        {"img_id": "COCO_train2014_000000000009", "sentf": {"mscoco": ["A plate."], "vqa": ["What food?"]},
-         "labelf": {"vqa": [{"pizza": 1.0, "Food": 0.3}]}}])
-    dump(r / "lxmert/vgnococo.json", [{"img_id": "2354786", "sentf": {"vg": ["a tree"], "gqa": ["Is it tall?"]},
-                                       "labelf": {"gqa": [{"yes": 1.0}]}}])
+    dump(
+        r / "lxmert/mscoco_train.json",
+        [
+            {
+                "img_id": "COCO_train2014_000000000009",
+                "sentf": {"mscoco": ["A plate."], "vqa": ["What food?"]},
+                "labelf": {"vqa": [{"pizza": 1.0, "Food": 0.3}]},
+            }
+        ],
+    )
+    dump(
+        r / "lxmert/vgnococo.json",
+        [{"img_id": "2354786", "sentf": {"vg": ["a tree"], "gqa": ["Is it tall?"]}, "labelf": {"gqa": [{"yes": 1.0}]}}],
+    )
     dump(r / "lxmert/mscoco_minival.json", [{"img_id": "COCO_val2014_000000000042", "sentf": {"mscoco": ["A dog."]}}])
-    (r / "spec.yaml").write_text(yaml.safe_dump({"name": "lx", "answers": {"top_k": 10}, "sources": [
-        {"name": "lxmert", "kind": "lxmert", "files": ["lxmert/mscoco_train.json", "lxmert/vgnococo.json"]},
-        {"name": "minival", "kind": "lxmert", "files": ["lxmert/mscoco_minival.json"], "split": "val"}]}))
+    (r / "spec.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "name": "lx",
+                "answers": {"top_k": 10},
+                "sources": [
+                    {"name": "lxmert", "kind": "lxmert", "files": ["lxmert/mscoco_train.json", "lxmert/vgnococo.json"]},
+                    {"name": "minival", "kind": "lxmert", "files": ["lxmert/mscoco_minival.json"], "split": "val"},
+                ],
+            }
+        )
+    )
     manifest = build_mixture(MixtureSpec.load(r / "spec.yaml"), tmp_path / "mix")
     rows = {row["uid"]: row for row in items(tmp_path / "mix")}
-    assert set(rows) == {"COCO_train2014_000000000009_mscoco_000", "COCO_train2014_000000000009_vqa_000",
-                         "2354786_vg_000", "2354786_gqa_000", "COCO_val2014_000000000042_mscoco_000"}
+    assert set(rows) == {
+        "COCO_train2014_000000000009_mscoco_000",
+        "COCO_train2014_000000000009_vqa_000",
+        "2354786_vg_000",
+        "2354786_gqa_000",
+        "COCO_val2014_000000000042_mscoco_000",
+    }
     assert rows["COCO_val2014_000000000042_mscoco_000"]["split"] == "val"
     answers = json.loads((tmp_path / "mix" / "answers.json").read_text())["answers"]
     q = rows["COCO_train2014_000000000009_vqa_000"]
-    assert {answers[i]: s for i, s in zip(q["answer_ids"], q["answer_scores"])} == pytest.approx({"pizza": 1.0, "food": 0.3})
+    assert {answers[i]: s for i, s in zip(q["answer_ids"], q["answer_scores"])} == pytest.approx(
+        {"pizza": 1.0, "food": 0.3}
+    )
     assert manifest["totals"] == {"train/caption": 2, "train/question": 2, "val/caption": 1}
 
 
-@pytest.mark.parametrize("raw, clean", [
-    ("Yes", "yes"), ("two", "2"), ("A dog.", "dog"), ("the Red one", "red 1"), ("1,000", "1000"), ("2.5", "2.5"),
-    ("grey", "gray"), ("dont know", "don't know"), ("tennis-racket", "tennis racket"), ("cat!", "cat"),
-    ("None", "0"), ("  Ten ", "10"), ("an apple", "apple"), ("(yes)", "yes"), ("hot dog?", "hot dog"),
-    # the official contraction table exactly: "shed", "wed", "lets" are words, "oclock" is one
-    ("shed", "shed"), ("wed", "wed"), ("lets", "lets"), ("oclock", "o'clock"), ("somebody'd", "somebodyd"),
-])
+@pytest.mark.parametrize(
+    "raw, clean",
+    [
+        ("Yes", "yes"),
+        ("two", "2"),
+        ("A dog.", "dog"),
+        ("the Red one", "red 1"),
+        ("1,000", "1000"),
+        ("2.5", "2.5"),
+        ("grey", "gray"),
+        ("dont know", "don't know"),
+        ("tennis-racket", "tennis racket"),
+        ("cat!", "cat"),
+        ("None", "0"),
+        ("  Ten ", "10"),
+        ("an apple", "apple"),
+        ("(yes)", "yes"),
+        ("hot dog?", "hot dog"),
+        # the official contraction table exactly: "shed", "wed", "lets" are words, "oclock" is one
+        ("shed", "shed"),
+        ("wed", "wed"),
+        ("lets", "lets"),
+        ("oclock", "o'clock"),
+        ("somebody'd", "somebodyd"),
+    ],
+)
 def test_answer_normalization_follows_the_vqa_evaluation(raw, clean):
     assert normalize_answer(raw) == clean
 
@@ -143,7 +259,9 @@ def test_soft_scores_and_table():
 
 
 def test_malformed_inputs_name_file_and_location(tmp_path, root):
-    (root / "vg" / "region_descriptions.json").write_text('[{"id": 1, "regions": [{"phrase": "x"}]}, {"id": 2, "regions": ]')
+    (root / "vg" / "region_descriptions.json").write_text(
+        '[{"id": 1, "regions": [{"phrase": "x"}]}, {"id": 2, "regions": ]'
+    )
     with pytest.raises(ConfigError, match=r"region_descriptions.json: invalid JSON.*at character"):
         build_mixture(MixtureSpec.load(root / "spec.yaml"), tmp_path / "mix")
     dump(root / "vg" / "region_descriptions.json", [{"id": 1}])
@@ -159,10 +277,20 @@ def test_stores_check_lists_missing_images(tmp_path, root):
     rng = np.random.default_rng(0)
     have = ["COCO_train2014_000000000009", "COCO_train2014_000000000025", "COCO_val2014_000000000042", "3"]
     write_records(tmp_path / "feats", [make_record(rng, i, feature_dim=8) for i in have], feature_dim=8)
-    proc = run_cli("build-mixture", "--spec", root / "spec.yaml", "--out", tmp_path / "mix", "--stores", tmp_path / "feats")
+    proc = run_cli(
+        "build-mixture", "--spec", root / "spec.yaml", "--out", tmp_path / "mix", "--stores", tmp_path / "feats"
+    )
     assert proc.returncode == 2 and "1 images have no features" in proc.stderr and "(e.g. 4)" in proc.stderr
-    proc = run_cli("build-mixture", "--spec", root / "spec.yaml", "--out", tmp_path / "mix", "--stores", tmp_path / "feats",
-                   "--drop-missing")
+    proc = run_cli(
+        "build-mixture",
+        "--spec",
+        root / "spec.yaml",
+        "--out",
+        tmp_path / "mix",
+        "--stores",
+        tmp_path / "feats",
+        "--drop-missing",
+    )
     assert proc.returncode == 0, proc.stderr
     manifest = json.loads((tmp_path / "mix" / "manifest.json").read_text())
     assert manifest["missing_features"] == {"images": 1, "items_dropped": 1, "examples": ["4"]}
@@ -198,7 +326,12 @@ def test_image_map_renames_annotation_ids_to_store_keys(tmp_path, root):
     build_mixture(MixtureSpec.load(root / "spec.yaml"), tmp_path / "mix")
     rows = items(tmp_path / "mix")
     renamed = [r for r in rows if r["image_id"] == "cc3m-train-00000007"]
-    assert {r["source"] for r in renamed} == {"mscoco", "vg", "vqa", "gqa"}  # captions, VG regions via coco_id, questions
+    assert {r["source"] for r in renamed} == {
+        "mscoco",
+        "vg",
+        "vqa",
+        "gqa",
+    }  # captions, VG regions via coco_id, questions
     assert all(r["store_key"] == "cc3m-train-00000007" for r in renamed)
     assert not any(r["image_id"] == "COCO_train2014_000000000009" for r in rows)
     (root / "map.tsv").write_text("COCO_train2014_000000000009 cc3m\n")
@@ -211,8 +344,14 @@ def test_conceptual_captions_mixture(tmp_path):
     (tmp_path / "cc" / "Train_GCC-training.tsv").write_text("a dog\thttp://x/1\na cat\thttp://x/2\n")
     (tmp_path / "cc" / "Validation_GCC-1.1.0-Validation.tsv").write_text("a bird\thttp://x/3\n")
     spec_path = tmp_path / "vilbert_cc.yaml"
-    spec_path.write_text((__import__("pathlib").Path(__file__).resolve().parents[2] / "data_manifests" / "mixtures" /
-                          "vilbert_cc.yaml").read_text())
+    spec_path.write_text(
+        (
+            __import__("pathlib").Path(__file__).resolve().parents[2]
+            / "data_manifests"
+            / "mixtures"
+            / "vilbert_cc.yaml"
+        ).read_text()
+    )
     manifest = build_mixture(MixtureSpec.load(spec_path), tmp_path / "mix")
     rows = items(tmp_path / "mix")
     assert [r["image_id"] for r in rows] == ["cc3m-train-00000000", "cc3m-train-00000001", "cc3m-val-00000000"]
@@ -239,10 +378,14 @@ def test_shipped_lxmert_spec_builds_from_fixtures(tmp_path, root):
     for dest, src in layout.items():
         (data / dest).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(root / src, data / dest)
-    dump(data / "vqa/v2_OpenEnded_mscoco_val2014_questions.json", {"questions": [
-        {"image_id": 42, "question": "What animal?", "question_id": 420}]})
-    dump(data / "vqa/v2_mscoco_val2014_annotations.json", {"annotations": [
-        {"question_id": 420, "answers": [{"answer": "dog"}] * 10}]})
+    dump(
+        data / "vqa/v2_OpenEnded_mscoco_val2014_questions.json",
+        {"questions": [{"image_id": 42, "question": "What animal?", "question_id": 420}]},
+    )
+    dump(
+        data / "vqa/v2_mscoco_val2014_annotations.json",
+        {"annotations": [{"question_id": 420, "answers": [{"answer": "dog"}] * 10}]},
+    )
     dump(data / "gqa/val_balanced_questions.json", {})
     spec = Path(__file__).resolve().parents[2] / "data_manifests" / "mixtures" / "lxmert.yaml"
     manifest = build_mixture(MixtureSpec.load(spec, root=data), tmp_path / "mix")
@@ -281,8 +424,11 @@ def test_out_onto_a_folder_with_user_files_is_refused(tmp_path, root):
 
 
 def test_out_onto_a_feature_store_is_refused(tmp_path, root):
-    write_records(tmp_path / "feats", [make_record(np.random.default_rng(0), "COCO_train2014_000000000009", feature_dim=8)],
-                  feature_dim=8)
+    write_records(
+        tmp_path / "feats",
+        [make_record(np.random.default_rng(0), "COCO_train2014_000000000009", feature_dim=8)],
+        feature_dim=8,
+    )
     before = tree(tmp_path / "feats")
     with pytest.raises(ConfigError, match="feats"):
         build_mixture(MixtureSpec.load(root / "spec.yaml"), tmp_path / "feats")
@@ -349,7 +495,9 @@ def test_out_onto_an_earlier_mixture_or_an_empty_folder(tmp_path, root):
 
 
 def test_missing_stores_path_is_a_config_error(tmp_path, root):
-    proc = run_cli("build-mixture", "--spec", root / "spec.yaml", "--out", tmp_path / "mix", "--stores", tmp_path / "nope")
+    proc = run_cli(
+        "build-mixture", "--spec", root / "spec.yaml", "--out", tmp_path / "mix", "--stores", tmp_path / "nope"
+    )
     assert proc.returncode == 2 and "--stores" in proc.stderr and "nope" in proc.stderr, proc.stderr
     assert not (tmp_path / "mix").exists()
 
@@ -357,25 +505,37 @@ def test_missing_stores_path_is_a_config_error(tmp_path, root):
 # -- item 13: specs are validated against a schema
 
 
-@pytest.mark.parametrize("change, message", [
-    (lambda s: s.update(heldot=["minival_ids.txt"]), r"spec\.yaml: unknown key 'heldot' \(did you mean 'heldout'\?\)"),
-    (lambda s: s.update(imagemap="map.tsv"), r"unknown key 'imagemap' \(did you mean 'image_map'\?\)"),
-    (lambda s: s.update(answers={"topk": 5}), r"answers: unknown key 'topk' \(did you mean 'top_k'\?\)"),
-    (lambda s: s["sources"][2].update(topk=5), r"sources\[2\]: unknown key 'topk'"),
-    (lambda s: s["sources"][3].update(split="validation"), r"sources\[3\]\.split: must be one of train, val \(got 'validation'\)"),
-    (lambda s: s.update(answers={"top_k": -1}), r"answers\.top_k: must be >= 0 \(got -1\)"),
-    (lambda s: s["sources"][0].update(weight=float("nan")), r"sources\[0\]\.weight: must be a finite number"),
-    (lambda s: s["sources"][0].update(weight=float("inf")), r"sources\[0\]\.weight: must be a finite number"),
-    (lambda s: s["sources"][0].update(weight=0), r"sources\[0\]\.weight: must be > 0"),
-    (lambda s: s["sources"][0].update(repeat="abc"), r"sources\[0\]\.repeat: must be an integer \(got 'abc'\)"),
-    (lambda s: s["sources"][0].update(repeat=0), r"sources\[0\]\.repeat: must be >= 1"),
-    (lambda s: s["sources"][0].update(repeat=True), r"sources\[0\]\.repeat: must be an integer"),
-    (lambda s: s["sources"][0].update(files="coco/captions_train2014.json"), r"sources\[0\]\.files: must be a list of strings"),
-    (lambda s: s["sources"][0].update(kind="coco"), r"sources\[0\]\.kind: must be one of coco_captions, "),
-    (lambda s: s.update(heldout="minival_ids.txt"), r"heldout: must be a list of strings"),
-    (lambda s: s.update(drop_coco_test="yes"), r"drop_coco_test: must be true or false"),
-    (lambda s: s.pop("sources"), r"missing required key 'sources'"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (
+            lambda s: s.update(heldot=["minival_ids.txt"]),
+            r"spec\.yaml: unknown key 'heldot' \(did you mean 'heldout'\?\)",
+        ),
+        (lambda s: s.update(imagemap="map.tsv"), r"unknown key 'imagemap' \(did you mean 'image_map'\?\)"),
+        (lambda s: s.update(answers={"topk": 5}), r"answers: unknown key 'topk' \(did you mean 'top_k'\?\)"),
+        (lambda s: s["sources"][2].update(topk=5), r"sources\[2\]: unknown key 'topk'"),
+        (
+            lambda s: s["sources"][3].update(split="validation"),
+            r"sources\[3\]\.split: must be one of train, val \(got 'validation'\)",
+        ),
+        (lambda s: s.update(answers={"top_k": -1}), r"answers\.top_k: must be >= 0 \(got -1\)"),
+        (lambda s: s["sources"][0].update(weight=float("nan")), r"sources\[0\]\.weight: must be a finite number"),
+        (lambda s: s["sources"][0].update(weight=float("inf")), r"sources\[0\]\.weight: must be a finite number"),
+        (lambda s: s["sources"][0].update(weight=0), r"sources\[0\]\.weight: must be > 0"),
+        (lambda s: s["sources"][0].update(repeat="abc"), r"sources\[0\]\.repeat: must be an integer \(got 'abc'\)"),
+        (lambda s: s["sources"][0].update(repeat=0), r"sources\[0\]\.repeat: must be >= 1"),
+        (lambda s: s["sources"][0].update(repeat=True), r"sources\[0\]\.repeat: must be an integer"),
+        (
+            lambda s: s["sources"][0].update(files="coco/captions_train2014.json"),
+            r"sources\[0\]\.files: must be a list of strings",
+        ),
+        (lambda s: s["sources"][0].update(kind="coco"), r"sources\[0\]\.kind: must be one of coco_captions, "),
+        (lambda s: s.update(heldout="minival_ids.txt"), r"heldout: must be a list of strings"),
+        (lambda s: s.update(drop_coco_test="yes"), r"drop_coco_test: must be true or false"),
+        (lambda s: s.pop("sources"), r"missing required key 'sources'"),
+    ],
+)
 def test_spec_is_validated_with_the_key_and_file_named(root, change, message):
     spec = yaml.safe_load((root / "spec.yaml").read_text())
     change(spec)
@@ -405,12 +565,20 @@ def test_top_k_zero_and_the_cli_override(tmp_path, root):
 def test_schema_helper_on_its_own():
     from pipeline.schema import Field, Schema
 
-    item = Schema({"name": Field(str, required=True), "n": Field(int, default=3, ge=1),
-                   "tags": Field(str, many=True, default=()), "mode": Field(str, choices=("a", "b"))})
+    item = Schema(
+        {
+            "name": Field(str, required=True),
+            "n": Field(int, default=3, ge=1),
+            "tags": Field(str, many=True, default=()),
+            "mode": Field(str, choices=("a", "b")),
+        }
+    )
     outer = Schema({"items": Field(item, many=True, required=True), "scale": Field(float, gt=0, default=1.0)})
     got = outer.validate({"items": [{"name": "x"}, {"name": "y", "n": 5, "tags": ["t"], "mode": "b"}]}, "f.yaml")
-    assert got == {"items": ({"name": "x", "n": 3, "tags": (), "mode": None},
-                             {"name": "y", "n": 5, "tags": ("t",), "mode": "b"}), "scale": 1.0}
+    assert got == {
+        "items": ({"name": "x", "n": 3, "tags": (), "mode": None}, {"name": "y", "n": 5, "tags": ("t",), "mode": "b"}),
+        "scale": 1.0,
+    }
     with pytest.raises(ConfigError, match=r"f\.yaml: items\[1\]\.tags: must be a list of strings \(got a string\)"):
         outer.validate({"items": [{"name": "x"}, {"name": "y", "tags": "t"}]}, "f.yaml")
     with pytest.raises(ConfigError, match=r"f\.yaml: must be a mapping"):
@@ -421,10 +589,12 @@ def test_schema_helper_on_its_own():
 
 
 def test_image_map_duplicate_id_with_another_target_is_refused(tmp_path, root):
-    (root / "map.tsv").write_text("COCO_train2014_000000000009\tcc-7\n"
-                                  "COCO_train2014_000000000025\tcc-8\n"
-                                  "COCO_train2014_000000000009\tcc-7\n"  # the same line again: accepted
-                                  "COCO_train2014_000000000009\tcc-9\n")
+    (root / "map.tsv").write_text(
+        "COCO_train2014_000000000009\tcc-7\n"
+        "COCO_train2014_000000000025\tcc-8\n"
+        "COCO_train2014_000000000009\tcc-7\n"  # the same line again: accepted
+        "COCO_train2014_000000000009\tcc-9\n"
+    )
     edit_spec(root, image_map="map.tsv")
     with pytest.raises(ConfigError, match=r"map\.tsv:4: .*'COCO_train2014_000000000009'.*'cc-9'.*line 1.*'cc-7'"):
         build_mixture(MixtureSpec.load(root / "spec.yaml"), tmp_path / "mix")
@@ -436,27 +606,53 @@ def test_image_map_duplicate_id_with_another_target_is_refused(tmp_path, root):
 def test_empty_and_null_texts_and_answers_are_skipped_and_counted(tmp_path, root):
     path = root / "coco/captions_train2014.json"
     coco = json.loads(path.read_text())
-    coco["annotations"] += [{"image_id": 25, "caption": "   "}, {"image_id": 25, "caption": None}, {"image_id": 25, "caption": ""}]
+    coco["annotations"] += [
+        {"image_id": 25, "caption": "   "},
+        {"image_id": 25, "caption": None},
+        {"image_id": 25, "caption": ""},
+    ]
     dump(path, coco)
-    dump(root / "vg/region_descriptions.json", [
-        {"id": 1, "regions": [{"phrase": "red   plate", "image_id": 1}, {"phrase": None, "image_id": 1}]},
-        {"id": 3, "regions": [{"phrase": "a tall tree", "image_id": 3}, {"phrase": " \n", "image_id": 3}]}])
-    dump(root / "vg/question_answers.json", [
-        {"id": 4, "qas": [{"question": "How many birds?", "answer": "Two.", "image_id": 4},
-                          {"question": "What colour?", "answer": None, "image_id": 4},
-                          {"question": None, "answer": "red", "image_id": 4}]},
-        {"id": 2, "qas": [{"question": "What animal?", "answer": "A dog", "image_id": 2}]}])
+    dump(
+        root / "vg/region_descriptions.json",
+        [
+            {"id": 1, "regions": [{"phrase": "red   plate", "image_id": 1}, {"phrase": None, "image_id": 1}]},
+            {"id": 3, "regions": [{"phrase": "a tall tree", "image_id": 3}, {"phrase": " \n", "image_id": 3}]},
+        ],
+    )
+    dump(
+        root / "vg/question_answers.json",
+        [
+            {
+                "id": 4,
+                "qas": [
+                    {"question": "How many birds?", "answer": "Two.", "image_id": 4},
+                    {"question": "What colour?", "answer": None, "image_id": 4},
+                    {"question": None, "answer": "red", "image_id": 4},
+                ],
+            },
+            {"id": 2, "qas": [{"question": "What animal?", "answer": "A dog", "image_id": 2}]},
+        ],
+    )
     path = root / "vqa/v2_mscoco_train2014_annotations.json"
     vqa = json.loads(path.read_text())
     vqa["annotations"][1]["answers"][0]["answer"] = None  # one annotator's answer is null: the others count
     dump(path, vqa)
-    dump(root / "gqa/train_balanced_questions.json", {"q1": {"imageId": "3", "question": "Is the tree tall?", "answer": "Yes"},
-                                                      "q2": {"imageId": "1", "question": "Is there a fork?", "answer": None}})
+    dump(
+        root / "gqa/train_balanced_questions.json",
+        {
+            "q1": {"imageId": "3", "question": "Is the tree tall?", "answer": "Yes"},
+            "q2": {"imageId": "1", "question": "Is there a fork?", "answer": None},
+        },
+    )
     manifest = build_mixture(MixtureSpec.load(root / "spec.yaml"), tmp_path / "mix")
     rows = items(tmp_path / "mix")
     assert all(r["text"].strip() and r["text"] != "None" for r in rows)
-    assert manifest["skipped"] == {"mscoco": {"empty text": 2, "null text": 1}, "vg": {"empty text": 1, "null text": 1},
-                                   "gqa": {"null answer": 1}, "visual7w": {"null answer": 1, "null text": 1}}
+    assert manifest["skipped"] == {
+        "mscoco": {"empty text": 2, "null text": 1},
+        "vg": {"empty text": 1, "null text": 1},
+        "gqa": {"null answer": 1},
+        "visual7w": {"null answer": 1, "null text": 1},
+    }
     assert manifest["counts"]["vqa"] == {"train/question": 2}
     giraffes = next(r for r in rows if r["text"] == "How many giraffes?")
     assert len(giraffes["answer_ids"]) >= 1
@@ -478,17 +674,24 @@ def test_heldout_and_drop_ids_given_as_vg_ids_match_renamed_images(tmp_path, roo
     assert not any(r["image_id"] == "COCO_val2014_000000000042" for r in rows)
     assert manifest["heldout"] == [
         {"path": str(root / "minival_ids.txt"), "ids": 1, "matched": 1, "unmatched": 0, "unmatched_examples": []},
-        {"path": str(root / "gqa_heldout.txt"), "ids": 1, "matched": 1, "unmatched": 0, "unmatched_examples": []}]
-    assert manifest["drop"] == [{"path": str(root / "drop.txt"), "ids": 1, "matched": 1, "unmatched": 0,
-                                 "unmatched_examples": []}]
+        {"path": str(root / "gqa_heldout.txt"), "ids": 1, "matched": 1, "unmatched": 0, "unmatched_examples": []},
+    ]
+    assert manifest["drop"] == [
+        {"path": str(root / "drop.txt"), "ids": 1, "matched": 1, "unmatched": 0, "unmatched_examples": []}
+    ]
 
 
 def test_heldout_list_matching_nothing_is_an_error_and_partial_matches_are_counted(tmp_path, root, caplog):
     (root / "minival_ids.txt").write_text("COCO_val2014_000000000042\nCOCO_val2014_000000099999\n")
     with caplog.at_level("WARNING"):
         manifest = build_mixture(MixtureSpec.load(root / "spec.yaml"), tmp_path / "mix")
-    assert manifest["heldout"][0] == {"path": str(root / "minival_ids.txt"), "ids": 2, "matched": 1, "unmatched": 1,
-                                      "unmatched_examples": ["COCO_val2014_000000099999"]}
+    assert manifest["heldout"][0] == {
+        "path": str(root / "minival_ids.txt"),
+        "ids": 2,
+        "matched": 1,
+        "unmatched": 1,
+        "unmatched_examples": ["COCO_val2014_000000099999"],
+    }
     assert "minival_ids.txt" in caplog.text and "1 of its 2 ids match no image" in caplog.text
     (root / "minival_ids.txt").write_text("val_000042\nval_000043\n")
     with pytest.raises(ConfigError, match=r"minival_ids\.txt: none of its 2 ids .*val_000042"):
@@ -500,8 +703,9 @@ def test_drop_missing_counts_answers_after_dropping(tmp_path, root):
     rng = np.random.default_rng(0)
     have = ["COCO_train2014_000000000009", "COCO_train2014_000000000025", "COCO_val2014_000000000042", "3"]
     write_records(tmp_path / "feats", [make_record(rng, i, feature_dim=8) for i in have], feature_dim=8)
-    manifest = build_mixture(MixtureSpec.load(root / "spec.yaml"), tmp_path / "mix", stores=(tmp_path / "feats",),
-                             drop_missing=True)
+    manifest = build_mixture(
+        MixtureSpec.load(root / "spec.yaml"), tmp_path / "mix", stores=(tmp_path / "feats",), drop_missing=True
+    )
     table = json.loads((tmp_path / "mix" / "answers.json").read_text())
     counts = dict(zip(table["answers"], table["counts"]))
     assert counts["2"] == 1  # VQA's "How many giraffes?"; image 4's "How many birds?" ("Two.") is dropped
@@ -512,7 +716,9 @@ def test_drop_missing_counts_answers_after_dropping(tmp_path, root):
 
 
 def test_a_failed_build_removes_its_temporary_folder(tmp_path, root):
-    (root / "vg" / "region_descriptions.json").write_text('[{"id": 1, "regions": [{"phrase": "x"}]}, {"id": 2, "regions": ]')
+    (root / "vg" / "region_descriptions.json").write_text(
+        '[{"id": 1, "regions": [{"phrase": "x"}]}, {"id": 2, "regions": ]'
+    )
     with pytest.raises(ConfigError, match="invalid JSON"):
         build_mixture(MixtureSpec.load(root / "spec.yaml"), tmp_path / "mix")
     assert not (tmp_path / "mix").exists()
@@ -531,12 +737,28 @@ def test_killed_build_leftovers_are_removed_and_a_second_writer_is_refused(tmp_p
     fifo_root = tmp_path / "fifo"
     fifo_root.mkdir()
     os.mkfifo(fifo_root / "regions.json")
-    (fifo_root / "spec.yaml").write_text(yaml.safe_dump(
-        {"name": "blocked", "sources": [{"name": "vg", "kind": "vg_regions", "files": ["regions.json"]}]}))
+    (fifo_root / "spec.yaml").write_text(
+        yaml.safe_dump(
+            {"name": "blocked", "sources": [{"name": "vg", "kind": "vg_regions", "files": ["regions.json"]}]}
+        )
+    )
     from helpers import REPO
 
-    blocked = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "build-mixture", "--spec", str(fifo_root / "spec.yaml"),
-                                "--out", str(tmp_path / "mix")], cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    blocked = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "pipeline.cli",
+            "build-mixture",
+            "--spec",
+            str(fifo_root / "spec.yaml"),
+            "--out",
+            str(tmp_path / "mix"),
+        ],
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     try:
         deadline = time.monotonic() + 60
         while not list(tmp_path.glob(".tmp-mix.*")):
@@ -602,12 +824,15 @@ def test_mixture_records_schema_2_and_official_scores(tmp_path, root):
 TABLE = ["yes", "2", "food", "dog"]
 
 
-@pytest.mark.parametrize("name, content", [
-    ("label2ans.json", json.dumps(TABLE)),  # VQA's trainval_label2ans.json
-    ("all_ans.json", json.dumps([{"ans": a, "dsets": ["vqa"]} for a in TABLE])),  # LXMERT's all_ans.json
-    ("answers.json", json.dumps({"answers": TABLE, "counts": [0, 0, 0, 0]})),  # another mixture's table
-    ("answers.txt", "\n".join(TABLE) + "\n"),  # one answer a line
-])
+@pytest.mark.parametrize(
+    "name, content",
+    [
+        ("label2ans.json", json.dumps(TABLE)),  # VQA's trainval_label2ans.json
+        ("all_ans.json", json.dumps([{"ans": a, "dsets": ["vqa"]} for a in TABLE])),  # LXMERT's all_ans.json
+        ("answers.json", json.dumps({"answers": TABLE, "counts": [0, 0, 0, 0]})),  # another mixture's table
+        ("answers.txt", "\n".join(TABLE) + "\n"),  # one answer a line
+    ],
+)
 def test_answers_from_each_format_keeps_the_files_order(tmp_path, root, name, content):
     (root / "tables").mkdir()
     (root / "tables" / name).write_text(content)
@@ -618,8 +843,12 @@ def test_answers_from_each_format_keeps_the_files_order(tmp_path, root, name, co
     assert table["counts"] == [2, 2, 1, 0]  # train questions: yes (gqa x2), 2 (vqa, visual7w), food (vqa)
     import hashlib
 
-    assert manifest["answers"]["file"] == {"path": str(root / "tables" / name), "name": name, "entries": 4,
-                                           "sha256": hashlib.sha256(content.encode()).hexdigest()}
+    assert manifest["answers"]["file"] == {
+        "path": str(root / "tables" / name),
+        "name": name,
+        "entries": 4,
+        "sha256": hashlib.sha256(content.encode()).hexdigest(),
+    }
     assert manifest["answers"]["table_size"] == 4 and manifest["answers"]["top_k"] is None
     assert str(root / "tables" / name) in [i["path"] for i in manifest["inputs"]]
     rows = {r["text"]: r for r in items(tmp_path / "mix")}
@@ -675,15 +904,18 @@ def test_answers_from_coverage(tmp_path, root):
     assert "training questions whose best answer is in the table: 0.4" in report
 
 
-@pytest.mark.parametrize("name, content, message", [
-    ("t.json", '{"label2ans": ["yes"]}', r"t\.json: an answer table is a JSON list of strings"),
-    ("t.json", '["yes", 3]', r"t\.json: entry 1: must be a string \(got 3\)"),
-    ("t.json", '[{"ans": "yes"}, {"answer": "no"}]', r"t\.json: entry 1: .*\"ans\""),
-    ("t.json", '{"answers": "yes"}', r"t\.json: an answer table is a JSON list"),
-    ("t.json", '["yes",', r"t\.json: invalid JSON"),
-    ("t.json", "[]", r"t\.json: no answers"),
-    ("t.txt", "\n\nthe\n", r"t\.txt: no answers"),
-])
+@pytest.mark.parametrize(
+    "name, content, message",
+    [
+        ("t.json", '{"label2ans": ["yes"]}', r"t\.json: an answer table is a JSON list of strings"),
+        ("t.json", '["yes", 3]', r"t\.json: entry 1: must be a string \(got 3\)"),
+        ("t.json", '[{"ans": "yes"}, {"answer": "no"}]', r"t\.json: entry 1: .*\"ans\""),
+        ("t.json", '{"answers": "yes"}', r"t\.json: an answer table is a JSON list"),
+        ("t.json", '["yes",', r"t\.json: invalid JSON"),
+        ("t.json", "[]", r"t\.json: no answers"),
+        ("t.txt", "\n\nthe\n", r"t\.txt: no answers"),
+    ],
+)
 def test_answers_from_errors_name_the_file_and_entry(tmp_path, root, name, content, message):
     (root / name).write_text(content)
     edit_spec(root, answers_from=name, answers=None)
@@ -714,7 +946,10 @@ def test_mixture_open_gives_items_answers_splits_and_rows(tmp_path, root):
     mix = Mixture.open(tmp_path / "mix")
     assert pa.total_allocated_bytes() == before  # items.arrow is memory-mapped, not read into memory
     rows = items(tmp_path / "mix")
-    assert mix.manifest == json.loads((tmp_path / "mix" / "manifest.json").read_text()) and mix.manifest["totals"] == manifest["totals"]
+    assert (
+        mix.manifest == json.loads((tmp_path / "mix" / "manifest.json").read_text())
+        and mix.manifest["totals"] == manifest["totals"]
+    )
     assert mix.answers == json.loads((tmp_path / "mix" / "answers.json").read_text())["answers"] == ["2", "yes", "1"]
     assert len(mix) == len(rows) and mix.items.to_pylist() == rows
     assert mix.splits == ("train", "val")
@@ -759,7 +994,10 @@ def test_mixture_open_errors_are_named(tmp_path, root):
     (mix / "items.arrow").write_bytes(b"not arrow")
     with pytest.raises(DataError, match=r"items.arrow: unreadable"):
         Mixture.open(mix)
-    with pa.OSFile(str(mix / "items.arrow"), "wb") as sink, pa.ipc.new_file(sink, pa.schema([("uid", pa.string())])) as w:
+    with (
+        pa.OSFile(str(mix / "items.arrow"), "wb") as sink,
+        pa.ipc.new_file(sink, pa.schema([("uid", pa.string())])) as w,
+    ):
         w.write_table(pa.table({"uid": ["a"]}, schema=pa.schema([("uid", pa.string())])))
     with pytest.raises(DataError, match=r"items.arrow: no column image_id, store_key"):
         Mixture.open(mix)
@@ -772,8 +1010,12 @@ def test_the_mixture_format_has_one_owner():
 
     assert build.ITEMS_SCHEMA is mixture.ITEMS_SCHEMA
     repo = Path(__file__).resolve().parents[2]
-    named = [str(p.relative_to(repo)) for p in sorted([*(repo / "pipeline").rglob("*.py"), *(repo / "vl_models").rglob("*.py"),
-                                                                       *(repo / "bench").glob("*.py")])
-             if p != repo / "pipeline" / "mixture" / "mixture.py"
-             and any(f'"{name}"' in p.read_text() for name in ("items.arrow", "answers.json"))]
+    named = [
+        str(p.relative_to(repo))
+        for p in sorted(
+            [*(repo / "pipeline").rglob("*.py"), *(repo / "vl_models").rglob("*.py"), *(repo / "bench").glob("*.py")]
+        )
+        if p != repo / "pipeline" / "mixture" / "mixture.py"
+        and any(f'"{name}"' in p.read_text() for name in ("items.arrow", "answers.json"))
+    ]
     assert named == []

@@ -81,8 +81,15 @@ def no_driver_left():
 
 def start(cluster, cmd, **env) -> subprocess.Popen:
     """A driver process (its own session: a test can SIGKILL its group) of `cluster`."""
-    driver = subprocess.Popen(list(map(str, cmd)), cwd=REPO, env=driver_env(cluster, **env), start_new_session=True,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    driver = subprocess.Popen(
+        list(map(str, cmd)),
+        cwd=REPO,
+        env=driver_env(cluster, **env),
+        start_new_session=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     DRIVERS.append(driver)
     return driver
 
@@ -118,8 +125,11 @@ def shard_stats(folder: Path) -> list[dict]:
 
 def downloaded_ids(folder: Path) -> list[str]:
     """Every row's id over the folder's shards, sorted, duplicates kept; all must be ok."""
-    rows = [row for shard in sorted(folder.glob("*.parquet"))
-            for row in pq.read_table(shard, columns=["image_id", "status"]).to_pylist()]
+    rows = [
+        row
+        for shard in sorted(folder.glob("*.parquet"))
+        for row in pq.read_table(shard, columns=["image_id", "status"]).to_pylist()
+    ]
     assert {r["status"] for r in rows} == {"ok"}, rows
     return sorted(r["image_id"] for r in rows)
 
@@ -132,12 +142,18 @@ def wait_for(condition, what: str, cluster, timeout: float = 120) -> None:
 
 
 def test_the_recipe_downloads_on_the_download_node_extracts_on_both_and_resumes_a_killed_driver(
-        cluster, slow_server, weights, tmp_path):
+    cluster, slow_server, weights, tmp_path
+):
     tsv = url_list(tmp_path / "recipe.tsv", slow_server, 8)
     out = tmp_path / "out"
     recipe = ["bash", RECIPE_SCRIPT, tsv, out]
-    env = dict(RAY_ADDRESS=cluster.address, WEIGHTS=str(weights), SHARD_SIZE="2", DOWNLOAD_FLAGS=" ".join(NET),
-               EXTRACT_FLAGS="--detector tiny --boxes 5 --actors 2 --actor-cpus 1 --batch-size 2")
+    env = dict(
+        RAY_ADDRESS=cluster.address,
+        WEIGHTS=str(weights),
+        SHARD_SIZE="2",
+        DOWNLOAD_FLAGS=" ".join(NET),
+        EXTRACT_FLAGS="--detector tiny --boxes 5 --actors 2 --actor-cpus 1 --batch-size 2",
+    )
     driver = start(cluster, recipe, **env)
     wait_for(lambda: shard_stats(out / "images") or driver.poll() is not None, "a first downloaded shard", cluster)
     os.killpg(driver.pid, signal.SIGKILL)  # the script and its `vlprep download` driver
@@ -158,12 +174,29 @@ def test_the_recipe_downloads_on_the_download_node_extracts_on_both_and_resumes_
 def test_a_node_killed_mid_download_leaves_its_shards_to_the_other(cluster, slow_server, tmp_path):
     tsv = url_list(tmp_path / "nodekill.tsv", slow_server, 12)
     out = tmp_path / "images"
-    driver = start(cluster, vlprep(cluster, "download", "--dataset", "conceptual_captions", "--input", tsv,
-                                   "--out", out, "--shard-size", "2", *NET))
+    driver = start(
+        cluster,
+        vlprep(
+            cluster,
+            "download",
+            "--dataset",
+            "conceptual_captions",
+            "--input",
+            tsv,
+            "--out",
+            out,
+            "--shard-size",
+            "2",
+            *NET,
+        ),
+    )
     ids = cluster.ids()
     # w2 finished a shard and is working on its next: kill the node (raylet, workers, all)
-    wait_for(lambda: any(s["node_id"] == ids["w2"] for s in shard_stats(out)) or driver.poll() is not None,
-             "a shard done on w2", cluster)
+    wait_for(
+        lambda: any(s["node_id"] == ids["w2"] for s in shard_stats(out)) or driver.poll() is not None,
+        "a shard done on w2",
+        cluster,
+    )
     cluster.nodes["w2"].kill()
     killed = time.time()
     finish(driver, cluster)
@@ -176,8 +209,23 @@ def test_a_node_killed_mid_download_leaves_its_shards_to_the_other(cluster, slow
 def test_a_run_whose_only_download_node_is_lost_stops_named_and_resumes_on_a_new_one(cluster, slow_server, tmp_path):
     tsv = url_list(tmp_path / "capacity.tsv", slow_server, 12)
     out = tmp_path / "images"
-    cmd = vlprep(cluster, "download", "--dataset", "conceptual_captions", "--input", tsv, "--out", out,
-                 "--shard-size", "2", "--download-resource", "download", "--capacity-timeout", "2", *NET)
+    cmd = vlprep(
+        cluster,
+        "download",
+        "--dataset",
+        "conceptual_captions",
+        "--input",
+        tsv,
+        "--out",
+        out,
+        "--shard-size",
+        "2",
+        "--download-resource",
+        "download",
+        "--capacity-timeout",
+        "2",
+        *NET,
+    )
     driver = start(cluster, cmd)
     wait_for(lambda: shard_stats(out) or driver.poll() is not None, "a first shard", cluster)
     cluster.nodes["w1"].kill()  # the only node offering `download`; w2b (no `download`) lives on
@@ -191,14 +239,34 @@ def test_a_run_whose_only_download_node_is_lost_stops_named_and_resumes_on_a_new
 
 
 def test_the_node_holding_the_detector_actor_is_killed_and_the_actor_restarts_on_the_other(
-        cluster, slow_server, weights, tmp_path):
+    cluster, slow_server, weights, tmp_path
+):
     folder = tmp_path / "imgs"
     folder.mkdir()
     for i in range(16):
         (folder / f"im{i:02d}.jpg").write_bytes(slow_server.corpus["big.jpg" if i % 2 else "rgb.jpg"][0])
     out = tmp_path / "feats"
-    driver = start(cluster, vlprep(cluster, "extract", "--images", folder, "--weights", weights, "--detector", "tiny",
-                                   "--boxes", "5", "--out", out, "--shard-size", "2", "--actors", "1"))
+    driver = start(
+        cluster,
+        vlprep(
+            cluster,
+            "extract",
+            "--images",
+            folder,
+            "--weights",
+            weights,
+            "--detector",
+            "tiny",
+            "--boxes",
+            "5",
+            "--out",
+            out,
+            "--shard-size",
+            "2",
+            "--actors",
+            "1",
+        ),
+    )
     wait_for(lambda: shard_stats(out / "extract") or driver.poll() is not None, "a first extracted shard", cluster)
     first = shard_stats(out / "extract")[0]["node_id"]
     holder = cluster.node_of(first)

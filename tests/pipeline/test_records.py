@@ -11,7 +11,10 @@ from pipeline.records import RegionFeatures, labels_from_probs, pad_regions, val
 def _simple() -> RegionFeatures:
     boxes = np.array([[0, 0, 100, 50], [10, 20, 30, 60], [200, 100, 400, 300]], np.float32)
     return RegionFeatures(
-        image_id="COCO_val2014_000000000042", image_h=300, image_w=400, boxes=boxes,
+        image_id="COCO_val2014_000000000042",
+        image_h=300,
+        image_w=400,
+        boxes=boxes,
         features=np.arange(3 * 4, dtype=np.float32).reshape(3, 4),
     )
 
@@ -37,8 +40,12 @@ def test_labels_from_probs_skip_background_and_do_not_renormalize():
 
 
 def test_valid_record_passes(rng):
-    validate_record(make_record(rng, "a", feature_dim=2048, cls_dim=1601, attr_dim=401), feature_dim=2048,
-                    prob_dims={"cls_prob": 1601, "attr_prob": 401}, float16=True)
+    validate_record(
+        make_record(rng, "a", feature_dim=2048, cls_dim=1601, attr_dim=401),
+        feature_dim=2048,
+        prob_dims={"cls_prob": 1601, "attr_prob": 401},
+        float16=True,
+    )
 
 
 @pytest.mark.parametrize(
@@ -110,8 +117,10 @@ def test_pad_regions_vilbert_style_with_img_token(rng):
 
 
 def test_pad_regions_lxmert_style_and_missing_optional_fields(rng):
-    recs = [make_record(rng, "a", num_boxes=2, feature_dim=4, cls_dim=None, labels=False),
-            make_record(rng, "b", num_boxes=2, feature_dim=4)]
+    recs = [
+        make_record(rng, "a", num_boxes=2, feature_dim=4, cls_dim=None, labels=False),
+        make_record(rng, "b", num_boxes=2, feature_dim=4),
+    ]
     batch = pad_regions(recs, max_boxes=3, position="4d")
     assert batch.positions.shape == (2, 3, 4)
     np.testing.assert_allclose(batch.positions[1, :2], recs[1].normalized_boxes())

@@ -16,10 +16,25 @@ from pipeline.errors import ConfigError
 from pipeline.mixture.answers import normalize_answer
 from pipeline.mixture.sources import read_vqa
 from pipeline.synthetic import (
-    Background, Scene, SceneObject, generate_scene, load_scenes, render, write_cc_tsvs, write_world,
+    Background,
+    Scene,
+    SceneObject,
+    generate_scene,
+    load_scenes,
+    render,
+    write_cc_tsvs,
+    write_world,
 )
 from pipeline.synthetic.scenes import (
-    BACKGROUNDS, COLORS, GRADIENTS, RGB, SHAPES, SIZE_RANGE, SIZES, TEXTURES, occlusion_ok,
+    BACKGROUNDS,
+    COLORS,
+    GRADIENTS,
+    RGB,
+    SHAPES,
+    SIZE_RANGE,
+    SIZES,
+    TEXTURES,
+    occlusion_ok,
 )
 from pipeline.synthetic.words import NUMBER_WORDS
 from pipeline.synthetic.world import JPEG_QUALITY
@@ -46,16 +61,28 @@ def load(path):
 
 WORDS = {w: i for i, w in enumerate(NUMBER_WORDS)} | {"a": 1, "an": 1, "single": 1}
 REL = r"(left of|to the left of|right of|to the right of|above|over|below|under|beneath)"
-SIDE = {"left of": "left", "to the left of": "left", "right of": "right", "to the right of": "right",
-        "above": "up", "over": "up", "below": "down", "under": "down", "beneath": "down"}
+SIDE = {
+    "left of": "left",
+    "to the left of": "left",
+    "right of": "right",
+    "to the right of": "right",
+    "above": "up",
+    "over": "up",
+    "below": "down",
+    "under": "down",
+    "beneath": "down",
+}
 
 
 def matching(scene, words):
     """Objects a phrase ('large red circle', 'red circles', 'red shapes', 'shapes') fits."""
     *attrs, noun = words.split()
     noun = noun[:-1] if noun.endswith("s") and noun[:-1] in SHAPES else noun
-    return [o for o in scene.objects if noun in (o.shape, "shape", "shapes", "objects")
-            and all(a in (o.color, o.size, o.texture) for a in attrs)]
+    return [
+        o
+        for o in scene.objects
+        if noun in (o.shape, "shape", "shapes", "objects") and all(a in (o.color, o.size, o.texture) for a in attrs)
+    ]
 
 
 def the(scene, words):
@@ -139,8 +166,16 @@ def check_caption(scene, c):
 
 def refexp_target(scene, sentence):
     """The one object our reading of a referring expression picks."""
-    sides = {"on the left": "left", "on the right": "right", "at the top": "up", "at the bottom": "down",
-             "leftmost": "left", "rightmost": "right", "topmost": "up", "bottommost": "down"}
+    sides = {
+        "on the left": "left",
+        "on the right": "right",
+        "at the top": "up",
+        "at the bottom": "down",
+        "leftmost": "left",
+        "rightmost": "right",
+        "topmost": "up",
+        "bottommost": "down",
+    }
     if m := re.fullmatch(r"the (.+) (on the left|on the right|at the top|at the bottom)", sentence):
         words, side = m[1], sides[m[2]]
     elif m := re.fullmatch(r"the (leftmost|rightmost|topmost|bottommost) (.+)", sentence):
@@ -148,7 +183,7 @@ def refexp_target(scene, sentence):
     elif m := re.fullmatch(rf"the (\w+) {REL} the (.+)", sentence):
         return only_one(scene, the(scene, m[3]), m[2], matching(scene, m[1]))
     else:
-        return the(scene, sentence[len("the "):])
+        return the(scene, sentence[len("the ") :])
     group = matching(scene, words)
     hits = [o for o in group if all(side_of(o, g, side) for g in group if g is not o)]
     assert len(group) > 1 and len(hits) == 1, (sentence, scene)
@@ -192,14 +227,27 @@ def test_layout_and_summary(world):
     out, summary = world
     train, val = summary["splits"]["train"], summary["splits"]["val"]
     assert (train["images"], val["images"]) == (27, 3)
-    assert sorted(p.name for p in (out / "images").iterdir()) == \
-        [f"shapes_train_{i:08d}.jpg" for i in range(27)] + [f"shapes_val_{i:08d}.jpg" for i in range(3)]
-    for name in ("Train_GCC-training.tsv", "Validation_GCC-1.1.0-Validation.tsv", "image_map.tsv", "summary.json",
-                 "annotations/captions_val2014.json", "annotations/v2_mscoco_train2014_annotations.json",
-                 "annotations/v2_OpenEnded_mscoco_val2014_questions.json", "annotations/refexp_val.json",
-                 "annotations/nlvr2_dev.json", "annotations/scenes_train.json", "annotations/dataset_flickr30k.json",
-                 "annotations/refcoco+/refs(unc).p", "annotations/refcoco+/instances.json", "annotations/vcr/val.jsonl",
-                 "annotations/vcr/train.jsonl", "annotations/vcr/metadata/COCO_val2014_000000000003.json"):
+    assert sorted(p.name for p in (out / "images").iterdir()) == [f"shapes_train_{i:08d}.jpg" for i in range(27)] + [
+        f"shapes_val_{i:08d}.jpg" for i in range(3)
+    ]
+    for name in (
+        "Train_GCC-training.tsv",
+        "Validation_GCC-1.1.0-Validation.tsv",
+        "image_map.tsv",
+        "summary.json",
+        "annotations/captions_val2014.json",
+        "annotations/v2_mscoco_train2014_annotations.json",
+        "annotations/v2_OpenEnded_mscoco_val2014_questions.json",
+        "annotations/refexp_val.json",
+        "annotations/nlvr2_dev.json",
+        "annotations/scenes_train.json",
+        "annotations/dataset_flickr30k.json",
+        "annotations/refcoco+/refs(unc).p",
+        "annotations/refcoco+/instances.json",
+        "annotations/vcr/val.jsonl",
+        "annotations/vcr/train.jsonl",
+        "annotations/vcr/metadata/COCO_val2014_000000000003.json",
+    ):
         assert (out / name).is_file(), name
     assert (out / "objects.txt").read_text().splitlines() == list(SHAPES)
     assert (out / "attributes.txt").read_text().splitlines() == [*COLORS, *SIZES, *TEXTURES]
@@ -266,7 +314,10 @@ def test_texts_are_true_of_their_scenes(world):
         scenes = list(load_scenes(out, split).values())
         for ann in load(out / f"annotations/captions_{coco}.json")["annotations"]:
             check_caption(scenes[ann["image_id"] - 1], ann["caption"])
-        questions = {q["question_id"]: q for q in load(out / f"annotations/v2_OpenEnded_mscoco_{coco}_questions.json")["questions"]}
+        questions = {
+            q["question_id"]: q
+            for q in load(out / f"annotations/v2_OpenEnded_mscoco_{coco}_questions.json")["questions"]
+        }
         for ann in load(out / f"annotations/v2_mscoco_{coco}_annotations.json")["annotations"]:
             q = questions[ann["question_id"]]
             assert answer_of(scenes[q["image_id"] - 1], q["question"]) == ann["multiple_choice_answer"], q
@@ -292,7 +343,9 @@ def test_nlvr2_statements_are_true_and_balanced(world):
 def test_language_has_variety_and_balanced_existence_questions(world):
     out, _ = world
     anns = load(out / "annotations/v2_mscoco_train2014_annotations.json")["annotations"]
-    existence = [a["multiple_choice_answer"] == "yes" for a in anns if a["question_type"] in ("is there a", "are there")]
+    existence = [
+        a["multiple_choice_answer"] == "yes" for a in anns if a["question_type"] in ("is there a", "are there")
+    ]
     assert len(existence) > 20 and 0.3 <= np.mean(existence) <= 0.7
     assert {a["answer_type"] for a in anns} == {"yes/no", "number", "other"}
     assert len({a["question_type"] for a in anns}) >= 6
@@ -329,8 +382,12 @@ def test_files_load_through_our_readers(world):
     assert nlvr and not [r for r in nlvr if isinstance(r, Malformed)]
     assert nlvr[0].image_id == "train-0-0-img0" and nlvr[0].split == "train" and nlvr[0].texts[0].kind == "statement"
 
-    items = list(read_vqa(out / "annotations/v2_OpenEnded_mscoco_train2014_questions.json",
-                          out / "annotations/v2_mscoco_train2014_annotations.json"))
+    items = list(
+        read_vqa(
+            out / "annotations/v2_OpenEnded_mscoco_train2014_questions.json",
+            out / "annotations/v2_mscoco_train2014_annotations.json",
+        )
+    )
     anns = load(out / "annotations/v2_mscoco_train2014_annotations.json")["annotations"]
     assert len(items) == len(anns) == summary["splits"]["train"]["questions"]
     assert items[0].image == "COCO_train2014_000000000001" and items[0].kind == "question"
@@ -348,7 +405,10 @@ def test_cc_tsvs_can_be_rewritten_for_another_url(tmp_path):
     after = files_of(copy)
     rows = after["Train_GCC-training.tsv"].decode().splitlines()
     assert rows[0].endswith("\thttp://127.0.0.1:5555/images/shapes_train_00000000.jpg") and len(rows) == 5
-    assert {k for k in before if before[k] != after[k]} == {"Train_GCC-training.tsv", "Validation_GCC-1.1.0-Validation.tsv"}
+    assert {k for k in before if before[k] != after[k]} == {
+        "Train_GCC-training.tsv",
+        "Validation_GCC-1.1.0-Validation.tsv",
+    }
 
 
 def test_no_textures_and_bad_arguments(tmp_path):
@@ -356,8 +416,12 @@ def test_no_textures_and_bad_arguments(tmp_path):
     assert summary["splits"]["val"]["images"] == 0
     assert {o.texture for s in load_scenes(tmp_path / "plain", "train").values() for o in s.objects} == {"plain"}
     assert (tmp_path / "plain" / "Validation_GCC-1.1.0-Validation.tsv").read_text() == ""
-    for kwargs, message in (({"n_images": 0}, "n-images"), ({"val_fraction": 1.0}, "val-fraction"),
-                            ({"seed": -1}, "seed"), ({"base_url": "ftp://x"}, "base-url")):
+    for kwargs, message in (
+        ({"n_images": 0}, "n-images"),
+        ({"val_fraction": 1.0}, "val-fraction"),
+        ({"seed": -1}, "seed"),
+        ({"base_url": "ftp://x"}, "base-url"),
+    ):
         with pytest.raises(ConfigError, match=message):
             write_world(tmp_path / "bad", **{"n_images": 4, "seed": 0, **kwargs})
     (tmp_path / "busy").mkdir()

@@ -58,7 +58,7 @@ def test_retrieval_split_has_five_captions_per_image(world):
     for img in images:
         assert len(img["sentences"]) == 5 and img["sentids"] == [s["sentid"] for s in img["sentences"]]
         raws = [s["raw"] for s in img["sentences"]]
-        assert raws[:len(coco[img["filename"]])] == coco[img["filename"]]  # the COCO captions first
+        assert raws[: len(coco[img["filename"]])] == coco[img["filename"]]  # the COCO captions first
         for s in img["sentences"]:
             assert s["imgid"] == img["imgid"] and s["tokens"] == s["raw"].replace(",", "").split()
         assert img["filename"][:-4] in image_map(out)
@@ -77,8 +77,13 @@ def test_retrieval_captions_are_exactly_five_and_keep_the_coco_ones():
 
 def test_retrieval_captions_repeat_only_when_the_scene_offers_no_more(monkeypatch):
     monkeypatch.setattr("pipeline.synthetic.tasks.captions", lambda scene, rng: ["b"])
-    assert retrieval_captions(generate_scene(np.random.default_rng(0)), ["a"], np.random.default_rng(0)) == \
-        ["a", "b", "a", "b", "a"]
+    assert retrieval_captions(generate_scene(np.random.default_rng(0)), ["a"], np.random.default_rng(0)) == [
+        "a",
+        "b",
+        "a",
+        "b",
+        "a",
+    ]
 
 
 def test_every_nlvr2_image_name_is_mapped_to_its_image(world):
@@ -94,8 +99,9 @@ def test_every_nlvr2_image_name_is_mapped_to_its_image(world):
                 i = int(url.rsplit("_", 1)[1][:-4])  # .../images/shapes_<split>_<i:08d>.jpg
                 assert mapping[f"{pair}-{side}"] == f"cc3m-{split}-{i:08d}"
     names = [line.split("\t")[0] for line in (out / "image_map.tsv").read_text().splitlines()]
-    assert names[:N_IMAGES] == [f"COCO_train2014_{i + 1:012d}" for i in range(N_TRAIN)] + \
-        [f"COCO_val2014_{i + 1:012d}" for i in range(N_VAL)]  # the COCO lines come first, as before
+    assert names[:N_IMAGES] == [f"COCO_train2014_{i + 1:012d}" for i in range(N_TRAIN)] + [
+        f"COCO_val2014_{i + 1:012d}" for i in range(N_VAL)
+    ]  # the COCO lines come first, as before
     assert len(names) == len(set(names)) > N_IMAGES
 
 
@@ -135,8 +141,11 @@ def test_vcr_questions_point_at_the_true_colour(world):
     out, summary = world
     for split, n in (("train", N_TRAIN), ("val", N_VAL)):
         rows = [json.loads(line) for line in (out / f"annotations/vcr/{split}.jsonl").read_text().splitlines()]
-        assert [r["annot_id"] for r in rows] == [f"{split}-{i}" for i in range(n)] == \
-            [f"{split}-{i}" for i in range(summary["splits"][split]["vcr_questions"])]
+        assert (
+            [r["annot_id"] for r in rows]
+            == [f"{split}-{i}" for i in range(n)]
+            == [f"{split}-{i}" for i in range(summary["splits"][split]["vcr_questions"])]
+        )
         for row in rows:
             scene = scene_of(out, row["img_fn"])
             meta = load(out / "annotations/vcr/metadata" / row["metadata_fn"])

@@ -22,7 +22,9 @@ BACKENDS = ["arrow", "lmdb"]
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_round_trip_float32_is_bit_exact(tmp_path, backend):
     recs = make_records(23, seed=1)
-    store = write_records(tmp_path / "s", recs, backend=backend, shard_size=5, dtype="float32", feature_dim=32, batch_rows=2)
+    store = write_records(
+        tmp_path / "s", recs, backend=backend, shard_size=5, dtype="float32", feature_dim=32, batch_rows=2
+    )
     assert len(store) == 23 and len(store.manifest.shards) == 5
     assert list(store.ids()) == [r.image_id for r in recs]  # storage order = write order
     for rec in recs:
@@ -30,7 +32,10 @@ def test_round_trip_float32_is_bit_exact(tmp_path, backend):
         assert_same_record(rec, store.get(rec.image_id), exact=True)
     for rec, got in zip(recs, store):
         assert_same_record(rec, got, exact=True)
-    assert [r.image_id for r in store.get_many([recs[4].image_id, recs[0].image_id])] == [recs[4].image_id, recs[0].image_id]
+    assert [r.image_id for r in store.get_many([recs[4].image_id, recs[0].image_id])] == [
+        recs[4].image_id,
+        recs[0].image_id,
+    ]
     assert "missing" not in store and 42 not in store
     with pytest.raises(KeyError, match="missing"):
         store.get("missing")
@@ -58,8 +63,9 @@ def test_round_trip_float16_within_precision_and_float32_on_request(tmp_path, ba
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_probability_storage_topk_and_none(tmp_path, backend):
     recs = make_records(6, seed=3)
-    store = write_records(tmp_path / "s", recs, backend=backend, dtype="float32", feature_dim=32,
-                          cls_prob="topk:3", attr_prob="none")
+    store = write_records(
+        tmp_path / "s", recs, backend=backend, dtype="float32", feature_dim=32, cls_prob="topk:3", attr_prob="none"
+    )
     assert store.manifest.to_json()["layout"]["cls_prob"] == "topk:3"
     for rec in recs:
         got = store.get(rec.image_id)
@@ -118,7 +124,9 @@ def test_resume_appends_new_shards_and_skips_present_ids(tmp_path, backend):
 
 def test_resume_refuses_a_different_layout_or_detector(tmp_path):
     recs = make_records(3, seed=6)
-    write_records(tmp_path / "s", recs, feature_dim=32, provenance={"detector": "vg-frcnn-r101", "weights_sha256": "aa"})
+    write_records(
+        tmp_path / "s", recs, feature_dim=32, provenance={"detector": "vg-frcnn-r101", "weights_sha256": "aa"}
+    )
     with pytest.raises(ConfigError, match="dtype: store has float16, requested float32"):
         FeatureStoreWriter(tmp_path / "s", feature_dim=32, dtype="float32").open()
     with pytest.raises(ConfigError, match="backend"):
@@ -258,10 +266,12 @@ def test_sigkilled_writer_leaves_a_readable_store_that_resumes_exactly(tmp_path,
     assert list(killed.ids()) == [r.image_id for r in recs[:committed]]
     killed.close()
 
-    subprocess.run([sys.executable, "-c", script.replace("time.sleep(0.004)", "pass")], cwd=REPO, check=True, timeout=120)
+    subprocess.run(
+        [sys.executable, "-c", script.replace("time.sleep(0.004)", "pass")], cwd=REPO, check=True, timeout=120
+    )
     store = FeatureStore.open(path)
     assert list(store.ids()) == [r.image_id for r in recs]
-    for rec in recs[:: 37]:
+    for rec in recs[::37]:
         assert_same_record(rec, store.get(rec.image_id), exact=False)
     report = verify_store(path)
     assert report.ok and report.records_checked == 400 and not report.warnings
@@ -303,7 +313,9 @@ def test_verify_checks_each_record_even_when_checksums_agree(tmp_path):
     (tmp_path / "s" / "manifest.json").write_text(json.dumps(manifest))
     report = verify_store(tmp_path / "s")
     assert not report.ok
-    assert report.problems == [f"shard 00000.lmdb row 2: image {recs[2].image_id!r}: field 'features': contains NaN or infinite values"]
+    assert report.problems == [
+        f"shard 00000.lmdb row 2: image {recs[2].image_id!r}: field 'features': contains NaN or infinite values"
+    ]
 
 
 # -- one writer at a time (issue 12 item 2) -----------------------------------
@@ -330,7 +342,9 @@ def test_a_second_writer_is_refused_at_once_and_the_store_stays_intact(tmp_path,
     from legacy_files import write_lxmert_tsv
 
     path, ready, go = tmp_path / "s", tmp_path / "ready", tmp_path / "go"
-    script = HOLDING_WRITER.format(tests=str(REPO / "tests"), path=str(path), backend=backend, ready=str(ready), go=str(go))
+    script = HOLDING_WRITER.format(
+        tests=str(REPO / "tests"), path=str(path), backend=backend, ready=str(ready), go=str(go)
+    )
     proc = subprocess.Popen([sys.executable, "-c", script], cwd=REPO)
     try:
         deadline = time.time() + 60
@@ -411,11 +425,18 @@ def test_a_truncated_shard_is_a_store_error_naming_it_not_sigbus(tmp_path, backe
     shard = f"00001.{backend}"
     data = _data_file(tmp_path / "s", shard)
     os.truncate(data, data.stat().st_size // 2)
-    proc = subprocess.run([sys.executable, "-c", READER_SCRIPT, tmp_path / "s", recs[-1].image_id],
-                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", READER_SCRIPT, tmp_path / "s", recs[-1].image_id],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, (proc.returncode, proc.stderr)  # not -7 (SIGBUS)
     lines = proc.stdout.strip().splitlines()
-    assert len(lines) == 3 and all("StoreError:" in line and shard in line and "truncated" in line for line in lines), lines
+    assert len(lines) == 3 and all("StoreError:" in line and shard in line and "truncated" in line for line in lines), (
+        lines
+    )
     cli = run_cli("inspect", tmp_path / "s")
     assert cli.returncode == 3 and shard in cli.stderr and "truncated" in cli.stderr
 
@@ -459,8 +480,13 @@ def _lmdb_value_offsets(path, image_id: str) -> list[int]:
 def _read_all_ways(store, image_id: str, position: int) -> list[str]:
     """The exception type each read path raises (or 'ok')."""
     outcomes = []
-    for read in (lambda: store.get(image_id), lambda: store[image_id], lambda: list(store),
-                 lambda: store.record_at(position), lambda: list(store.ids())):
+    for read in (
+        lambda: store.get(image_id),
+        lambda: store[image_id],
+        lambda: list(store),
+        lambda: store.record_at(position),
+        lambda: list(store.ids()),
+    ):
         try:
             read()
             outcomes.append("ok")
@@ -529,6 +555,7 @@ def test_checksums_are_verified_once_per_shard_on_first_use_when_asked(tmp_path,
 
 # -- the id index is bound to the manifest (issue 12 item 6) --------------------
 
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_a_foreign_index_with_the_same_shard_names_is_rebuilt_not_trusted(tmp_path, backend, caplog):
     kwargs = dict(backend=backend, shard_size=5, feature_dim=32)
@@ -551,6 +578,7 @@ def test_a_foreign_index_with_the_same_shard_names_is_rebuilt_not_trusted(tmp_pa
 
 
 # -- a store in a notebook (issue 12 item 23) ------------------------------------
+
 
 def test_a_store_behaves_like_a_read_only_mapping(tmp_path):
     recs = make_records(7, seed=29)

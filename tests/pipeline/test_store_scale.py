@@ -86,11 +86,26 @@ def test_get_many_into_equals_pad_regions_over_get_many(tmp_path, backend, posit
     write_records(tmp_path / "s", recs, backend=backend, shard_size=5, feature_dim=16)
     store = FeatureStore.open(tmp_path / "s", dtype="float32")
     buffer = store.region_buffer(4, 6, position=position, img_token=img_token)
-    for ids in ([r.image_id for r in recs[:4]], [r.image_id for r in recs[5:9]], [recs[4].image_id] + [r.image_id for r in recs[9:]]):
+    for ids in (
+        [r.image_id for r in recs[:4]],
+        [r.image_id for r in recs[5:9]],
+        [recs[4].image_id] + [r.image_id for r in recs[9:]],
+    ):
         got = store.get_many_into(ids, buffer).batch()  # reused: padding of the previous batch cleared
         want = pad_regions(store.get_many(ids), 6, position=position, img_token=img_token)
-        for name in ("image_ids", "features", "positions", "mask", "num_boxes", "objects_id", "objects_conf",
-                     "attrs_id", "attrs_conf", "cls_prob", "attr_prob"):
+        for name in (
+            "image_ids",
+            "features",
+            "positions",
+            "mask",
+            "num_boxes",
+            "objects_id",
+            "objects_conf",
+            "attrs_id",
+            "attrs_conf",
+            "cls_prob",
+            "attr_prob",
+        ):
             a, b = getattr(got, name), getattr(want, name)
             assert (a is None) == (b is None), name
             assert a is None or (np.asarray(a).dtype == np.asarray(b).dtype and np.array_equal(a, b)), name

@@ -17,18 +17,52 @@ def data(tmp_path_factory):
     rng = np.random.default_rng(0)
     ids = [9, 25, 30, 42, 51, 52]  # 51 and 52 are held out: the val split
     stems = [f"COCO_train2014_{i:012d}" for i in ids]
-    records = [make_record(rng, s, num_boxes=int(rng.integers(5, 12)), feature_dim=16, cls_dim=11, attr_dim=7) for s in stems]
+    records = [
+        make_record(rng, s, num_boxes=int(rng.integers(5, 12)), feature_dim=16, cls_dim=11, attr_dim=7) for s in stems
+    ]
     write_records(root / "feats", records, feature_dim=16, dtype="float32")
-    (root / "captions_train2014.json").write_text(json.dumps({
-        "images": [{"id": i, "file_name": f"{s}.jpg"} for i, s in zip(ids, stems)],
-        "annotations": [{"image_id": i, "caption": f"a picture number {i} with a red thing"} for i in ids for _ in range(2)]}))
-    (root / "v2_OpenEnded_mscoco_train2014_questions.json").write_text(json.dumps({"questions": [
-        {"image_id": i, "question": "what color is it?", "question_id": i} for i in ids]}))
-    (root / "v2_mscoco_train2014_annotations.json").write_text(json.dumps({"annotations": [
-        {"question_id": i, "answers": [{"answer": "red"}] * 7 + [{"answer": "blue"}] * 3} for i in ids]}))
+    (root / "captions_train2014.json").write_text(
+        json.dumps(
+            {
+                "images": [{"id": i, "file_name": f"{s}.jpg"} for i, s in zip(ids, stems)],
+                "annotations": [
+                    {"image_id": i, "caption": f"a picture number {i} with a red thing"} for i in ids for _ in range(2)
+                ],
+            }
+        )
+    )
+    (root / "v2_OpenEnded_mscoco_train2014_questions.json").write_text(
+        json.dumps({"questions": [{"image_id": i, "question": "what color is it?", "question_id": i} for i in ids]})
+    )
+    (root / "v2_mscoco_train2014_annotations.json").write_text(
+        json.dumps(
+            {
+                "annotations": [
+                    {"question_id": i, "answers": [{"answer": "red"}] * 7 + [{"answer": "blue"}] * 3} for i in ids
+                ]
+            }
+        )
+    )
     (root / "heldout.txt").write_text("COCO_train2014_000000000051\nCOCO_train2014_000000000052\n")
-    (root / "spec.yaml").write_text(yaml.safe_dump({"name": "t", "answers": {"top_k": 10}, "heldout": ["heldout.txt"], "sources": [
-        {"name": "mscoco", "kind": "coco_captions", "files": ["captions_train2014.json"]},
-        {"name": "vqa", "kind": "vqa", "files": ["v2_OpenEnded_mscoco_train2014_questions.json", "v2_mscoco_train2014_annotations.json"]}]}))
+    (root / "spec.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "name": "t",
+                "answers": {"top_k": 10},
+                "heldout": ["heldout.txt"],
+                "sources": [
+                    {"name": "mscoco", "kind": "coco_captions", "files": ["captions_train2014.json"]},
+                    {
+                        "name": "vqa",
+                        "kind": "vqa",
+                        "files": [
+                            "v2_OpenEnded_mscoco_train2014_questions.json",
+                            "v2_mscoco_train2014_annotations.json",
+                        ],
+                    },
+                ],
+            }
+        )
+    )
     build_mixture(MixtureSpec.load(root / "spec.yaml"), root / "mix", stores=(root / "feats",))
     return root

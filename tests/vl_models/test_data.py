@@ -1,5 +1,4 @@
 import numpy as np
-
 from train_helpers import VOCAB
 
 from vl_models import families
@@ -33,7 +32,9 @@ def test_token_masking_statistics_and_special_tokens():
         randomized += ((ids[sel] != tok.mask_id) & (ids[sel] != enc.ids[sel])).sum()
     real = (~enc.special).sum() * 2000
     assert abs(chosen / real - 0.15) < 0.01
-    assert abs(masked / chosen - 0.8) < 0.02 and abs(kept / chosen - 0.1) < 0.02 and abs(randomized / chosen - 0.1) < 0.02
+    assert (
+        abs(masked / chosen - 0.8) < 0.02 and abs(kept / chosen - 0.1) < 0.02 and abs(randomized / chosen - 0.1) < 0.02
+    )
 
 
 def test_region_masking_rates_per_model():

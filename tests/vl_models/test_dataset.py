@@ -1,7 +1,6 @@
 import numpy as np
 import pytest
 import torch
-
 from train_helpers import VOCAB
 
 from vl_models import families
@@ -11,8 +10,9 @@ from vl_models.data.dataset import PretrainDataset
 
 @pytest.mark.parametrize("model", ["lxmert", "vilbert"])
 def test_examples_have_the_model_inputs_and_targets(data, model):
-    ds = PretrainDataset(data / "mix", [data / "feats"], VOCAB, DataSettings(max_text=12, max_regions=10),
-                         families.get(model), seed=1)
+    ds = PretrainDataset(
+        data / "mix", [data / "feats"], VOCAB, DataSettings(max_text=12, max_regions=10), families.get(model), seed=1
+    )
     assert len(ds) == 12
     slots = 11 if model == "vilbert" else 10
     ex = ds[3]
@@ -37,8 +37,9 @@ def test_examples_have_the_model_inputs_and_targets(data, model):
 
 
 def test_dataloader_with_two_workers(data):
-    ds = PretrainDataset(data / "mix", [data / "feats"], VOCAB, DataSettings(max_text=12, max_regions=10),
-                         families.get("lxmert"))
+    ds = PretrainDataset(
+        data / "mix", [data / "feats"], VOCAB, DataSettings(max_text=12, max_regions=10), families.get("lxmert")
+    )
     loader = torch.utils.data.DataLoader(ds, batch_size=4, num_workers=2)
     batches = list(loader)
     assert sum(len(b["input_ids"]) for b in batches) == 12
@@ -63,10 +64,10 @@ def _iou(boxes):
 def test_vilbert_region_loss_is_on_the_selected_regions_only(data):
     """The KL target set is exactly the selected regions: never an unselected neighbour whose
     features the model sees (paper §3.2; the overlap set once leaked about a third)."""
+    from vl_models.config import TaskConfig
     from vl_models.models.configuration import ViLBERTConfig
     from vl_models.models.modeling_vilbert import ViLBERTForPreTraining
     from vl_models.tasks import losses as L
-    from vl_models.config import TaskConfig
     from vl_models.tasks.pretrain import pretrain_losses
 
     examples = [ex for _, _, ex in _vilbert_examples(data, epochs=2)]
@@ -80,16 +81,38 @@ def test_vilbert_region_loss_is_on_the_selected_regions_only(data):
     assert neighbours > 10  # the data has unselected neighbours the old target set took in
     batch = {k: torch.as_tensor(np.stack([ex[k] for ex in examples])) for k in examples[0]}
     torch.manual_seed(0)
-    model = ViLBERTForPreTraining(ViLBERTConfig(
-        name="t", hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=16,
-        max_position_embeddings=16, v_feature_size=16, v_target_size=11, v_hidden_size=16, v_num_hidden_layers=2,
-        v_num_attention_heads=2, v_intermediate_size=16, bi_hidden_size=16, bi_num_attention_heads=2,
-        bi_intermediate_size=16, v_biattention_id=(0, 1), t_biattention_id=(0, 1))).eval()
+    model = ViLBERTForPreTraining(
+        ViLBERTConfig(
+            name="t",
+            hidden_size=16,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            intermediate_size=16,
+            max_position_embeddings=16,
+            v_feature_size=16,
+            v_target_size=11,
+            v_hidden_size=16,
+            v_num_hidden_layers=2,
+            v_num_attention_heads=2,
+            v_intermediate_size=16,
+            bi_hidden_size=16,
+            bi_num_attention_heads=2,
+            bi_intermediate_size=16,
+            v_biattention_id=(0, 1),
+            t_biattention_id=(0, 1),
+        )
+    ).eval()
     _, losses, _ = pretrain_losses(families.get("vilbert"), model, batch, TaskConfig(), epoch=0)
     selected = batch["region_selected"].bool()
     with torch.no_grad():
-        out = model(batch["input_ids"], batch["visual_feats"], batch["visual_pos"], batch["attention_mask"],
-                    batch["visual_mask"], region_positions=selected)
+        out = model(
+            batch["input_ids"],
+            batch["visual_feats"],
+            batch["visual_pos"],
+            batch["attention_mask"],
+            batch["visual_mask"],
+            region_positions=selected,
+        )
         expected, _ = L.region_kl(out.region_logits, batch["region_prob"][selected])
     assert torch.allclose(losses["region"], expected)
 
@@ -129,5 +152,6 @@ def test_vilbert_12in1_variant_zeroes_overlapping_regions_too(data):
     with pytest.raises(Exception, match="--region-overlap must be one of keep, zero"):
         DataSettings(region_overlap="sometimes")
     with pytest.raises(Exception, match="lxmert supports keep"):
-        PretrainDataset(data / "mix", [data / "feats"], VOCAB, DataSettings(region_overlap="zero"),
-                        families.get("lxmert"))
+        PretrainDataset(
+            data / "mix", [data / "feats"], VOCAB, DataSettings(region_overlap="zero"), families.get("lxmert")
+        )

@@ -43,7 +43,8 @@ def test_an_lxmert_run_exports_to_a_folder_transformers_loads(runs, tmp_path):
     result = export(runs["lxmert-tiny"], out)
     assert result.exit_code == 0, result.output
     assert {"model.safetensors", "config.json", "vocab.txt", "tokenizer.json", "tokenizer_config.json"} <= {
-        p.name for p in out.iterdir()}
+        p.name for p in out.iterdir()
+    }
     assert not (out / "pytorch_model.bin").exists()
     ours = load_exported(out).eval()
     saved = checkpoint.load(runs["lxmert-tiny"] / "checkpoints" / "step_0000002.pt")["model"]
@@ -100,8 +101,10 @@ def test_export_picks_a_step_best_or_a_file_and_guards_its_output(runs, tmp_path
     assert result.exit_code == EXIT_CONFIG and "--overwrite" in result.output
     (again / "README.md").write_text("model card")
     assert export(folder, again, "--overwrite").exit_code == 0
-    assert all(torch.equal(load_exported(again).state_dict()[k], v)
-               for k, v in checkpoint.load(folder / "checkpoints" / "step_0000002.pt")["model"].items())
+    assert all(
+        torch.equal(load_exported(again).state_dict()[k], v)
+        for k, v in checkpoint.load(folder / "checkpoints" / "step_0000002.pt")["model"].items()
+    )
     assert (again / "README.md").read_text() == "model card"  # only our files are replaced
 
 
@@ -120,12 +123,19 @@ def test_a_failed_export_leaves_no_temporary_folder_and_the_earlier_export_intac
     out = tmp_path / "hf"
     assert export(runs["lxmert-tiny"], out, "--step", "1").exit_code == 0
     before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
-    code = ("import resource, signal, sys\nsignal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
-            "resource.setrlimit(resource.RLIMIT_FSIZE, (20000, 20000))\n"
-            "from vl_models.cli import main\nsys.argv = ['vltrain'] + sys.argv[1:]\nmain()\n")
-    proc = subprocess.run([sys.executable, "-c", code, "export", "--to", "hf", str(runs["lxmert-tiny"]), str(out),
-                           "--overwrite"], capture_output=True, text=True, cwd=REPO, timeout=120,
-                          env={**os.environ, "COLUMNS": "200"})
+    code = (
+        "import resource, signal, sys\nsignal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
+        "resource.setrlimit(resource.RLIMIT_FSIZE, (20000, 20000))\n"
+        "from vl_models.cli import main\nsys.argv = ['vltrain'] + sys.argv[1:]\nmain()\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code, "export", "--to", "hf", str(runs["lxmert-tiny"]), str(out), "--overwrite"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+        env={**os.environ, "COLUMNS": "200"},
+    )
     assert proc.returncode == EXIT_IO, proc.stderr[-2000:]
     assert "disk full writing" in proc.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == [".hf.vlprep.lock", "hf"]

@@ -73,8 +73,14 @@ class Toy(ModelFamily):
 
     def forward(self, model, batch, decode=True):
         tokens = batch["lm_labels"] != -1 if decode else torch.zeros_like(batch["attention_mask"], dtype=torch.bool)
-        return model(batch["input_ids"], batch["visual_feats"], batch["visual_pos"], batch["attention_mask"],
-                     batch["visual_mask"], lm_positions=tokens)
+        return model(
+            batch["input_ids"],
+            batch["visual_feats"],
+            batch["visual_pos"],
+            batch["attention_mask"],
+            batch["visual_mask"],
+            lm_positions=tokens,
+        )
 
     def losses(self, model, batch, qa_active, visual_weighting):
         out = self.forward(model, batch)
@@ -141,11 +147,14 @@ def test_no_model_name_decides_anything_outside_the_families():
     assert not offenders, offenders
 
 
-@pytest.mark.parametrize("setting, message", [
-    ({"weights": {"region": 1.0}}, "lxmert has no task"),
-    ({"best_metric": "eval_region_kl"}, "not a validation score of lxmert"),
-    ({"region_overlap": "zero"}, "lxmert supports keep"),
-])
+@pytest.mark.parametrize(
+    "setting, message",
+    [
+        ({"weights": {"region": 1.0}}, "lxmert has no task"),
+        ({"best_metric": "eval_region_kl"}, "not a validation score of lxmert"),
+        ({"region_overlap": "zero"}, "lxmert supports keep"),
+    ],
+)
 def test_what_the_family_refuses_is_refused_before_the_model_is_built(data, tmp_path, monkeypatch, setting, message):
     def build(mcfg):
         raise AssertionError("the model was built before the settings were checked")

@@ -21,15 +21,23 @@ VILBERT = families.get("vilbert")
 
 def bert_for_pretraining(layers: int = 3, width: int = 32, heads: int = 4, inner: int = 64):
     torch.manual_seed(7)
-    cfg = transformers.BertConfig(vocab_size=30522, hidden_size=width, num_hidden_layers=layers,
-                                  num_attention_heads=heads, intermediate_size=inner, max_position_embeddings=64)
+    cfg = transformers.BertConfig(
+        vocab_size=30522,
+        hidden_size=width,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        intermediate_size=inner,
+        max_position_embeddings=64,
+    )
     return transformers.BertForPreTraining(cfg).eval()
 
 
 def old_names(state: dict) -> dict:
     """The hub's bert-base-uncased/pytorch_model.bin spelling: LayerNorm.gamma / .beta."""
-    return {k.replace("LayerNorm.weight", "LayerNorm.gamma").replace("LayerNorm.bias", "LayerNorm.beta"): v
-            for k, v in state.items()}
+    return {
+        k.replace("LayerNorm.weight", "LayerNorm.gamma").replace("LayerNorm.bias", "LayerNorm.beta"): v
+        for k, v in state.items()
+    }
 
 
 @pytest.fixture(scope="module")
@@ -50,17 +58,28 @@ def bert_layouts(tmp_path_factory):
 
 
 def _assert_filled(ours: dict, bert: dict, prefix: str, layers: int) -> None:
-    for key in ("embeddings.word_embeddings.weight", "embeddings.LayerNorm.weight", "embeddings.LayerNorm.bias",
-                *(f"encoder.layer.{i}.output.LayerNorm.bias" for i in range(layers)),
-                f"encoder.layer.{layers - 1}.attention.self.query.weight"):
+    for key in (
+        "embeddings.word_embeddings.weight",
+        "embeddings.LayerNorm.weight",
+        "embeddings.LayerNorm.bias",
+        *(f"encoder.layer.{i}.output.LayerNorm.bias" for i in range(layers)),
+        f"encoder.layer.{layers - 1}.attention.self.query.weight",
+    ):
         assert torch.equal(ours[prefix + key], bert["bert." + key]), key
     for key in ("transform.dense.weight", "transform.LayerNorm.weight", "transform.LayerNorm.bias", "bias"):
         assert torch.equal(ours["cls.predictions." + key], bert["cls.predictions." + key]), key  # BERT's MLM head
     assert torch.equal(ours["cls.predictions.decoder.weight"], bert["bert.embeddings.word_embeddings.weight"])
 
 
-@pytest.mark.parametrize("layout", ["pytorch_model.bin (gamma/beta), folder", "pytorch_model.bin (gamma/beta), file",
-                                    "model.safetensors, folder", "model.safetensors, file"])
+@pytest.mark.parametrize(
+    "layout",
+    [
+        "pytorch_model.bin (gamma/beta), folder",
+        "pytorch_model.bin (gamma/beta), file",
+        "model.safetensors, folder",
+        "model.safetensors, file",
+    ],
+)
 def test_vilbert_from_bert_for_pretraining(bert_layouts, layout):
     layouts, bert = bert_layouts
     model = ViLBERTForPreTraining(load_config("vilbert-tiny"))
@@ -68,7 +87,9 @@ def test_vilbert_from_bert_for_pretraining(bert_layouts, layout):
     said = init_pretraining(model, layouts[layout], VILBERT.load_checkpoint)
     _assert_filled(model.state_dict(), bert.state_dict(), "bert.", 3)
     assert torch.equal(model.bert.v_embeddings.image_embeddings.weight, visual_before)  # not in BERT: as initialized
-    assert "BERT" in said and "cls.seq_relationship" in said and "pooler" in said  # what BERT has that ViLBERT does not use
+    assert (
+        "BERT" in said and "cls.seq_relationship" in said and "pooler" in said
+    )  # what BERT has that ViLBERT does not use
 
 
 def test_lxmert_from_bert_takes_the_first_language_layers(bert_layouts):
@@ -76,8 +97,9 @@ def test_lxmert_from_bert_takes_the_first_language_layers(bert_layouts):
     encoder, its pooler and its MLM head; BERT's deeper layers are left out."""
     layouts, bert = bert_layouts
     model = LxmertForPreTraining(load_config("lxmert-tiny"))  # l_layers 2 of BERT's 3
-    said = init_pretraining(model, layouts["pytorch_model.bin (gamma/beta), folder"],
-                            families.get("lxmert").load_checkpoint)
+    said = init_pretraining(
+        model, layouts["pytorch_model.bin (gamma/beta), folder"], families.get("lxmert").load_checkpoint
+    )
     state, ref = model.state_dict(), bert.state_dict()
     _assert_filled(state, ref, "lxmert.", 2)
     assert torch.equal(state["lxmert.pooler.dense.weight"], ref["bert.pooler.dense.weight"])
@@ -110,7 +132,11 @@ def test_bert_that_does_not_fit_is_refused_naming_the_keys(tmp_path):
 def test_pretrain_init_from_a_bert_folder(data, tmp_path, bert_layouts):
     """The README's `--init bert-base-uncased/` path, end to end (one step, lr 0)."""
     layouts, bert = bert_layouts
-    run(config(data, tmp_path, "vilbert-tiny", steps=1, lr=0.0, init=str(layouts["pytorch_model.bin (gamma/beta), folder"])))
+    run(
+        config(
+            data, tmp_path, "vilbert-tiny", steps=1, lr=0.0, init=str(layouts["pytorch_model.bin (gamma/beta), folder"])
+        )
+    )
     state = checkpoint.load_latest(tmp_path / "run")["model"]
     key = "bert.encoder.layer.2.attention.self.query.weight"
     assert torch.equal(state[key], bert.state_dict()[key])

@@ -39,9 +39,20 @@ def colour_store(tmp_path, name) -> list[tuple[int, int]]:
         feats[:, 6 + s] += 3.0
         cls = np.full((3, 7), 0.01, np.float32)
         cls[:, c + 1] = 0.94
-        records.append(RegionFeatures(name(i), 128, 128, boxes, feats, cls_prob=cls,
-                                      objects_id=np.full(3, c), objects_conf=np.full(3, 0.94, np.float32),
-                                      attrs_id=np.zeros(3, np.int64), attrs_conf=np.full(3, 0.5, np.float32)))
+        records.append(
+            RegionFeatures(
+                name(i),
+                128,
+                128,
+                boxes,
+                feats,
+                cls_prob=cls,
+                objects_id=np.full(3, c),
+                objects_conf=np.full(3, 0.94, np.float32),
+                attrs_id=np.zeros(3, np.int64),
+                attrs_conf=np.full(3, 0.5, np.float32),
+            )
+        )
     write_records(tmp_path / "feats", records, feature_dim=16, dtype="float32", attr_prob="none")
     return concepts
 
@@ -51,10 +62,26 @@ def caption(concept) -> str:
 
 
 def train(tmp_path, model, weights, steps) -> dict:
-    return run(TrainConfig.of(model=model, stores=(str(tmp_path / "feats"),), mixture=str(tmp_path / "mix"),
-                              out=str(tmp_path / "run"), vocab=str(VOCAB), steps=20000, stop_at=steps, batch_size=32,
-                              lr=1e-3, warmup=0, checkpoint_every=10000, log_every=100, max_regions=3, max_text=8,
-                              seed=0, weights=weights))
+    return run(
+        TrainConfig.of(
+            model=model,
+            stores=(str(tmp_path / "feats"),),
+            mixture=str(tmp_path / "mix"),
+            out=str(tmp_path / "run"),
+            vocab=str(VOCAB),
+            steps=20000,
+            stop_at=steps,
+            batch_size=32,
+            lr=1e-3,
+            warmup=0,
+            checkpoint_every=10000,
+            log_every=100,
+            max_regions=3,
+            max_text=8,
+            seed=0,
+            weights=weights,
+        )
+    )
 
 
 def test_vilbert_alignment_is_learned(tmp_path):
@@ -63,11 +90,21 @@ def test_vilbert_alignment_is_learned(tmp_path):
 
     concepts = colour_store(tmp_path, name)
     for split, rows in (("train", range(VAL_FROM)), ("val", range(VAL_FROM, N))):
-        (tmp_path / f"{split}.tsv").write_text("".join(f"{caption(concepts[i])}\thttp://img.example/{i}.jpg\n"
-                                                       for i in rows))
-    (tmp_path / "spec.yaml").write_text(yaml.safe_dump({"name": "colors", "answers": {"top_k": 0}, "sources": [
-        {"name": "cc", "kind": "conceptual_captions", "files": ["train.tsv"]},
-        {"name": "cc_val", "kind": "conceptual_captions", "files": ["val.tsv"], "split": "val"}]}))
+        (tmp_path / f"{split}.tsv").write_text(
+            "".join(f"{caption(concepts[i])}\thttp://img.example/{i}.jpg\n" for i in rows)
+        )
+    (tmp_path / "spec.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "name": "colors",
+                "answers": {"top_k": 0},
+                "sources": [
+                    {"name": "cc", "kind": "conceptual_captions", "files": ["train.tsv"]},
+                    {"name": "cc_val", "kind": "conceptual_captions", "files": ["val.tsv"], "split": "val"},
+                ],
+            }
+        )
+    )
     build_mixture(MixtureSpec.load(tmp_path / "spec.yaml"), tmp_path / "mix", stores=(tmp_path / "feats",))
     last = train(tmp_path, "vilbert-tiny", {}, steps=700)  # all three tasks at weight 1
     assert last["eval_alignment_acc"] > 0.85, json.dumps(last)  # chance: 0.5; measured 0.94
@@ -76,24 +113,59 @@ def test_vilbert_alignment_is_learned(tmp_path):
 
 def test_lxmert_qa_is_learned(tmp_path):
     """VQA-format questions on COCO-named images; the held-out images are the val split."""
+
     def name(i):
         return f"COCO_train2014_{i + 1:012d}"
 
     concepts = colour_store(tmp_path, name)
     (tmp_path / "heldout.txt").write_text("".join(name(i) + "\n" for i in range(VAL_FROM, N)))
-    (tmp_path / "captions_train2014.json").write_text(json.dumps({
-        "images": [{"id": i + 1, "file_name": name(i) + ".jpg"} for i in range(N)],
-        "annotations": [{"image_id": i + 1, "caption": caption(c)} for i, c in enumerate(concepts)]}))
-    (tmp_path / "v2_OpenEnded_mscoco_train2014_questions.json").write_text(json.dumps({"questions": [
-        {"image_id": i + 1, "question": f"what color is the {SHAPES[s]}?", "question_id": i + 1}
-        for i, (_, s) in enumerate(concepts)]}))
-    (tmp_path / "v2_mscoco_train2014_annotations.json").write_text(json.dumps({"annotations": [
-        {"question_id": i + 1, "answers": [{"answer": COLORS[c]}] * 10} for i, (c, _) in enumerate(concepts)]}))
-    (tmp_path / "spec.yaml").write_text(yaml.safe_dump({"name": "colors-qa", "answers": {"top_k": 10},
-                                                        "heldout": ["heldout.txt"], "sources": [
-        {"name": "mscoco", "kind": "coco_captions", "files": ["captions_train2014.json"]},
-        {"name": "vqa", "kind": "vqa", "files": ["v2_OpenEnded_mscoco_train2014_questions.json",
-                                                  "v2_mscoco_train2014_annotations.json"]}]}))
+    (tmp_path / "captions_train2014.json").write_text(
+        json.dumps(
+            {
+                "images": [{"id": i + 1, "file_name": name(i) + ".jpg"} for i in range(N)],
+                "annotations": [{"image_id": i + 1, "caption": caption(c)} for i, c in enumerate(concepts)],
+            }
+        )
+    )
+    (tmp_path / "v2_OpenEnded_mscoco_train2014_questions.json").write_text(
+        json.dumps(
+            {
+                "questions": [
+                    {"image_id": i + 1, "question": f"what color is the {SHAPES[s]}?", "question_id": i + 1}
+                    for i, (_, s) in enumerate(concepts)
+                ]
+            }
+        )
+    )
+    (tmp_path / "v2_mscoco_train2014_annotations.json").write_text(
+        json.dumps(
+            {
+                "annotations": [
+                    {"question_id": i + 1, "answers": [{"answer": COLORS[c]}] * 10} for i, (c, _) in enumerate(concepts)
+                ]
+            }
+        )
+    )
+    (tmp_path / "spec.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "name": "colors-qa",
+                "answers": {"top_k": 10},
+                "heldout": ["heldout.txt"],
+                "sources": [
+                    {"name": "mscoco", "kind": "coco_captions", "files": ["captions_train2014.json"]},
+                    {
+                        "name": "vqa",
+                        "kind": "vqa",
+                        "files": [
+                            "v2_OpenEnded_mscoco_train2014_questions.json",
+                            "v2_mscoco_train2014_annotations.json",
+                        ],
+                    },
+                ],
+            }
+        )
+    )
     build_mixture(MixtureSpec.load(tmp_path / "spec.yaml"), tmp_path / "mix", stores=(tmp_path / "feats",))
     last = train(tmp_path, "lxmert-tiny", {}, steps=500)  # all five tasks at weight 1
     assert last["eval_qa_score"] > 0.8, json.dumps(last)  # chance: 1/6; measured 1.0

@@ -4,9 +4,14 @@ import torch
 import torch.nn.functional as F
 
 from vl_models.data.masking import sample_answer
-
 from vl_models.tasks.losses import (
-    LxmertVisualTargets, lxmert_visual, masked_lm, pair_classification, qa, region_kl, total,
+    LxmertVisualTargets,
+    lxmert_visual,
+    masked_lm,
+    pair_classification,
+    qa,
+    region_kl,
+    total,
 )
 
 
@@ -29,7 +34,9 @@ def test_region_kl_normalized_by_masked_count_and_safe():
     sel = none.clone()
     sel[0, 2] = sel[1, 0] = True
     loss, _ = region_kl(logits[sel], target[sel])
-    manual = sum(F.kl_div(F.log_softmax(logits[i, j], -1), target[i, j], reduction="sum") for i, j in ((0, 2), (1, 0))) / 2
+    manual = (
+        sum(F.kl_div(F.log_softmax(logits[i, j], -1), target[i, j], reduction="sum") for i, j in ((0, 2), (1, 0))) / 2
+    )
     torch.testing.assert_close(loss, manual)
     perfect, _ = region_kl(torch.log(target)[sel], target[sel])
     assert perfect.abs().item() < 1e-6
@@ -39,11 +46,19 @@ def test_lxmert_visual_weighting_modes():
     g = torch.Generator().manual_seed(0)
     b, n = 2, 4
     t = LxmertVisualTargets(
-        obj_ids=torch.randint(0, 5, (b, n), generator=g), obj_conf=torch.rand(b, n, generator=g),
-        attr_ids=torch.randint(0, 3, (b, n), generator=g), attr_conf=torch.rand(b, n, generator=g),
-        features=torch.rand(b, n, 8, generator=g), selected=torch.tensor([[1, 0, 0, 0], [0, 1, 0, 0]], dtype=torch.bool),
-        real=torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1]], dtype=torch.bool))
-    obj, attr, feat = torch.randn(b, n, 5, generator=g), torch.randn(b, n, 3, generator=g), torch.rand(b, n, 8, generator=g)
+        obj_ids=torch.randint(0, 5, (b, n), generator=g),
+        obj_conf=torch.rand(b, n, generator=g),
+        attr_ids=torch.randint(0, 3, (b, n), generator=g),
+        attr_conf=torch.rand(b, n, generator=g),
+        features=torch.rand(b, n, 8, generator=g),
+        selected=torch.tensor([[1, 0, 0, 0], [0, 1, 0, 0]], dtype=torch.bool),
+        real=torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1]], dtype=torch.bool),
+    )
+    obj, attr, feat = (
+        torch.randn(b, n, 5, generator=g),
+        torch.randn(b, n, 3, generator=g),
+        torch.rand(b, n, 8, generator=g),
+    )
     conf, _ = lxmert_visual(obj, attr, feat[t.selected], t, "confidence")
     masked, _ = lxmert_visual(obj, attr, feat[t.selected], t, "masked")
     ce = F.cross_entropy(obj.reshape(-1, 5), t.obj_ids.reshape(-1), reduction="none")

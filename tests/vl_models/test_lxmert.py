@@ -14,10 +14,17 @@ def hf_config() -> transformers.LxmertConfig:
     """transformers' config for our lxmert-tiny."""
     cfg = load_config("lxmert-tiny")
     return transformers.LxmertConfig(
-        vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, num_attention_heads=cfg.num_attention_heads,
-        intermediate_size=cfg.intermediate_size, l_layers=cfg.l_layers, x_layers=cfg.x_layers, r_layers=cfg.r_layers,
-        max_position_embeddings=cfg.max_position_embeddings, num_qa_labels=cfg.num_qa_labels,
-        num_object_labels=cfg.num_object_labels, num_attr_labels=cfg.num_attr_labels,
+        vocab_size=cfg.vocab_size,
+        hidden_size=cfg.hidden_size,
+        num_attention_heads=cfg.num_attention_heads,
+        intermediate_size=cfg.intermediate_size,
+        l_layers=cfg.l_layers,
+        x_layers=cfg.x_layers,
+        r_layers=cfg.r_layers,
+        max_position_embeddings=cfg.max_position_embeddings,
+        num_qa_labels=cfg.num_qa_labels,
+        num_object_labels=cfg.num_object_labels,
+        num_attr_labels=cfg.num_attr_labels,
     )
 
 
@@ -97,9 +104,19 @@ def test_original_pth_prefixes_and_strict_errors(tmp_path):
     with pytest.raises(ConfigError, match=r"missing: pooler.dense.bias[\s\S]*unexpected: extra.weight"):
         load_lxmert(state, load_config("lxmert-tiny"))
     with pytest.raises(ConfigError, match="misshaped"):
-        load_lxmert(hf_tiny().state_dict(), LxmertConfig(name="other", hidden_size=64, num_attention_heads=4,
-                                                          intermediate_size=64, l_layers=2, x_layers=1, r_layers=1,
-                                                          max_position_embeddings=64))
+        load_lxmert(
+            hf_tiny().state_dict(),
+            LxmertConfig(
+                name="other",
+                hidden_size=64,
+                num_attention_heads=4,
+                intermediate_size=64,
+                l_layers=2,
+                x_layers=1,
+                r_layers=1,
+                max_position_embeddings=64,
+            ),
+        )
 
 
 def test_base_config_has_the_paper_sizes():
@@ -125,13 +142,18 @@ def test_pretraining_heads_match_transformers():
     with torch.no_grad():
         ref = hf(input_ids=ids, visual_feats=feats, visual_pos=pos, attention_mask=mask, visual_attention_mask=vmask)
         got = ours(ids, feats, pos, attention_mask=mask, visual_attention_mask=vmask)
-    pairs = [(ref.prediction_logits, got.lm_logits), (ref.cross_relationship_score, got.matched_logits),
-             (ref.question_answering_score, got.answer_logits)]
+    pairs = [
+        (ref.prediction_logits, got.lm_logits),
+        (ref.cross_relationship_score, got.matched_logits),
+        (ref.question_answering_score, got.answer_logits),
+    ]
     for a, b in pairs:
         assert (a - b).abs().max() <= 1e-4
     # original .pth layout: module.bert.* backbone and module.<head>.*
-    original = {("module.bert." + k[len("lxmert."):]) if k.startswith("lxmert.") else "module." + k: v
-                for k, v in hf.state_dict().items()}
+    original = {
+        ("module.bert." + k[len("lxmert.") :]) if k.startswith("lxmert.") else "module." + k: v
+        for k, v in hf.state_dict().items()
+    }
     again = load_lxmert_pretraining(original, cfg)
     assert torch.equal(again.answer_head.logit_fc[3].weight, ours.answer_head.logit_fc[3].weight)
 

@@ -98,10 +98,14 @@ def test_retrieval_metrics_both_directions():
     from vl_models.eval.metrics import retrieval_metrics
 
     # 4 captions x 2 images; captions 0, 1 show image 0, captions 2, 3 image 1
-    scores = np.array([[0.9, 0.1],   # c0 -> image 0 first (rank 1)
-                       [0.2, 0.8],   # c1 -> image 0 second (rank 2)
-                       [0.3, 0.7],   # c2 -> image 1 first
-                       [0.6, 0.4]])  # c3 -> image 1 second
+    scores = np.array(
+        [
+            [0.9, 0.1],  # c0 -> image 0 first (rank 1)
+            [0.2, 0.8],  # c1 -> image 0 second (rank 2)
+            [0.3, 0.7],  # c2 -> image 1 first
+            [0.6, 0.4],
+        ]
+    )  # c3 -> image 1 second
     m = retrieval_metrics(scores, np.array([0, 0, 1, 1]), ks=(1, 2))
     assert (m["text_to_image_R@1"], m["text_to_image_R@2"]) == (0.5, 1.0)
     assert (m["text_to_image_median_rank"], m["text_to_image_mean_rank"]) == (1.5, 1.5)
@@ -118,13 +122,17 @@ def test_vqa_report_overall_and_per_answer_type():
     from vl_models.eval.metrics import vqa_report
 
     annotations = [
-        _vqa_annotation(1, "yes/no", ["yes"] * 10),                       # "yes": 1.0
-        _vqa_annotation(2, "number", ["2"] * 2 + ["3"] * 8),              # "two" -> "2" (normalized: they disagree): 0.6
-        _vqa_annotation(3, "other", ["red"] * 3 + ["blue"] * 7),          # "red": 0.9
-        _vqa_annotation(4, "other", ["cat"] * 10),                        # "dog": 0
+        _vqa_annotation(1, "yes/no", ["yes"] * 10),  # "yes": 1.0
+        _vqa_annotation(2, "number", ["2"] * 2 + ["3"] * 8),  # "two" -> "2" (normalized: they disagree): 0.6
+        _vqa_annotation(3, "other", ["red"] * 3 + ["blue"] * 7),  # "red": 0.9
+        _vqa_annotation(4, "other", ["cat"] * 10),  # "dog": 0
     ]
-    results = [{"question_id": 1, "answer": "yes"}, {"question_id": 2, "answer": "two"},
-               {"question_id": 3, "answer": "red"}, {"question_id": 4, "answer": "dog"}]
+    results = [
+        {"question_id": 1, "answer": "yes"},
+        {"question_id": 2, "answer": "two"},
+        {"question_id": 3, "answer": "red"},
+        {"question_id": 4, "answer": "dog"},
+    ]
     report = vqa_report(results, annotations)
     assert report == {"overall": 62.5, "perAnswerType": {"number": 60.0, "other": 45.0, "yes/no": 100.0}}
     with pytest.raises(DataError, match="1 missing"):
@@ -142,8 +150,11 @@ def test_gqa_accuracy_binary_open_and_balanced_only():
         "3": {"answer": "left", "types": {"structural": "query"}, "isBalanced": True},
         "4": {"answer": "no", "types": {"structural": "logical"}, "isBalanced": False},  # not counted
     }
-    predictions = [{"questionId": "1", "prediction": "yes"}, {"questionId": "2", "prediction": "red"},
-                   {"questionId": "3", "prediction": "Left"}]  # exact match: case counts
+    predictions = [
+        {"questionId": "1", "prediction": "yes"},
+        {"questionId": "2", "prediction": "red"},
+        {"questionId": "3", "prediction": "Left"},
+    ]  # exact match: case counts
     assert gqa_accuracy(predictions, questions) == {"accuracy": 2 / 3, "binary": 1.0, "open": 0.5}
     with pytest.raises(DataError, match="miss 1 balanced"):
         gqa_accuracy(predictions[:2], questions)
@@ -165,11 +176,15 @@ def test_box_iou_pairs_and_grounding_accuracy_edges():
     from vl_models.eval.metrics import box_iou_pairs, grounding_accuracy
 
     truth = np.array([[0, 0, 9, 9]] * 4, np.float32)  # 10 x 10 pixels with +1 widths
-    predicted = np.array([[0, 0, 9, 9],      # identical: 1
-                          [0, 0, 9, 4],      # half of it: 50 / 100 = 0.5, not > 0.5
-                          [0, 0, 9, 5],      # 60 / 100
-                          [20, 20, 29, 29]],  # disjoint: 0
-                         np.float32)
+    predicted = np.array(
+        [
+            [0, 0, 9, 9],  # identical: 1
+            [0, 0, 9, 4],  # half of it: 50 / 100 = 0.5, not > 0.5
+            [0, 0, 9, 5],  # 60 / 100
+            [20, 20, 29, 29],
+        ],  # disjoint: 0
+        np.float32,
+    )
     np.testing.assert_allclose(box_iou_pairs(predicted, truth), [1.0, 0.5, 0.6, 0.0])
     assert grounding_accuracy(predicted, truth) == 0.5  # IoU > 0.5 strictly
     assert box_iou_pairs(np.array([[5, 5, 3, 3]]), np.array([[5, 5, 3, 3]]))[0] == 0.0  # no area: no overlap

@@ -61,15 +61,29 @@ def nodes(tmp_path, name: str, args: list, count: int, procs: int, restarts: int
     """`count` agents of the launcher (as `count` nodes, `procs` workers each) running
     ``vltrain ARGS``; their output in tmp_path/NAME-<node>.log. Yields the agents; on the
     way out every process of theirs still running is SIGKILLed by pid."""
-    env = {**os.environ, "NNODES": str(count), "NPROC_PER_NODE": str(procs), "RDZV_ID": name,
-           "RDZV_ENDPOINT": f"127.0.0.1:{free_port()}", "MAX_RESTARTS": str(restarts), "RDZV_TIMEOUT": "60",
-           "OMP_NUM_THREADS": "1"}
+    env = {
+        **os.environ,
+        "NNODES": str(count),
+        "NPROC_PER_NODE": str(procs),
+        "RDZV_ID": name,
+        "RDZV_ENDPOINT": f"127.0.0.1:{free_port()}",
+        "MAX_RESTARTS": str(restarts),
+        "RDZV_TIMEOUT": "60",
+        "OMP_NUM_THREADS": "1",
+    }
     agents = []
     try:
         for node in range(count):
             with open(tmp_path / f"{name}-{node}.log", "w") as log:
-                agents.append(subprocess.Popen(["bash", str(LAUNCHER), *map(str, args)], cwd=REPO, stdout=log,
-                                               stderr=subprocess.STDOUT, env={**env, "NODE_RANK": str(node)}))
+                agents.append(
+                    subprocess.Popen(
+                        ["bash", str(LAUNCHER), *map(str, args)],
+                        cwd=REPO,
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                        env={**env, "NODE_RANK": str(node)},
+                    )
+                )
         yield agents
     finally:
         doomed = [pid for agent in agents if agent.poll() is None for pid in process_tree(agent.pid)]
@@ -90,10 +104,42 @@ def finish(agents, tmp_path, name: str) -> None:
 
 def pretrain_args(data, tmp_path, out, batch_size: int, *extra) -> list:
     """The existing 2-ranks-as-1 comparison's settings (SGD, dropout off, 2 micro-steps)."""
-    return ["pretrain", "--model", no_dropout_config(tmp_path), "--shards", data / "feats", "--mixture", data / "mix",
-            "--vocab", VOCAB, "--steps", STEPS, "--checkpoint-every", EVERY, "--keep-last", 0, "--log-every", 1,
-            "--lr", "1e-2", "--warmup", 1, "--optimizer", "sgd", "--grad-accum", 2, "--batch-size", batch_size,
-            "--max-regions", 10, "--max-text", 12, "--out", out, *extra]
+    return [
+        "pretrain",
+        "--model",
+        no_dropout_config(tmp_path),
+        "--shards",
+        data / "feats",
+        "--mixture",
+        data / "mix",
+        "--vocab",
+        VOCAB,
+        "--steps",
+        STEPS,
+        "--checkpoint-every",
+        EVERY,
+        "--keep-last",
+        0,
+        "--log-every",
+        1,
+        "--lr",
+        "1e-2",
+        "--warmup",
+        1,
+        "--optimizer",
+        "sgd",
+        "--grad-accum",
+        2,
+        "--batch-size",
+        batch_size,
+        "--max-regions",
+        10,
+        "--max-text",
+        12,
+        "--out",
+        out,
+        *extra,
+    ]
 
 
 def weights(out, step: int = STEPS) -> dict:
@@ -110,8 +156,13 @@ def runs(data, tmp_path_factory):
     root = tmp_path_factory.mktemp("multinode")
     with nodes(root, "two-nodes", pretrain_args(data, root, root / "nodes", 2, "--resume", "auto"), 2, 1) as agents:
         finish(agents, root, "two-nodes")
-    one = subprocess.run([sys.executable, "-m", "vl_models.cli", *map(str, pretrain_args(data, root, root / "one", 4))],
-                         capture_output=True, text=True, cwd=REPO, timeout=LIMIT)
+    one = subprocess.run(
+        [sys.executable, "-m", "vl_models.cli", *map(str, pretrain_args(data, root, root / "one", 4))],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=LIMIT,
+    )
     assert one.returncode == 0, one.stderr[-3000:]
     return root
 
@@ -124,7 +175,8 @@ def test_two_nodes_train_as_one_process_and_write_the_run_once(runs):
     every = list(range(EVERY, STEPS + 1, EVERY))
     assert checkpoint.steps_in(runs / "nodes" / "checkpoints") == every
     assert sorted(p.name for p in (runs / "nodes" / "checkpoints").iterdir()) == sorted(
-        ["latest", *(checkpoint.file_name(s) for s in every), *(checkpoint.file_name(s) + ".sha256" for s in every)])
+        ["latest", *(checkpoint.file_name(s) for s in every), *(checkpoint.file_name(s) + ".sha256" for s in every)]
+    )
     logged = rows(runs / "nodes")
     assert [r["step"] for r in logged if "lr" in r] == list(range(1, STEPS + 1))  # each row once
     assert [r["step"] for r in logged if "eval_mlm_acc" in r] == [STEPS]
@@ -161,8 +213,12 @@ def wide(data, tmp_path_factory):
     root = tmp_path_factory.mktemp("wide")
     rng = np.random.default_rng(1)
     stems = {i: f"COCO_train2014_{i:012d}" for i in range(1000, 1150)}
-    write_records(root / "feats", [make_record(rng, s, num_boxes=8, feature_dim=16, cls_dim=11, attr_dim=7)
-                                   for s in stems.values()], feature_dim=16, dtype="float32")
+    write_records(
+        root / "feats",
+        [make_record(rng, s, num_boxes=8, feature_dim=16, cls_dim=11, attr_dim=7) for s in stems.values()],
+        feature_dim=16,
+        dtype="float32",
+    )
     captions = json.loads((data / "captions_train2014.json").read_text())
     captions["images"] += [{"id": i, "file_name": f"{s}.jpg"} for i, s in stems.items()]
     captions["annotations"] += [{"image_id": i, "caption": f"picture {i} with a blue thing"} for i in stems]
@@ -170,8 +226,11 @@ def wide(data, tmp_path_factory):
     questions["questions"] += [{"image_id": i, "question": "what color is it?", "question_id": i} for i in stems]
     answers = json.loads((data / "v2_mscoco_train2014_annotations.json").read_text())
     answers["annotations"] += [{"question_id": i, "answers": [{"answer": "blue"}] * 10} for i in stems]
-    for name, obj in (("captions_train2014.json", captions), ("v2_mscoco_train2014_annotations.json", answers),
-                      ("v2_OpenEnded_mscoco_train2014_questions.json", questions)):
+    for name, obj in (
+        ("captions_train2014.json", captions),
+        ("v2_mscoco_train2014_annotations.json", answers),
+        ("v2_OpenEnded_mscoco_train2014_questions.json", questions),
+    ):
         (root / name).write_text(json.dumps(obj))
     (root / "heldout.txt").write_text("".join(f"{s}\n" for s in stems.values()))
     (root / "spec.yaml").write_text((data / "spec.yaml").read_text())
@@ -189,8 +248,17 @@ def test_every_rank_evaluates_its_share_and_none_waits_for_the_whole(data, wide,
     from vl_models.eval.evaluate import evaluate
     from vl_models.train.trainer import build_model, split_data
 
-    cfg = config(data, tmp_path, no_dropout_config(tmp_path), stores=(str(data / "feats"), str(wide / "feats")),
-                 mixture=str(wide / "mix"), steps=2, batch_size=2, lr=0.0, optimizer="sgd")
+    cfg = config(
+        data,
+        tmp_path,
+        no_dropout_config(tmp_path),
+        stores=(str(data / "feats"), str(wide / "feats")),
+        mixture=str(wide / "mix"),
+        steps=2,
+        batch_size=2,
+        lr=0.0,
+        optimizer="sgd",
+    )
     mixture = Mixture.open(cfg.mixture)
     torch.manual_seed(cfg.run.seed)
     family, _, model = build_model(cfg, len(mixture.answers))
@@ -202,10 +270,39 @@ def test_every_rank_evaluates_its_share_and_none_waits_for_the_whole(data, wide,
         took = time.perf_counter() - started
     finally:
         torch.set_num_threads(threads)
-    args = ["pretrain", "--model", cfg.model, "--shards", data / "feats", "--shards", wide / "feats", "--mixture",
-            cfg.mixture, "--vocab", cfg.vocab, "--out", cfg.out, "--steps", 2, "--eval-every", 1, "--batch-size", 2,
-            "--lr", 0, "--optimizer", "sgd", "--warmup", cfg.optim.warmup, "--max-regions", cfg.data.max_regions,
-            "--max-text", cfg.data.max_text, "--dist-timeout", f"{max(0.6 * took, 1.5):.2f}"]
+    args = [
+        "pretrain",
+        "--model",
+        cfg.model,
+        "--shards",
+        data / "feats",
+        "--shards",
+        wide / "feats",
+        "--mixture",
+        cfg.mixture,
+        "--vocab",
+        cfg.vocab,
+        "--out",
+        cfg.out,
+        "--steps",
+        2,
+        "--eval-every",
+        1,
+        "--batch-size",
+        2,
+        "--lr",
+        0,
+        "--optimizer",
+        "sgd",
+        "--warmup",
+        cfg.optim.warmup,
+        "--max-regions",
+        cfg.data.max_regions,
+        "--max-text",
+        cfg.data.max_text,
+        "--dist-timeout",
+        f"{max(0.6 * took, 1.5):.2f}",
+    ]
     with nodes(tmp_path, "evaluation", args, 1, 2) as agents:
         finish(agents, tmp_path, "evaluation")
     shared = [r for r in rows(cfg.out) if "eval_mlm_acc" in r]
@@ -243,5 +340,5 @@ def rank_of(pid: int):
         env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
     except OSError:
         return None
-    found = [int(v[len(b"RANK="):]) for v in env if v.startswith(b"RANK=")]
+    found = [int(v[len(b"RANK=") :]) for v in env if v.startswith(b"RANK=")]
     return found[0] if found else None

@@ -14,10 +14,26 @@ from vl_models.train.recipes import RECIPE_DIR, load_recipe
 # The published numbers (LXMERT paper §3.3 and airsplay/lxmert run/lxmert_pretrain.bash; ViLBERT
 # paper §3.3 and vilbert-multi-task train_concap.py), written out here independently of the files.
 PUBLISHED = {
-    "lxmert-paper": {"model": "lxmert-base", "epochs": 20, "lr": 1e-4, "batch_size": 256, "optimizer": "bertadam",
-                     "qa_from_epoch": 10, "warmup": 0.05, "max_text": 20, "max_regions": 36},
-    "vilbert-paper": {"model": "vilbert-base", "epochs": 10, "lr": 1e-4, "batch_size": 512, "warmup": 0.1,
-                      "max_text": 36, "max_regions": 36},
+    "lxmert-paper": {
+        "model": "lxmert-base",
+        "epochs": 20,
+        "lr": 1e-4,
+        "batch_size": 256,
+        "optimizer": "bertadam",
+        "qa_from_epoch": 10,
+        "warmup": 0.05,
+        "max_text": 20,
+        "max_regions": 36,
+    },
+    "vilbert-paper": {
+        "model": "vilbert-base",
+        "epochs": 10,
+        "lr": 1e-4,
+        "batch_size": 512,
+        "warmup": 0.1,
+        "max_text": 36,
+        "max_regions": 36,
+    },
 }
 
 
@@ -32,27 +48,48 @@ def test_recipes_hold_the_published_numbers_each_cited(name):
 
 
 def _pretrain(data, tmp_path, *extra):
-    args = ["pretrain", "--shards", str(data / "feats"), "--mixture", str(data / "mix"), "--vocab", str(VOCAB),
-            "--out", str(tmp_path / "run"), "--max-regions", "10", "--checkpoint-every", "100", *extra]
+    args = [
+        "pretrain",
+        "--shards",
+        str(data / "feats"),
+        "--mixture",
+        str(data / "mix"),
+        "--vocab",
+        str(VOCAB),
+        "--out",
+        str(tmp_path / "run"),
+        "--max-regions",
+        "10",
+        "--checkpoint-every",
+        "100",
+        *extra,
+    ]
     return CliRunner().invoke(app, args)
 
 
 def test_the_lxmert_recipe_sets_the_schedule_and_flags_win(data, tmp_path):
     """--recipe lxmert-paper on a tiny model: its optimizer, lr, QA start and 5 % warmup are
     used; the flags given (model, batch size, epochs) win over the recipe's."""
-    result = _pretrain(data, tmp_path, "--recipe", "lxmert-paper", "--model", "lxmert-tiny", "--batch-size", "4",
-                       "--epochs", "2")
+    result = _pretrain(
+        data, tmp_path, "--recipe", "lxmert-paper", "--model", "lxmert-tiny", "--batch-size", "4", "--epochs", "2"
+    )
     assert result.exit_code == 0, result.output
     train = flat_settings(json.loads((tmp_path / "run" / "config.json").read_text())["train"])
-    assert (train["model"], train["batch_size"], train["optimizer"], train["lr"]) == ("lxmert-tiny", 4, "bertadam", 1e-4)
+    assert (train["model"], train["batch_size"], train["optimizer"], train["lr"]) == (
+        "lxmert-tiny",
+        4,
+        "bertadam",
+        1e-4,
+    )
     assert train["qa_from_epoch"] == 10 and train["max_text"] == 20 and train["epochs"] == 2
     assert train["steps"] == 6  # 2 epochs of 12 train items in batches of 4
     assert train["warmup"] == 0.05  # a fraction of the steps, kept as given
 
 
 def test_steps_on_the_command_line_win_over_a_recipes_epochs(data, tmp_path):
-    result = _pretrain(data, tmp_path, "--recipe", "lxmert-paper", "--model", "lxmert-tiny", "--batch-size", "4",
-                       "--steps", "2")
+    result = _pretrain(
+        data, tmp_path, "--recipe", "lxmert-paper", "--model", "lxmert-tiny", "--batch-size", "4", "--steps", "2"
+    )
     assert result.exit_code == 0, result.output
     train = flat_settings(json.loads((tmp_path / "run" / "config.json").read_text())["train"])
     assert train["steps"] == 2 and train["epochs"] is None and train["optimizer"] == "bertadam"

@@ -14,8 +14,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 import torch
-from train_helpers import VOCAB, config
 from helpers import REPO, make_record
+from train_helpers import VOCAB, config
 
 from pipeline.errors import EXIT_CONFIG, EXIT_DATA, EXIT_DIVERGED, EXIT_IO, CheckpointError, ConfigError, DataError
 from pipeline.store import FeatureStore, write_records
@@ -28,15 +28,49 @@ TRAIN_ITEMS = 12  # the data fixture's train split: 4 images x (2 captions + 1 q
 
 def vltrain(*args, timeout: int = 120, **kwargs) -> subprocess.CompletedProcess:
     """`python -m vl_models.cli ARGS` in a real subprocess (stderr is a pipe: not a terminal)."""
-    return subprocess.run([sys.executable, "-m", "vl_models.cli", *map(str, args)], capture_output=True, text=True,
-                          cwd=REPO, timeout=timeout, env={**os.environ, "COLUMNS": "200", "NO_COLOR": "1"}, **kwargs)
+    return subprocess.run(
+        [sys.executable, "-m", "vl_models.cli", *map(str, args)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=timeout,
+        env={**os.environ, "COLUMNS": "200", "NO_COLOR": "1"},
+        **kwargs,
+    )
 
 
 def pretrain_args(data, out, *extra) -> list:
     """The CLI form of `config(data, ..., "lxmert-tiny")`."""
-    return ["pretrain", "--model", "lxmert-tiny", "--shards", data / "feats", "--mixture", data / "mix",
-            "--vocab", VOCAB, "--out", out, "--steps", "4", "--batch-size", "4", "--lr", "1e-3", "--warmup", "1",
-            "--checkpoint-every", "1", "--log-every", "1", "--max-regions", "10", "--max-text", "12", *extra]
+    return [
+        "pretrain",
+        "--model",
+        "lxmert-tiny",
+        "--shards",
+        data / "feats",
+        "--mixture",
+        data / "mix",
+        "--vocab",
+        VOCAB,
+        "--out",
+        out,
+        "--steps",
+        "4",
+        "--batch-size",
+        "4",
+        "--lr",
+        "1e-3",
+        "--warmup",
+        "1",
+        "--checkpoint-every",
+        "1",
+        "--log-every",
+        "1",
+        "--max-regions",
+        "10",
+        "--max-text",
+        "12",
+        *extra,
+    ]
 
 
 def rows(out) -> list[dict]:
@@ -79,6 +113,7 @@ def copy(stopped, tmp_path):
 
 # -- item 4: a batch larger than the data -----------------------------------------------
 
+
 def test_a_batch_larger_than_the_train_split_fails_at_once(data, tmp_path):
     """It hung forever (drop_last on a loader with no full batch)."""
     proc = vltrain(*pretrain_args(data, tmp_path / "run", "--batch-size", "64"), timeout=90)
@@ -96,6 +131,7 @@ def test_items_per_rank_are_checked_under_torchrun(data, tmp_path, monkeypatch):
 
 
 # -- item 8: an existing run folder -------------------------------------------------------
+
 
 def test_an_existing_run_is_refused_without_resume_or_overwrite(copy, data, tmp_path):
     before = snapshot(copy)
@@ -150,7 +186,8 @@ def test_a_second_trainer_on_the_same_folder_is_turned_away(copy, data, tmp_path
         with pytest.raises(BusyError, match="is writing this training run"):
             run(config(data, tmp_path, "lxmert-tiny", resume="yes"))
     assert {k: v for k, v in snapshot(copy).items() if k != ".vlprep.lock"} == {
-        k: v for k, v in before.items() if k != ".vlprep.lock"}
+        k: v for k, v in before.items() if k != ".vlprep.lock"
+    }
 
 
 def test_resume_auto_continues_only_the_very_same_run(copy, data, tmp_path):
@@ -158,8 +195,11 @@ def test_resume_auto_continues_only_the_very_same_run(copy, data, tmp_path):
     anything is written, even one --resume yes accepts; the same settings continue."""
     before = snapshot(copy)
     same = dict(checkpoint_every=1, resume="auto")  # the stopped run's settings
-    with pytest.raises(ConfigError, match=r"--resume auto continues a run only with its own settings, and these "
-                                          r"differ: steps: 4 -> 5\. Continue it with them changed: --resume yes"):
+    with pytest.raises(
+        ConfigError,
+        match=r"--resume auto continues a run only with its own settings, and these "
+        r"differ: steps: 4 -> 5\. Continue it with them changed: --resume yes",
+    ):
         run(config(data, tmp_path, "lxmert-tiny", steps=5, **same))
     with pytest.raises(ConfigError, match=r"lr: 0.001 -> 0.01"):
         run(config(data, tmp_path, "lxmert-tiny", lr=1e-2, **same))
@@ -191,6 +231,7 @@ def test_a_bare_resume_flag_still_means_resume_yes(copy, data):
 
 
 # -- item 9: what a resume may change ---------------------------------------------------
+
 
 def test_resume_refuses_changed_settings_before_writing_anything(copy, data, tmp_path):
     before = snapshot(copy)
@@ -239,8 +280,10 @@ def test_resume_compares_mixture_and_stores_by_content(copy, data, tmp_path):
     with pytest.raises(ConfigError, match=r"stores \(content\)"):
         run(config(data, tmp_path, "lxmert-tiny", resume="yes", stores=(str(store),)))
     other = tmp_path / "reimported"  # the same ids and layout, other features, no provenance (an import)
-    records = [make_record(np.random.default_rng(7), r.image_id, num_boxes=r.num_boxes, feature_dim=16, cls_dim=11,
-                           attr_dim=7) for r in FeatureStore.open(data / "feats")]
+    records = [
+        make_record(np.random.default_rng(7), r.image_id, num_boxes=r.num_boxes, feature_dim=16, cls_dim=11, attr_dim=7)
+        for r in FeatureStore.open(data / "feats")
+    ]
     write_records(other, records, feature_dim=16, dtype="float32")
     with pytest.raises(ConfigError, match=r"stores \(content\)"):
         run(config(data, tmp_path, "lxmert-tiny", resume="yes", stores=(str(other),)))
@@ -274,9 +317,11 @@ def test_sigkill_after_a_logged_step_resumes_exactly_without_duplicate_rows(data
     """Killed after step 3 was logged (checkpoint at 2): the resume drops row 3 and the
     stale temporary checkpoint, and ends where a straight run ends."""
     cfg = config(data, tmp_path, "lxmert-tiny", checkpoint_every=2)
-    code = ("import os, signal\nfrom vl_models.config import TrainConfig\nfrom vl_models.train.trainer import run\n"
-            f"cfg = TrainConfig.from_json({cfg.to_json()!r})\n"
-            "run(cfg, on_step=lambda step, m, total: step == 3 and os.kill(os.getpid(), signal.SIGKILL))\n")
+    code = (
+        "import os, signal\nfrom vl_models.config import TrainConfig\nfrom vl_models.train.trainer import run\n"
+        f"cfg = TrainConfig.from_json({cfg.to_json()!r})\n"
+        "run(cfg, on_step=lambda step, m, total: step == 3 and os.kill(os.getpid(), signal.SIGKILL))\n"
+    )
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == -9, proc.stderr[-2000:]
     out = tmp_path / "run"
@@ -292,6 +337,7 @@ def test_sigkill_after_a_logged_step_resumes_exactly_without_duplicate_rows(data
 
 
 # -- item 10: divergence --------------------------------------------------------------------
+
 
 @pytest.mark.slow
 def test_a_nonfinite_loss_stops_the_run_and_nothing_nonfinite_is_saved(data, tmp_path):
@@ -320,13 +366,20 @@ def test_parameters_are_checked_before_a_checkpoint():
 
 # -- item 11: retention ---------------------------------------------------------------------
 
+
 def test_retention_keeps_the_last_n_and_the_best(tmp_path):
     payload = {"model": {"w": torch.zeros(3)}}
     for step in range(1, 6):
         checkpoint.save(tmp_path, step, payload, keep_last=2, best="step_0000001.pt")
     names = sorted(p.name for p in (tmp_path / "checkpoints").glob("step_*"))
-    assert names == ["step_0000001.pt", "step_0000001.pt.sha256", "step_0000004.pt", "step_0000004.pt.sha256",
-                     "step_0000005.pt", "step_0000005.pt.sha256"]
+    assert names == [
+        "step_0000001.pt",
+        "step_0000001.pt.sha256",
+        "step_0000004.pt",
+        "step_0000004.pt.sha256",
+        "step_0000005.pt",
+        "step_0000005.pt.sha256",
+    ]
     assert (tmp_path / "checkpoints" / "best").read_text() == "step_0000001.pt"
     for step in range(6, 8):
         checkpoint.save(tmp_path, step, payload, keep_last=0)
@@ -335,20 +388,32 @@ def test_retention_keeps_the_last_n_and_the_best(tmp_path):
 
 def test_the_best_checkpoint_by_a_validation_metric_is_kept(data, tmp_path):
     out = tmp_path / "run"
-    run(config(data, tmp_path, "lxmert-tiny", steps=6, checkpoint_every=1, eval_every=2, keep_last=1,
-               best_metric="eval_matching_acc:min"))
+    run(
+        config(
+            data,
+            tmp_path,
+            "lxmert-tiny",
+            steps=6,
+            checkpoint_every=1,
+            eval_every=2,
+            keep_last=1,
+            best_metric="eval_matching_acc:min",
+        )
+    )
     evals = [r for r in rows(out) if "eval_matching_acc" in r]
     assert [r["step"] for r in evals] == [2, 4, 6]
     best = min(evals, key=lambda r: r["eval_matching_acc"])["step"]  # the first of equals
     assert (out / "checkpoints" / "best").read_text() == f"step_{best:07d}.pt"
     assert sorted(p.name for p in (out / "checkpoints").glob("step_*.pt")) == sorted(
-        {f"step_{best:07d}.pt", "step_0000006.pt"})
+        {f"step_{best:07d}.pt", "step_0000006.pt"}
+    )
     for bad, message in (("eval_nonsense", "known: .*eval_matching_acc"), ("eval_mlm_acc:up", "max or min")):
         with pytest.raises(ConfigError, match=message):
             run(config(data, tmp_path / "x", "lxmert-tiny", best_metric=bad))
 
 
 # -- item 12: progress in batch jobs, TensorBoard ------------------------------------------------
+
 
 def test_progress_lines_when_stderr_is_not_a_terminal(data, tmp_path):
     proc = vltrain(*pretrain_args(data, tmp_path / "run", "--steps", "2"))
@@ -364,7 +429,7 @@ def test_progress_lines_count_to_the_steps_epochs_give(data, tmp_path):
     (12 train items, batch 4: 3 steps an epoch), not --steps' default of 1000."""
     args = pretrain_args(data, tmp_path / "run", "--epochs", "1")
     at = args.index("--steps")
-    proc = vltrain(*args[:at], *args[at + 2:])
+    proc = vltrain(*args[:at], *args[at + 2 :])
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "step 3/3" in proc.stderr and "/1000" not in proc.stderr, proc.stderr
 
@@ -399,10 +464,30 @@ def test_enumerated_flags_are_choices_checked_before_any_work(data, tmp_path):
 
     from vl_models.config import TaskConfig
 
-    base = [sys.executable, "-m", "vl_models.cli", "pretrain", "--model", "lxmert-tiny", "--shards", str(data / "feats"),
-            "--mixture", str(data / "mix"), "--vocab", str(VOCAB), "--out", str(tmp_path / "run")]
-    for flag, value in (("--amp", "fp8"), ("--optimizer", "lamb"), ("--visual-weighting", "all"),
-                        ("--region-overlap", "half"), ("--device", "tpu"), ("--resume", "maybe")):
+    base = [
+        sys.executable,
+        "-m",
+        "vl_models.cli",
+        "pretrain",
+        "--model",
+        "lxmert-tiny",
+        "--shards",
+        str(data / "feats"),
+        "--mixture",
+        str(data / "mix"),
+        "--vocab",
+        str(VOCAB),
+        "--out",
+        str(tmp_path / "run"),
+    ]
+    for flag, value in (
+        ("--amp", "fp8"),
+        ("--optimizer", "lamb"),
+        ("--visual-weighting", "all"),
+        ("--region-overlap", "half"),
+        ("--device", "tpu"),
+        ("--resume", "maybe"),
+    ):
         proc = subprocess.run([*base, flag, value], capture_output=True, text=True, timeout=120)
         assert proc.returncode == 2 and f"'{value}' is not one of" in proc.stderr, (flag, proc.stderr[-500:])
     assert not (tmp_path / "run").exists()
@@ -435,14 +520,17 @@ def test_tensorboard_gets_the_logged_scalars(data, tmp_path):
 
 def test_tensorboard_missing_is_named_before_any_work(data, tmp_path):
     args = [str(a) for a in pretrain_args(data, tmp_path / "run", "--report-to", "tensorboard")]
-    code = ("import sys\nsys.modules['tensorboard'] = None  # as if not installed\nfrom vl_models.cli import main\n"
-            f"sys.argv = ['vltrain'] + {args!r}\nmain()\n")
+    code = (
+        "import sys\nsys.modules['tensorboard'] = None  # as if not installed\nfrom vl_models.cli import main\n"
+        f"sys.argv = ['vltrain'] + {args!r}\nmain()\n"
+    )
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == EXIT_CONFIG, proc.stderr[-2000:]
     assert "pip install tensorboard" in proc.stderr and not (tmp_path / "run").exists()
 
 
 # -- raw tracebacks -> one line ----------------------------------------------------------------
+
 
 def _mixture_copy(data, tmp_path):
     shutil.copytree(data / "mix", tmp_path / "mix")
@@ -471,8 +559,11 @@ def test_images_missing_from_the_stores_fail_before_training(data, tmp_path):
         keys[i] = "COCO_train2014_000000999999"
     keys[val[0]] = "COCO_train2014_000000888888"
     rewrite_items(mix, "store_key", keys)
-    with pytest.raises(ConfigError, match=r"2 images of .* are in no feature store.*COCO_train2014_000000888888, "
-                                          r"COCO_train2014_000000999999"):
+    with pytest.raises(
+        ConfigError,
+        match=r"2 images of .* are in no feature store.*COCO_train2014_000000888888, "
+        r"COCO_train2014_000000999999",
+    ):
         run(config(data, tmp_path, "lxmert-tiny", mixture=str(mix)))
     assert not (tmp_path / "run").exists()
 
@@ -546,6 +637,7 @@ def test_verify_shards_catches_a_flipped_byte_before_training(data, tmp_path):
 
 
 # -- review of issue 12: never touch what is not the trainer's; a save killed before `latest` --
+
 
 def test_files_with_the_trainers_names_but_no_run_are_never_touched(data, tmp_path):
     """A project folder with its own config.json, metrics.jsonl and checkpoints/: neither a

@@ -10,13 +10,19 @@ import pytest
 from pipeline.errors import DataError
 from vl_models.eval.metrics import gqa_accuracy, nlvr2_metrics, vcr_metrics, vqa_report
 from vl_models.eval.submissions import (
-    VCR_COLUMNS, write_gqa_predictions, write_nlvr2_predictions, write_vcr_submission, write_vqa_results,
+    VCR_COLUMNS,
+    write_gqa_predictions,
+    write_nlvr2_predictions,
+    write_vcr_submission,
+    write_vqa_results,
 )
 
 
 def test_vqa_results_json_scores_with_the_official_report(tmp_path):
-    annotations = [{"question_id": 7, "answer_type": "yes/no", "answers": [{"answer": "yes"}] * 10},
-                   {"question_id": 8, "answer_type": "other", "answers": [{"answer": "red"}] * 10}]
+    annotations = [
+        {"question_id": 7, "answer_type": "yes/no", "answers": [{"answer": "yes"}] * 10},
+        {"question_id": 8, "answer_type": "other", "answers": [{"answer": "red"}] * 10},
+    ]
     path = write_vqa_results(tmp_path / "vqa.json", np.array([7, 8]), ["yes", "blue"])
     results = json.loads(path.read_text())
     assert results == [{"question_id": 7, "answer": "yes"}, {"question_id": 8, "answer": "blue"}]
@@ -58,10 +64,13 @@ def test_vcr_leaderboard_csv(tmp_path):
     # the leaderboard's reading: argmax answer; the rationale conditioned on the right answer
     labels_a, labels_r = [0, 1, 2], [3, 2, 1]
     picked_a = read_answers.argmax(1)
-    picked_r = [int(np.argmax([float(r[f"rationale_conditioned_on_a{a}_{j}"]) for j in range(4)]))
-                for r, a in zip(rows, labels_a)]
+    picked_r = [
+        int(np.argmax([float(r[f"rationale_conditioned_on_a{a}_{j}"]) for j in range(4)]))
+        for r, a in zip(rows, labels_a)
+    ]
     assert vcr_metrics(picked_a, labels_a, picked_r, labels_r) == vcr_metrics(
-        answers.argmax(1), labels_a, rationales[np.arange(3), labels_a].argmax(1), labels_r)
+        answers.argmax(1), labels_a, rationales[np.arange(3), labels_a].argmax(1), labels_r
+    )
     with pytest.raises(DataError, match="expected"):
         write_vcr_submission(tmp_path / "bad.csv", ["a"], answers[:1], rationales[:1, :3])
     with pytest.raises(DataError, match="not finite"):

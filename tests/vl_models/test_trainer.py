@@ -2,8 +2,8 @@ import json
 
 import pytest
 import torch
-from train_helpers import VOCAB, config, no_dropout_config
 from helpers import REPO
+from train_helpers import VOCAB, config, no_dropout_config
 
 from pipeline.errors import ConfigError
 from vl_models import families
@@ -16,8 +16,11 @@ def test_pretraining_runs_and_writes_a_run_folder(data, tmp_path, model):
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     rows = [r for r in rows if "lr" in r]  # training rows (validation rows carry eval_* keys)
     assert [r["step"] for r in rows] == [1, 2, 3, 4] and last["step"] == 4
-    keys = {"loss_mlm", "loss_alignment", "loss_region"} if model == "vilbert-tiny" else {
-        "loss_mlm", "loss_matching", "loss_obj", "loss_attr", "loss_feat", "loss_qa"}
+    keys = (
+        {"loss_mlm", "loss_alignment", "loss_region"}
+        if model == "vilbert-tiny"
+        else {"loss_mlm", "loss_matching", "loss_obj", "loss_attr", "loss_feat", "loss_qa"}
+    )
     assert keys <= set(rows[-1]) and all(torch.isfinite(torch.tensor(r[k])) for r in rows for k in keys)
     assert rows[-1]["peak_rss_mb"] > 50 and 0 <= rows[-1]["data_wait_fraction"] < 1 and rows[-1]["samples_per_s"] > 0
     assert (tmp_path / "run" / "checkpoints" / "latest").read_text() == "step_0000004.pt"
@@ -66,10 +69,32 @@ def test_cli_pretrain(data, tmp_path):
     import subprocess
     import sys
 
-    proc = subprocess.run([sys.executable, "-m", "vl_models.cli", "pretrain", "--model", "vilbert-tiny",
-                           "--shards", str(data / "feats"), "--mixture", str(data / "mix"), "--vocab", str(VOCAB),
-                           "--out", str(tmp_path / "run"), "--steps", "2", "--batch-size", "4"],
-                          capture_output=True, text=True, cwd=REPO, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "vl_models.cli",
+            "pretrain",
+            "--model",
+            "vilbert-tiny",
+            "--shards",
+            str(data / "feats"),
+            "--mixture",
+            str(data / "mix"),
+            "--vocab",
+            str(VOCAB),
+            "--out",
+            str(tmp_path / "run"),
+            "--steps",
+            "2",
+            "--batch-size",
+            "4",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "done: step 2" in proc.stdout
 
@@ -84,8 +109,13 @@ def test_validation_metrics_and_plot(data, tmp_path):
     assert [r["step"] for r in evals] == [2, 4]
     assert {"eval_alignment_acc", "eval_retrieval_R@1", "eval_retrieval_R@5"} <= set(evals[-1])
     assert 0.0 <= evals[-1]["eval_retrieval_R@1"] <= 1.0 and evals[-1]["eval_retrieval_R@5"] == 1.0  # 2 images
-    proc = subprocess.run([sys.executable, "-m", "vl_models.cli", "plot", str(tmp_path / "run")], capture_output=True,
-                          text=True, cwd=REPO, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "vl_models.cli", "plot", str(tmp_path / "run")],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     from PIL import Image
 
@@ -101,8 +131,14 @@ def test_evaluation_samples_every_source_of_the_split(data, tmp_path):
 
     cfg = config(data, tmp_path, "lxmert-tiny")
     family, _, model = build_model(cfg, len(json.loads((data / "mix" / "answers.json").read_text())["answers"]))
-    val = PretrainDataset(data / "mix", [data / "feats"], VOCAB,
-                          DataSettings(max_text=12, max_regions=10, mismatch_prob=0.0), family, split="val")
+    val = PretrainDataset(
+        data / "mix",
+        [data / "feats"],
+        VOCAB,
+        DataSettings(max_text=12, max_regions=10, mismatch_prob=0.0),
+        family,
+        split="val",
+    )
     kinds = list(val.mixture.kinds[val.rows])
     assert kinds.index("question") >= 3, kinds  # the first three items are captions
     scores = evaluate(family, model, val, max_items=3)
@@ -112,14 +148,17 @@ def test_evaluation_samples_every_source_of_the_split(data, tmp_path):
 def test_a_task_counts_from_its_start_step(data, tmp_path):
     from vl_models.train.trainer import build_model
 
-    cfg = config(data, tmp_path, "vilbert-tiny", steps=4, checkpoint_every=1, weight_decay=0.0,
-                 from_step={"alignment": 3})
+    cfg = config(
+        data, tmp_path, "vilbert-tiny", steps=4, checkpoint_every=1, weight_decay=0.0, from_step={"alignment": 3}
+    )
     run(cfg)
     torch.manual_seed(cfg.run.seed)
     _, _, fresh = build_model(cfg, len(json.loads((data / "mix" / "answers.json").read_text())["answers"]))
     head = "cls.bi_seq_relationship.weight"  # used by the alignment loss alone
-    saved = {s: torch.load(tmp_path / "run" / "checkpoints" / f"step_{s:07d}.pt", weights_only=True)["model"][head]
-             for s in (3, 4)}
+    saved = {
+        s: torch.load(tmp_path / "run" / "checkpoints" / f"step_{s:07d}.pt", weights_only=True)["model"][head]
+        for s in (3, 4)
+    }
     assert torch.equal(saved[3], fresh.state_dict()[head])  # steps 0-2: weight 0, so no update
     assert not torch.equal(saved[4], saved[3])  # step 3 on: it trains
 
@@ -131,7 +170,9 @@ def test_task_names_and_cli_pairs_are_checked():
     from vl_models.config import TaskConfig
 
     assert TaskConfig(weights={"mlm": 2.0}, from_step={"alignment": 5}).weights_at(4) == {"mlm": 2.0, "alignment": 0.0}
-    assert TaskConfig(from_step={"alignment": 5}).weights_at(5) == {} == TaskConfig(from_step={"qa": 9}).weights_at(None)
+    assert (
+        TaskConfig(from_step={"alignment": 5}).weights_at(5) == {} == TaskConfig(from_step={"qa": 9}).weights_at(None)
+    )
     with pytest.raises(ConfigError, match="vilbert has no task.*matching"):
         TaskConfig(from_step={"matching": 5}).check(families.get("vilbert"))
     TaskConfig(weights={"matching": 3.0}, from_step={"matching": 5}).check(families.get("lxmert"))
@@ -139,8 +180,11 @@ def test_task_names_and_cli_pairs_are_checked():
     for bad in (["alignment"], ["alignment=x"], ["=3"], ["mlm=1", "mlm=2"]):
         with pytest.raises(typer.BadParameter, match="expected TASK=INT"):
             _pairs(bad, "--task-from", int)
-    for bad in (TaskConfig(weights={"mlm": float("nan")}), TaskConfig(weights={"mlm": -1.0}),
-                TaskConfig(from_step={"mlm": -5})):
+    for bad in (
+        TaskConfig(weights={"mlm": float("nan")}),
+        TaskConfig(weights={"mlm": -1.0}),
+        TaskConfig(from_step={"mlm": -5}),
+    ):
         with pytest.raises(ConfigError, match="finite and >= 0"):
             bad.check(families.get("vilbert"))
 

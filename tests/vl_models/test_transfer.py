@@ -34,15 +34,30 @@ def world(tmp_path_factory):
     files = write_task_world(root)
     for name in TASKS:
         image_map = root / "files" / "refcoco+" / "image_map.tsv" if name == "refcoco+" else files["image_map"]
-        build_task(transfer.get(name), files[name], root / name, image_map=image_map,
-                   min_count=1 if name == "vqa" else None)
+        build_task(
+            transfer.get(name), files[name], root / name, image_map=image_map, min_count=1 if name == "vqa" else None
+        )
     return root
 
 
 def settings(world, tmp_path, tasks, model="lxmert-tiny", **kw):
-    base = dict(tasks=tasks, task_data=[str(world / t) for t in tasks], stores=[str(world / "feats")],
-                out=str(tmp_path / "ft"), model=model, vocab=str(VOCAB), epochs=None, steps=4, batch_size=4,
-                max_regions=8, max_text=12, lr=1e-3, warmup=2, log_every=1, checkpoint_every=2)
+    base = dict(
+        tasks=tasks,
+        task_data=[str(world / t) for t in tasks],
+        stores=[str(world / "feats")],
+        out=str(tmp_path / "ft"),
+        model=model,
+        vocab=str(VOCAB),
+        epochs=None,
+        steps=4,
+        batch_size=4,
+        max_regions=8,
+        max_text=12,
+        lr=1e-3,
+        warmup=2,
+        log_every=1,
+        checkpoint_every=2,
+    )
     return FinetuneConfig.of(**{**base, **kw})
 
 
@@ -50,10 +65,14 @@ def settings(world, tmp_path, tasks, model="lxmert-tiny", **kw):
 
 
 def test_each_task_reads_its_official_files(world):
-    expect = {"vqa": {"train": 48, "val": 24, "minval": 24, "minval-lxmert": 24},
-              "gqa": {"train": 24, "val": 6, "testdev": 6, "submission": 6},
-              "nlvr2": {"train": 24, "dev": 12}, "flickr30k": {"train": 120, "test": 60},
-              "refcoco+": {"train": 24, "val": 6, "testA": 6}, "vcr": {"train": 24, "val": 12}}
+    expect = {
+        "vqa": {"train": 48, "val": 24, "minval": 24, "minval-lxmert": 24},
+        "gqa": {"train": 24, "val": 6, "testdev": 6, "submission": 6},
+        "nlvr2": {"train": 24, "dev": 12},
+        "flickr30k": {"train": 120, "test": 60},
+        "refcoco+": {"train": 24, "val": 6, "testA": 6},
+        "vcr": {"train": 24, "val": 12},
+    }
     for name, splits in expect.items():
         data = TaskData.open(world / name, task=name)
         assert data.manifest["splits"] == splits, name
@@ -91,8 +110,14 @@ def test_vqa_named_splits_answer_table_and_soft_scores(tmp_path):
             qs[split].append({"image_id": image, "question": f"q {qid}?", "question_id": qid + 1000 * s})
             if split in anns:
                 answers = ["dog"] * 7 + ["bird"] * 3 if qid % 2 else ["cat"] * 10
-                anns[split].append({"question_id": qid + 1000 * s, "answer_type": "other",
-                                    "multiple_choice_answer": answers[0], "answers": [{"answer": a} for a in answers]})
+                anns[split].append(
+                    {
+                        "question_id": qid + 1000 * s,
+                        "answer_type": "other",
+                        "multiple_choice_answer": answers[0],
+                        "answers": [{"answer": a} for a in answers],
+                    }
+                )
     files = []
     for split, questions in qs.items():
         (tmp_path / f"v2_OpenEnded_mscoco_{split}_questions.json").write_text(json.dumps({"questions": questions}))
@@ -106,7 +131,9 @@ def test_vqa_named_splits_answer_table_and_soft_scores(tmp_path):
     data = TaskData.open(tmp_path / "t")
     assert data.answers == ["cat", "dog"] and manifest["answers"]["train_rows_with_target"] == 20
     odd = data.rows("train")[1]
-    assert dict(zip(data.column("answer_ids")[odd], data.column("answer_scores")[odd])) == {1: 1.0}  # 'bird' not in the table
+    assert dict(zip(data.column("answer_ids")[odd], data.column("answer_scores")[odd])) == {
+        1: 1.0
+    }  # 'bird' not in the table
     assert data.column("answers")[odd].count("bird") == 3
     val = [int(r) for r in data.rows("val")]
     assert [int(r) for r in data.rows("minval")] == val[-3000:] and len(data.rows("test-dev")) == 20
@@ -117,14 +144,17 @@ def test_vqa_named_splits_answer_table_and_soft_scores(tmp_path):
     data = TaskData.open(tmp_path / "t")
     assert data.answers == ["cat", "dog", "bird"]
     assert dict(zip(data.column("answer_ids")[odd], data.column("answer_scores")[odd])) == pytest.approx(
-        {1: 1.0, 2: 0.9})
+        {1: 1.0, 2: 0.9}
+    )
 
 
 def test_malformed_rows_are_named_counted_and_left_out(world, tmp_path):
     good = (world / "files" / "dev.json").read_text().splitlines()
     bad = tmp_path / "dev.json"
-    bad.write_text("\n".join([good[0], "{not json", good[1].replace('"True"', '"maybe"').replace('"False"', '"maybe"'),
-                              *good[2:]]) + "\n")
+    bad.write_text(
+        "\n".join([good[0], "{not json", good[1].replace('"True"', '"maybe"').replace('"False"', '"maybe"'), *good[2:]])
+        + "\n"
+    )
     manifest = build_task(transfer.get("nlvr2"), [bad], tmp_path / "t")
     assert manifest["malformed"]["count"] == 2
     assert [e.split(":")[:2] for e in manifest["malformed"]["examples"]] == [["dev.json", "2"], ["dev.json", "3"]]
@@ -164,8 +194,20 @@ def test_each_head_kind_learns_a_planted_signal(world, tmp_path, task):
     """Held-out images (val / dev / testA): what a head learned is the planted signal, read
     from the regions (and, for VCR, matched with the choice's words)."""
     model, steps, lr, metric, floor = LEARNING[task]
-    last = run_finetune(settings(world, tmp_path, [task], model, steps=steps, lr=lr, batch_size=8, warmup=4,
-                                 checkpoint_every=1000, log_every=10))
+    last = run_finetune(
+        settings(
+            world,
+            tmp_path,
+            [task],
+            model,
+            steps=steps,
+            lr=lr,
+            batch_size=8,
+            warmup=4,
+            checkpoint_every=1000,
+            log_every=10,
+        )
+    )
     assert last[metric] >= floor, last
 
 
@@ -207,23 +249,75 @@ def test_task_batch_sampler_orders_and_resumes():
 def test_torchrun_two_processes_finetune_like_one(world, tmp_path):
     """`vltrain finetune` under torchrun: 2 ranks x batch 2 = 1 process x batch 4, to float noise;
     the validation the 2 ranks shared (a batch each) scores as one process scores the same weights."""
-    common = ["-m", "vl_models.cli", "finetune", "--task", "vqa", "--data", str(world / "vqa"), "--shards",
-              str(world / "feats"), "--model", no_dropout_config(tmp_path), "--vocab", str(VOCAB), "--epochs", "0",
-              "--steps", "3", "--lr", "1e-2", "--warmup", "1", "--optimizer", "sgd", "--max-regions", "8",
-              "--eval-items", "4"]
-    two = subprocess.run([shutil.which("torchrun"), "--nproc_per_node", "2", "--master_port", "29541", *common,
-                          "--batch-size", "2", "--out", str(tmp_path / "ddp")], capture_output=True, text=True,
-                         cwd=REPO, timeout=300)
+    common = [
+        "-m",
+        "vl_models.cli",
+        "finetune",
+        "--task",
+        "vqa",
+        "--data",
+        str(world / "vqa"),
+        "--shards",
+        str(world / "feats"),
+        "--model",
+        no_dropout_config(tmp_path),
+        "--vocab",
+        str(VOCAB),
+        "--epochs",
+        "0",
+        "--steps",
+        "3",
+        "--lr",
+        "1e-2",
+        "--warmup",
+        "1",
+        "--optimizer",
+        "sgd",
+        "--max-regions",
+        "8",
+        "--eval-items",
+        "4",
+    ]
+    two = subprocess.run(
+        [
+            shutil.which("torchrun"),
+            "--nproc_per_node",
+            "2",
+            "--master_port",
+            "29541",
+            *common,
+            "--batch-size",
+            "2",
+            "--out",
+            str(tmp_path / "ddp"),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=300,
+    )
     assert two.returncode == 0, two.stderr[-3000:]
-    one = subprocess.run([sys.executable, *common, "--batch-size", "4", "--out", str(tmp_path / "one")],
-                         capture_output=True, text=True, cwd=REPO, timeout=300)
+    one = subprocess.run(
+        [sys.executable, *common, "--batch-size", "4", "--out", str(tmp_path / "one")],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=300,
+    )
     assert one.returncode == 0, one.stderr[-3000:]
     a = torch.load(tmp_path / "ddp" / "checkpoints" / "step_0000003.pt", weights_only=True)["model"]
     b = torch.load(tmp_path / "one" / "checkpoints" / "step_0000003.pt", weights_only=True)["model"]
     assert max((a[k].float() - b[k].float()).abs().max().item() for k in a) < 1e-5
     shared = [json.loads(line) for line in (tmp_path / "ddp" / "metrics.jsonl").read_text().splitlines()][-1]
-    alone = evaluate_checkpoint("vqa", str(tmp_path / "ddp"), world / "vqa", transfer.get("vqa").val_split,
-                                out=tmp_path / "eval", batch_size=2, limit=4)["metrics"]
+    alone = evaluate_checkpoint(
+        "vqa",
+        str(tmp_path / "ddp"),
+        world / "vqa",
+        transfer.get("vqa").val_split,
+        out=tmp_path / "eval",
+        batch_size=2,
+        limit=4,
+    )["metrics"]
     assert shared == {"step": 3, **{f"eval_vqa_{k}": v for k, v in alone.items()}}
 
 
@@ -248,8 +342,14 @@ def test_vqa_evaluation_writes_the_official_results_json(world, finetuned, tmp_p
     data = TaskData.open(world / "vqa")
     rows = data.rows("val")
     assert sorted(r["question_id"] for r in results) == sorted(int(data.column("uid")[r]) for r in rows)
-    annotations = [{"question_id": int(data.column("uid")[r]), "answer_type": data.column("answer_type")[r],
-                    "answers": [{"answer": a} for a in data.column("answers")[r]]} for r in rows]
+    annotations = [
+        {
+            "question_id": int(data.column("uid")[r]),
+            "answer_type": data.column("answer_type")[r],
+            "answers": [{"answer": a} for a in data.column("answers")[r]],
+        }
+        for r in rows
+    ]
     official = vqa_report(results, annotations)  # the official evaluator's numbers on the written file
     assert result["metrics"]["accuracy"] == official["overall"]
     assert result["metrics"]["accuracy_yes_no"] == official["perAnswerType"]["yes/no"]
@@ -278,14 +378,21 @@ def test_gqa_nlvr2_vcr_submissions_are_in_the_official_formats(world, finetuned,
 
 def test_retrieval_scores_every_pair_and_zero_shot_uses_the_pair_head(world, finetuned, tmp_path):
     seen = []
-    result = evaluate_checkpoint("flickr30k", str(finetuned["flickr30k"]), world / "flickr30k", "test",
-                                 out=tmp_path / "r", progress=lambda done, total: seen.append((done, total)))
+    result = evaluate_checkpoint(
+        "flickr30k",
+        str(finetuned["flickr30k"]),
+        world / "flickr30k",
+        "test",
+        out=tmp_path / "r",
+        progress=lambda done, total: seen.append((done, total)),
+    )
     assert seen[-1] == (60 * 12, 60 * 12)  # 60 captions x 12 images
     assert {"text_to_image_R@1", "image_to_text_R@10", "text_to_image_median_rank"} <= set(result["metrics"])
     ranked = json.loads((tmp_path / "r" / "flickr30k_rankings.json").read_text())
     assert len(ranked) == 60 and all(len(r["images"]) == 10 for r in ranked)
-    zero = evaluate_checkpoint("flickr30k", str(finetuned["vqa"]), world / "flickr30k", "test", out=tmp_path / "z",
-                               zero_shot=True, limit=4)
+    zero = evaluate_checkpoint(
+        "flickr30k", str(finetuned["vqa"]), world / "flickr30k", "test", out=tmp_path / "z", zero_shot=True, limit=4
+    )
     assert zero["examples"] == 20  # the captions of the first 4 images
     with pytest.raises(ConfigError, match="needs a fine-tuned head"):
         evaluate_checkpoint("vqa", str(finetuned["vqa"]), world / "vqa", "val", zero_shot=True)
@@ -294,8 +401,9 @@ def test_retrieval_scores_every_pair_and_zero_shot_uses_the_pair_head(world, fin
 
 
 def test_grounding_is_scored_on_the_chosen_region_box(world, finetuned, tmp_path):
-    result = evaluate_checkpoint("refcoco+", str(finetuned["refcoco+"]), world / "refcoco+", "testA",
-                                 out=tmp_path / "g")
+    result = evaluate_checkpoint(
+        "refcoco+", str(finetuned["refcoco+"]), world / "refcoco+", "testA", out=tmp_path / "g"
+    )
     chosen = json.loads((tmp_path / "g" / "refcoco+_predictions.json").read_text())
     data = TaskData.open(world / "refcoco+")
     truth = [data.column("box")[int(r)] for r in data.rows("testA")]
@@ -308,28 +416,112 @@ def test_grounding_is_scored_on_the_chosen_region_box(world, finetuned, tmp_path
 
 def test_command_lines_build_finetune_and_evaluate(world, tmp_path):
     files = world / "files"
-    build = subprocess.run(["vlprep", "build-task", "--task", "nlvr2", "--out", str(tmp_path / "t"),
-                            str(files / "train.json"), str(files / "dev.json"), "--image-map",
-                            str(files / "image_map.tsv")], capture_output=True, text=True, timeout=120)
+    build = subprocess.run(
+        [
+            "vlprep",
+            "build-task",
+            "--task",
+            "nlvr2",
+            "--out",
+            str(tmp_path / "t"),
+            str(files / "train.json"),
+            str(files / "dev.json"),
+            "--image-map",
+            str(files / "image_map.tsv"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert build.returncode == 0, build.stderr
     assert "nlvr2: 36 rows (dev 12, train 24)" in build.stdout
-    bad = subprocess.run(["vlprep", "build-task", "--task", "nlvr3", "--out", str(tmp_path / "u"),
-                          str(files / "dev.json")], capture_output=True, text=True, timeout=120)
+    bad = subprocess.run(
+        ["vlprep", "build-task", "--task", "nlvr3", "--out", str(tmp_path / "u"), str(files / "dev.json")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert bad.returncode != 0 and "unknown task 'nlvr3'" in bad.stderr
-    ft = subprocess.run([sys.executable, "-m", "vl_models.cli", "finetune", "--task", "nlvr2", "--data",
-                         str(tmp_path / "t"), "--shards", str(world / "feats"), "--model", "vilbert-tiny", "--vocab",
-                         str(VOCAB), "--epochs", "0", "--steps", "2", "--batch-size", "4", "--max-regions", "6",
-                         "--out", str(tmp_path / "run")], capture_output=True, text=True, cwd=REPO, timeout=300)
+    ft = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "vl_models.cli",
+            "finetune",
+            "--task",
+            "nlvr2",
+            "--data",
+            str(tmp_path / "t"),
+            "--shards",
+            str(world / "feats"),
+            "--model",
+            "vilbert-tiny",
+            "--vocab",
+            str(VOCAB),
+            "--epochs",
+            "0",
+            "--steps",
+            "2",
+            "--batch-size",
+            "4",
+            "--max-regions",
+            "6",
+            "--out",
+            str(tmp_path / "run"),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=300,
+    )
     assert ft.returncode == 0, ft.stderr[-2000:]
     assert "eval_nlvr2_accuracy" in ft.stdout
-    ev = subprocess.run([sys.executable, "-m", "vl_models.cli", "evaluate", "--task", "nlvr2", "--checkpoint",
-                         str(tmp_path / "run"), "--step", "best", "--data", str(tmp_path / "t"), "--split", "dev"],
-                        capture_output=True, text=True, cwd=REPO, timeout=300)
+    ev = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "vl_models.cli",
+            "evaluate",
+            "--task",
+            "nlvr2",
+            "--checkpoint",
+            str(tmp_path / "run"),
+            "--step",
+            "best",
+            "--data",
+            str(tmp_path / "t"),
+            "--split",
+            "dev",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=300,
+    )
     assert ev.returncode == 0, ev.stderr[-2000:]
     assert "accuracy" in ev.stdout and (tmp_path / "run" / "eval" / "nlvr2-dev" / "nlvr2_predictions.csv").is_file()
-    mismatch = subprocess.run([sys.executable, "-m", "vl_models.cli", "finetune", "--task", "vqa", "--task", "gqa",
-                               "--data", str(world / "vqa"), "--shards", str(world / "feats"), "--out",
-                               str(tmp_path / "x")], capture_output=True, text=True, cwd=REPO, timeout=120)
+    mismatch = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "vl_models.cli",
+            "finetune",
+            "--task",
+            "vqa",
+            "--task",
+            "gqa",
+            "--data",
+            str(world / "vqa"),
+            "--shards",
+            str(world / "feats"),
+            "--out",
+            str(tmp_path / "x"),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+    )
     assert mismatch.returncode != 0 and "one task dataset per --task" in mismatch.stderr
 
 
@@ -373,16 +565,25 @@ def test_retrieval_reuses_single_stream_states_with_the_same_scores(world, model
     family, mcfg = model_of(model, None, str(world / "feats"), 1)
     torch.manual_seed(0)
     tmodel = build_transfer_model(family, mcfg, [transfer.get("flickr30k")], [data]).eval()
-    view = TaskDataset(data, transfer.get("flickr30k"), [world / "feats"], VOCAB, family,
-                       DataSettings(max_regions=8, max_text=12), "test", train=False)
+    view = TaskDataset(
+        data,
+        transfer.get("flickr30k"),
+        [world / "feats"],
+        VOCAB,
+        family,
+        DataSettings(max_regions=8, max_text=12),
+        "test",
+        train=False,
+    )
     found = score_pairs(tmodel, view, "cpu", batch_size=7, limit=3)
     scores, images = found.values["scores"], found.values["images"]
     assert scores.shape == (15, 3) and images == ["img_24", "img_25", "img_26"]
     collate = torch.utils.data.default_collate
     for c, row in enumerate(found.rows[:6]):
         i = int(np.nonzero(view.rows == row)[0][0])
-        batch = collate([{**view.candidates([(view.text(view.value("text", i)), view.image(key))]), "x": 0}
-                         for key in images])
+        batch = collate(
+            [{**view.candidates([(view.text(view.value("text", i)), view.image(key))]), "x": 0} for key in images]
+        )
         with torch.no_grad():
             full = family.encode(tmodel.backbone, batch).pair.numpy()
         assert np.abs(full - scores[c]).max() < 1e-5, (c, full, scores[c])
@@ -401,8 +602,19 @@ def test_finetune_from_a_pretraining_run_copies_the_qa_rows_by_answer(world, dat
     pretrain(config(data, tmp_path, "lxmert-tiny", steps=2, max_regions=8))
     pretrained = torch.load(tmp_path / "run" / "checkpoints" / "step_0000002.pt", weights_only=True)
     old_answers = json.loads((data / "mix" / "answers.json").read_text())["answers"]
-    run_finetune(settings(world, tmp_path, ["vqa"], model=None, vocab=None, init=str(tmp_path / "run"), lr=0.0,
-                          steps=1, out=str(tmp_path / "ft")))
+    run_finetune(
+        settings(
+            world,
+            tmp_path,
+            ["vqa"],
+            model=None,
+            vocab=None,
+            init=str(tmp_path / "run"),
+            lr=0.0,
+            steps=1,
+            out=str(tmp_path / "ft"),
+        )
+    )
     tuned = torch.load(tmp_path / "ft" / "checkpoints" / "step_0000001.pt", weights_only=True)
     new_answers = TaskData.open(world / "vqa").answers
     head, qa = "heads.vqa.logit_fc.", "answer_head.logit_fc."
@@ -411,13 +623,26 @@ def test_finetune_from_a_pretraining_run_copies_the_qa_rows_by_answer(world, dat
     shared = set(old_answers) & set(new_answers)
     assert "red" in shared
     for answer in shared:
-        assert torch.equal(tuned["model"][head + "3.weight"][new_answers.index(answer)],
-                           pretrained["model"][qa + "3.weight"][old_answers.index(answer)])
-    backbone = {k[len("backbone."):]: v for k, v in tuned["model"].items() if k.startswith("backbone.")}
+        assert torch.equal(
+            tuned["model"][head + "3.weight"][new_answers.index(answer)],
+            pretrained["model"][qa + "3.weight"][old_answers.index(answer)],
+        )
+    backbone = {k[len("backbone.") :]: v for k, v in tuned["model"].items() if k.startswith("backbone.")}
     assert all(torch.equal(v, pretrained["model"][k]) for k, v in backbone.items())
     assert tuned["run"]["model"] == pretrained["run"]["model"]  # the model config came with the run
-    run_finetune(settings(world, tmp_path, ["nlvr2"], model=None, vocab=None, init=str(tmp_path / "ft"), lr=0.0,
-                          steps=1, out=str(tmp_path / "ft2")))  # from a fine-tuned backbone: its heads stay behind
+    run_finetune(
+        settings(
+            world,
+            tmp_path,
+            ["nlvr2"],
+            model=None,
+            vocab=None,
+            init=str(tmp_path / "ft"),
+            lr=0.0,
+            steps=1,
+            out=str(tmp_path / "ft2"),
+        )
+    )  # from a fine-tuned backbone: its heads stay behind
     again = torch.load(tmp_path / "ft2" / "checkpoints" / "step_0000001.pt", weights_only=True)["model"]
     assert all(torch.equal(again[k], v) for k, v in tuned["model"].items() if k.startswith("backbone."))
     assert not any(k.startswith("heads.vqa.") for k in again)
@@ -438,22 +663,43 @@ def test_finetune_from_hf_lxmert_and_vilbert_multi_task_checkpoints(world, tmp_p
     hf = transformers.LxmertForPreTraining(transformers.LxmertConfig(**mcfg.hf_config()))
     hf.save_pretrained(tmp_path / "hf", safe_serialization=True)
     (tmp_path / "all_ans.json").write_text(json.dumps([{"ans": a} for a in ("blue", "zebra", "red")]))
-    run_finetune(settings(world, tmp_path / "a", ["vqa"], init=str(tmp_path / "hf"), lr=0.0, steps=1,
-                          init_answers=str(tmp_path / "all_ans.json")))
+    run_finetune(
+        settings(
+            world,
+            tmp_path / "a",
+            ["vqa"],
+            init=str(tmp_path / "hf"),
+            lr=0.0,
+            steps=1,
+            init_answers=str(tmp_path / "all_ans.json"),
+        )
+    )
     tuned = torch.load(tmp_path / "a" / "ft" / "checkpoints" / "step_0000001.pt", weights_only=True)["model"]
     hf_state = hf.state_dict()
-    assert torch.equal(tuned["backbone.lxmert.encoder.x_layers.0.visual_attention.att.query.weight"],
-                       hf_state["lxmert.encoder.x_layers.0.visual_attention.att.query.weight"])
+    assert torch.equal(
+        tuned["backbone.lxmert.encoder.x_layers.0.visual_attention.att.query.weight"],
+        hf_state["lxmert.encoder.x_layers.0.visual_attention.att.query.weight"],
+    )
     answers = TaskData.open(world / "vqa").answers
-    assert torch.equal(tuned["heads.vqa.logit_fc.3.weight"][answers.index("red")],
-                       hf_state["answer_head.logit_fc.3.weight"][2])
+    assert torch.equal(
+        tuned["heads.vqa.logit_fc.3.weight"][answers.index("red")], hf_state["answer_head.logit_fc.3.weight"][2]
+    )
 
     vilbert = families.get("vilbert")
     vcfg = vilbert.fit(families.load_config("vilbert-tiny"), store, 0, "feats")
     torch.manual_seed(2)
     source = vilbert.build(vcfg)
     torch.save(source.state_dict(), tmp_path / "pretrained_model.bin")  # vilbert-multi-task's layout: bert.*, cls.*
-    run_finetune(settings(world, tmp_path / "b", ["nlvr2"], model="vilbert-tiny", init=str(tmp_path / "pretrained_model.bin"),
-                          lr=0.0, steps=1))
+    run_finetune(
+        settings(
+            world,
+            tmp_path / "b",
+            ["nlvr2"],
+            model="vilbert-tiny",
+            init=str(tmp_path / "pretrained_model.bin"),
+            lr=0.0,
+            steps=1,
+        )
+    )
     tuned = torch.load(tmp_path / "b" / "ft" / "checkpoints" / "step_0000001.pt", weights_only=True)["model"]
     assert all(torch.equal(tuned[f"backbone.{k}"], v) for k, v in source.state_dict().items())

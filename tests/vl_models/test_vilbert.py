@@ -49,9 +49,21 @@ def test_shapes_and_masks():
 def _call_order(cfg) -> list[str]:
     """The order in which a narrow copy of `cfg` (same depths and co-attention ids) runs its
     text (T), visual (V) and co-attention (Co) layers."""
-    cfg = replace(cfg, vocab_size=100, max_position_embeddings=16, hidden_size=24, num_attention_heads=4,
-                  intermediate_size=8, v_hidden_size=16, v_num_attention_heads=4, v_intermediate_size=8,
-                  bi_hidden_size=8, bi_num_attention_heads=4, bi_intermediate_size=8, v_feature_size=6)
+    cfg = replace(
+        cfg,
+        vocab_size=100,
+        max_position_embeddings=16,
+        hidden_size=24,
+        num_attention_heads=4,
+        intermediate_size=8,
+        v_hidden_size=16,
+        v_num_attention_heads=4,
+        v_intermediate_size=8,
+        bi_hidden_size=8,
+        bi_num_attention_heads=4,
+        bi_intermediate_size=8,
+        v_feature_size=6,
+    )
     model = ViLBERTModel(cfg).eval()
     calls = []
     for name, stack in (("T", model.encoder.layer), ("V", model.encoder.v_layer), ("Co", model.encoder.c_layer)):
@@ -94,22 +106,37 @@ def test_depth_ablation_configs_equal_the_reference(name):
 def test_two_coattn_placement():
     """2-layer: ten text layers, co-attention, a visual and a text layer, co-attention, the last of each."""
     assert _call_order(load_config("vilbert-base-2coattn")) == (
-        [f"T{i}" for i in range(10)] + ["Co0", "T10", "V0", "Co1", "V1", "T11"])
+        [f"T{i}" for i in range(10)] + ["Co0", "T10", "V0", "Co1", "V1", "T11"]
+    )
 
 
 def test_text_stream_from_a_real_bert_checkpoint():
     minilm = {k: v for k, v in load_file(str(MINILM)).items()}
-    cfg = ViLBERTConfig(name="vilbert-minilm", hidden_size=384, num_hidden_layers=6, num_attention_heads=12,
-                        intermediate_size=1536, v_hidden_size=64, v_num_hidden_layers=2, v_num_attention_heads=4,
-                        v_intermediate_size=64, bi_hidden_size=64, bi_num_attention_heads=4,
-                        v_biattention_id=(0, 1), t_biattention_id=(4, 5))
+    cfg = ViLBERTConfig(
+        name="vilbert-minilm",
+        hidden_size=384,
+        num_hidden_layers=6,
+        num_attention_heads=12,
+        intermediate_size=1536,
+        v_hidden_size=64,
+        v_num_hidden_layers=2,
+        v_num_attention_heads=4,
+        v_intermediate_size=64,
+        bi_hidden_size=64,
+        bi_num_attention_heads=4,
+        v_biattention_id=(0, 1),
+        t_biattention_id=(4, 5),
+    )
     model = ViLBERTForPreTraining(cfg)
     head = model.cls.predictions.transform.dense.weight.clone()
     left_out = init_from_bert(model, MINILM)  # a bare BertModel: no MLM head
     assert left_out == ["bert.pooler.dense"]
     sd = model.state_dict()
-    for key in ("embeddings.word_embeddings.weight", "encoder.layer.5.output.LayerNorm.bias",
-                "encoder.layer.0.attention.self.query.weight"):
+    for key in (
+        "embeddings.word_embeddings.weight",
+        "encoder.layer.5.output.LayerNorm.bias",
+        "encoder.layer.0.attention.self.query.weight",
+    ):
         assert torch.equal(sd["bert." + key], minilm[key])
     assert torch.equal(model.cls.predictions.transform.dense.weight, head)  # as initialized
     wrong = replace(cfg, num_hidden_layers=5, t_biattention_id=(3, 4))
@@ -141,8 +168,12 @@ def test_multitask_checkpoint_with_pretraining_and_task_heads(tmp_path):
     model = ViLBERTForPreTraining(cfg)
     state = {f"module.{k}": v for k, v in model.state_dict().items()}
     bi = cfg.bi_hidden_size
-    heads = {"vil_prediction.logit_fc.0.weight": torch.randn(2 * bi, bi), "vil_prediction.logit_fc.3.bias": torch.randn(7),
-             "vision_logit.weight": torch.randn(1, cfg.v_hidden_size), "linguisic_logit.weight": torch.randn(1, cfg.hidden_size)}
+    heads = {
+        "vil_prediction.logit_fc.0.weight": torch.randn(2 * bi, bi),
+        "vil_prediction.logit_fc.3.bias": torch.randn(7),
+        "vision_logit.weight": torch.randn(1, cfg.v_hidden_size),
+        "linguisic_logit.weight": torch.randn(1, cfg.hidden_size),
+    }
     state.update({f"module.{k}": v for k, v in heads.items()})
     torch.save(state, tmp_path / "multi_task_model.bin")
     loaded, got_heads = load_vilbert_pretraining(tmp_path / "multi_task_model.bin", cfg)
@@ -171,9 +202,14 @@ def test_pretraining_heads_shapes_and_tying():
     at[0, 2] = at[1, 1] = True
     regions = torch.zeros(2, 5, dtype=torch.bool)
     regions[1, 3] = True
-    packed = model(ids, feat, loc, attention_mask=mask, image_attention_mask=vmask, lm_positions=at, region_positions=regions)
+    packed = model(
+        ids, feat, loc, attention_mask=mask, image_attention_mask=vmask, lm_positions=at, region_positions=regions
+    )
     torch.testing.assert_close(packed.lm_logits, out.lm_logits[at])  # decoded only where asked
     torch.testing.assert_close(packed.region_logits, out.region_logits[regions])
     names = set(model.state_dict())
-    assert {"bert.encoder.c_layer.0.biOutput.q_dense1.weight", "cls.imagePredictions.decoder.weight",
-            "cls.bi_seq_relationship.weight"} <= names
+    assert {
+        "bert.encoder.c_layer.0.biOutput.q_dense1.weight",
+        "cls.imagePredictions.decoder.weight",
+        "cls.bi_seq_relationship.weight",
+    } <= names

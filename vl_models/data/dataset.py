@@ -29,12 +29,19 @@ def _rows_of(values: Sequence) -> Optional[torch.Tensor]:
     C-contiguous array, row b at row b), sharing its memory; None otherwise."""
     first = values[0]
     parent = getattr(first, "base", None)
-    if (not isinstance(first, np.ndarray) or not isinstance(parent, np.ndarray) or parent.dtype != first.dtype
-            or parent.shape != (len(values), *first.shape) or not parent.flags.c_contiguous):
+    if (
+        not isinstance(first, np.ndarray)
+        or not isinstance(parent, np.ndarray)
+        or parent.dtype != first.dtype
+        or parent.shape != (len(values), *first.shape)
+        or not parent.flags.c_contiguous
+    ):
         return None
     start, step = parent.ctypes.data, parent.strides[0]
-    if any(not isinstance(v, np.ndarray) or v.base is not parent or v.ctypes.data != start + b * step
-           for b, v in enumerate(values)):
+    if any(
+        not isinstance(v, np.ndarray) or v.base is not parent or v.ctypes.data != start + b * step
+        for b, v in enumerate(values)
+    ):
         return None
     return parent.base if isinstance(parent.base, torch.Tensor) else torch.from_numpy(parent)
 
@@ -59,11 +66,20 @@ class PretrainDataset(torch.utils.data.Dataset):
 
     collate = staticmethod(collate)
 
-    def __init__(self, mixture: Union[Mixture, Path], stores: Sequence[Path], vocab_file: Path,
-                 settings: DataSettings, family, split: str = "train", seed: int = 0):
+    def __init__(
+        self,
+        mixture: Union[Mixture, Path],
+        stores: Sequence[Path],
+        vocab_file: Path,
+        settings: DataSettings,
+        family,
+        split: str = "train",
+        seed: int = 0,
+    ):
         if settings.region_overlap not in family.region_overlap:
-            raise ConfigError(f"--region-overlap {settings.region_overlap}: {family.name} supports "
-                              f"{', '.join(family.region_overlap)}")
+            raise ConfigError(
+                f"--region-overlap {settings.region_overlap}: {family.name} supports {', '.join(family.region_overlap)}"
+            )
         self.cfg = settings
         self.family = family
         self.seed = seed
@@ -73,8 +89,9 @@ class PretrainDataset(torch.utils.data.Dataset):
         if not len(self.rows):
             raise ConfigError(f"{self.mixture.path}: no items in split {split!r}")
         self.images = self.mixture.store_keys
-        self.stores = [FeatureStore.open(p, dtype="float32", verify=True if settings.verify_shards else None)
-                       for p in stores]
+        self.stores = [
+            FeatureStore.open(p, dtype="float32", verify=True if settings.verify_shards else None) for p in stores
+        ]
         self.tokenizer = WordPiece(vocab_file)
         self.epoch = 0
 
@@ -120,22 +137,32 @@ class PretrainDataset(torch.utils.data.Dataset):
     def image(self, row: int) -> dict:
         """One item's image regions, unmasked."""
         batch = self._regions(self.images[row])
-        return {"visual_feats": batch.features[0], "visual_pos": batch.positions[0],
-                "visual_mask": batch.mask[0].astype(np.int64)}
+        return {
+            "visual_feats": batch.features[0],
+            "visual_pos": batch.positions[0],
+            "visual_mask": batch.mask[0].astype(np.int64),
+        }
 
     def _regions(self, key: str):
         family = self.family
-        return pad_regions([self._record(key)], self.cfg.max_regions, position=family.position,
-                           img_token=family.img_token)
+        return pad_regions(
+            [self._record(key)], self.cfg.max_regions, position=family.position, img_token=family.img_token
+        )
 
     def _gather(self, keys: Sequence[str], memory: str) -> RegionBuffer:
         """The regions of images `keys`, padded as `_regions` pads one, read in one batched
         gather per store (`FeatureStore.get_many_into`) into a fresh buffer in the stored
         dtype, with only the fields the family reads (`region_fields`)."""
         family, stores = self.family, self.stores
-        out = stores[0].region_buffer(len(keys), self.cfg.max_regions, position=family.position,
-                                      img_token=family.img_token, fields=family.region_fields,
-                                      dtype=stores[0].layout.dtype, memory=memory)
+        out = stores[0].region_buffer(
+            len(keys),
+            self.cfg.max_regions,
+            position=family.position,
+            img_token=family.img_token,
+            fields=family.region_fields,
+            dtype=stores[0].layout.dtype,
+            memory=memory,
+        )
         if len(stores) == 1:
             return stores[0].get_many_into(keys, out)
         owner = [next((s for s, store in enumerate(stores) if key in store), None) for key in keys]
@@ -156,8 +183,11 @@ class PretrainDataset(torch.utils.data.Dataset):
         memory = "shared" if torch.utils.data.get_worker_info() is not None else "plain"
         regions = self._gather([self.images[int(self.rows[i])] for i in indices], memory)
         batch = regions.batch(img_feature=False)  # the IMG feature is computed after masking
-        converted = {name: _float32(getattr(batch, name), memory)
-                     for name in ("features", "cls_prob", "attr_prob") if getattr(batch, name) is not None}
+        converted = {
+            name: _float32(getattr(batch, name), memory)
+            for name in ("features", "cls_prob", "attr_prob")
+            if getattr(batch, name) is not None
+        }
         batch = replace(batch, **converted)  # float32 and unmasked: the original features
         features = empty_array(batch.features.shape, np.float32, memory)
         features[:] = batch.features
@@ -185,7 +215,9 @@ class PretrainDataset(torch.utils.data.Dataset):
                     break
         text = self.mixture.text(text_row)
         enc = self.tokenizer.encode(text, self.max_text)
-        ids, lm_labels = mask_tokens(enc.ids, enc.special, rng, self.tokenizer.vocab_size, self.tokenizer.mask_id, cfg.mlm_prob)
+        ids, lm_labels = mask_tokens(
+            enc.ids, enc.special, rng, self.tokenizer.vocab_size, self.tokenizer.mask_id, cfg.mlm_prob
+        )
 
         family = self.family
         first = int(family.img_token)  # the IMG token is never masked
@@ -207,14 +239,21 @@ class PretrainDataset(torch.utils.data.Dataset):
             features[0] = img_token_feature(features, regions & ~zeroed)
 
         example = {
-            "input_ids": ids, "attention_mask": enc.mask, "lm_labels": lm_labels,
-            "visual_feats": features, "visual_pos": batch.positions[0], "visual_mask": visual_mask,
-            "region_selected": selected, "matched": np.int64(matched),
+            "input_ids": ids,
+            "attention_mask": enc.mask,
+            "lm_labels": lm_labels,
+            "visual_feats": features,
+            "visual_pos": batch.positions[0],
+            "visual_mask": visual_mask,
+            "region_selected": selected,
+            "matched": np.int64(matched),
         }
         example.update(family.visual_targets(batch, original, image))
         answer_ids, scores = self.mixture.labels(row)
         if matched and answer_ids:
-            example["qa_label"] = np.int64(sample_answer(answer_ids, scores, torch.Generator().manual_seed(int(rng.integers(2**31)))))
+            example["qa_label"] = np.int64(
+                sample_answer(answer_ids, scores, torch.Generator().manual_seed(int(rng.integers(2**31))))
+            )
         else:
             example["qa_label"] = np.int64(-1)
         return example

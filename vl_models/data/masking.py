@@ -21,8 +21,9 @@ import numpy as np
 import torch
 
 
-def mask_tokens(ids: np.ndarray, special: np.ndarray, rng: np.random.Generator, vocab_size: int, mask_id: int,
-                prob: float = 0.15) -> tuple[np.ndarray, np.ndarray]:
+def mask_tokens(
+    ids: np.ndarray, special: np.ndarray, rng: np.random.Generator, vocab_size: int, mask_id: int, prob: float = 0.15
+) -> tuple[np.ndarray, np.ndarray]:
     """(masked ids, labels) for one sequence; `special` marks [CLS]/[SEP]/padding."""
     ids = ids.copy()
     labels = np.full_like(ids, -1)
@@ -51,8 +52,9 @@ class RegionMask:
     replaced: np.ndarray  # (N,) bool: features replaced by another image's (LXMERT)
 
 
-def mask_regions(num_regions: int, num_real: int, rng: np.random.Generator, masking: RegionMasking,
-                 prob: float = 0.15) -> RegionMask:
+def mask_regions(
+    num_regions: int, num_real: int, rng: np.random.Generator, masking: RegionMasking, prob: float = 0.15
+) -> RegionMask:
     """Select among the first `num_real` regions; zero / replace them as `masking` says."""
     real = np.arange(num_regions) < num_real
     selected = (rng.random(num_regions) < prob) & real

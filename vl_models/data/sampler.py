@@ -27,7 +27,9 @@ class ResumableSampler(torch.utils.data.Sampler[int]):
         return self.size // self.world
 
     def indices(self, epoch: int) -> np.ndarray:
-        order = np.random.default_rng(self.seed + epoch).permutation(self.size) if self.shuffle else np.arange(self.size)
+        order = (
+            np.random.default_rng(self.seed + epoch).permutation(self.size) if self.shuffle else np.arange(self.size)
+        )
         return order[: len(self) * self.world][self.rank :: self.world]
 
     def __iter__(self) -> Iterator[int]:
@@ -42,7 +44,13 @@ class ResumableSampler(torch.utils.data.Sampler[int]):
             self.epoch, self.position = epoch, 0
 
     def state_dict(self) -> dict:
-        return {"epoch": self.epoch, "position": self.position, "seed": self.seed, "size": self.size, "world": self.world}
+        return {
+            "epoch": self.epoch,
+            "position": self.position,
+            "seed": self.seed,
+            "size": self.size,
+            "world": self.world,
+        }
 
     def load_state_dict(self, state: dict) -> None:
         if (state["seed"], state["size"], state["world"]) != (self.seed, self.size, self.world):
@@ -62,8 +70,15 @@ class TaskBatchSampler(torch.utils.data.Sampler[list[int]]):
     The order is the same on every rank, so DDP ranks train the same task at each step.
     `position` counts the items of this epoch handed out; a resume continues after them."""
 
-    def __init__(self, sizes: Sequence[int], batch_size: int, rank: int = 0, world: int = 1, seed: int = 0,
-                 mode: str = "round-robin"):
+    def __init__(
+        self,
+        sizes: Sequence[int],
+        batch_size: int,
+        rank: int = 0,
+        world: int = 1,
+        seed: int = 0,
+        mode: str = "round-robin",
+    ):
         if mode not in TASK_SAMPLING:
             raise ValueError(f"task sampling {mode!r}: one of {', '.join(TASK_SAMPLING)}")
         self.sizes, self.batch_size, self.seed, self.mode, self.world = list(sizes), batch_size, seed, mode, world
@@ -102,19 +117,27 @@ class TaskBatchSampler(torch.utils.data.Sampler[list[int]]):
             if k < self.position // self.batch_size:
                 continue
             self.position += self.batch_size
-            yield [int(i) + int(self.offsets[t]) for i in mine[t][start:start + self.batch_size]]
+            yield [int(i) + int(self.offsets[t]) for i in mine[t][start : start + self.batch_size]]
 
     def set_epoch(self, epoch: int) -> None:
         if epoch != self.epoch:
             self.epoch, self.position = epoch, 0
 
     def state_dict(self) -> dict:
-        return {"epoch": self.epoch, "position": self.position, "seed": self.seed, "sizes": self.sizes,
-                "world": self.world, "batch_size": self.batch_size, "mode": self.mode}
+        return {
+            "epoch": self.epoch,
+            "position": self.position,
+            "seed": self.seed,
+            "sizes": self.sizes,
+            "world": self.world,
+            "batch_size": self.batch_size,
+            "mode": self.mode,
+        }
 
     def load_state_dict(self, state: dict) -> None:
         saved = (state["seed"], state["sizes"], state["world"], state["batch_size"], state["mode"])
         if saved != (self.seed, self.sizes, self.world, self.batch_size, self.mode):
-            raise ValueError("sampler state was saved for another seed, data sizes, world size, batch size or "
-                             "task sampling")
+            raise ValueError(
+                "sampler state was saved for another seed, data sizes, world size, batch size or task sampling"
+            )
         self.epoch, self.position = state["epoch"], state["position"]

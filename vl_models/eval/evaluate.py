@@ -13,24 +13,33 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from vl_models.config import TaskConfig
 from vl_models.data.dataset import PretrainDataset
 from vl_models.eval.metrics import recall_at_k, vqa_score
-from vl_models.config import TaskConfig
 from vl_models.tasks.pretrain import pretrain_losses
 from vl_models.train import distributed
 
 
 @torch.no_grad()
-def evaluate(family, model, data: PretrainDataset, device: str = "cpu", batch_size: int = 32,
-             max_items: int = 512, retrieval_images: int = 50, captions_per_image: int = 1) -> dict:
+def evaluate(
+    family,
+    model,
+    data: PretrainDataset,
+    device: str = "cpu",
+    batch_size: int = 32,
+    max_items: int = 512,
+    retrieval_images: int = 50,
+    captions_per_image: int = 1,
+) -> dict:
     was_training = model.training
     model.eval()
     # Evenly spaced over the split, so every source (captions, questions) is represented
     # whatever order the mixture lists them in.
     items = np.unique(np.linspace(0, len(data) - 1, min(len(data), max_items)).round().astype(int))
-    batches = [[int(i) for i in items[start:start + batch_size]] for start in range(0, len(items), batch_size)]
-    scored = distributed.gather_shards([_score_batch(family, model, data, batches[b], device)
-                                        for b in distributed.shard(len(batches))])
+    batches = [[int(i) for i in items[start : start + batch_size]] for start in range(0, len(items), batch_size)]
+    scored = distributed.gather_shards(
+        [_score_batch(family, model, data, batches[b], device) for b in distributed.shard(len(batches))]
+    )
     sums: dict = {}
     qa_pred, qa_ids, qa_scores = [], [], []
     for metrics, answers in scored:
@@ -84,5 +93,8 @@ def retrieval(family, model, data: PretrainDataset, device: str, limit: int, cap
 
     scores = np.stack(distributed.gather_shards([score(queries[q][0]) for q in distributed.shard(len(queries))]))
     recalls = recall_at_k(scores, np.array([t for _, t in queries]))
-    return {"eval_retrieval_images": len(image_rows), "eval_retrieval_queries": len(queries),
-            **{f"eval_retrieval_{k}": v for k, v in recalls.items()}}
+    return {
+        "eval_retrieval_images": len(image_rows),
+        "eval_retrieval_queries": len(queries),
+        **{f"eval_retrieval_{k}": v for k, v in recalls.items()},
+    }

@@ -28,8 +28,9 @@ def ranks(scores: np.ndarray, right: np.ndarray) -> np.ndarray:
     right candidate). Candidates are ordered by score, highest first; equal scores keep
     their candidate order (a stable sort), so ties are broken by index, deterministically."""
     if scores.shape != right.shape or not right.any(axis=1).all():
-        raise DataError(f"ranks: scores {scores.shape} and right {right.shape} differ, or a query has no right "
-                        "candidate")
+        raise DataError(
+            f"ranks: scores {scores.shape} and right {right.shape} differ, or a query has no right candidate"
+        )
     order = np.argsort(-scores, axis=1, kind="stable")
     return np.argmax(np.take_along_axis(right, order, axis=1), axis=1)
 
@@ -117,9 +118,11 @@ def vqa_report(results: Sequence[Mapping], annotations: Sequence[Mapping]) -> di
     truth = {a["question_id"]: a for a in annotations}
     if set(predicted) != set(truth) or len(predicted) != len(results):
         missing, extra = sorted(set(truth) - set(predicted)), sorted(set(predicted) - set(truth))
-        raise DataError(f"VQA results do not answer the annotated questions: {len(missing)} missing (e.g. "
-                        f"{missing[:3]}), {len(extra)} not annotated (e.g. {extra[:3]}), "
-                        f"{len(results) - len(predicted)} answered twice")
+        raise DataError(
+            f"VQA results do not answer the annotated questions: {len(missing)} missing (e.g. "
+            f"{missing[:3]}), {len(extra)} not annotated (e.g. {extra[:3]}), "
+            f"{len(results) - len(predicted)} answered twice"
+        )
     by_type: dict[str, list[float]] = defaultdict(list)
     every = []
     for qid, ann in truth.items():
@@ -203,8 +206,12 @@ def grounding_accuracy(predicted: np.ndarray, truth: np.ndarray, threshold: floa
     return float(np.mean(box_iou_pairs(predicted, truth) > threshold))
 
 
-def vcr_metrics(answer_pred: Sequence[int], answer_label: Sequence[int], rationale_pred: Sequence[int],
-                rationale_label: Sequence[int]) -> dict[str, float]:
+def vcr_metrics(
+    answer_pred: Sequence[int],
+    answer_label: Sequence[int],
+    rationale_pred: Sequence[int],
+    rationale_label: Sequence[int],
+) -> dict[str, float]:
     """VCR's three accuracies: Q->A (the answer), QA->R (the rationale, given the right
     answer) and Q->AR (both right)."""
     a = np.asarray(answer_pred) == np.asarray(answer_label)

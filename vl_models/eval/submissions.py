@@ -24,8 +24,11 @@ import numpy as np
 from pipeline.errors import DataError
 from pipeline.io import atomic_write_bytes
 
-VCR_COLUMNS = ("annot_id", *(f"answer_{i}" for i in range(4)),
-               *(f"rationale_conditioned_on_a{i}_{j}" for i in range(4) for j in range(4)))
+VCR_COLUMNS = (
+    "annot_id",
+    *(f"answer_{i}" for i in range(4)),
+    *(f"rationale_conditioned_on_a{i}_{j}" for i in range(4) for j in range(4)),
+)
 
 
 def _check(kind: str, ids: Sequence, predictions: Sequence) -> None:
@@ -56,15 +59,18 @@ def write_nlvr2_predictions(path: Path, identifiers: Sequence[str], predictions:
     return Path(path)
 
 
-def write_vcr_submission(path: Path, annot_ids: Sequence[str], answer_probs: np.ndarray,
-                         rationale_probs: np.ndarray) -> Path:
+def write_vcr_submission(
+    path: Path, annot_ids: Sequence[str], answer_probs: np.ndarray, rationale_probs: np.ndarray
+) -> Path:
     """`answer_probs` (N, 4); `rationale_probs` (N, 4, 4): row i, answer a, rationale r is
     P(rationale r | question, answer a)."""
     answer_probs, rationale_probs = np.asarray(answer_probs, np.float64), np.asarray(rationale_probs, np.float64)
     _check("VCR", annot_ids, answer_probs)
     if answer_probs.shape != (len(annot_ids), 4) or rationale_probs.shape != (len(annot_ids), 4, 4):
-        raise DataError(f"VCR submission: answer probabilities {answer_probs.shape} and rationale probabilities "
-                        f"{rationale_probs.shape}, expected ({len(annot_ids)}, 4) and ({len(annot_ids)}, 4, 4)")
+        raise DataError(
+            f"VCR submission: answer probabilities {answer_probs.shape} and rationale probabilities "
+            f"{rationale_probs.shape}, expected ({len(annot_ids)}, 4) and ({len(annot_ids)}, 4, 4)"
+        )
     if not (np.isfinite(answer_probs).all() and np.isfinite(rationale_probs).all()):
         raise DataError("VCR submission: a probability is not finite")
     out = io.StringIO()

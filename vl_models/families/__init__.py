@@ -25,8 +25,10 @@ unregister, names, get = _FAMILIES.unregister, _FAMILIES.names, _FAMILIES.get
 def register(family: ModelFamily) -> ModelFamily:
     """Make `family` known by its name (a second family of the same name is an error)."""
     if getattr(family.config_class, "model_type", None) != family.name:
-        raise ConfigError(f"model family {family.name!r}: its config class {family.config_class.__name__} must have "
-                          f"model_type = {family.name!r} (the key a config file names its family with)")
+        raise ConfigError(
+            f"model family {family.name!r}: its config class {family.config_class.__name__} must have "
+            f"model_type = {family.name!r} (the key a config file names its family with)"
+        )
     return _FAMILIES.register(family)
 
 
@@ -43,8 +45,9 @@ def load_config(name_or_path: Union[str, Path]) -> Any:
     config class of the family its ``model_type`` names."""
     obj = read_named_json(name_or_path, CONFIG_DIR, "model")
     if obj.get("model_type") not in names():
-        raise ConfigError(f"{name_or_path}: model_type must be one of {', '.join(names())}, "
-                          f"got {obj.get('model_type')!r}")
+        raise ConfigError(
+            f"{name_or_path}: model_type must be one of {', '.join(names())}, got {obj.get('model_type')!r}"
+        )
     return get(obj["model_type"]).config_class.from_json(obj)
 
 

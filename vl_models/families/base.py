@@ -93,8 +93,15 @@ class ModelFamily:
             tokens, regions = batch["lm_labels"] != -1, batch["region_selected"].bool()
         else:
             tokens, regions = no_positions(batch)
-        return model(batch["input_ids"], batch["visual_feats"], batch["visual_pos"], batch["attention_mask"],
-                     batch["visual_mask"], lm_positions=tokens, **{self.region_positions: regions})
+        return model(
+            batch["input_ids"],
+            batch["visual_feats"],
+            batch["visual_pos"],
+            batch["attention_mask"],
+            batch["visual_mask"],
+            lm_positions=tokens,
+            **{self.region_positions: regions},
+        )
 
     def losses(self, model, batch: dict, qa_active: bool, visual_weighting: str) -> tuple[dict, dict]:
         """(per-task losses, metrics) of one batch, keyed by `tasks`."""
@@ -115,8 +122,9 @@ class ModelFamily:
         logits, p = logits.float(), self.pair_positive
         return logits[:, p] - logits[:, 1 - p]
 
-    def cached_pair_logit(self, model, text: torch.Tensor, text_mask: torch.Tensor, vision: torch.Tensor,
-                          vision_mask: torch.Tensor) -> torch.Tensor:
+    def cached_pair_logit(
+        self, model, text: torch.Tensor, text_mask: torch.Tensor, vision: torch.Tensor, vision_mask: torch.Tensor
+    ) -> torch.Tensor:
         """`pair_logit` from single-modality states computed once (the backbone's `encode_text` /
         `encode_vision`): only the layers where the streams meet run per pair (retrieval)."""
         out = self.backbone(model).cross(text, text_mask, vision, vision_mask)
@@ -134,11 +142,16 @@ class ModelFamily:
         """The backbone's outputs for fine-tuning heads (`Encoded`): `batch` holds C candidates
         per example ((B, C, ...) tensors), flattened to B*C pairs. Of the pretraining heads only
         the pair head runs."""
-        flat = [batch[k].flatten(0, 1) for k in ("input_ids", "visual_feats", "visual_pos", "attention_mask",
-                                                 "visual_mask")]
+        flat = [
+            batch[k].flatten(0, 1) for k in ("input_ids", "visual_feats", "visual_pos", "attention_mask", "visual_mask")
+        ]
         out = self.backbone(model)(*flat)
-        return Encoded(pooled=out.pooled_output, vision=out.vision_output,
-                       pair=self._margin(self.pair_head(model)(out.pooled_output)))
+        return Encoded(
+            pooled=out.pooled_output,
+            vision=out.vision_output,
+            pair=self._margin(self.pair_head(model)(out.pooled_output)),
+        )
+
     def qa_head(self, model: torch.nn.Module):
         """The pretraining QA head's ``Linear, GeLU, LayerNorm, Linear`` (an `nn.Sequential`)
         that fine-tuning answer heads start from; None for a family without one."""
@@ -154,5 +167,7 @@ class ModelFamily:
 
 def no_positions(batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
     """Token and region position masks with nothing selected (decoders skipped)."""
-    return (torch.zeros_like(batch["attention_mask"], dtype=torch.bool),
-            torch.zeros_like(batch["visual_mask"], dtype=torch.bool))
+    return (
+        torch.zeros_like(batch["attention_mask"], dtype=torch.bool),
+        torch.zeros_like(batch["visual_mask"], dtype=torch.bool),
+    )

@@ -21,8 +21,15 @@ class Lxmert(ModelFamily):
     config_class = LxmertConfig
     tasks = ("mlm", "matching", "obj", "attr", "feat", "qa")
     pair_task = "matching"
-    eval_metrics = {"eval_mlm_acc": "max", "eval_matching_acc": "max", "eval_obj_acc": "max", "eval_attr_acc": "max",
-                    "eval_qa_acc": "max", "eval_qa_score": "max", **RETRIEVAL_METRICS}
+    eval_metrics = {
+        "eval_mlm_acc": "max",
+        "eval_matching_acc": "max",
+        "eval_obj_acc": "max",
+        "eval_attr_acc": "max",
+        "eval_qa_acc": "max",
+        "eval_qa_score": "max",
+        **RETRIEVAL_METRICS,
+    }
     max_text = 20
     position = "4d"
     region_masking = RegionMasking(zero=0.8, replace=0.1)  # 10 % another image's feature, 10 % unaltered
@@ -31,9 +38,13 @@ class Lxmert(ModelFamily):
     region_positions = "feat_positions"  # LXMERT decodes features (and labels) of the masked regions
 
     def fit(self, mcfg, layout, answers, store):
-        return replace(mcfg, visual_feat_dim=layout.feature_dim, num_qa_labels=max(answers, 1),
-                       num_object_labels=(layout.cls_dim or mcfg.num_object_labels + 1) - 1,
-                       num_attr_labels=(layout.attr_dim or mcfg.num_attr_labels + 1) - 1)
+        return replace(
+            mcfg,
+            visual_feat_dim=layout.feature_dim,
+            num_qa_labels=max(answers, 1),
+            num_object_labels=(layout.cls_dim or mcfg.num_object_labels + 1) - 1,
+            num_attr_labels=(layout.attr_dim or mcfg.num_attr_labels + 1) - 1,
+        )
 
     def build(self, mcfg):
         return LxmertForPreTraining(mcfg)
@@ -51,20 +62,27 @@ class Lxmert(ModelFamily):
         def first(value, fill, dtype):
             return value[0] if value is not None else np.full(slots, fill, dtype)
 
-        return {"obj_ids": first(regions.objects_id, -1, np.int64),
-                "obj_conf": first(regions.objects_conf, 0, np.float32),
-                "attr_ids": first(regions.attrs_id, -1, np.int64),
-                "attr_conf": first(regions.attrs_conf, 0, np.float32),
-                "original_feats": original}
+        return {
+            "obj_ids": first(regions.objects_id, -1, np.int64),
+            "obj_conf": first(regions.objects_conf, 0, np.float32),
+            "attr_ids": first(regions.attrs_id, -1, np.int64),
+            "attr_conf": first(regions.attrs_conf, 0, np.float32),
+            "original_feats": original,
+        }
 
     def losses(self, model, batch, qa_active, visual_weighting):
         out = self.forward(model, batch)
         mlm, m1 = L.masked_lm(out.lm_logits, batch["lm_labels"][batch["lm_labels"] != -1])
         matched, m2 = L.pair_classification(out.matched_logits, batch["matched"], "matching")
         targets = L.LxmertVisualTargets(
-            obj_ids=batch["obj_ids"], obj_conf=batch["obj_conf"], attr_ids=batch["attr_ids"],
-            attr_conf=batch["attr_conf"], features=batch["original_feats"], selected=batch["region_selected"],
-            real=batch["visual_mask"].bool())
+            obj_ids=batch["obj_ids"],
+            obj_conf=batch["obj_conf"],
+            attr_ids=batch["attr_ids"],
+            attr_conf=batch["attr_conf"],
+            features=batch["original_feats"],
+            selected=batch["region_selected"],
+            real=batch["visual_mask"].bool(),
+        )
         visual, m3 = L.lxmert_visual(out.obj_logits, out.attr_logits, out.feat_pred, targets, visual_weighting)
         qa, m4 = L.qa(out.answer_logits, batch["qa_label"], active=qa_active)
         return {"mlm": mlm, "matching": matched, **visual, "qa": qa}, {**m1, **m2, **m3, **m4}

@@ -100,12 +100,17 @@ class ViLBERTConfig(ModelConfig):
         super().__post_init__()
         if len(self.v_biattention_id) != len(self.t_biattention_id):
             raise ConfigError("v_biattention_id and t_biattention_id must pair up (same length)")
-        if list(self.v_biattention_id) != sorted(self.v_biattention_id) or list(self.t_biattention_id) != sorted(self.t_biattention_id):
+        if list(self.v_biattention_id) != sorted(self.v_biattention_id) or list(self.t_biattention_id) != sorted(
+            self.t_biattention_id
+        ):
             raise ConfigError("co-attention ids must be increasing")
         if any(i > self.v_num_hidden_layers for i in self.v_biattention_id) or any(
-                i > self.num_hidden_layers for i in self.t_biattention_id):
+            i > self.num_hidden_layers for i in self.t_biattention_id
+        ):
             raise ConfigError("a co-attention id is beyond its stream's layer count")
-        for size, heads in ((self.v_hidden_size, self.v_num_attention_heads),
-                            (self.bi_hidden_size, self.bi_num_attention_heads)):
+        for size, heads in (
+            (self.v_hidden_size, self.v_num_attention_heads),
+            (self.bi_hidden_size, self.bi_num_attention_heads),
+        ):
             if size % heads:
                 raise ConfigError(f"hidden size {size} is not a multiple of {heads} heads")

@@ -36,12 +36,19 @@ class MultiHeadAttention(nn.Module):
         self.dropout_p = dropout
 
     def forward(self, hidden: torch.Tensor, context: torch.Tensor, mask: Optional[torch.Tensor]) -> torch.Tensor:
-        return attend(self.query(hidden), self.key(context), self.value(context), self.heads, mask,
-                      self.dropout_p if self.training else 0.0)
+        return attend(
+            self.query(hidden),
+            self.key(context),
+            self.value(context),
+            self.heads,
+            mask,
+            self.dropout_p if self.training else 0.0,
+        )
 
 
-def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: int, mask: Optional[torch.Tensor],
-           dropout_p: float) -> torch.Tensor:
+def attend(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: int, mask: Optional[torch.Tensor], dropout_p: float
+) -> torch.Tensor:
     """Scaled dot-product attention of projected (B, Lq, D) queries over (B, Lk, D) keys/values."""
     b, lq, d = q.shape
 
@@ -115,7 +122,11 @@ class TextEmbeddings(nn.Module):
         positions = torch.arange(input_ids.shape[1], device=input_ids.device).unsqueeze(0)
         if token_type_ids is None:
             token_type_ids = torch.zeros_like(input_ids)
-        x = self.word_embeddings(input_ids) + self.position_embeddings(positions) + self.token_type_embeddings(token_type_ids)
+        x = (
+            self.word_embeddings(input_ids)
+            + self.position_embeddings(positions)
+            + self.token_type_embeddings(token_type_ids)
+        )
         return self.dropout(self.LayerNorm(x))
 
 

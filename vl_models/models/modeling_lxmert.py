@@ -22,8 +22,15 @@ from torch import nn
 
 from vl_models.models.configuration import LxmertConfig
 from vl_models.models.layers import (
-    Intermediate, MultiHeadAttention, ResidualOutput, SelfAttentionBlock, TextEmbeddings, TransformerLayer,
-    at_positions, init_bert_weights, sdpa_mask,
+    Intermediate,
+    MultiHeadAttention,
+    ResidualOutput,
+    SelfAttentionBlock,
+    TextEmbeddings,
+    TransformerLayer,
+    at_positions,
+    init_bert_weights,
+    sdpa_mask,
 )
 
 
@@ -41,18 +48,31 @@ class LxmertCrossAttentionLayer(nn.Module):
         self.att = MultiHeadAttention(h, h, h, cfg.num_attention_heads, cfg.attention_probs_dropout_prob)
         self.output = ResidualOutput(h, h, cfg.layer_norm_eps, cfg.hidden_dropout_prob)
 
-    def forward(self, hidden: torch.Tensor, context: torch.Tensor, context_mask: Optional[torch.Tensor]) -> torch.Tensor:
+    def forward(
+        self, hidden: torch.Tensor, context: torch.Tensor, context_mask: Optional[torch.Tensor]
+    ) -> torch.Tensor:
         return self.output(self.att(hidden, context, context_mask), hidden)
 
 
 def _self_attention(cfg: LxmertConfig) -> SelfAttentionBlock:
-    return SelfAttentionBlock(cfg.hidden_size, cfg.num_attention_heads, cfg.layer_norm_eps, cfg.hidden_dropout_prob,
-                              cfg.attention_probs_dropout_prob)
+    return SelfAttentionBlock(
+        cfg.hidden_size,
+        cfg.num_attention_heads,
+        cfg.layer_norm_eps,
+        cfg.hidden_dropout_prob,
+        cfg.attention_probs_dropout_prob,
+    )
 
 
 def _layer(cfg: LxmertConfig) -> TransformerLayer:
-    return TransformerLayer(cfg.hidden_size, cfg.num_attention_heads, cfg.intermediate_size, cfg.layer_norm_eps,
-                            cfg.hidden_dropout_prob, cfg.attention_probs_dropout_prob)
+    return TransformerLayer(
+        cfg.hidden_size,
+        cfg.num_attention_heads,
+        cfg.intermediate_size,
+        cfg.layer_norm_eps,
+        cfg.hidden_dropout_prob,
+        cfg.attention_probs_dropout_prob,
+    )
 
 
 class LxmertXLayer(nn.Module):
@@ -70,8 +90,13 @@ class LxmertXLayer(nn.Module):
         self.visn_inter = Intermediate(h, inner)
         self.visn_output = ResidualOutput(inner, h, eps, p)
 
-    def forward(self, lang: torch.Tensor, lang_mask: Optional[torch.Tensor], visn: torch.Tensor,
-                visn_mask: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self,
+        lang: torch.Tensor,
+        lang_mask: Optional[torch.Tensor],
+        visn: torch.Tensor,
+        visn_mask: Optional[torch.Tensor],
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         lang_x = self.visual_attention(lang, visn, visn_mask)
         visn_x = self.visual_attention(visn, lang, lang_mask)
         lang_s = self.lang_self_att(lang_x, lang_mask)
@@ -118,19 +143,36 @@ class LxmertModel(nn.Module):
     def __init__(self, cfg: LxmertConfig):
         super().__init__()
         self.cfg = cfg
-        self.embeddings = TextEmbeddings(cfg.vocab_size, cfg.hidden_size, cfg.max_position_embeddings, cfg.type_vocab_size,
-                                         cfg.layer_norm_eps, cfg.hidden_dropout_prob, padding_idx=0)
+        self.embeddings = TextEmbeddings(
+            cfg.vocab_size,
+            cfg.hidden_size,
+            cfg.max_position_embeddings,
+            cfg.type_vocab_size,
+            cfg.layer_norm_eps,
+            cfg.hidden_dropout_prob,
+            padding_idx=0,
+        )
         self.encoder = LxmertEncoder(cfg)
         self.pooler = LxmertPooler(cfg)
         self.apply(lambda m: init_bert_weights(m, cfg.initializer_range))
 
-    def forward(self, input_ids: torch.Tensor, visual_feats: torch.Tensor, visual_pos: torch.Tensor,
-                attention_mask: Optional[torch.Tensor] = None, visual_attention_mask: Optional[torch.Tensor] = None,
-                token_type_ids: Optional[torch.Tensor] = None) -> LxmertModelOutput:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        visual_feats: torch.Tensor,
+        visual_pos: torch.Tensor,
+        attention_mask: Optional[torch.Tensor] = None,
+        visual_attention_mask: Optional[torch.Tensor] = None,
+        token_type_ids: Optional[torch.Tensor] = None,
+    ) -> LxmertModelOutput:
         lang = self.encode_text(input_ids, attention_mask, token_type_ids)
         visn = self.encode_vision(visual_feats, visual_pos, visual_attention_mask)
-        return self.cross(lang, attention_mask if attention_mask is not None else torch.ones_like(input_ids),
-                          visn, visual_attention_mask)
+        return self.cross(
+            lang,
+            attention_mask if attention_mask is not None else torch.ones_like(input_ids),
+            visn,
+            visual_attention_mask,
+        )
 
     # The language and object-relationship encoders see one modality each: retrieval computes
     # them once per caption and once per image, and only `cross` per pair.
@@ -202,19 +244,25 @@ class LxmertVisualObjHead(nn.Module):
     def __init__(self, cfg: LxmertConfig):
         super().__init__()
         self.transform = LxmertPredictionHeadTransform(cfg)
-        self.decoder_dict = nn.ModuleDict({
-            "obj": nn.Linear(cfg.hidden_size, cfg.num_object_labels),
-            "attr": nn.Linear(cfg.hidden_size, cfg.num_attr_labels),
-            "feat": nn.Linear(cfg.hidden_size, cfg.visual_feat_dim),
-        })
+        self.decoder_dict = nn.ModuleDict(
+            {
+                "obj": nn.Linear(cfg.hidden_size, cfg.num_object_labels),
+                "attr": nn.Linear(cfg.hidden_size, cfg.num_attr_labels),
+                "feat": nn.Linear(cfg.hidden_size, cfg.visual_feat_dim),
+            }
+        )
 
 
 class LxmertVisualAnswerHead(nn.Module):
     def __init__(self, cfg: LxmertConfig):
         super().__init__()
         h = cfg.hidden_size
-        self.logit_fc = nn.Sequential(nn.Linear(h, 2 * h), nn.GELU(), nn.LayerNorm(2 * h, eps=cfg.layer_norm_eps),
-                                      nn.Linear(2 * h, cfg.num_qa_labels))
+        self.logit_fc = nn.Sequential(
+            nn.Linear(h, 2 * h),
+            nn.GELU(),
+            nn.LayerNorm(2 * h, eps=cfg.layer_norm_eps),
+            nn.Linear(2 * h, cfg.num_qa_labels),
+        )
 
 
 class LxmertForPreTraining(nn.Module):
@@ -232,15 +280,25 @@ class LxmertForPreTraining(nn.Module):
         self.obj_predict_head = LxmertVisualObjHead(cfg)
         self.answer_head = LxmertVisualAnswerHead(cfg)
         for head in (self.cls, self.obj_predict_head, self.answer_head):
-            head.apply(lambda m: init_bert_weights(m, cfg.initializer_range) if not isinstance(m, nn.Embedding) else None)
+            head.apply(
+                lambda m: init_bert_weights(m, cfg.initializer_range) if not isinstance(m, nn.Embedding) else None
+            )
         self.cls.predictions.decoder.weight = self.lxmert.embeddings.word_embeddings.weight
         # The lookup's gradient (a few rows) is added into the tied decoder's dense one instead of
         # a zero-filled vocab x hidden copy of its own (~6 % of an LXMERT-base CPU step).
         self.lxmert.embeddings.word_embeddings.sparse = True
 
-    def forward(self, input_ids, visual_feats, visual_pos, attention_mask=None, visual_attention_mask=None,
-                token_type_ids=None, lm_positions: Optional[torch.Tensor] = None,
-                feat_positions: Optional[torch.Tensor] = None) -> LxmertPreTrainingOutput:
+    def forward(
+        self,
+        input_ids,
+        visual_feats,
+        visual_pos,
+        attention_mask=None,
+        visual_attention_mask=None,
+        token_type_ids=None,
+        lm_positions: Optional[torch.Tensor] = None,
+        feat_positions: Optional[torch.Tensor] = None,
+    ) -> LxmertPreTrainingOutput:
         """``lm_positions`` (B, L) / ``feat_positions`` (B, N) boolean: decode the masked LM
         and the feature regression only there (row-major order), as training needs; the
         30k-word LM decoder over every token is the single largest head."""
@@ -250,7 +308,9 @@ class LxmertForPreTraining(nn.Module):
         return LxmertPreTrainingOutput(
             lm_logits=self.cls.predictions(at_positions(out.language_output, lm_positions)),
             matched_logits=self.cls.seq_relationship(out.pooled_output),
-            obj_logits=decoders["obj"](visual), attr_logits=decoders["attr"](visual),
+            obj_logits=decoders["obj"](visual),
+            attr_logits=decoders["attr"](visual),
             feat_pred=decoders["feat"](at_positions(visual, feat_positions)),
-            answer_logits=self.answer_head.logit_fc(out.pooled_output), model=out,
+            answer_logits=self.answer_head.logit_fc(out.pooled_output),
+            model=out,
         )

@@ -31,7 +31,14 @@ from torch import nn
 
 from vl_models.models.configuration import ViLBERTConfig
 from vl_models.models.layers import (
-    Intermediate, ResidualOutput, TextEmbeddings, TransformerLayer, at_positions, attend, init_bert_weights, sdpa_mask,
+    Intermediate,
+    ResidualOutput,
+    TextEmbeddings,
+    TransformerLayer,
+    at_positions,
+    attend,
+    init_bert_weights,
+    sdpa_mask,
 )
 
 
@@ -68,13 +75,27 @@ class ViLBERTBiAttention(nn.Module):
         self.dropout_v = cfg.v_attention_probs_dropout_prob
         self.dropout_t = cfg.attention_probs_dropout_prob
 
-    def forward(self, vision: torch.Tensor, vision_mask, text: torch.Tensor, text_mask) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self, vision: torch.Tensor, vision_mask, text: torch.Tensor, text_mask
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """(context at vision positions, context at text positions), both bi_hidden_size wide."""
         train = self.training
-        text_ctx = attend(self.query2(text), self.key1(vision), self.value1(vision), self.heads, vision_mask,
-                          self.dropout_v if train else 0.0)
-        vision_ctx = attend(self.query1(vision), self.key2(text), self.value2(text), self.heads, text_mask,
-                            self.dropout_t if train else 0.0)
+        text_ctx = attend(
+            self.query2(text),
+            self.key1(vision),
+            self.value1(vision),
+            self.heads,
+            vision_mask,
+            self.dropout_v if train else 0.0,
+        )
+        vision_ctx = attend(
+            self.query1(vision),
+            self.key2(text),
+            self.value2(text),
+            self.heads,
+            text_mask,
+            self.dropout_t if train else 0.0,
+        )
         return vision_ctx, text_ctx
 
 
@@ -120,29 +141,48 @@ class ViLBERTEncoder(nn.Module):
     def __init__(self, cfg: ViLBERTConfig):
         super().__init__()
         self.cfg = cfg
-        self.layer = nn.ModuleList([
-            TransformerLayer(cfg.hidden_size, cfg.num_attention_heads, cfg.intermediate_size, cfg.layer_norm_eps,
-                             cfg.hidden_dropout_prob, cfg.attention_probs_dropout_prob)
-            for _ in range(cfg.num_hidden_layers)])
-        self.v_layer = nn.ModuleList([
-            TransformerLayer(cfg.v_hidden_size, cfg.v_num_attention_heads, cfg.v_intermediate_size, cfg.layer_norm_eps,
-                             cfg.v_hidden_dropout_prob, cfg.v_attention_probs_dropout_prob)
-            for _ in range(cfg.v_num_hidden_layers)])
+        self.layer = nn.ModuleList(
+            [
+                TransformerLayer(
+                    cfg.hidden_size,
+                    cfg.num_attention_heads,
+                    cfg.intermediate_size,
+                    cfg.layer_norm_eps,
+                    cfg.hidden_dropout_prob,
+                    cfg.attention_probs_dropout_prob,
+                )
+                for _ in range(cfg.num_hidden_layers)
+            ]
+        )
+        self.v_layer = nn.ModuleList(
+            [
+                TransformerLayer(
+                    cfg.v_hidden_size,
+                    cfg.v_num_attention_heads,
+                    cfg.v_intermediate_size,
+                    cfg.layer_norm_eps,
+                    cfg.v_hidden_dropout_prob,
+                    cfg.v_attention_probs_dropout_prob,
+                )
+                for _ in range(cfg.v_num_hidden_layers)
+            ]
+        )
         self.c_layer = nn.ModuleList([ViLBERTConnectionLayer(cfg) for _ in cfg.v_biattention_id])
 
     def forward(self, text, text_mask, vision, vision_mask) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.joint(self.text_prefix(text, text_mask), text_mask, self.vision_prefix(vision, vision_mask),
-                          vision_mask)
+        return self.joint(
+            self.text_prefix(text, text_mask), text_mask, self.vision_prefix(vision, vision_mask), vision_mask
+        )
 
     # The layers before the first co-attention block see one stream each: retrieval computes
     # them once per caption and once per image, and only `joint` per pair.
     def text_prefix(self, text, text_mask) -> torch.Tensor:
-        for layer in self.layer[:self.cfg.t_biattention_id[0]]:
+        for layer in self.layer[: self.cfg.t_biattention_id[0]]:
             text = layer(text, text_mask)
         return text
 
     def vision_prefix(self, vision, vision_mask) -> torch.Tensor:
-        for layer in self.v_layer[:self.cfg.v_biattention_id[0]]:
+        for layer in self.v_layer[: self.cfg.v_biattention_id[0]]:
             vision = layer(vision, vision_mask)
         return vision
 
@@ -176,8 +216,14 @@ class ViLBERTModel(nn.Module):
     def __init__(self, cfg: ViLBERTConfig):
         super().__init__()
         self.cfg = cfg
-        self.embeddings = TextEmbeddings(cfg.vocab_size, cfg.hidden_size, cfg.max_position_embeddings,
-                                         cfg.type_vocab_size, cfg.layer_norm_eps, cfg.hidden_dropout_prob)
+        self.embeddings = TextEmbeddings(
+            cfg.vocab_size,
+            cfg.hidden_size,
+            cfg.max_position_embeddings,
+            cfg.type_vocab_size,
+            cfg.layer_norm_eps,
+            cfg.hidden_dropout_prob,
+        )
         self.v_embeddings = ViLBERTImageEmbeddings(cfg)
         self.encoder = ViLBERTEncoder(cfg)
         self.t_pooler = ViLBERTPooler(cfg.hidden_size, cfg.bi_hidden_size)
@@ -185,13 +231,23 @@ class ViLBERTModel(nn.Module):
         self.fusion_dropout = nn.Dropout(cfg.fusion_dropout)
         self.apply(lambda m: init_bert_weights(m, cfg.initializer_range))
 
-    def forward(self, input_ids: torch.Tensor, image_feat: torch.Tensor, image_loc: torch.Tensor,
-                attention_mask: Optional[torch.Tensor] = None, image_attention_mask: Optional[torch.Tensor] = None,
-                token_type_ids: Optional[torch.Tensor] = None) -> ViLBERTModelOutput:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        image_feat: torch.Tensor,
+        image_loc: torch.Tensor,
+        attention_mask: Optional[torch.Tensor] = None,
+        image_attention_mask: Optional[torch.Tensor] = None,
+        token_type_ids: Optional[torch.Tensor] = None,
+    ) -> ViLBERTModelOutput:
         text = self.encode_text(input_ids, attention_mask, token_type_ids)
         vision = self.encode_vision(image_feat, image_loc, image_attention_mask)
-        return self.cross(text, attention_mask if attention_mask is not None else torch.ones_like(input_ids),
-                          vision, image_attention_mask)
+        return self.cross(
+            text,
+            attention_mask if attention_mask is not None else torch.ones_like(input_ids),
+            vision,
+            image_attention_mask,
+        )
 
     def encode_text(self, input_ids, attention_mask=None, token_type_ids=None) -> torch.Tensor:
         """The text stream up to its first co-attention block (B, L, H)."""
@@ -267,15 +323,25 @@ class ViLBERTForPreTraining(nn.Module):
         self.cfg = cfg
         self.bert = ViLBERTModel(cfg)
         self.cls = ViLBERTPreTrainingHeads(cfg, self.bert.embeddings.word_embeddings)
-        self.cls.apply(lambda m: init_bert_weights(m, cfg.initializer_range) if not isinstance(m, nn.Embedding) else None)
+        self.cls.apply(
+            lambda m: init_bert_weights(m, cfg.initializer_range) if not isinstance(m, nn.Embedding) else None
+        )
         self.cls.predictions.decoder.weight = self.bert.embeddings.word_embeddings.weight
         # The lookup's gradient (a few rows) is added into the tied decoder's dense one instead of
         # a zero-filled vocab x hidden copy of its own (~6 % of an LXMERT-base CPU step).
         self.bert.embeddings.word_embeddings.sparse = True
 
-    def forward(self, input_ids, image_feat, image_loc, attention_mask=None, image_attention_mask=None,
-                token_type_ids=None, lm_positions: Optional[torch.Tensor] = None,
-                region_positions: Optional[torch.Tensor] = None) -> ViLBERTPreTrainingOutput:
+    def forward(
+        self,
+        input_ids,
+        image_feat,
+        image_loc,
+        attention_mask=None,
+        image_attention_mask=None,
+        token_type_ids=None,
+        lm_positions: Optional[torch.Tensor] = None,
+        region_positions: Optional[torch.Tensor] = None,
+    ) -> ViLBERTPreTrainingOutput:
         """``lm_positions`` (B, L) / ``region_positions`` (B, N) boolean: decode only there
         (row-major order), as training needs."""
         out = self.bert(input_ids, image_feat, image_loc, attention_mask, image_attention_mask, token_type_ids)

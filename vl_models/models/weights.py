@@ -58,7 +58,7 @@ def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
 def _normalize(key: str) -> str:
     for prefix in ("module.", "bert.", "lxmert."):
         if key.startswith(prefix):
-            key = key[len(prefix):]
+            key = key[len(prefix) :]
     return key
 
 
@@ -66,11 +66,17 @@ def check_keys(expected: dict[str, torch.Tensor], state: dict[str, torch.Tensor]
     """Raise ConfigError listing missing, unexpected and misshaped keys, if any."""
     missing = [k for k in expected if k not in state]
     unexpected = [k for k in state if k not in expected]
-    misshaped = [f"{k}: file {tuple(state[k].shape)}, model {tuple(expected[k].shape)}"
-                 for k in state if k in expected and state[k].shape != expected[k].shape]
+    misshaped = [
+        f"{k}: file {tuple(state[k].shape)}, model {tuple(expected[k].shape)}"
+        for k in state
+        if k in expected and state[k].shape != expected[k].shape
+    ]
     if missing or unexpected or misshaped:
-        parts = [f"{title}: {', '.join(keys[:12])}" + (f" ... ({len(keys)} in all)" if len(keys) > 12 else "")
-                 for title, keys in (("missing", missing), ("unexpected", unexpected), ("misshaped", misshaped)) if keys]
+        parts = [
+            f"{title}: {', '.join(keys[:12])}" + (f" ... ({len(keys)} in all)" if len(keys) > 12 else "")
+            for title, keys in (("missing", missing), ("unexpected", unexpected), ("misshaped", misshaped))
+            if keys
+        ]
         raise ConfigError(f"checkpoint does not match {what}:\n  " + "\n  ".join(parts))
 
 
@@ -95,18 +101,26 @@ def load_vilbert(source: Union[Path, dict], cfg: ViLBERTConfig) -> ViLBERTModel:
 
 # vilbert-multi-task's `VILBertForVLTasks` heads (VQA, GQA, NLVR2, retrieval/VCR, SNLI-VE,
 # RefCOCO, and the text-side logit; "linguisic" is the reference's spelling).
-VILBERT_TASK_HEADS = ("vil_prediction", "vil_prediction_gqa", "vil_binary_prediction", "vil_logit",
-                      "vil_tri_prediction", "vision_logit", "linguisic_logit")
+VILBERT_TASK_HEADS = (
+    "vil_prediction",
+    "vil_prediction_gqa",
+    "vil_binary_prediction",
+    "vil_logit",
+    "vil_tri_prediction",
+    "vision_logit",
+    "linguisic_logit",
+)
 
 
-def load_vilbert_pretraining(source: Union[Path, dict], cfg: ViLBERTConfig
-                             ) -> tuple[ViLBERTForPreTraining, dict[str, dict[str, torch.Tensor]]]:
+def load_vilbert_pretraining(
+    source: Union[Path, dict], cfg: ViLBERTConfig
+) -> tuple[ViLBERTForPreTraining, dict[str, dict[str, torch.Tensor]]]:
     """`ViLBERTForPreTraining` from a vilbert-multi-task checkpoint (``pretrained_model.bin``:
     ``bert.*`` + ``cls.*``; a fine-tuned ``multi_task_model.bin`` adds task heads), strictly.
     Task-head tensors come back grouped by head, e.g. ``{"vil_prediction": {"logit_fc.0.weight":
     ...}}``; any other stray key is an error. Alignment keeps the reference's 0 = aligned."""
     state = read_state_dict(source) if not isinstance(source, dict) else source
-    state = {k[len("module."):] if k.startswith("module.") else k: v for k, v in state.items()}
+    state = {k[len("module.") :] if k.startswith("module.") else k: v for k, v in state.items()}
     heads: dict[str, dict[str, torch.Tensor]] = {}
     model_state = {}
     for key, value in state.items():
@@ -134,20 +148,37 @@ def init_pretraining(model, source: Path, load_own: Callable[[Any, dict], str]) 
 
 
 # Tensors of a vision-and-language checkpoint that a plain BERT one never has.
-_NOT_BERT = (".c_layer.", ".v_layer.", "v_embeddings.", "x_layers.", "r_layers.", "visn_fc.", "obj_predict_head.",
-             "answer_head.", "imagePredictions.", "bi_seq_relationship.")
+_NOT_BERT = (
+    ".c_layer.",
+    ".v_layer.",
+    "v_embeddings.",
+    "x_layers.",
+    "r_layers.",
+    "visn_fc.",
+    "obj_predict_head.",
+    "answer_head.",
+    "imagePredictions.",
+    "bi_seq_relationship.",
+)
 
 
-def copy_answer_rows(head: torch.nn.Linear, weight: torch.Tensor, bias: torch.Tensor, old_answers: Sequence[str],
-                     new_answers: Sequence[str]) -> int:
+def copy_answer_rows(
+    head: torch.nn.Linear,
+    weight: torch.Tensor,
+    bias: torch.Tensor,
+    old_answers: Sequence[str],
+    new_answers: Sequence[str],
+) -> int:
     """Initialize an answer classifier (`head`: one output row per entry of `new_answers`)
     from a trained one (`weight`, `bias`, one row per entry of `old_answers`) by answer
     string, as LXMERT's fine-tuning does with its pretraining QA head: a new answer that the
     old table has (both normalized as the mixtures' answers are, `normalize_answer`) gets
     that row; the others keep `head`'s initialization. Returns how many rows were copied."""
     if weight.shape != (len(old_answers), head.in_features) or bias.shape != (len(old_answers),):
-        raise ConfigError(f"answer head of {tuple(weight.shape)} / {tuple(bias.shape)} for {len(old_answers)} answers "
-                          f"and width {head.in_features}: the checkpoint's head does not match its answer table")
+        raise ConfigError(
+            f"answer head of {tuple(weight.shape)} / {tuple(bias.shape)} for {len(old_answers)} answers "
+            f"and width {head.in_features}: the checkpoint's head does not match its answer table"
+        )
     if head.out_features != len(new_answers):
         raise ConfigError(f"the new answer head has {head.out_features} rows for {len(new_answers)} answers")
     old_row = {}
@@ -170,7 +201,7 @@ def _bert_key(key: str) -> str:
     """A BERT checkpoint key in today's spelling, under ``bert.`` / ``cls.``: ``module.``
     dropped, the original release's ``LayerNorm.gamma/beta`` read as ``weight/bias``, a bare
     `BertModel`'s keys put under ``bert.``."""
-    key = key[len("module."):] if key.startswith("module.") else key
+    key = key[len("module.") :] if key.startswith("module.") else key
     key = re.sub(r"LayerNorm\.gamma$", "LayerNorm.weight", re.sub(r"LayerNorm\.beta$", "LayerNorm.bias", key))
     return key if key.startswith(("bert.", "cls.")) else "bert." + key
 
@@ -193,16 +224,20 @@ def init_from_bert(model, source: Union[Path, dict]) -> list[str]:
     if "cls.predictions.decoder.bias" in state and "cls.predictions.bias" not in state:  # some older files
         state["cls.predictions.bias"] = state["cls.predictions.decoder.bias"]
     tied = ("cls.predictions.decoder.weight", "cls.predictions.decoder.bias")  # the word embeddings; the bias
-    state = {k: v for k, v in state.items() if k not in tied and k[len("bert."):] not in _DROPPABLE}
+    state = {k: v for k, v in state.items() if k not in tied and k[len("bert.") :] not in _DROPPABLE}
     has_head = any(k.startswith("cls.predictions.") for k in state)
     # LXMERT's matching head has BERT's next-sentence head's name and shape: airsplay loads it.
     has_nsp = lxmert and any(k.startswith("cls.seq_relationship.") for k in state)
-    text_side = (prefix + "embeddings.", prefix + "encoder.layer.") + ((prefix + "pooler.",) if lxmert else ()) + (
-        ("cls.predictions.",) if has_head else ()) + (("cls.seq_relationship.",) if has_nsp else ())
+    text_side = (
+        (prefix + "embeddings.", prefix + "encoder.layer.")
+        + ((prefix + "pooler.",) if lxmert else ())
+        + (("cls.predictions.",) if has_head else ())
+        + (("cls.seq_relationship.",) if has_nsp else ())
+    )
     expected = {k: v for k, v in model.state_dict().items() if k.startswith(text_side) and k not in tied}
     renamed, left_out = {}, set()
     for key, value in state.items():
-        ours = prefix + key[len("bert."):] if key.startswith("bert.") else key
+        ours = prefix + key[len("bert.") :] if key.startswith("bert.") else key
         layer = re.match(r"bert\.encoder\.layer\.(\d+)\.", key)
         if not lxmert and key.startswith(("cls.seq_relationship.", "bert.pooler.")):
             left_out.add(key.rsplit(".", 1)[0])
@@ -211,7 +246,9 @@ def init_from_bert(model, source: Union[Path, dict]) -> list[str]:
         else:
             renamed[ours] = value
     what = "LXMERT's language side" if lxmert else "ViLBERT's text stream"
-    check_keys(expected, renamed, f"{what} and LM head ({depth} layers x {model.cfg.hidden_size}) of {model.cfg.name!r}")
+    check_keys(
+        expected, renamed, f"{what} and LM head ({depth} layers x {model.cfg.hidden_size}) of {model.cfg.name!r}"
+    )
     model.load_state_dict(renamed, strict=False)  # exactly `expected`: accounted for by check_keys above
     return sorted(left_out, key=lambda k: [int(p) if p.isdigit() else p for p in k.split(".")])
 
@@ -222,9 +259,9 @@ def load_lxmert_pretraining(source: Union[Path, dict], cfg: LxmertConfig) -> Lxm
     state = read_state_dict(source) if not isinstance(source, dict) else source
     renamed = {}
     for key, value in state.items():
-        key = key[len("module."):] if key.startswith("module.") else key
-        key = "lxmert." + key[len("bert."):] if key.startswith("bert.") else key
-        if key[len("lxmert."):] not in _DROPPABLE:
+        key = key[len("module.") :] if key.startswith("module.") else key
+        key = "lxmert." + key[len("bert.") :] if key.startswith("bert.") else key
+        if key[len("lxmert.") :] not in _DROPPABLE:
             renamed[key] = value
     model = LxmertForPreTraining(cfg)
     retie(model, renamed)
@@ -254,8 +291,15 @@ def retie(model, state: dict) -> None:
             state[key] = state[partner]
 
 
-EXPORT_FILES = ("model.safetensors", "config.json", "vocab.txt", "tokenizer.json", "tokenizer_config.json",
-                "special_tokens_map.json", "text_stream")  # what `export_hf` writes (text_stream/: ViLBERT)
+EXPORT_FILES = (
+    "model.safetensors",
+    "config.json",
+    "vocab.txt",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "text_stream",
+)  # what `export_hf` writes (text_stream/: ViLBERT)
 
 
 def _save_safetensors(model, path: Path) -> None:
@@ -267,8 +311,11 @@ def _save_safetensors(model, path: Path) -> None:
 
     tied = _tied(model)
     try:
-        save_file({k: v.contiguous() for k, v in model.state_dict().items() if k not in tied}, str(path),
-                  metadata={"format": "pt"})
+        save_file(
+            {k: v.contiguous() for k, v in model.state_dict().items() if k not in tied},
+            str(path),
+            metadata={"format": "pt"},
+        )
     except SafetensorError as err:
         number = re.search(r"os error (\d+)", str(err))
         if number is None:
@@ -286,8 +333,9 @@ def export_hf(model, folder: Path, tokenizer: Optional[WordPiece] = None, proven
     folder as ours."""
     cfg, architecture = getattr(model, "cfg", None), type(model).__name__
     if not isinstance(cfg, ModelConfig):
-        raise ConfigError(f"cannot export a {architecture}: not a model of a vltrain model family (its .cfg is no "
-                          "ModelConfig)")
+        raise ConfigError(
+            f"cannot export a {architecture}: not a model of a vltrain model family (its .cfg is no ModelConfig)"
+        )
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     record = {"kind": cfg.model_type, "architecture": architecture, "config": cfg.to_json(), **(provenance or {})}
@@ -307,16 +355,26 @@ def _export_bert_text_stream(model: ViLBERTModel, folder: Path, tokenizer: Optio
 
     cfg = model.cfg
     folder.mkdir(parents=True, exist_ok=True)
-    state = {k: v.contiguous() for k, v in model.state_dict().items()
-             if k.startswith(("embeddings.", "encoder.layer."))}
+    state = {
+        k: v.contiguous() for k, v in model.state_dict().items() if k.startswith(("embeddings.", "encoder.layer."))
+    }
     save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
-    config = {"model_type": "bert", "architectures": ["BertModel"], "vocab_size": cfg.vocab_size,
-              "hidden_size": cfg.hidden_size, "num_hidden_layers": cfg.num_hidden_layers,
-              "num_attention_heads": cfg.num_attention_heads, "intermediate_size": cfg.intermediate_size,
-              "hidden_act": "gelu", "hidden_dropout_prob": cfg.hidden_dropout_prob,
-              "attention_probs_dropout_prob": cfg.attention_probs_dropout_prob,
-              "max_position_embeddings": cfg.max_position_embeddings, "type_vocab_size": cfg.type_vocab_size,
-              "initializer_range": cfg.initializer_range, "layer_norm_eps": cfg.layer_norm_eps}
+    config = {
+        "model_type": "bert",
+        "architectures": ["BertModel"],
+        "vocab_size": cfg.vocab_size,
+        "hidden_size": cfg.hidden_size,
+        "num_hidden_layers": cfg.num_hidden_layers,
+        "num_attention_heads": cfg.num_attention_heads,
+        "intermediate_size": cfg.intermediate_size,
+        "hidden_act": "gelu",
+        "hidden_dropout_prob": cfg.hidden_dropout_prob,
+        "attention_probs_dropout_prob": cfg.attention_probs_dropout_prob,
+        "max_position_embeddings": cfg.max_position_embeddings,
+        "type_vocab_size": cfg.type_vocab_size,
+        "initializer_range": cfg.initializer_range,
+        "layer_norm_eps": cfg.layer_norm_eps,
+    }
     (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     if tokenizer is not None:
         tokenizer.save_pretrained(folder, cfg.max_position_embeddings)
@@ -336,8 +394,11 @@ def load_exported(folder: Path):
     record = exported_record(folder)
     if record is None:
         raise ConfigError(f"{folder}: not a vltrain export (config.json has no 'vltrain' record)")
-    classes = {"LxmertModel": (LxmertConfig, LxmertModel), "LxmertForPreTraining": (LxmertConfig, LxmertForPreTraining),
-               "ViLBERTForPreTraining": (ViLBERTConfig, ViLBERTForPreTraining)}
+    classes = {
+        "LxmertModel": (LxmertConfig, LxmertModel),
+        "LxmertForPreTraining": (LxmertConfig, LxmertForPreTraining),
+        "ViLBERTForPreTraining": (ViLBERTConfig, ViLBERTForPreTraining),
+    }
     if record["architecture"] not in classes:
         raise ConfigError(f"{folder}: unknown architecture {record['architecture']!r}")
     config_cls, model_cls = classes[record["architecture"]]

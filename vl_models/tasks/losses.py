@@ -74,8 +74,9 @@ class LxmertVisualTargets:
     real: torch.Tensor  # (B, N) bool, real (not padding) regions
 
 
-def lxmert_visual(obj_logits, attr_logits, feat_pred, t: LxmertVisualTargets,
-                  weighting: str = "confidence") -> tuple[dict[str, torch.Tensor], dict]:
+def lxmert_visual(
+    obj_logits, attr_logits, feat_pred, t: LxmertVisualTargets, weighting: str = "confidence"
+) -> tuple[dict[str, torch.Tensor], dict]:
     """Object / attribute classification and feature regression.
 
     ``weighting="confidence"`` (default, the reference): classification terms weighted by
@@ -85,13 +86,19 @@ def lxmert_visual(obj_logits, attr_logits, feat_pred, t: LxmertVisualTargets,
     """
     sel, real = t.selected.float(), t.real.float()
     losses, metrics = {}, {}
-    for name, logits, ids, conf in (("obj", obj_logits, t.obj_ids, t.obj_conf), ("attr", attr_logits, t.attr_ids, t.attr_conf)):
+    for name, logits, ids, conf in (
+        ("obj", obj_logits, t.obj_ids, t.obj_conf),
+        ("attr", attr_logits, t.attr_ids, t.attr_conf),
+    ):
         ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids.reshape(-1).clamp(min=0), reduction="none")
         weight = (conf * real if weighting == "confidence" else sel).reshape(-1)
         losses[name] = (ce * weight).mean() * VISUAL_LOSS_NORMALIZER
         on = t.selected.reshape(-1)
-        metrics[f"{name}_acc"] = ((logits.reshape(-1, logits.shape[-1]).argmax(-1) == ids.reshape(-1))[on].float().mean().item()
-                                  if on.any() else float("nan"))
+        metrics[f"{name}_acc"] = (
+            (logits.reshape(-1, logits.shape[-1]).argmax(-1) == ids.reshape(-1))[on].float().mean().item()
+            if on.any()
+            else float("nan")
+        )
     l1 = F.smooth_l1_loss(feat_pred.float(), t.features[t.selected].float(), reduction="none").mean(-1)
     losses["feat"] = l1.sum() / t.selected.numel() * VISUAL_LOSS_NORMALIZER  # = mean over all boxes of l1 * sel
     return losses, metrics

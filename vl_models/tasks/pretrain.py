@@ -15,11 +15,13 @@ from vl_models.config import TaskConfig
 from vl_models.tasks import losses as L
 
 
-def pretrain_losses(family, model, batch: dict, cfg: TaskConfig, epoch: int,
-                    step: Optional[int] = None) -> tuple[torch.Tensor, dict, dict]:
+def pretrain_losses(
+    family, model, batch: dict, cfg: TaskConfig, epoch: int, step: Optional[int] = None
+) -> tuple[torch.Tensor, dict, dict]:
     """(total loss, per-task losses, metrics) for one batch of `family`'s model. `step`: the
     number of optimizer steps taken so far, for `cfg.from_step`; None (evaluation) counts
     every task."""
-    losses, metrics = family.losses(model, batch, qa_active=epoch >= cfg.qa_from_epoch,
-                                    visual_weighting=cfg.visual_weighting)
+    losses, metrics = family.losses(
+        model, batch, qa_active=epoch >= cfg.qa_from_epoch, visual_weighting=cfg.visual_weighting
+    )
     return L.total(losses, cfg.weights_at(step)), losses, metrics

@@ -37,16 +37,29 @@ _STEP_FILE = re.compile(r"^step_(\d+)\.pt$")
 def rng_state() -> dict:
     _, py_state, py_gauss = random.getstate()
     _, np_keys, np_pos, np_has_gauss, np_gauss = np.random.get_state()
-    return {"python": list(py_state), "python_gauss": py_gauss,
-            "numpy": np_keys.tolist(), "numpy_pos": int(np_pos), "numpy_has_gauss": int(np_has_gauss),
-            "numpy_gauss": float(np_gauss), "torch": torch.get_rng_state(),
-            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
+    return {
+        "python": list(py_state),
+        "python_gauss": py_gauss,
+        "numpy": np_keys.tolist(),
+        "numpy_pos": int(np_pos),
+        "numpy_has_gauss": int(np_has_gauss),
+        "numpy_gauss": float(np_gauss),
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+    }
 
 
 def set_rng_state(state: dict) -> None:
     random.setstate((3, tuple(state["python"]), state["python_gauss"]))
-    np.random.set_state(("MT19937", np.array(state["numpy"], dtype=np.uint32), state["numpy_pos"],
-                         state["numpy_has_gauss"], state["numpy_gauss"]))
+    np.random.set_state(
+        (
+            "MT19937",
+            np.array(state["numpy"], dtype=np.uint32),
+            state["numpy_pos"],
+            state["numpy_has_gauss"],
+            state["numpy_gauss"],
+        )
+    )
     torch.set_rng_state(state["torch"])
     if state["cuda"]:
         torch.cuda.set_rng_state_all(state["cuda"])
@@ -88,8 +101,10 @@ def newest_verified(folder: Path) -> Path:
         if recorded.exists() and (recorded.read_text().split() or [""])[0] == sha256_file(path):
             return path
     names = ", ".join(file_name(s) for s in steps_in(folder)[-3:])
-    raise CheckpointError(f"{folder / LATEST} is missing, and none of {names} verifies against its checksum: write "
-                          "the name of the checkpoint to resume from into it, or start again with --overwrite")
+    raise CheckpointError(
+        f"{folder / LATEST} is missing, and none of {names} verifies against its checksum: write "
+        "the name of the checkpoint to resume from into it, or start again with --overwrite"
+    )
 
 
 def check_finite(model: torch.nn.Module, step: int) -> None:
@@ -97,8 +112,10 @@ def check_finite(model: torch.nn.Module, step: int) -> None:
     bad = [name for name, p in model.named_parameters() if not bool(torch.isfinite(p).all())]
     if bad:
         more = f" and {len(bad) - 5} more" if len(bad) > 5 else ""
-        raise DivergedError(f"step {step}: parameters are not finite ({', '.join(bad[:5])}{more}); "
-                            "not checkpointed: lower --lr, or resume from the last checkpoint")
+        raise DivergedError(
+            f"step {step}: parameters are not finite ({', '.join(bad[:5])}{more}); "
+            "not checkpointed: lower --lr, or resume from the last checkpoint"
+        )
 
 
 def save(run: Path, step: int, payload: dict, keep_last: int = 0, best: Optional[str] = None) -> Path:
@@ -114,8 +131,11 @@ def save(run: Path, step: int, payload: dict, keep_last: int = 0, best: Optional
     buf = io.BytesIO()
     torch.save({**payload, "step": step, "rng": rng_state()}, buf)
     data = buf.getvalue()
-    writes = [(path, data), (checksum_path(path), f"{hashlib.sha256(data).hexdigest()}  {path.name}\n".encode()),
-              (folder / LATEST, path.name.encode())]
+    writes = [
+        (path, data),
+        (checksum_path(path), f"{hashlib.sha256(data).hexdigest()}  {path.name}\n".encode()),
+        (folder / LATEST, path.name.encode()),
+    ]
     if best:
         writes.append((folder / BEST, best.encode()))
     for target, content in writes:
@@ -145,8 +165,11 @@ def remove_stale(run: Path) -> list[Path]:
     """Delete temporary files that a killed or failed save left in ``checkpoints/``."""
     stale = remove_stale_tmp(Path(run) / FOLDER)
     if stale:
-        log.info("removed %d temporary checkpoint file(s) of an interrupted save: %s", len(stale),
-                 ", ".join(p.name for p in stale))
+        log.info(
+            "removed %d temporary checkpoint file(s) of an interrupted save: %s",
+            len(stale),
+            ", ".join(p.name for p in stale),
+        )
     return stale
 
 
@@ -157,8 +180,10 @@ def _previous(path: Path) -> str:
     if not earlier:
         return "; there is no earlier checkpoint: start again with --overwrite"
     name = file_name(earlier[-1])
-    return (f"; the previous checkpoint is {name}: to resume from it, write its name into "
-            f"{path.parent / LATEST} (or start again with --overwrite)")
+    return (
+        f"; the previous checkpoint is {name}: to resume from it, write its name into "
+        f"{path.parent / LATEST} (or start again with --overwrite)"
+    )
 
 
 def load(path: Union[str, Path]) -> dict:
@@ -171,8 +196,9 @@ def load(path: Union[str, Path]) -> dict:
     if recorded.exists():
         expected = (recorded.read_text().split() or [""])[0]
         if sha256_file(path) != expected:
-            raise CheckpointError(f"{path}: checksum mismatch with {recorded.name}: the file is truncated or "
-                                  f"corrupt{_previous(path)}")
+            raise CheckpointError(
+                f"{path}: checksum mismatch with {recorded.name}: the file is truncated or corrupt{_previous(path)}"
+            )
     else:
         log.warning("%s: no checksum file (written by an older vltrain); loading it unverified", path)
     try:

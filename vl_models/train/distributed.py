@@ -25,8 +25,9 @@ def init(device: str, timeout: Optional[float] = None) -> None:
     if size > 1 and not dist.is_initialized():
         if device.startswith("cuda"):
             torch.cuda.set_device(torch.device(device))  # object collectives run on the current device
-        dist.init_process_group("nccl" if device.startswith("cuda") else "gloo",
-                                timeout=timedelta(seconds=timeout) if timeout else None)
+        dist.init_process_group(
+            "nccl" if device.startswith("cuda") else "gloo", timeout=timedelta(seconds=timeout) if timeout else None
+        )
 
 
 def is_main() -> bool:

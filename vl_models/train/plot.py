@@ -23,13 +23,20 @@ def plot_run(run: Path, output: Path) -> Path:
     axes[0].legend(fontsize=8)
     accs = sorted({k for r in train for k in r if k.endswith("_acc")})
     for key in accs:
-        axes[1].plot([r["step"] for r in train if key in r and r[key] == r[key]],
-                     [r[key] for r in train if key in r and r[key] == r[key]], label=key)
+        axes[1].plot(
+            [r["step"] for r in train if key in r and r[key] == r[key]],
+            [r[key] for r in train if key in r and r[key] == r[key]],
+            label=key,
+        )
     axes[1].set(title="training accuracies", xlabel="step", ylim=(0, 1))
     axes[1].legend(fontsize=8)
-    eval_keys = sorted({k for r in evals for k in r if k.startswith("eval_") and ("acc" in k or "R@" in k or "qa" in k)})
+    eval_keys = sorted(
+        {k for r in evals for k in r if k.startswith("eval_") and ("acc" in k or "R@" in k or "qa" in k)}
+    )
     for key in eval_keys:
-        axes[2].plot([r["step"] for r in evals if key in r], [r[key] for r in evals if key in r], marker="o", label=key[5:])
+        axes[2].plot(
+            [r["step"] for r in evals if key in r], [r[key] for r in evals if key in r], marker="o", label=key[5:]
+        )
     axes[2].set(title="validation", xlabel="step", ylim=(0, 1))
     if eval_keys:
         axes[2].legend(fontsize=8)

@@ -14,5 +14,7 @@ RECIPE_DIR = Path(__file__).resolve().parent.parent / "recipes"
 
 def load_recipe(name_or_path: Union[str, Path]) -> tuple[Path, dict]:
     """(the recipe's file, its values); a ConfigError names an unknown recipe or a bad file."""
-    return (named_config_path(name_or_path, RECIPE_DIR, ".yaml"),
-            read_named_json(name_or_path, RECIPE_DIR, "recipe", suffix=".yaml"))
+    return (
+        named_config_path(name_or_path, RECIPE_DIR, ".yaml"),
+        read_named_json(name_or_path, RECIPE_DIR, "recipe", suffix=".yaml"),
+    )

@@ -42,18 +42,40 @@ OUTPUTS = (CONFIG, METRICS, checkpoint.FOLDER, TENSORBOARD, "curves.png")
 _RUN_KEYS = ("train", "model", "kind")  # what every vltrain config.json holds
 _TENSORBOARD_EVENTS = "events.out.tfevents."
 
-# Training settings (fields of TrainConfig and its sections) a resume may change. They decide how the run is carried out, kept or
-# reported, not what it computes: where it is (out; the paths of mixture, stores and vocab,
+# Training settings (fields of TrainConfig and its sections) a resume may change. They decide how the run is carried
+# out, kept or reported, not what it computes: where it is (out; the paths of mixture, stores and vocab,
 # whose contents are compared instead), when it stops, evaluates, checkpoints and logs,
 # loader workers (examples do not depend on them), retention, reporting, shard
 # verification, the device and torch.compile (same math; bit-exactness holds on one device
 # kind). `steps` is allowed as the issue asks: it moves the end of the lr schedule, so the
 # remaining steps' lr changes; the note in metrics.jsonl records it.
-RESUME_SAFE = frozenset({
-    "out", "resume", "overwrite", "init", "mixture", "stores", "vocab", "steps", "epochs", "stop_at", "eval_every",
-    "checkpoint_every", "log_every", "workers", "keep_last", "best_metric", "report_to", "verify_shards",
-    "device", "compile", "task_data", "eval_items", "dist_timeout",
-})
+RESUME_SAFE = frozenset(
+    {
+        "out",
+        "resume",
+        "overwrite",
+        "init",
+        "mixture",
+        "stores",
+        "vocab",
+        "steps",
+        "epochs",
+        "stop_at",
+        "eval_every",
+        "checkpoint_every",
+        "log_every",
+        "workers",
+        "keep_last",
+        "best_metric",
+        "report_to",
+        "verify_shards",
+        "device",
+        "compile",
+        "task_data",
+        "eval_items",
+        "dist_timeout",
+    }
+)
 _NOT_NOTED = frozenset({"out", "resume", "overwrite", "init", "stop_at"})  # they change at every split run
 
 
@@ -94,8 +116,11 @@ def input_digests(mixture: Optional[Mixture], stores: Sequence[Path], vocab: Pat
         content = {**manifest.identity(), "shards": manifest.shards_digest()}
         return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()
 
-    return {**({"mixture": content_digest(mixture)} if mixture is not None else {}), "stores": [store_identity(Path(p)) for p in stores],
-            "vocab": hashlib.sha256(Path(vocab).read_bytes()).hexdigest()}
+    return {
+        **({"mixture": content_digest(mixture)} if mixture is not None else {}),
+        "stores": [store_identity(Path(p)) for p in stores],
+        "vocab": hashlib.sha256(Path(vocab).read_bytes()).hexdigest(),
+    }
 
 
 def plan(out: Path, cfg, resolved: dict) -> Plan:
@@ -109,8 +134,10 @@ def plan(out: Path, cfg, resolved: dict) -> Plan:
     if not _holds_run(out):
         foreign = _present(out)
         if foreign:
-            raise ConfigError(f"{out} holds {', '.join(foreign)} but no run of vltrain (its config.json would say "
-                              "so): they are not the trainer's to reuse or remove; choose another --out")
+            raise ConfigError(
+                f"{out} holds {', '.join(foreign)} but no run of vltrain (its config.json would say "
+                "so): they are not the trainer's to reuse or remove; choose another --out"
+            )
         if resume != "no":
             log.info("%s: no run to resume: starting a new one", out)
         return Plan()
@@ -121,15 +148,20 @@ def plan(out: Path, cfg, resolved: dict) -> Plan:
         pointer = out / checkpoint.FOLDER / checkpoint.LATEST
         step = checkpoint.step_of(pointer.read_text().strip()) if pointer.exists() else None
         where = f"last checkpoint: step {step}" if step is not None else "no checkpoint yet"
-        raise ConfigError(f"{out} holds a run ({where}): pass --resume yes (or auto) to continue it, or --overwrite "
-                          f"to start again (removes {', '.join(_present(out))}; other files there are kept), or "
-                          "choose another --out")
+        raise ConfigError(
+            f"{out} holds a run ({where}): pass --resume yes (or auto) to continue it, or --overwrite "
+            f"to start again (removes {', '.join(_present(out))}; other files there are kept), or "
+            "choose another --out"
+        )
     latest = checkpoint.pointed(out)
     folder = out / checkpoint.FOLDER
     if latest is None and checkpoint.steps_in(folder):  # killed between a checkpoint and its pointer
         latest = checkpoint.newest_verified(folder)
-        log.warning("%s is missing: resuming from %s, the newest checkpoint whose checksum verifies",
-                    folder / checkpoint.LATEST, latest.name)
+        log.warning(
+            "%s is missing: resuming from %s, the newest checkpoint whose checksum verifies",
+            folder / checkpoint.LATEST,
+            latest.name,
+        )
     state = checkpoint.load(latest) if latest else None
     if state is not None:
         saved, step = state.get("run") or {"train": state["config"], "model": state["model_config"]}, state["step"]
@@ -138,9 +170,11 @@ def plan(out: Path, cfg, resolved: dict) -> Plan:
         log.info("%s has no checkpoint yet: the run starts again from step 0", out)
     notes = compare(saved, resolved, out)
     if resume == "auto" and notes:
-        raise ConfigError(f"{out}: --resume auto continues a run only with its own settings, and these differ: "
-                          f"{'; '.join(notes)}. Continue it with them changed: --resume yes; or start a new run "
-                          "(another --out, or --overwrite)")
+        raise ConfigError(
+            f"{out}: --resume auto continues a run only with its own settings, and these differ: "
+            f"{'; '.join(notes)}. Continue it with them changed: --resume yes; or start a new run "
+            "(another --out, or --overwrite)"
+        )
     if cfg.optim.steps < step:
         raise ConfigError(f"{out} is already at step {step}: --steps {cfg.optim.steps} ends before it")
     return Plan(step=step, state=state, notes=notes)
@@ -176,16 +210,20 @@ def compare(saved: dict, new: dict, out: Path) -> list[str]:
     did not record them) are not compared."""
     old_model, new_model = saved.get("model", {}).get("name"), new["model"]["name"]
     if old_model and old_model != new_model:
-        raise ConfigError(f"{out} holds a run of model {old_model!r}, not {new_model!r}: resume with the same model, "
-                          "or use another --out")
+        raise ConfigError(
+            f"{out} holds a run of model {old_model!r}, not {new_model!r}: resume with the same model, "
+            "or use another --out"
+        )
     a, b = _fields(saved), _fields(new)
     changed = sorted(k for k in a.keys() & b.keys() if a[k] != b[k])
-    unsafe = [k for k in changed if not (k.startswith("train.") and k[len("train."):] in RESUME_SAFE)]
+    unsafe = [k for k in changed if not (k.startswith("train.") and k[len("train.") :] in RESUME_SAFE)]
     if unsafe:
-        raise ConfigError(f"{out}: a resume keeps the run's settings, and these differ: "
-                          f"{'; '.join(_change(k, a[k], b[k]) for k in unsafe)}. Resume with the run's settings "
-                          f"(see {out / CONFIG}), or start a new run (another --out, or --overwrite)")
-    return [_change(k, a[k], b[k]) for k in changed if k[len("train."):] not in _NOT_NOTED]
+        raise ConfigError(
+            f"{out}: a resume keeps the run's settings, and these differ: "
+            f"{'; '.join(_change(k, a[k], b[k]) for k in unsafe)}. Resume with the run's settings "
+            f"(see {out / CONFIG}), or start a new run (another --out, or --overwrite)"
+        )
+    return [_change(k, a[k], b[k]) for k in changed if k[len("train.") :] not in _NOT_NOTED]
 
 
 def _fields(resolved: dict) -> dict:
@@ -204,9 +242,9 @@ def _fields(resolved: dict) -> dict:
 
 
 def _change(key: str, old, new) -> str:
-    name = key[len("train."):] if key.startswith("train.") else key
+    name = key[len("train.") :] if key.startswith("train.") else key
     if key.startswith("inputs."):
-        name = f"{key[len('inputs.'):]} (content)"
+        name = f"{key[len('inputs.') :]} (content)"
 
     def show(value) -> str:
         if isinstance(value, str) and len(value) == 64:  # a sha256
@@ -237,8 +275,10 @@ def _remove_run(out: Path) -> None:
     when nothing else is left in it)."""
     for name in (CONFIG, METRICS, "curves.png"):
         remove_path(out / name)
-    for folder, ours in ((out / checkpoint.FOLDER, checkpoint.is_own_file),
-                         (out / TENSORBOARD, lambda name: name.startswith(_TENSORBOARD_EVENTS))):
+    for folder, ours in (
+        (out / checkpoint.FOLDER, checkpoint.is_own_file),
+        (out / TENSORBOARD, lambda name: name.startswith(_TENSORBOARD_EVENTS)),
+    ):
         if not folder.is_dir():
             continue
         for path in folder.iterdir():

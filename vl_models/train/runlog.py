@@ -25,8 +25,10 @@ def check_reporters(report_to: Sequence[str]) -> None:
         try:
             import torch.utils.tensorboard  # noqa: F401  (imports the tensorboard package)
         except ImportError as err:
-            raise ConfigError("--report-to tensorboard needs the tensorboard package: pip install tensorboard "
-                              "(or pip install 'vlprep[tensorboard]')") from err
+            raise ConfigError(
+                "--report-to tensorboard needs the tensorboard package: pip install tensorboard "
+                "(or pip install 'vlprep[tensorboard]')"
+            ) from err
 
 
 class RunLog:
@@ -55,7 +57,7 @@ class RunLog:
                 self.tensorboard.add_text("notes", row["note"], step)
             for key, value in row.items():
                 if key != "step" and isinstance(value, (int, float)):
-                    tag = f"eval/{key[len('eval_'):]}" if key.startswith("eval_") else f"train/{key}"
+                    tag = f"eval/{key[len('eval_') :]}" if key.startswith("eval_") else f"train/{key}"
                     self.tensorboard.add_scalar(tag, value, step)
             self.tensorboard.flush()
 
@@ -69,9 +71,11 @@ class RunLog:
 
 def progress_line(metrics: dict, steps: int) -> str:
     """``step 120/1000: loss 2.345, lr 1.0e-04, 88.1 samples/s, ETA 0:12:03 (mlm 1.2, ...)``."""
-    losses = {k[len("loss_"):]: v for k, v in metrics.items() if k.startswith("loss_")}
+    losses = {k[len("loss_") :]: v for k, v in metrics.items() if k.startswith("loss_")}
     eta: Optional[float] = metrics.get("eta_s")
     eta_text = str(datetime.timedelta(seconds=round(eta))) if eta is not None and math.isfinite(eta) else "?"
     parts = ", ".join(f"{k} {v:.4g}" for k, v in losses.items())
-    return (f"step {metrics['step']}/{steps}: loss {sum(losses.values()):.4g}, lr {metrics['lr']:.2e}, "
-            f"{metrics['samples_per_s']:.1f} samples/s, ETA {eta_text} ({parts})")
+    return (
+        f"step {metrics['step']}/{steps}: loss {sum(losses.values()):.4g}, lr {metrics['lr']:.2e}, "
+        f"{metrics['samples_per_s']:.1f} samples/s, ETA {eta_text} ({parts})"
+    )

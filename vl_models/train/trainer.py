@@ -37,20 +37,21 @@ import torch
 
 from pipeline.errors import ConfigError, DivergedError
 from pipeline.io import exclusive_lock
+from pipeline.mixture import Mixture
 from pipeline.store import FeatureStore
 from vl_models import families
-from pipeline.mixture import Mixture
+from vl_models.config import TrainConfig
 from vl_models.data.dataset import PretrainDataset
 from vl_models.data.sampler import ResumableSampler
 from vl_models.eval.evaluate import evaluate
 from vl_models.families.base import ModelFamily
 from vl_models.models.weights import init_pretraining
-from vl_models.config import TrainConfig
 from vl_models.tasks.pretrain import pretrain_losses
 from vl_models.train import checkpoint, distributed, run_folder, runlog
 from vl_models.train.optim import lr_at, make_optimizer
 
 log = logging.getLogger(__name__)
+
 
 @dataclass(frozen=True)
 class BestMetric:
@@ -64,8 +65,7 @@ class BestMetric:
         """`spec` among the validation scores `known` (name -> better direction) of `owner`."""
         name, _, mode = spec.partition(":")
         if name not in known:
-            raise ConfigError(f"--best-metric {name!r} is not a validation score of {owner}; "
-                              f"known: {', '.join(known)}")
+            raise ConfigError(f"--best-metric {name!r} is not a validation score of {owner}; known: {', '.join(known)}")
         mode = mode or known[name]
         if mode not in ("max", "min"):
             raise ConfigError(f"--best-metric {spec!r}: the direction after ':' is max or min")
@@ -82,12 +82,16 @@ def resolve_device(name: str, local_rank: int) -> str:
     if name == "cpu":
         return "cpu"
     if not torch.cuda.is_available():
-        raise ConfigError("--device cuda: no CUDA device is visible to this process (torch.cuda.is_available() is "
-                          "False); use --device cpu, or check the driver and CUDA_VISIBLE_DEVICES")
+        raise ConfigError(
+            "--device cuda: no CUDA device is visible to this process (torch.cuda.is_available() is "
+            "False); use --device cpu, or check the driver and CUDA_VISIBLE_DEVICES"
+        )
     count = torch.cuda.device_count()
     if local_rank >= count:
-        raise ConfigError(f"--device cuda: local rank {local_rank} needs GPU {local_rank}, but {count} are visible: "
-                          f"start at most {count} processes per node")
+        raise ConfigError(
+            f"--device cuda: local rank {local_rank} needs GPU {local_rank}, but {count} are visible: "
+            f"start at most {count} processes per node"
+        )
     return f"cuda:{local_rank}"
 
 
@@ -132,9 +136,11 @@ def check_out(out: Path) -> None:
 def check_vocab(tokenizer, mcfg) -> None:
     """ConfigError when the vocab has more tokens than the model's embeddings."""
     if tokenizer.vocab_size > mcfg.vocab_size:
-        raise ConfigError(f"{tokenizer.path}: {tokenizer.vocab_size} tokens, more than the model's "
-                          f"vocab_size {mcfg.vocab_size} ({mcfg.name}): use the model's vocab, or a model config "
-                          "with a larger vocab_size")
+        raise ConfigError(
+            f"{tokenizer.path}: {tokenizer.vocab_size} tokens, more than the model's "
+            f"vocab_size {mcfg.vocab_size} ({mcfg.name}): use the model's vocab, or a model config "
+            "with a larger vocab_size"
+        )
 
 
 def run(cfg: TrainConfig, on_step: Optional[Callable[[int, dict, int], None]] = None) -> dict:
@@ -148,7 +154,9 @@ def run(cfg: TrainConfig, on_step: Optional[Callable[[int, dict, int], None]] = 
     mixture = Mixture.open(cfg.mixture)
     family, mcfg = model_config(cfg, len(mixture.answers))
     cfg.task.check(family)
-    best_metric = BestMetric.parse(cfg.run.best_metric, family.eval_metrics, family.name) if cfg.run.best_metric else None
+    best_metric = (
+        BestMetric.parse(cfg.run.best_metric, family.eval_metrics, family.name) if cfg.run.best_metric else None
+    )
     data, val = _datasets(cfg, mixture, family, world)
     cfg = cfg.scheduled(len(data), world)
     check_vocab(data.tokenizer, mcfg)
@@ -156,24 +164,39 @@ def run(cfg: TrainConfig, on_step: Optional[Callable[[int, dict, int], None]] = 
         raise ConfigError(f"--best-metric {cfg.run.best_metric}: {cfg.mixture} has no val split to score")
     torch.manual_seed(cfg.run.seed)  # every check passed: build the model
     model = family.build(mcfg)
-    resolved = {"train": cfg.to_json(), "model": mcfg.to_json(), "kind": family.name, "world_size": world,
-                "inputs": run_folder.input_digests(mixture, [Path(p) for p in cfg.stores],
-                                                   data.tokenizer.path)}
+    resolved = {
+        "train": cfg.to_json(),
+        "model": mcfg.to_json(),
+        "kind": family.name,
+        "world_size": world,
+        "inputs": run_folder.input_digests(mixture, [Path(p) for p in cfg.stores], data.tokenizer.path),
+    }
 
     def init() -> str:
         return init_pretraining(model, Path(cfg.init), family.load_checkpoint)
 
-    job = Job(sampler=ResumableSampler(len(data), rank, world, cfg.run.seed),
-              batches=lambda sampler, consumed: loader_batches(data, sampler, cfg, consumed),
-              loss=lambda wrapped, batch, epoch, step: pretrain_losses(family, wrapped, batch, cfg.task, epoch, step),
-              checks=(*family.tasks, "total"),
-              validate=(lambda m: evaluate(family, m, val, device, batch_size=cfg.optim.batch_size)) if val else None,
-              compile_target=family.backbone, unused_parameters=family.unused_parameters)
+    job = Job(
+        sampler=ResumableSampler(len(data), rank, world, cfg.run.seed),
+        batches=lambda sampler, consumed: loader_batches(data, sampler, cfg, consumed),
+        loss=lambda wrapped, batch, epoch, step: pretrain_losses(family, wrapped, batch, cfg.task, epoch, step),
+        checks=(*family.tasks, "total"),
+        validate=(lambda m: evaluate(family, m, val, device, batch_size=cfg.optim.batch_size)) if val else None,
+        compile_target=family.backbone,
+        unused_parameters=family.unused_parameters,
+    )
     return launch(cfg, model, resolved, job, device, best_metric, on_step, init if cfg.init else None)
 
 
-def launch(cfg, model: torch.nn.Module, resolved: dict, job: Job, device: str, best_metric: Optional[BestMetric],
-           on_step: Optional[Callable[[int, dict, int], None]], init: Optional[Callable[[], str]]) -> dict:
+def launch(
+    cfg,
+    model: torch.nn.Module,
+    resolved: dict,
+    job: Job,
+    device: str,
+    best_metric: Optional[BestMetric],
+    on_step: Optional[Callable[[int, dict, int], None]],
+    init: Optional[Callable[[], str]],
+) -> dict:
     """Take the run folder (lock, `run_folder.plan`, `begin`), start the process group,
     initialize the model (`init`, not on a resume) and train."""
     out = Path(cfg.out)
@@ -194,33 +217,47 @@ def launch(cfg, model: torch.nn.Module, resolved: dict, job: Job, device: str, b
 def split_data(cfg: TrainConfig, mixture: Mixture, family: ModelFamily, split: str) -> PretrainDataset:
     """A split of the run's mixture as the run's model sees it (the train split in training,
     the val split in validation and in any later evaluation of the run)."""
-    return PretrainDataset(mixture, [Path(s) for s in cfg.stores], Path(cfg.vocab), cfg.data, family, split,
-                           seed=cfg.run.seed)
+    return PretrainDataset(
+        mixture, [Path(s) for s in cfg.stores], Path(cfg.vocab), cfg.data, family, split, seed=cfg.run.seed
+    )
 
 
-def _datasets(cfg: TrainConfig, mixture: Mixture, family: ModelFamily,
-              world: int) -> tuple[PretrainDataset, Optional[PretrainDataset]]:
+def _datasets(
+    cfg: TrainConfig, mixture: Mixture, family: ModelFamily, world: int
+) -> tuple[PretrainDataset, Optional[PretrainDataset]]:
     """The train split (checked to fill a batch on every rank) and the val split (None
     without one); ConfigError naming the images that no store holds."""
     data = split_data(cfg, mixture, family, "train")
     per_rank = len(data) // world
     if per_rank < cfg.optim.batch_size:
         ranks = f" ({per_rank} per rank over {world} ranks)" if world > 1 else ""
-        raise ConfigError(f"the train split of {cfg.mixture} has {len(data)} items{ranks}, fewer than --batch-size "
-                          f"{cfg.optim.batch_size}: no full batch; lower --batch-size (or use fewer ranks)")
+        raise ConfigError(
+            f"the train split of {cfg.mixture} has {len(data)} items{ranks}, fewer than --batch-size "
+            f"{cfg.optim.batch_size}: no full batch; lower --batch-size (or use fewer ranks)"
+        )
     val = split_data(cfg, mixture, family, "val") if "val" in mixture.splits else None
     if val is None:
         log.info("%s has no val split: no validation", cfg.mixture)
     missing = sorted(set(data.missing_images()) | set(val.missing_images() if val is not None else ()))
     if missing:
-        raise ConfigError(f"{len(missing)} images of {cfg.mixture} are in no feature store ({', '.join(cfg.stores)}), "
-                          f"e.g. {', '.join(missing[:5])}: extract them, or rebuild the mixture with --stores "
-                          "and --drop-missing")
+        raise ConfigError(
+            f"{len(missing)} images of {cfg.mixture} are in no feature store ({', '.join(cfg.stores)}), "
+            f"e.g. {', '.join(missing[:5])}: extract them, or rebuild the mixture with --stores "
+            "and --drop-missing"
+        )
     return data, val
 
 
-def train_loop(cfg, model, job: Job, device: str, start: run_folder.Plan, resolved: dict,
-               best_metric: Optional[BestMetric], on_step: Optional[Callable[[int, dict, int], None]]) -> dict:
+def train_loop(
+    cfg,
+    model,
+    job: Job,
+    device: str,
+    start: run_folder.Plan,
+    resolved: dict,
+    best_metric: Optional[BestMetric],
+    on_step: Optional[Callable[[int, dict, int], None]],
+) -> dict:
     """The optimizer loop of a run (`cfg`: a TrainConfig or FinetuneConfig; its optim and run sections)."""
     _, world, _ = distributed.world()
     main = distributed.is_main()
@@ -247,14 +284,20 @@ def train_loop(cfg, model, job: Job, device: str, start: run_folder.Plan, resolv
                 module.sparse = False
     if cfg.run.compile:
         job.compile_target(model).compile()  # in place: checkpoint keys unchanged
-    wrapped = (torch.nn.parallel.DistributedDataParallel(model, find_unused_parameters=job.unused_parameters)
-               if world > 1 else model)
+    wrapped = (
+        torch.nn.parallel.DistributedDataParallel(model, find_unused_parameters=job.unused_parameters)
+        if world > 1
+        else model
+    )
     metrics_log = runlog.RunLog(out, cfg.run.report_to, step) if main else None
     if metrics_log and start.notes:
         metrics_log.note(step, f"resumed at step {step} with changed settings: {'; '.join(start.notes)}")
         log.info("resumed with changed settings: %s", "; ".join(start.notes))
-    autocast = torch.autocast(device.split(":")[0], enabled=cfg.run.amp != "none",
-                              dtype=torch.bfloat16 if cfg.run.amp == "bf16" else torch.float16)
+    autocast = torch.autocast(
+        device.split(":")[0],
+        enabled=cfg.run.amp != "none",
+        dtype=torch.bfloat16 if cfg.run.amp == "bf16" else torch.float16,
+    )
     consumed = {"position": sampler.position}  # items used this epoch (workers may have prefetched more)
     batches = job.batches(sampler, consumed)
     checks = job.checks  # the losses whose finiteness all ranks agree on
@@ -281,7 +324,7 @@ def train_loop(cfg, model, job: Job, device: str, start: run_folder.Plan, resolv
                     # on every rank, finite or not: DDP stays in step
                     scaler.scale(loss / cfg.optim.grad_accum).backward()
                 values = {f"loss_{k}": float(v.detach()) for k, v in losses.items()}
-                nonfinite |= {k[len("loss_"):] for k, v in values.items() if not math.isfinite(v)}
+                nonfinite |= {k[len("loss_") :] for k, v in values.items() if not math.isfinite(v)}
                 if not math.isfinite(float(loss.detach())):
                     nonfinite.add("total")
                 for k, v in {**values, **task_metrics}.items():
@@ -300,10 +343,17 @@ def train_loop(cfg, model, job: Job, device: str, start: run_folder.Plan, resolv
             step += 1
             if main and (step % cfg.run.log_every == 0 or step == cfg.optim.steps):
                 elapsed = max(time.perf_counter() - started, 1e-9)
-                metrics = {"step": step, "epoch": sampler.epoch, "lr": optimizer.param_groups[0]["lr"], **sums,
-                           "samples_per_s": (step - first) * per_step / elapsed,
-                           "data_wait_fraction": waited / elapsed, "eta_s": (end - step) * elapsed / (step - first),
-                           **({"skipped_steps": skipped} if cfg.run.amp == "fp16" else {}), **_memory(device)}
+                metrics = {
+                    "step": step,
+                    "epoch": sampler.epoch,
+                    "lr": optimizer.param_groups[0]["lr"],
+                    **sums,
+                    "samples_per_s": (step - first) * per_step / elapsed,
+                    "data_wait_fraction": waited / elapsed,
+                    "eta_s": (end - step) * elapsed / (step - first),
+                    **({"skipped_steps": skipped} if cfg.run.amp == "fp16" else {}),
+                    **_memory(device),
+                }
                 metrics_log.write(metrics)
                 if on_step:
                     on_step(step, metrics, cfg.optim.steps)
@@ -315,16 +365,29 @@ def train_loop(cfg, model, job: Job, device: str, start: run_folder.Plan, resolv
                     metrics_log.write({"step": step, **scores})
                 metrics = {**metrics, **scores}
                 if best_metric and best_metric.better(scores.get(best_metric.name), best and best["value"]):
-                    best = {"metric": best_metric.name, "mode": best_metric.mode, "value": scores[best_metric.name],
-                            "step": step}
+                    best = {
+                        "metric": best_metric.name,
+                        "mode": best_metric.mode,
+                        "value": scores[best_metric.name],
+                        "step": step,
+                    }
                     improved = True
             if main and (step % cfg.run.checkpoint_every == 0 or step == end or improved):
                 checkpoint.check_finite(model, step)
-                checkpoint.save(out, step, {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                                            "scaler": scaler.state_dict(),
-                                            "sampler": {**sampler.state_dict(), "position": consumed["position"]},
-                                            "best": best, "run": resolved},
-                                keep_last=cfg.run.keep_last, best=checkpoint.file_name(best["step"]) if best else None)
+                checkpoint.save(
+                    out,
+                    step,
+                    {
+                        "model": model.state_dict(),
+                        "optimizer": optimizer.state_dict(),
+                        "scaler": scaler.state_dict(),
+                        "sampler": {**sampler.state_dict(), "position": consumed["position"]},
+                        "best": best,
+                        "run": resolved,
+                    },
+                    keep_last=cfg.run.keep_last,
+                    best=checkpoint.file_name(best["step"]) if best else None,
+                )
     finally:
         if metrics_log:
             metrics_log.close()
@@ -334,10 +397,12 @@ def train_loop(cfg, model, job: Job, device: str, start: run_folder.Plan, resolv
 def _diverged(cfg: TrainConfig, step: int, losses: list[str]) -> None:
     latest = Path(cfg.out) / checkpoint.FOLDER / checkpoint.LATEST
     last = latest.read_text().strip() if latest.exists() else "none"
-    raise DivergedError(f"step {step}: the loss is not finite ({', '.join(losses)}); stopped before the optimizer "
-                        f"step, nothing non-finite was checkpointed (last checkpoint: {last}). Start again with a "
-                        f"lower --lr (now {cfg.optim.lr:g}) or more --warmup (--overwrite, or --init from that "
-                        "checkpoint into a new --out)")
+    raise DivergedError(
+        f"step {step}: the loss is not finite ({', '.join(losses)}); stopped before the optimizer "
+        f"step, nothing non-finite was checkpointed (last checkpoint: {last}). Start again with a "
+        f"lower --lr (now {cfg.optim.lr:g}) or more --warmup (--overwrite, or --init from that "
+        "checkpoint into a new --out)"
+    )
 
 
 def _memory(device: str) -> dict:
@@ -357,11 +422,15 @@ def loader_batches(data, sampler, cfg, consumed: dict, batched: bool = False):
         data.set_epoch(sampler.epoch)
         # Its own generator: creating a loader must not draw from the global RNG (resume exactness).
         generator = torch.Generator().manual_seed(cfg.run.seed * 1000 + sampler.epoch)
-        how = ({"batch_sampler": sampler} if batched else
-               {"batch_size": cfg.optim.batch_size, "sampler": sampler, "drop_last": True})
+        how = (
+            {"batch_sampler": sampler}
+            if batched
+            else {"batch_size": cfg.optim.batch_size, "sampler": sampler, "drop_last": True}
+        )
         # A dataset may bring its own collate (PretrainDataset's hands its batch arrays on uncopied).
-        loader = torch.utils.data.DataLoader(data, num_workers=cfg.data.workers, generator=generator,
-                                             collate_fn=getattr(data, "collate", None), **how)
+        loader = torch.utils.data.DataLoader(
+            data, num_workers=cfg.data.workers, generator=generator, collate_fn=getattr(data, "collate", None), **how
+        )
         for batch in loader:
             consumed["position"] += len(batch["input_ids"])
             yield batch

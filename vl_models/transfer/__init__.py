@@ -24,6 +24,15 @@ from vl_models.transfer.task import Task
 _TASKS: Registry[Task] = Registry("task")
 register, unregister, names, get = _TASKS.register, _TASKS.unregister, _TASKS.names, _TASKS.get
 
-for _task in (vqa.TASK, gqa.TASK, nlvr2.TASK, retrieval.FLICKR30K, retrieval.COCO, refcoco.REFCOCO_PLUS,
-              refcoco.REFCOCO, refcoco.REFCOCOG, vcr.TASK):
+for _task in (
+    vqa.TASK,
+    gqa.TASK,
+    nlvr2.TASK,
+    retrieval.FLICKR30K,
+    retrieval.COCO,
+    refcoco.REFCOCO_PLUS,
+    refcoco.REFCOCO,
+    refcoco.REFCOCOG,
+    vcr.TASK,
+):
     register(_task)

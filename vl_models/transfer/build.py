@@ -13,8 +13,8 @@ targets (`Task.targets`) are kept where the table has the answer; the manifest s
 many training rows keep at least one.
 
 A task may add files of its own (RefCOCO: ``given_boxes.json``, the ground-truth boxes for
-`vlprep extract --given-boxes`). Malformed rows are named (file:where, reason), counted and left out; skipped rows (null or
-blank texts) are counted per reason. The folder is built under a temporary name and swapped
+`vlprep extract --given-boxes`). Malformed rows are named (file:where, reason), counted and left out; skipped
+rows (null or blank texts) are counted per reason. The folder is built under a temporary name and swapped
 in when complete (`pipeline.io.replacing_output`): an earlier task dataset there is replaced,
 anything else is refused.
 """
@@ -35,7 +35,14 @@ from pipeline.mixture.answers import read_answer_file
 from pipeline.mixture.sources import read_image_map
 from pipeline.sources.base import Malformed, Skip
 from pipeline.task_data import (
-    ANSWERS_FILE, FORMAT, ITEMS_FILE, ITEMS_SCHEMA, MANIFEST_FILE, REPORT_FILE, TASK_SCHEMA_VERSION, task_manifest,
+    ANSWERS_FILE,
+    FORMAT,
+    ITEMS_FILE,
+    ITEMS_SCHEMA,
+    MANIFEST_FILE,
+    REPORT_FILE,
+    TASK_SCHEMA_VERSION,
+    task_manifest,
 )
 from vl_models.transfer.task import Row, Task
 
@@ -43,15 +50,24 @@ log = logging.getLogger(__name__)
 LISTED = 20  # malformed rows named in the manifest and report
 
 
-def build_task(task: Task, files: Sequence[Path], out: Path, image_map: Optional[Path] = None,
-               answers_from: Optional[Path] = None, min_count: Optional[int] = None,
-               progress: Optional[Callable[[int], None]] = None) -> dict:
+def build_task(
+    task: Task,
+    files: Sequence[Path],
+    out: Path,
+    image_map: Optional[Path] = None,
+    answers_from: Optional[Path] = None,
+    min_count: Optional[int] = None,
+    progress: Optional[Callable[[int], None]] = None,
+) -> dict:
     """Read `files` for `task` and write the task dataset to `out`; returns the manifest."""
     files = [Path(f) for f in files]
     missing = [str(f) for f in files if not f.is_file()]
     if not files or missing:
-        raise ConfigError(f"build-task --task {task.name}: no such file(s): {', '.join(missing)}" if missing else
-                          f"build-task --task {task.name} needs its files: {task.files}")
+        raise ConfigError(
+            f"build-task --task {task.name}: no such file(s): {', '.join(missing)}"
+            if missing
+            else f"build-task --task {task.name} needs its files: {task.files}"
+        )
     if min_count is not None and min_count < 1:
         raise ConfigError(f"--min-count must be at least 1, got {min_count}")
     aliases = read_image_map(image_map) if image_map else {}
@@ -68,8 +84,10 @@ def build_task(task: Task, files: Sequence[Path], out: Path, image_map: Optional
             if progress and len(rows) % 10000 == 0:
                 progress(10000)
     if not rows:
-        raise ConfigError(f"{', '.join(map(str, files))}: no {task.name} rows"
-                          + (f" ({len(malformed)} malformed, e.g. {malformed[0]})" if malformed else ""))
+        raise ConfigError(
+            f"{', '.join(map(str, files))}: no {task.name} rows"
+            + (f" ({len(malformed)} malformed, e.g. {malformed[0]})" if malformed else "")
+        )
     named = {name: set(indices) for name, indices in task.named_splits(rows).items()}
     table, table_info = _answer_table(task, rows, answers_from, min_count)
     index = {a: i for i, a in reversed(list(enumerate(table)))}
@@ -78,28 +96,52 @@ def build_task(task: Task, files: Sequence[Path], out: Path, image_map: Optional
     for i, row in enumerate(rows):
         targets = {index[a]: s for a, s in task.targets(row).items() if a in index} if table else {}
         kept_targets += bool(targets) and row.split == task.train_split
-        record = {**{k: getattr(row, k) for k in ("uid", "text", "choices", "rationales", "label", "rationale_label",
-                                                   "answers", "answer_type", "question_type", "box", "group")},
-                  "splits": [row.split, *(name for name, members in named.items() if i in members)],
-                  "images": [aliases.get(name, name) for name in row.images],
-                  "answer_ids": list(targets) or None, "answer_scores": list(targets.values()) or None}
+        record = {
+            **{
+                k: getattr(row, k)
+                for k in (
+                    "uid",
+                    "text",
+                    "choices",
+                    "rationales",
+                    "label",
+                    "rationale_label",
+                    "answers",
+                    "answer_type",
+                    "question_type",
+                    "box",
+                    "group",
+                )
+            },
+            "splits": [row.split, *(name for name, members in named.items() if i in members)],
+            "images": [aliases.get(name, name) for name in row.images],
+            "answer_ids": list(targets) or None,
+            "answer_scores": list(targets.values()) or None,
+        }
         for name in ITEMS_SCHEMA.names:
             columns[name].append(record[name])
     extra = task.extra_files(files, rows)
     splits = Counter(s for names in columns["splits"] for s in names)
     train_rows = splits.get(task.train_split, 0)
     manifest = {
-        "format": FORMAT, "schema_version": TASK_SCHEMA_VERSION, "task": task.name, "created_by": f"vlprep {__version__}",
-        "rows": len(rows), "splits": dict(sorted(splits.items())),
-        "answers": {**table_info, "count": len(table),
-                    "train_rows_with_target": kept_targets, "train_rows": train_rows} if task.head == "answers" else None,
+        "format": FORMAT,
+        "schema_version": TASK_SCHEMA_VERSION,
+        "task": task.name,
+        "created_by": f"vlprep {__version__}",
+        "rows": len(rows),
+        "splits": dict(sorted(splits.items())),
+        "answers": {**table_info, "count": len(table), "train_rows_with_target": kept_targets, "train_rows": train_rows}
+        if task.head == "answers"
+        else None,
         "image_map": str(image_map) if image_map else None,
         "files": [{"path": str(f), "sha256": sha256_file(f)} for f in files],
-        "skipped": dict(skipped), "malformed": {"count": len(malformed), "examples": malformed[:LISTED]},
+        "skipped": dict(skipped),
+        "malformed": {"count": len(malformed), "examples": malformed[:LISTED]},
         "extra_files": sorted(extra),
     }
-    with replacing_output(Path(out), FORMAT, inputs=files, what="vlprep build-task",
-                          also_ours=lambda p: task_manifest(p) is not None) as tmp:
+    with replacing_output(
+        Path(out), FORMAT, inputs=files, what="vlprep build-task", also_ours=lambda p: task_manifest(p) is not None
+    ) as tmp:
         tmp.mkdir(parents=True)
         table_arrow = pa.Table.from_pydict(columns, schema=ITEMS_SCHEMA)
         with pa.OSFile(str(tmp / ITEMS_FILE), "wb") as sink, pa.ipc.new_file(sink, ITEMS_SCHEMA) as writer:
@@ -114,8 +156,9 @@ def build_task(task: Task, files: Sequence[Path], out: Path, image_map: Optional
     return manifest
 
 
-def _answer_table(task: Task, rows: list[Row], answers_from: Optional[Path],
-                  min_count: Optional[int]) -> tuple[list[str], dict]:
+def _answer_table(
+    task: Task, rows: list[Row], answers_from: Optional[Path], min_count: Optional[int]
+) -> tuple[list[str], dict]:
     if task.head != "answers":
         if answers_from or min_count:
             raise ConfigError(f"--answers-from / --min-count: {task.name} has no answer table")
@@ -128,19 +171,32 @@ def _answer_table(task: Task, rows: list[Row], answers_from: Optional[Path],
     counts.pop("", None)
     table = [a for a, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])) if n >= min_count]
     if not table:
-        raise ConfigError(f"no answer occurs {min_count} times in the {'/'.join(task.table_splits)} rows: "
-                          "lower --min-count, or give --answers-from")
+        raise ConfigError(
+            f"no answer occurs {min_count} times in the {'/'.join(task.table_splits)} rows: "
+            "lower --min-count, or give --answers-from"
+        )
     return table, {"min_count": min_count, "counted_over": list(task.table_splits)}
 
 
 def render_report(m: dict) -> str:
-    lines = [f"# Task dataset: {m['task']}", "", f"{m['rows']} rows ({m['created_by']}).", "",
-             "| split | rows |", "|---|---|", *(f"| {s} | {n} |" for s, n in m["splits"].items()), ""]
+    lines = [
+        f"# Task dataset: {m['task']}",
+        "",
+        f"{m['rows']} rows ({m['created_by']}).",
+        "",
+        "| split | rows |",
+        "|---|---|",
+        *(f"| {s} | {n} |" for s, n in m["splits"].items()),
+        "",
+    ]
     if m["answers"]:
         a = m["answers"]
         source = f"from {a['from']}" if "from" in a else f"answers seen at least {a['min_count']} times"
-        lines += [f"Answer table: {a['count']} answers ({source}); {a['train_rows_with_target']} of "
-                  f"{a['train_rows']} training rows have a target in it.", ""]
+        lines += [
+            f"Answer table: {a['count']} answers ({source}); {a['train_rows_with_target']} of "
+            f"{a['train_rows']} training rows have a target in it.",
+            "",
+        ]
     if m["skipped"]:
         lines += ["Skipped: " + ", ".join(f"{n} {reason}" for reason, n in m["skipped"].items()), ""]
     bad = m["malformed"]

@@ -13,19 +13,57 @@ from pipeline.log import named_errors
 
 
 def build_task(
-    task: str = typer.Option(..., help="The task: vqa, gqa, nlvr2, flickr30k, coco-retrieval, refcoco+, refcoco, refcocog, vcr (see --help's list of files)."),
-    files: List[Path] = typer.Argument(..., help="The task's official files: vqa: each questions file followed by its annotations file (test-dev/test questions alone); gqa: SPLIT_balanced_questions.json files; nlvr2: train.json dev.json test1.json; flickr30k / coco-retrieval: dataset_flickr30k.json / dataset_coco.json; refcoco+/refcoco/refcocog: refs(unc).p (umd for refcocog) then instances.json; vcr: train.jsonl val.jsonl test.jsonl."),
-    out: Path = typer.Option(..., help="The task dataset folder to write (items.arrow, answers.json, manifest.json, report.md)."),
-    image_map: Path = typer.Option(None, help="TSV of 'image name<TAB>store key' lines: the feature-store key of each image the files name (unmapped names are keys as they are)."),
-    answers_from: Path = typer.Option(None, help="VQA/GQA: use exactly this answer table, in its order (a JSON list, LXMERT's {ans} list or {answer: index} map, or one answer a line)."),
-    min_count: int = typer.Option(None, help="VQA/GQA: keep answers occurring at least this often in train+val (default: VQA 9, which gives the 3,129 answers, GQA 1)."),
+    task: str = typer.Option(
+        ...,
+        help=(
+            "The task: vqa, gqa, nlvr2, flickr30k, coco-retrieval, refcoco+, refcoco, refcocog, vcr (see --help's "
+            "list of files)."
+        ),
+    ),
+    files: List[Path] = typer.Argument(
+        ...,
+        help=(
+            "The task's official files: vqa: each questions file followed by its annotations file (test-dev/test "
+            "questions alone); gqa: SPLIT_balanced_questions.json files; nlvr2: train.json dev.json test1.json; "
+            "flickr30k / coco-retrieval: dataset_flickr30k.json / dataset_coco.json; refcoco+/refcoco/refcocog: "
+            "refs(unc).p (umd for refcocog) then instances.json; vcr: train.jsonl val.jsonl test.jsonl."
+        ),
+    ),
+    out: Path = typer.Option(
+        ..., help="The task dataset folder to write (items.arrow, answers.json, manifest.json, report.md)."
+    ),
+    image_map: Path = typer.Option(
+        None,
+        help=(
+            "TSV of 'image name<TAB>store key' lines: the feature-store key of each image the files name (unmapped "
+            "names are keys as they are)."
+        ),
+    ),
+    answers_from: Path = typer.Option(
+        None,
+        help=(
+            "VQA/GQA: use exactly this answer table, in its order (a JSON list, LXMERT's {ans} list or {answer: "
+            "index} map, or one answer a line)."
+        ),
+    ),
+    min_count: int = typer.Option(
+        None,
+        help=(
+            "VQA/GQA: keep answers occurring at least this often in train+val (default: VQA 9, which gives the 3,129 "
+            "answers, GQA 1)."
+        ),
+    ),
 ) -> None:
     """Read a downstream task's official files into a task dataset for `vltrain finetune` and
     `vltrain evaluate`: Arrow items joined with feature stores by image, an answer table
     with soft targets for VQA and GQA, named splits (VQA: minval, minval-lxmert,
     nominival-lxmert), malformed rows named and counted (manifest.json, report.md).
 
-    Example: vlprep build-task --task vqa --out tasks/vqa v2_OpenEnded_mscoco_train2014_questions.json v2_mscoco_train2014_annotations.json v2_OpenEnded_mscoco_val2014_questions.json v2_mscoco_val2014_annotations.json
+    Example:
+
+        vlprep build-task --task vqa --out tasks/vqa \\
+            v2_OpenEnded_mscoco_train2014_questions.json v2_mscoco_train2014_annotations.json \\
+            v2_OpenEnded_mscoco_val2014_questions.json v2_mscoco_val2014_annotations.json
     """
     from vl_models import transfer
     from vl_models.transfer.build import build_task as build
@@ -36,12 +74,16 @@ def build_task(
     say.print(f"{task}: {manifest['rows']} rows ({splits}) -> {out}")
     if manifest["answers"]:
         a = manifest["answers"]
-        say.print(f"answer table: {a['count']} answers; {a['train_rows_with_target']} of {a['train_rows']} "
-                  "training rows have a target in it")
+        say.print(
+            f"answer table: {a['count']} answers; {a['train_rows_with_target']} of {a['train_rows']} "
+            "training rows have a target in it"
+        )
     bad = manifest["malformed"]
     if bad["count"]:
-        say.print(f"[yellow]{bad['count']} malformed rows left out[/yellow], e.g. {bad['examples'][0]} "
-                  f"(all counted in {out / 'manifest.json'})")
+        say.print(
+            f"[yellow]{bad['count']} malformed rows left out[/yellow], e.g. {bad['examples'][0]} "
+            f"(all counted in {out / 'manifest.json'})"
+        )
 
 
 def register(app: typer.Typer) -> None:

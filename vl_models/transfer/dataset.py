@@ -29,17 +29,30 @@ CANDIDATE_KEYS = ("input_ids", "attention_mask", "visual_feats", "visual_pos", "
 class TaskDataset(torch.utils.data.Dataset):
     """Split `split` (comma-separated: a union) of `data` for `task` and `family`."""
 
-    def __init__(self, data: TaskData, task, stores: Sequence[Path], vocab: Path, family, settings: DataSettings,
-                 split: str, seed: int = 0, train: bool = True, task_id: int = 0):
+    def __init__(
+        self,
+        data: TaskData,
+        task,
+        stores: Sequence[Path],
+        vocab: Path,
+        family,
+        settings: DataSettings,
+        split: str,
+        seed: int = 0,
+        train: bool = True,
+        task_id: int = 0,
+    ):
         self.data, self.task, self.family, self.cfg = data, task, family, settings
         self.seed, self.train, self.task_id, self.split = seed, train, task_id, split
         self.rows = data.rows(split)
         if not len(self.rows):
-            raise ConfigError(f"{data.path}: no {task.name} rows in split {split!r}; its splits: "
-                              f"{', '.join(data.splits)}")
+            raise ConfigError(
+                f"{data.path}: no {task.name} rows in split {split!r}; its splits: {', '.join(data.splits)}"
+            )
         self.max_text = settings.max_text or task.max_text or family.max_text
-        self.stores = [FeatureStore.open(p, dtype="float32", verify=True if settings.verify_shards else None)
-                       for p in stores]
+        self.stores = [
+            FeatureStore.open(p, dtype="float32", verify=True if settings.verify_shards else None) for p in stores
+        ]
         self.tokenizer = WordPiece(vocab)
         self.epoch = 0
 
@@ -64,8 +77,11 @@ class TaskDataset(torch.utils.data.Dataset):
         raise KeyError(f"image {key!r} is in no feature store")
 
     def text(self, text: str, second: Optional[str] = None) -> dict:
-        enc = (self.tokenizer.encode(text, self.max_text) if second is None
-               else self.tokenizer.encode_pair(text, second, self.max_text))
+        enc = (
+            self.tokenizer.encode(text, self.max_text)
+            if second is None
+            else self.tokenizer.encode_pair(text, second, self.max_text)
+        )
         return {"input_ids": enc.ids, "attention_mask": enc.mask}
 
     def image(self, key: str) -> dict:
@@ -76,11 +92,16 @@ class TaskDataset(torch.utils.data.Dataset):
         batch = pad_regions([record], self.cfg.max_regions, position=family.position, img_token=family.img_token)
         first, n = int(family.img_token), int(batch.num_boxes[0]) - int(family.img_token)
         boxes = np.zeros((batch.mask.shape[1], 4), np.float32)
-        boxes[first:first + n] = record.boxes[:n]
+        boxes[first : first + n] = record.boxes[:n]
         valid = batch.mask[0].copy()
         valid[:first] = False
-        return {"visual_feats": batch.features[0], "visual_pos": batch.positions[0],
-                "visual_mask": batch.mask[0].astype(np.int64), "boxes": boxes, "valid": valid}
+        return {
+            "visual_feats": batch.features[0],
+            "visual_pos": batch.positions[0],
+            "visual_mask": batch.mask[0].astype(np.int64),
+            "boxes": boxes,
+            "valid": valid,
+        }
 
     def candidates(self, pairs: Sequence[tuple[dict, dict]]) -> dict:
         """(text, image) pairs stacked on a leading candidate axis."""

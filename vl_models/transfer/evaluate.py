@@ -47,8 +47,15 @@ def _to(batch: dict, device: str) -> dict:
 
 
 @torch.no_grad()
-def predict(model, view: TaskDataset, device: str = "cpu", batch_size: int = 32, limit: int = 0,
-            progress: Progress = None, workers: int = 0) -> Predictions:
+def predict(
+    model,
+    view: TaskDataset,
+    device: str = "cpu",
+    batch_size: int = 32,
+    limit: int = 0,
+    progress: Progress = None,
+    workers: int = 0,
+) -> Predictions:
     """The task's predictions on the view's examples (the first `limit` rows' when > 0)."""
     task = view.task
     was_training = model.training
@@ -58,18 +65,23 @@ def predict(model, view: TaskDataset, device: str = "cpu", batch_size: int = 32,
             return score_pairs(model, view, device, batch_size, limit, progress)
         rows = view.rows[:limit] if limit else view.rows
         examples = _example_indices(view, len(rows))
-        batches = [examples[start:start + batch_size] for start in range(0, len(examples), batch_size)]
+        batches = [examples[start : start + batch_size] for start in range(0, len(examples), batch_size)]
         mine = [batches[b] for b in distributed.shard(len(batches))]
         # Its own generator: iterating a loader must not draw from the global RNG (a validation
         # inside a run would shift the run's dropout and a resume would no longer be exact).
-        loader = torch.utils.data.DataLoader(view, batch_sampler=mine, num_workers=workers,
-                                             generator=torch.Generator().manual_seed(0))
+        loader = torch.utils.data.DataLoader(
+            view, batch_sampler=mine, num_workers=workers, generator=torch.Generator().manual_seed(0)
+        )
         scored, done = [], 0
         for batch in loader:
             batch = _to(batch, device)
             logits = model(task.name, batch)
-            scored.append({k: np.asarray(v) for k, v in
-                           {**task.predict(logits, batch), "index": batch["index"].cpu().numpy()}.items()})
+            scored.append(
+                {
+                    k: np.asarray(v)
+                    for k, v in {**task.predict(logits, batch), "index": batch["index"].cpu().numpy()}.items()
+                }
+            )
             done += len(batch["index"])
             if progress:
                 progress(done, sum(map(len, mine)))
@@ -91,8 +103,9 @@ def _example_indices(view: TaskDataset, rows: int) -> list[int]:
 
 
 @torch.no_grad()
-def score_pairs(model, view: TaskDataset, device: str, batch_size: int, limit: int = 0,
-                progress: Progress = None) -> Predictions:
+def score_pairs(
+    model, view: TaskDataset, device: str, batch_size: int, limit: int = 0, progress: Progress = None
+) -> Predictions:
     """Caption x image pair scores (the pair head's logits) over a retrieval split: the
     captions of the split (of its first `limit` images' when > 0) against its images."""
     images = list(dict.fromkeys(view.value("images", i)[0] for i in range(len(view.rows))))
@@ -105,23 +118,29 @@ def score_pairs(model, view: TaskDataset, device: str, batch_size: int, limit: i
     family = model.family
     base = family.backbone(model.backbone)
     ids, masks = texts["input_ids"], texts["attention_mask"]
-    states = torch.cat([base.encode_text(ids[s:s + batch_size], masks[s:s + batch_size])
-                        for s in range(0, len(captions), batch_size)])  # each caption's stream, once
+    states = torch.cat(
+        [
+            base.encode_text(ids[s : s + batch_size], masks[s : s + batch_size])
+            for s in range(0, len(captions), batch_size)
+        ]
+    )  # each caption's stream, once
     mine = distributed.shard(len(images))
     total, done = len(captions) * len(mine), 0
 
     def column(key: str) -> np.ndarray:  # every caption's score against one image
         nonlocal done
         region = view.image(key)
-        feats, pos, vmask = (torch.as_tensor(region[k])[None].to(device) for k in
-                             ("visual_feats", "visual_pos", "visual_mask"))
+        feats, pos, vmask = (
+            torch.as_tensor(region[k])[None].to(device) for k in ("visual_feats", "visual_pos", "visual_mask")
+        )
         vision = base.encode_vision(feats, pos, vmask)  # each image's stream, once
         out = np.zeros(len(captions), np.float32)
         for start in range(0, len(captions), batch_size):
             stop = min(start + batch_size, len(captions))
             n = stop - start
-            logits = family.cached_pair_logit(model.backbone, states[start:stop], masks[start:stop],
-                                              vision.expand(n, -1, -1), vmask.expand(n, -1))
+            logits = family.cached_pair_logit(
+                model.backbone, states[start:stop], masks[start:stop], vision.expand(n, -1, -1), vmask.expand(n, -1)
+            )
             out[start:stop] = logits.cpu().numpy()
             done += n
             if progress:
@@ -130,14 +149,26 @@ def score_pairs(model, view: TaskDataset, device: str, batch_size: int, limit: i
 
     columns = distributed.gather_shards([column(images[j]) for j in mine])
     scores = np.stack(columns, axis=1) if columns else np.zeros((len(captions), 0), np.float32)
-    return Predictions(rows=view.rows[captions], values={"scores": scores, "image_of_caption": image_of_caption,
-                                                         "images": images})
+    return Predictions(
+        rows=view.rows[captions], values={"scores": scores, "image_of_caption": image_of_caption, "images": images}
+    )
 
 
-def evaluate_checkpoint(task_name: str, source: str, data_dir: Path, split: str, stores: Sequence[str] = (),
-                        vocab: Optional[str] = None, out: Optional[Path] = None, zero_shot: bool = False,
-                        model: Optional[str] = None, device: str = "cpu", batch_size: int = 64, limit: int = 0,
-                        progress: Progress = None) -> dict:
+def evaluate_checkpoint(
+    task_name: str,
+    source: str,
+    data_dir: Path,
+    split: str,
+    stores: Sequence[str] = (),
+    vocab: Optional[str] = None,
+    out: Optional[Path] = None,
+    zero_shot: bool = False,
+    model: Optional[str] = None,
+    device: str = "cpu",
+    batch_size: int = 64,
+    limit: int = 0,
+    progress: Progress = None,
+) -> dict:
     """`vltrain evaluate`: score a fine-tuned run's `task` head on a split of a task dataset
     (or, with `zero_shot`, a pretrained model's pair head on a retrieval task), write
     ``metrics.json`` and the task's submission file into `out` (default: the run folder's
@@ -149,9 +180,11 @@ def evaluate_checkpoint(task_name: str, source: str, data_dir: Path, split: str,
     ckpt, run = our_run(source)
     if zero_shot:
         if not getattr(task, "pairwise", False):
-            raise ConfigError(f"--zero-shot: {task.name} needs a fine-tuned head; only retrieval tasks "
-                              f"({', '.join(n for n in transfer.names() if getattr(transfer.get(n), 'pairwise', False))}) "
-                              "score with the pretraining pair head")
+            raise ConfigError(
+                f"--zero-shot: {task.name} needs a fine-tuned head; only retrieval tasks "
+                f"({', '.join(n for n in transfer.names() if getattr(transfer.get(n), 'pairwise', False))}) "
+                "score with the pretraining pair head"
+            )
         family, mcfg = model_of(model, None if model else run, (stores or run["train"]["stores"])[0], 1)
         tmodel = TransferModel(family, family.build(mcfg), {task.name: RetrievalHead(task.candidates)})
         if is_finetuned(run):
@@ -160,22 +193,35 @@ def evaluate_checkpoint(task_name: str, source: str, data_dir: Path, split: str,
             init_pretraining(tmodel.backbone, ckpt or Path(source), family.load_checkpoint)
     else:
         if not is_finetuned(run) or task.name not in run["tasks"]:
-            raise ConfigError(f"{source} is no fine-tuning run of {task.name} (its tasks: "
-                              f"{', '.join((run or {}).get('tasks') or ['none'])}); zero-shot retrieval: --zero-shot")
+            raise ConfigError(
+                f"{source} is no fine-tuning run of {task.name} (its tasks: "
+                f"{', '.join((run or {}).get('tasks') or ['none'])}); zero-shot retrieval: --zero-shot"
+            )
         if run["answers"][task.name] != answers_digest(data):
-            raise ConfigError(f"{data.path}: its answer table is not the one the {task.name} head was trained on: "
-                              "evaluate on a task dataset built with the same answer table (--answers-from)")
+            raise ConfigError(
+                f"{data.path}: its answer table is not the one the {task.name} head was trained on: "
+                "evaluate on a task dataset built with the same answer table (--answers-from)"
+            )
         family = families.from_run(run)
         mcfg = family.config_class.from_json(run["model"])
         tmodel = build_transfer_model(family, mcfg, [task], [data])
         tmodel.load_state_dict(backbone_state(ckpt, heads=(task.name,)))
     settings = data_settings(run) if run else DataSettings()
-    view = TaskDataset(data, task, [Path(s) for s in (stores or run["train"]["stores"])],
-                       Path(vocab or (run and run["train"].get("vocab")) or ""), family, settings, split, train=False)
+    view = TaskDataset(
+        data,
+        task,
+        [Path(s) for s in (stores or run["train"]["stores"])],
+        Path(vocab or (run and run["train"].get("vocab")) or ""),
+        family,
+        settings,
+        split,
+        train=False,
+    )
     missing = view.missing_images()
     if missing:
-        raise ConfigError(f"{len(missing)} images of {data.path} ({split}) are in no feature store, e.g. "
-                          f"{', '.join(missing[:5])}")
+        raise ConfigError(
+            f"{len(missing)} images of {data.path} ({split}) are in no feature store, e.g. {', '.join(missing[:5])}"
+        )
     if out is None:
         if ckpt is None:
             raise ConfigError("--out: where to write the metrics and predictions (the checkpoint is no run folder's)")
@@ -189,8 +235,17 @@ def evaluate_checkpoint(task_name: str, source: str, data_dir: Path, split: str,
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     files = [task.write_submission(data, predictions, out)]
-    report = {"task": task.name, "split": split, "checkpoint": str(ckpt or source), "zero_shot": zero_shot,
-              "rows": int(len(predictions.rows)), "metrics": metrics}
+    report = {
+        "task": task.name,
+        "split": split,
+        "checkpoint": str(ckpt or source),
+        "zero_shot": zero_shot,
+        "rows": int(len(predictions.rows)),
+        "metrics": metrics,
+    }
     atomic_write_json(out / "metrics.json", report)
-    return {"metrics": metrics, "files": [str(f) for f in files] + [str(out / "metrics.json")],
-            "examples": int(len(predictions.rows))}
+    return {
+        "metrics": metrics,
+        "files": [str(f) for f in files] + [str(out / "metrics.json")],
+        "examples": int(len(predictions.rows)),
+    }

@@ -72,12 +72,17 @@ def run_finetune(cfg: FinetuneConfig, on_step: Optional[Callable[[int, dict, int
         return TaskDataset(datas[t], tasks[t], stores, Path(vocab), family, cfg.data, split, cfg.run.seed, train, t)
 
     views = [view(t, cfg.transfer.train_split or task.train_split, True) for t, task in enumerate(tasks)]
-    vals = [view(t, cfg.transfer.val_split or task.val_split, False)
-            if (cfg.transfer.val_split or task.val_split) in datas[t].splits else None for t, task in enumerate(tasks)]
+    vals = [
+        view(t, cfg.transfer.val_split or task.val_split, False)
+        if (cfg.transfer.val_split or task.val_split) in datas[t].splits
+        else None
+        for t, task in enumerate(tasks)
+    ]
     _check_data(cfg, views, vals, world)
     check_vocab(views[0].tokenizer, mcfg)
-    sampler = TaskBatchSampler([len(v) for v in views], cfg.optim.batch_size, rank, world, cfg.run.seed,
-                               cfg.transfer.task_sampling)
+    sampler = TaskBatchSampler(
+        [len(v) for v in views], cfg.optim.batch_size, rank, world, cfg.run.seed, cfg.transfer.task_sampling
+    )
     per_epoch = max(1, len(sampler) // cfg.optim.grad_accum)
     if cfg.optim.epochs is not None:
         cfg = cfg.with_(steps=max(1, math.ceil(cfg.optim.epochs * per_epoch)))
@@ -85,15 +90,25 @@ def run_finetune(cfg: FinetuneConfig, on_step: Optional[Callable[[int, dict, int
         cfg = cfg.with_(eval_every=per_epoch)  # validation each epoch
     known = {t.metric: "max" for t, v in zip(tasks, vals) if v is not None}
     spec = cfg.run.best_metric or next(iter(known), None)
-    best_metric = BestMetric.parse(spec, known, f"the tasks with a validation split ({', '.join(known) or 'none'})"
-                                   ) if spec else None
+    best_metric = (
+        BestMetric.parse(spec, known, f"the tasks with a validation split ({', '.join(known) or 'none'})")
+        if spec
+        else None
+    )
     torch.manual_seed(cfg.run.seed)  # every check passed: build the model
     model = build_transfer_model(family, mcfg, tasks, datas)
-    resolved = {"train": cfg.to_json(), "model": mcfg.to_json(), "kind": family.name, "tasks": list(cfg.tasks),
-                "answers": {t.name: run_folder.answers_digest(d) for t, d in zip(tasks, datas)},
-                "world_size": world,
-                "inputs": {**run_folder.input_digests(None, stores, views[0].tokenizer.path),
-                           "task_data": [run_folder.content_digest(d) for d in datas]}}
+    resolved = {
+        "train": cfg.to_json(),
+        "model": mcfg.to_json(),
+        "kind": family.name,
+        "tasks": list(cfg.tasks),
+        "answers": {t.name: run_folder.answers_digest(d) for t, d in zip(tasks, datas)},
+        "world_size": world,
+        "inputs": {
+            **run_folder.input_digests(None, stores, views[0].tokenizer.path),
+            "task_data": [run_folder.content_digest(d) for d in datas],
+        },
+    }
 
     def init() -> str:
         if is_finetuned(run):  # a fine-tuned backbone (its heads stay behind)
@@ -117,22 +132,32 @@ def run_finetune(cfg: FinetuneConfig, on_step: Optional[Callable[[int, dict, int
         return scores
 
     data = _Tasks(views)
-    job = Job(sampler=sampler, batches=lambda s, consumed: loader_batches(data, s, cfg, consumed, batched=True),
-              loss=loss, checks=(*cfg.tasks, "total"), validate=validate if known else None,
-              compile_target=lambda m: family.backbone(m.backbone), unused_parameters=True)
+    job = Job(
+        sampler=sampler,
+        batches=lambda s, consumed: loader_batches(data, s, cfg, consumed, batched=True),
+        loss=loss,
+        checks=(*cfg.tasks, "total"),
+        validate=validate if known else None,
+        compile_target=lambda m: family.backbone(m.backbone),
+        unused_parameters=True,
+    )
     return launch(cfg, model, resolved, job, device, best_metric, on_step, init if cfg.init else None)
 
 
 def _check_data(cfg: FinetuneConfig, views, vals, world: int) -> None:
     for v in views:
         if len(v) // world < cfg.optim.batch_size:
-            raise ConfigError(f"{v.data.path}: {len(v)} {v.task.name} training examples in split {v.split!r}, fewer "
-                              f"than --batch-size {cfg.optim.batch_size} per rank ({world} ranks): no full batch")
+            raise ConfigError(
+                f"{v.data.path}: {len(v)} {v.task.name} training examples in split {v.split!r}, fewer "
+                f"than --batch-size {cfg.optim.batch_size} per rank ({world} ranks): no full batch"
+            )
     missing = sorted({k for v in [*views, *(x for x in vals if x is not None)] for k in v.missing_images()})
     if missing:
-        raise ConfigError(f"{len(missing)} images of the task data are in no feature store ({', '.join(cfg.stores)}), "
-                          f"e.g. {', '.join(missing[:5])}: extract them (or map their names with build-task "
-                          "--image-map)")
+        raise ConfigError(
+            f"{len(missing)} images of the task data are in no feature store ({', '.join(cfg.stores)}), "
+            f"e.g. {', '.join(missing[:5])}: extract them (or map their names with build-task "
+            "--image-map)"
+        )
 
 
 def _init_answers(cfg: FinetuneConfig, run: Optional[dict]) -> Optional[list[str]]:

@@ -16,8 +16,14 @@ from vl_models.transfer.task import Row, column
 from vl_models.transfer.vqa import Classifier
 
 # The file name's first part -> the split (train_balanced_questions.json, testdev_balanced_..., submission_all_...)
-SPLIT_NAMES = {"train": "train", "val": "val", "testdev": "testdev", "test": "test", "challenge": "challenge",
-               "submission": "submission"}
+SPLIT_NAMES = {
+    "train": "train",
+    "val": "val",
+    "testdev": "testdev",
+    "test": "test",
+    "challenge": "challenge",
+    "submission": "submission",
+}
 
 
 class Gqa(Classifier):
@@ -32,8 +38,14 @@ class Gqa(Classifier):
                 if isinstance(q, (Skip, Malformed)):
                     yield q
                     continue
-                yield Row(uid=q.question_id, split=split, images=(q.image,), text=q.text,
-                          answers=[q.answer] if q.answer is not None else None, answer=q.answer)
+                yield Row(
+                    uid=q.question_id,
+                    split=split,
+                    images=(q.image,),
+                    text=q.text,
+                    answers=[q.answer] if q.answer is not None else None,
+                    answer=q.answer,
+                )
 
     def targets(self, row):
         return {row.answer: 1.0} if row.answer is not None else {}
@@ -44,13 +56,18 @@ class Gqa(Classifier):
         if not known:
             return {}
         answers = self.answers_of(data, predictions)
-        scores = gqa_accuracy([{"questionId": i, "prediction": answers[i]} for i in known],
-                              {str(i): {"answer": truth[i][0]} for i in known})
+        scores = gqa_accuracy(
+            [{"questionId": i, "prediction": answers[i]} for i in known],
+            {str(i): {"answer": truth[i][0]} for i in known},
+        )
         return {"accuracy": 100 * scores["accuracy"]}
 
     def write_submission(self, data, predictions, folder):
-        return write_gqa_predictions(Path(folder) / "gqa_predictions.json",
-                                     column(data, "uid", predictions.rows), self.answers_of(data, predictions))
+        return write_gqa_predictions(
+            Path(folder) / "gqa_predictions.json",
+            column(data, "uid", predictions.rows),
+            self.answers_of(data, predictions),
+        )
 
 
 TASK = Gqa()

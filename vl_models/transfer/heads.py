@@ -127,8 +127,12 @@ def build_head(kind: str, pooled: int, vision: int, candidates: int, answers: in
         if answers < 1:
             raise ConfigError("an answer classifier needs an answer table: the task dataset has none")
         return AnswerHead(pooled, answers, eps)
-    builders = {"pair": lambda: PairHead(pooled, eps), "regions": lambda: RegionHead(vision),
-                "choice": lambda: ChoiceHead(pooled, candidates), "retrieval": lambda: RetrievalHead(candidates)}
+    builders = {
+        "pair": lambda: PairHead(pooled, eps),
+        "regions": lambda: RegionHead(vision),
+        "choice": lambda: ChoiceHead(pooled, candidates),
+        "retrieval": lambda: RetrievalHead(candidates),
+    }
     if kind not in builders:
         raise ConfigError(f"unknown head kind {kind!r}; known: {', '.join(KINDS)}")
     return builders[kind]()
@@ -154,6 +158,8 @@ class TransferModel(nn.Module):
 
 def build_transfer_model(family, mcfg, tasks, datas) -> TransferModel:
     pooled, vision = family.widths(mcfg)
-    heads = {t.name: build_head(t.head, pooled, vision, t.candidates, len(d.answers), mcfg.layer_norm_eps)
-             for t, d in zip(tasks, datas)}
+    heads = {
+        t.name: build_head(t.head, pooled, vision, t.candidates, len(d.answers), mcfg.layer_norm_eps)
+        for t, d in zip(tasks, datas)
+    }
     return TransferModel(family, family.build(mcfg), heads)

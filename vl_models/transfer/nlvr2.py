@@ -31,8 +31,13 @@ class Nlvr2(Task):
                 if isinstance(ex, Malformed) or isinstance(ex.sentence, Skip):
                     yield ex if isinstance(ex, Malformed) else ex.sentence
                     continue
-                yield Row(uid=ex.identifier, split=ex.split, images=(ex.left_image, ex.right_image),
-                          text=ex.sentence, label=None if ex.label is None else int(ex.label))
+                yield Row(
+                    uid=ex.identifier,
+                    split=ex.split,
+                    images=(ex.left_image, ex.right_image),
+                    text=ex.sentence,
+                    label=None if ex.label is None else int(ex.label),
+                )
 
     def example(self, view, i, rng):
         text = view.text(view.value("text", i))
@@ -53,8 +58,11 @@ class Nlvr2(Task):
         return {"accuracy": 100 * m["accuracy"], "consistency": 100 * m["consistency"]}
 
     def write_submission(self, data, predictions, folder):
-        return write_nlvr2_predictions(Path(folder) / "nlvr2_predictions.csv", column(data, "uid", predictions.rows),
-                                       [bool(p) for p in predictions.values["label"]])
+        return write_nlvr2_predictions(
+            Path(folder) / "nlvr2_predictions.csv",
+            column(data, "uid", predictions.rows),
+            [bool(p) for p in predictions.values["label"]],
+        )
 
 
 TASK = Nlvr2()

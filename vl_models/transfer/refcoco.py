@@ -43,8 +43,14 @@ class Referring(Task):
             if isinstance(ref, (Skip, Malformed)):
                 yield ref
                 continue
-            yield Row(uid=f"{ref.ref_id}-{ref.sent_id}", split=ref.split, images=(ref.image,), text=ref.sentence,
-                      box=[float(v) for v in ref.box], group=str(ref.ref_id))
+            yield Row(
+                uid=f"{ref.ref_id}-{ref.sent_id}",
+                split=ref.split,
+                images=(ref.image,),
+                text=ref.sentence,
+                box=[float(v) for v in ref.box],
+                group=str(ref.ref_id),
+            )
 
     def extra_files(self, files, rows):
         """``given_boxes.json``: every COCO annotation's box on the task's images, by image name
@@ -54,10 +60,16 @@ class Referring(Task):
     def example(self, view, i, rng):
         image = view.image(view.value("images", i)[0])
         box = np.asarray(view.value("box", i), np.float32)
-        iou = (box_iou_pairs(image["boxes"], np.broadcast_to(box, image["boxes"].shape)) * image["valid"]).astype(np.float32)
-        return {**view.candidates([(view.text(view.value("text", i)), image)]), "boxes": image["boxes"],
-                "region_iou": iou, "region_target": np.where(iou >= TARGET_IOU, iou, 0).astype(np.float32),
-                "region_valid": image["valid"]}
+        iou = (box_iou_pairs(image["boxes"], np.broadcast_to(box, image["boxes"].shape)) * image["valid"]).astype(
+            np.float32
+        )
+        return {
+            **view.candidates([(view.text(view.value("text", i)), image)]),
+            "boxes": image["boxes"],
+            "region_iou": iou,
+            "region_target": np.where(iou >= TARGET_IOU, iou, 0).astype(np.float32),
+            "region_valid": image["valid"],
+        }
 
     def predict(self, logits, batch):
         region = logits.argmax(-1)
@@ -70,8 +82,10 @@ class Referring(Task):
 
     def write_submission(self, data, predictions, folder):
         """Each expression's chosen box (no official format: ours, JSON)."""
-        rows = [{"ref_sent": uid, "box": [float(v) for v in box]}
-                for uid, box in zip(column(data, "uid", predictions.rows), predictions.values["box"])]
+        rows = [
+            {"ref_sent": uid, "box": [float(v) for v in box]}
+            for uid, box in zip(column(data, "uid", predictions.rows), predictions.values["box"])
+        ]
         path = Path(folder) / f"{self.name}_predictions.json"
         atomic_write_json(path, rows)
         return path

@@ -32,8 +32,7 @@ class Retrieval(Task):
     max_text = 30  # ViLBERT-MT's
 
     def __init__(self, name: str, file: str):
-        self.name, self.files, self.metric = (name, f"{file} (Karpathy's split file)",
-                                        f"eval_{name}_text_to_image_R@1")
+        self.name, self.files, self.metric = (name, f"{file} (Karpathy's split file)", f"eval_{name}_text_to_image_R@1")
 
     def read(self, files):
         for path in map(Path, files):
@@ -57,8 +56,12 @@ class Retrieval(Task):
         image = view.image(view.value("images", i)[0])
         text = view.text(view.value("text", i))
         a, b, c = (self._other(view, i, rng) for _ in range(3))
-        pairs = [(text, image), (view.text(view.value("text", a)), image),
-                 (text, view.image(view.value("images", b)[0])), (view.text(view.value("text", c)), image)]
+        pairs = [
+            (text, image),
+            (view.text(view.value("text", a)), image),
+            (text, view.image(view.value("images", b)[0])),
+            (view.text(view.value("text", c)), image),
+        ]
         return {**view.candidates(pairs), "label": np.int64(0)}
 
     def score(self, data, predictions):
@@ -70,8 +73,10 @@ class Retrieval(Task):
         """Each caption's ten best images, best first (no official format: ours, JSON)."""
         images = predictions.values["images"]
         top = np.argsort(-predictions.values["scores"], axis=1, kind="stable")[:, :10]
-        rows = [{"caption_id": uid, "images": [images[j] for j in best]}
-                for uid, best in zip(column(data, "uid", predictions.rows), top)]
+        rows = [
+            {"caption_id": uid, "images": [images[j] for j in best]}
+            for uid, best in zip(column(data, "uid", predictions.rows), top)
+        ]
         path = Path(folder) / f"{self.name}_rankings.json"
         atomic_write_json(path, rows)
         return path

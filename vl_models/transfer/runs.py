@@ -42,8 +42,6 @@ def model_of(model: Optional[str], run: Optional[dict], store: str, answers: int
     return family, family.config_class.from_json(run["model"])
 
 
-
-
 def is_finetuned(run: Optional[dict]) -> bool:
     """Whether a run record is a fine-tuning run's (its model has task heads)."""
     return bool(run and run.get("tasks"))
@@ -53,11 +51,13 @@ def backbone_state(ckpt: Path, heads: tuple[str, ...] = ()) -> dict:
     """A fine-tuning checkpoint's backbone tensors (``backbone.`` stripped), and with `heads`
     those tasks' head tensors too (keys kept: ``heads.<task>.``)."""
     state = checkpoint.load(ckpt)["model"]
-    own = {k[len("backbone."):]: v for k, v in state.items() if k.startswith("backbone.")}
+    own = {k[len("backbone.") :]: v for k, v in state.items() if k.startswith("backbone.")}
     if not heads:
         return own
-    return {**{f"backbone.{k}": v for k, v in own.items()},
-            **{k: v for k, v in state.items() if any(k.startswith(f"heads.{t}.") for t in heads)}}
+    return {
+        **{f"backbone.{k}": v for k, v in own.items()},
+        **{k: v for k, v in state.items() if any(k.startswith(f"heads.{t}.") for t in heads)},
+    }
 
 
 def data_settings(run: dict):

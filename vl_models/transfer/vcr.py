@@ -43,9 +43,16 @@ class Vcr(Task):
                 if isinstance(q, (Skip, Malformed)):
                     yield q
                     continue
-                yield Row(uid=q.annot_id, split=path.stem, images=(q.image,), text=q.question,
-                          choices=list(q.answers), rationales=list(q.rationales), label=q.answer_label,
-                          rationale_label=q.rationale_label)
+                yield Row(
+                    uid=q.annot_id,
+                    split=path.stem,
+                    images=(q.image,),
+                    text=q.question,
+                    choices=list(q.answers),
+                    rationales=list(q.rationales),
+                    label=q.answer_label,
+                    rationale_label=q.rationale_label,
+                )
 
     def length(self, view):
         return len(view.rows) * (2 if view.train else 1 + CHOICES)
@@ -87,14 +94,17 @@ class Vcr(Task):
         known = [i for i, v in enumerate(labels) if v is not None]
         if not known:
             return {}
-        m = vcr_metrics(answers[known].argmax(-1), [labels[i] for i in known],
-                        [rationales[i, labels[i]].argmax() for i in known], [rlabels[i] for i in known])
+        m = vcr_metrics(
+            answers[known].argmax(-1),
+            [labels[i] for i in known],
+            [rationales[i, labels[i]].argmax() for i in known],
+            [rlabels[i] for i in known],
+        )
         return {k: 100 * v for k, v in m.items()}
 
     def write_submission(self, data, predictions, folder):
         rows, answers, rationales = self._probs(predictions)
-        return write_vcr_submission(Path(folder) / "vcr_submission.csv", column(data, "uid", rows), answers,
-                                    rationales)
+        return write_vcr_submission(Path(folder) / "vcr_submission.csv", column(data, "uid", rows), answers, rationales)
 
 
 TASK = Vcr()

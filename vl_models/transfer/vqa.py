@@ -50,8 +50,10 @@ class Classifier(Task):
 
 class Vqa(Classifier):
     name = "vqa"
-    files = ("v2_OpenEnded_mscoco_<split>_questions.json, each followed by its v2_mscoco_<split>_annotations.json "
-             "(test-dev2015 / test2015 questions alone)")
+    files = (
+        "v2_OpenEnded_mscoco_<split>_questions.json, each followed by its v2_mscoco_<split>_annotations.json "
+        "(test-dev2015 / test2015 questions alone)"
+    )
     metric = "eval_vqa_accuracy"
     min_count = 9
 
@@ -60,10 +62,13 @@ class Vqa(Classifier):
         i = 0
         while i < len(files):
             questions = files[i]
-            split = "test-dev" if "test-dev2015" in questions.name else SPLIT_NAMES.get(coco_split(questions.name) or "")
+            split = (
+                "test-dev" if "test-dev2015" in questions.name else SPLIT_NAMES.get(coco_split(questions.name) or "")
+            )
             if split is None:
-                raise ConfigError(f"{questions.name}: not a VQA v2 questions file (train2014, val2014, test-dev2015, "
-                                  "test2015)")
+                raise ConfigError(
+                    f"{questions.name}: not a VQA v2 questions file (train2014, val2014, test-dev2015, test2015)"
+                )
             has_answers = split in ("train", "val")
             if has_answers and (i + 1 >= len(files) or "annotations" not in files[i + 1].name):
                 raise ConfigError(f"{questions.name}: its annotations file must follow it in the file list")
@@ -73,9 +78,16 @@ class Vqa(Classifier):
                 if isinstance(q, (Skip, Malformed)):
                     yield q
                     continue
-                yield Row(uid=str(q.question_id), split=split, images=(q.image,), text=q.text,
-                          answers=list(q.answers) if has_answers else None, answer_type=q.answer_type or None,
-                          question_type=q.question_type or None, answer=q.multiple_choice_answer or None)
+                yield Row(
+                    uid=str(q.question_id),
+                    split=split,
+                    images=(q.image,),
+                    text=q.text,
+                    answers=list(q.answers) if has_answers else None,
+                    answer_type=q.answer_type or None,
+                    question_type=q.question_type or None,
+                    answer=q.multiple_choice_answer or None,
+                )
 
     def named_splits(self, rows):
         val = [i for i, r in enumerate(rows) if r.split == "val"]
@@ -86,8 +98,11 @@ class Vqa(Classifier):
             first_images.setdefault(rows[i].images[0])
         lxmert = [i for i in val if rows[i].images[0] in first_images]
         chosen = set(lxmert)
-        return {"minval": val[-VILBERT_MINVAL:], "minval-lxmert": lxmert,
-                "nominival-lxmert": [i for i in val if i not in chosen]}
+        return {
+            "minval": val[-VILBERT_MINVAL:],
+            "minval-lxmert": lxmert,
+            "nominival-lxmert": [i for i in val if i not in chosen],
+        }
 
     def targets(self, row):
         return soft_scores(row.answers or ())
@@ -102,16 +117,28 @@ class Vqa(Classifier):
         if not known:
             return {}
         answers, types = self.answers_of(data, predictions), column(data, "answer_type", rows)
-        report = vqa_report([{"question_id": i, "answer": answers[i]} for i in known],
-                            [{"question_id": i, "answer_type": types[i] or "other",
-                              "answers": [{"answer": a} for a in annotators[i]]} for i in known])
-        return {"accuracy": report["overall"],
-                **{f"accuracy_{t.replace('/', '_')}": v for t, v in report["perAnswerType"].items()}}
+        report = vqa_report(
+            [{"question_id": i, "answer": answers[i]} for i in known],
+            [
+                {
+                    "question_id": i,
+                    "answer_type": types[i] or "other",
+                    "answers": [{"answer": a} for a in annotators[i]],
+                }
+                for i in known
+            ],
+        )
+        return {
+            "accuracy": report["overall"],
+            **{f"accuracy_{t.replace('/', '_')}": v for t, v in report["perAnswerType"].items()},
+        }
 
     def write_submission(self, data, predictions, folder):
-        return write_vqa_results(Path(folder) / "vqa_results.json",
-                                 [int(u) for u in column(data, "uid", predictions.rows)],
-                                 self.answers_of(data, predictions))
+        return write_vqa_results(
+            Path(folder) / "vqa_results.json",
+            [int(u) for u in column(data, "uid", predictions.rows)],
+            self.answers_of(data, predictions),
+        )
 
 
 TASK = Vqa()

@@ -15,11 +15,11 @@ import sys
 from pathlib import Path
 
 import torch
+from shapes_detector import SHAPES_BOXES, SHAPES_CONFIG, evaluate_shapes_detector
 
 from pipeline.detect.config import DetectorConfig
 from pipeline.detect.weights import shapes_tiny_weights
 from pipeline.synthetic.world import JPEG_QUALITY
-from shapes_detector import SHAPES_BOXES, SHAPES_CONFIG, evaluate_shapes_detector
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -36,8 +36,14 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(args.threads)
     weights = args.weights or shapes_tiny_weights()
-    result = evaluate_shapes_detector(weights, args.n_images, args.seed, args.boxes,
-                                      None if args.raw else JPEG_QUALITY, cfg=DetectorConfig.load(args.config))
+    result = evaluate_shapes_detector(
+        weights,
+        args.n_images,
+        args.seed,
+        args.boxes,
+        None if args.raw else JPEG_QUALITY,
+        cfg=DetectorConfig.load(args.config),
+    )
     result["weights"] = str(weights)
     print(json.dumps(result, indent=2))
     if args.json:

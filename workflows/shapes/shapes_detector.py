@@ -43,8 +43,9 @@ def shapes_target(scene: Scene) -> DetectionTarget:
     return DetectionTarget(
         boxes=np.array([o.box for o in scene.objects], np.float32).reshape(-1, 4),
         classes=np.array([1 + objects.index(o.shape) for o in scene.objects], np.int64),
-        attributes=np.array([[1 + attributes.index(v) for v in (o.color, o.size, o.texture)] for o in scene.objects],
-                            np.int64).reshape(-1, 3),
+        attributes=np.array(
+            [[1 + attributes.index(v) for v in (o.color, o.size, o.texture)] for o in scene.objects], np.int64
+        ).reshape(-1, 3),
     )
 
 
@@ -100,8 +101,11 @@ def _lr_factor(step: int, t: ShapesTraining) -> float:
     return 0.02 + 0.98 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
 
 
-def train_shapes_detector(cfg: DetectorConfig, t: ShapesTraining = ShapesTraining(),
-                          on_step: Optional[Callable[[int, dict[str, float]], None]] = None) -> tuple[VGDetector, dict]:
+def train_shapes_detector(
+    cfg: DetectorConfig,
+    t: ShapesTraining = ShapesTraining(),
+    on_step: Optional[Callable[[int, dict[str, float]], None]] = None,
+) -> tuple[VGDetector, dict]:
     """Train `cfg` from scratch on scenes generated on the fly (seeded: the same `t` gives the
     same weights on the same torch build and thread count). `on_step(step, losses)` is called
     after every step. Returns the model (eval mode) and a summary: final losses (mean of the
@@ -115,9 +119,11 @@ def train_shapes_detector(cfg: DetectorConfig, t: ShapesTraining = ShapesTrainin
         torch.nn.init.normal_(layer.weight, std=t.head_std)
     if t.calibrate:
         calibration = [generate_scene(np.random.default_rng([t.seed, 2, i])) for i in range(16)]
-        calibrate_frozen_norms(model, [shapes_image(s) for s in calibration],
-                               [_jitter(shapes_target(s).boxes, np.random.default_rng([t.seed, 3, i]))
-                                for i, s in enumerate(calibration)])
+        calibrate_frozen_norms(
+            model,
+            [shapes_image(s) for s in calibration],
+            [_jitter(shapes_target(s).boxes, np.random.default_rng([t.seed, 3, i])) for i, s in enumerate(calibration)],
+        )
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=t.lr, weight_decay=t.weight_decay)
     recent: list[dict[str, float]] = []
@@ -127,8 +133,9 @@ def train_shapes_detector(cfg: DetectorConfig, t: ShapesTraining = ShapesTrainin
             group["lr"] = t.lr * _lr_factor(step, t)
         scenes = [generate_scene(rng) for _ in range(t.batch)]
         images = [shapes_image(s, JPEG_QUALITY if rng.random() < t.jpeg_fraction else None) for s in scenes]
-        losses = detection_losses(model, images, [shapes_target(s) for s in scenes], t.rpn_batch, t.roi_batch,
-                                  seed=t.seed * 1_000_003 + step)
+        losses = detection_losses(
+            model, images, [shapes_target(s) for s in scenes], t.rpn_batch, t.roi_batch, seed=t.seed * 1_000_003 + step
+        )
         total = sum(v * (t.attr_weight if k == "attr" else 1.0) for k, v in losses.items())
         opt.zero_grad(set_to_none=True)
         total.backward()
@@ -141,20 +148,30 @@ def train_shapes_detector(cfg: DetectorConfig, t: ShapesTraining = ShapesTrainin
             on_step(step, values)
     seconds = time.perf_counter() - start
     final = {k: round(float(np.mean([r[k] for r in recent])), 4) for k in recent[0]} if recent else {}
-    summary = {"seconds": round(seconds, 1), "final_losses": final,
-               "parameters": sum(v.numel() for v in model.state_dict().values()),
-               "trainable_parameters": sum(p.numel() for p in params)}
+    summary = {
+        "seconds": round(seconds, 1),
+        "final_losses": final,
+        "parameters": sum(v.numel() for v in model.state_dict().values()),
+        "trainable_parameters": sum(p.numel() for p in params),
+    }
     return model.eval(), summary
 
 
 def _box_iou_np(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    return box_iou(torch.as_tensor(a, dtype=torch.float32).reshape(-1, 4),
-                   torch.as_tensor(b, dtype=torch.float32).reshape(-1, 4)).numpy()
+    return box_iou(
+        torch.as_tensor(a, dtype=torch.float32).reshape(-1, 4), torch.as_tensor(b, dtype=torch.float32).reshape(-1, 4)
+    ).numpy()
 
 
-def evaluate_shapes_detector(weights, n_images: int = 200, seed: int = 1_000_000, boxes: str = SHAPES_BOXES,
-                             jpeg_quality: Optional[int] = JPEG_QUALITY, batch_size: int = 8,
-                             cfg: Optional[DetectorConfig] = None) -> dict:
+def evaluate_shapes_detector(
+    weights,
+    n_images: int = 200,
+    seed: int = 1_000_000,
+    boxes: str = SHAPES_BOXES,
+    jpeg_quality: Optional[int] = JPEG_QUALITY,
+    batch_size: int = 8,
+    cfg: Optional[DetectorConfig] = None,
+) -> dict:
     """Measure a shapes detector on `n_images` held-out scenes (`shapes_scenes(seed, n)`;
     training draws from other streams) through the real extraction path: `load_detector`
     (strict), `RegionFeatureExtractor` with policy ``butd`` and `boxes`, on the renders
@@ -180,12 +197,18 @@ def evaluate_shapes_detector(weights, n_images: int = 200, seed: int = 1_000_000
     extractor = RegionFeatureExtractor(model.eval(), SelectionConfig("butd", BoxCount.parse(boxes)))
     scenes = shapes_scenes(seed, n_images)
     shapes = object_names()
-    groups = {"color": (1, COLORS), "size": (1 + len(COLORS), SIZES), "texture": (1 + len(COLORS) + len(SIZES), TEXTURES)}
+    groups = {
+        "color": (1, COLORS),
+        "size": (1 + len(COLORS), SIZES),
+        "texture": (1 + len(COLORS) + len(SIZES), TEXTURES),
+    }
     counts = dict(objects=0, recalled=0, cls=0, attr=0, exact=0, boxes=0, color=0, size=0, texture=0)
     start = time.perf_counter()
     for first in range(0, len(scenes), batch_size):
-        chunk = scenes[first:first + batch_size]
-        records = extractor([shapes_image(s, jpeg_quality) for s in chunk], [f"eval-{first + i}" for i in range(len(chunk))])
+        chunk = scenes[first : first + batch_size]
+        records = extractor(
+            [shapes_image(s, jpeg_quality) for s in chunk], [f"eval-{first + i}" for i in range(len(chunk))]
+        )
         for scene, rec in zip(chunk, records):
             counts["boxes"] += rec.num_boxes
             iou = _box_iou_np(np.array([o.box for o in scene.objects]), rec.boxes)  # (objects, boxes)
@@ -204,10 +227,13 @@ def evaluate_shapes_detector(weights, n_images: int = 200, seed: int = 1_000_000
                 counts["attr"] += int(groups["color"][0] + COLORS.index(obj.color) in top3)
                 counts["exact"] += int(top3 == wanted)
                 for g, (offset, names) in groups.items():
-                    counts[g] += int(int(probs[offset:offset + len(names)].argmax()) == names.index(getattr(obj, g)))
+                    counts[g] += int(int(probs[offset : offset + len(names)].argmax()) == names.index(getattr(obj, g)))
     recalled = max(1, counts["recalled"])
     return {
-        "images": len(scenes), "objects": counts["objects"], "seed": seed, "boxes": boxes,
+        "images": len(scenes),
+        "objects": counts["objects"],
+        "seed": seed,
+        "boxes": boxes,
         "jpeg_quality": jpeg_quality,
         "recall": round(counts["recalled"] / max(1, counts["objects"]), 4),
         "class_accuracy": round(counts["cls"] / recalled, 4),

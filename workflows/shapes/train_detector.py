@@ -25,10 +25,10 @@ from dataclasses import asdict
 from pathlib import Path
 
 import torch
+from shapes_detector import SHAPES_CONFIG, ShapesTraining, evaluate_shapes_detector, train_shapes_detector
 
 from pipeline.detect.config import DetectorConfig
 from pipeline.detect.weights import load_detector, save_detector
-from shapes_detector import SHAPES_CONFIG, ShapesTraining, evaluate_shapes_detector, train_shapes_detector
 
 
 def _cpu_model() -> str:
@@ -43,8 +43,12 @@ def _cpu_model() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     d = ShapesTraining()
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", type=Path, required=True, help="the weights file (.pkl); .sha256 and .json are written next to it")
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "--out", type=Path, required=True, help="the weights file (.pkl); .sha256 and .json are written next to it"
+    )
     ap.add_argument("--config", default=SHAPES_CONFIG, help="detector config name or path (default %(default)s)")
     ap.add_argument("--steps", type=int, default=d.steps)
     ap.add_argument("--batch", type=int, default=d.batch, help="images per step")
@@ -75,15 +79,19 @@ def main(argv: list[str] | None = None) -> int:
     digest = save_detector(model, out, author=f"vlprep {cfg.name} (workflows/shapes/train_detector.py)")
     out.with_suffix(".sha256").write_text(f"{digest}  {out.name}\n")
     load_detector(out, cfg)  # the saved file loads strictly, through the public-weights path
-    print(f"wrote {out} ({out.stat().st_size / 1e6:.2f} MB, sha256 {digest}); "
-          f"{summary['parameters']:,} parameters; trained in {summary['seconds']:.0f} s", flush=True)
+    print(
+        f"wrote {out} ({out.stat().st_size / 1e6:.2f} MB, sha256 {digest}); "
+        f"{summary['parameters']:,} parameters; trained in {summary['seconds']:.0f} s",
+        flush=True,
+    )
 
     record = {
         "config": cfg.name,
         "weights": out.name,
         "sha256": digest,
         "bytes": out.stat().st_size,
-        "command": "python " + " ".join(shlex.quote(a) for a in [sys.argv[0], *(sys.argv[1:] if argv is None else argv)]),
+        "command": "python "
+        + " ".join(shlex.quote(a) for a in [sys.argv[0], *(sys.argv[1:] if argv is None else argv)]),
         "training": asdict(t),
         **summary,
         "threads": args.threads,
