@@ -25,7 +25,8 @@ from pathlib import Path
 
 import yaml
 
-from pipeline.mixture.mixture import ITEMS_FILE, Mixture
+from pipeline.items import ITEMS_FILE
+from pipeline.mixture import Mixture
 
 
 def write_inputs(root: Path, scale: float) -> int:

@@ -1,4 +1,5 @@
-"""Command-line flags generated from config fields (`vlprep download` / `extract`).
+"""Command-line flags generated from config fields (`vlprep download` / `extract`, `vltrain
+pretrain` / `finetune`).
 
 Each config field is declared once as a `Flag` (its help, and how its text becomes the
 field's value), in a group (`Flags`) shown as one help panel; `config_command` turns a
@@ -6,7 +7,10 @@ command whose one parameter is its config into a command whose options are the g
 flags, and calls it with the config they build. A group with a ``section`` builds the
 config held in that field of the command's config, so the groups of sections two commands
 share (shards and Ray, reader, fetching, images) are declared once
-(tests/pipeline/test_cli_config.py checks fields against flags).
+(tests/pipeline/test_cli_config.py checks fields against flags). A command may take options
+that are no config field (`extra`, e.g. `vltrain pretrain --recipe`) and adjust the values
+given before the config is built (`prepare`, which sees the click context: which options the
+user gave).
 """
 
 from __future__ import annotations
@@ -16,9 +20,11 @@ import functools
 import typing
 from dataclasses import MISSING, dataclass
 from inspect import Parameter, Signature
-from typing import Any, Callable, Iterable, List, Literal, Mapping, Optional, Union
+from typing import Any, Callable, Iterable, List, Literal, Mapping, Optional, Sequence, Union
 
 import typer
+
+FIELD_DEFAULT = object()  # a Flag's default: the field's own
 
 
 @dataclass(frozen=True)
@@ -30,9 +36,15 @@ class Flag:
     choices: Optional[Iterable[str]] = None  # the values allowed: shown in --help, checked by click
     parse: Optional[Callable[[str], Any]] = None  # the flag's text -> the field's value
     show: Callable[[Any], str] = str  # with `parse`: the field's default -> the flag's default text
+    many: bool = False  # with `parse`: repeatable, `parse` takes the list of texts
+    default: Any = FIELD_DEFAULT  # the flag's default when it is not the field's (None: optional on the command line)
 
     def parameter(self, field: str, kind: Any, default: Any, panel: str) -> Parameter:
-        if self.parse is not None:
+        if self.default is not FIELD_DEFAULT:
+            default = self.default
+        if self.parse is not None and self.many:
+            kind, default = List[str], []
+        elif self.parse is not None:
             kind, default = str, default if default in (None, ...) else self.show(default)
         elif self.choices is not None:
             kind = Literal[tuple(self.choices)]
@@ -45,7 +57,7 @@ class Flag:
 
     def value(self, given: Any) -> Any:
         if self.parse is not None and given is not None:
-            return self.parse(given)
+            return self.parse(list(given) if self.many else given)
         return tuple(given) if isinstance(given, list) else given
 
 
@@ -82,14 +94,23 @@ def _default(field: dataclasses.Field) -> Any:
     return field.default_factory() if field.default_factory is not MISSING else ...
 
 
-def config_command(config_cls: type, *groups: Flags) -> Callable:
+def config_command(
+    config_cls: type,
+    *groups: Flags,
+    extra: Sequence[Parameter] = (),
+    prepare: Optional[Callable[[typer.Context, dict], dict]] = None,
+) -> Callable:
     """Decorate a command whose one parameter is its config (a `config_cls`): its options
-    are the flags of `groups`, and it is called with the config they build (a config that
-    refuses its values raises a ConfigError naming the flag)."""
+    are the flags of `groups` (and the `extra` ones), and it is called with the config they
+    build (a config that refuses its values raises a ConfigError naming the flag). With
+    `prepare`, the values given (the `extra` options' too) pass through
+    ``prepare(ctx, values)`` first; the `extra` options go no further."""
 
     def decorate(fn: Callable) -> Callable:
         @functools.wraps(fn)
-        def command(**given: Any) -> Any:
+        def command(ctx: typer.Context, **given: Any) -> Any:
+            if prepare is not None:
+                given = prepare(ctx, given)
             top: dict[str, Any] = {}
             for group in groups:
                 values = {name: group.flag(name).value(given[name]) for name in group.flags}
@@ -99,7 +120,8 @@ def config_command(config_cls: type, *groups: Flags) -> Callable:
                     top.update(values)
             return fn(config_cls(**top))
 
-        params = [p for group in groups for p in group.parameters()]
+        context = Parameter("ctx", Parameter.POSITIONAL_OR_KEYWORD, annotation=typer.Context)
+        params = [context, *(p for group in groups for p in group.parameters()), *extra]
         command.__signature__ = Signature(params)
         command.__annotations__ = {p.name: p.annotation for p in params}
         return command

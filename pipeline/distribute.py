@@ -42,8 +42,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Optional, Protocol, TypeVar
 
 from pipeline.config import Config, at_least
-from pipeline.download.failures import verdict
 from pipeline.errors import DISK_FULL, ConfigError, NoCapacityError
+from pipeline.failures import verdict
 from pipeline.io import read_json
 
 log = logging.getLogger(__name__)

@@ -5,9 +5,10 @@ A task folder holds ``manifest.json`` (``"format": "vlprep-task"``, the schema v
 task's name, counts per split, the files read with their sha256, malformed-row counts),
 ``items.arrow`` (one row per question / statement / caption / expression, `ITEMS_SCHEMA`),
 ``answers.json`` (the answer table of classifier tasks: answer id = position; ``[]`` for
-the others) and ``report.md``. docs/task-format.md describes every field. Items join the
-feature stores by ``images`` (store keys, as mixture items do); a row may belong to several
-named splits (VQA's ``val`` and ``minval``), so ``splits`` is a list.
+the others) and ``report.md``: an item folder (`pipeline.items`, shared with mixtures, owns
+the files, the writer and the reader base). docs/task-format.md describes every field. Items
+join the feature stores by ``images`` (store keys, as mixture items do); a row may belong to
+several named splits (VQA's ``val`` and ``minval``), so ``splits`` is a list.
 
     data = TaskData.open(path)         # checks the manifest, maps items.arrow, reads answers.json
     rows = data.rows("train")          # row indices of a split
@@ -19,7 +20,6 @@ another task than asked for is a ConfigError; a missing or unreadable file a Dat
 
 from __future__ import annotations
 
-import json
 from functools import cached_property
 from pathlib import Path
 from typing import Optional, Union
@@ -28,7 +28,7 @@ import numpy as np
 import pyarrow as pa
 
 from pipeline.errors import ConfigError
-from pipeline.mixture.mixture import ANSWERS_FILE, ITEMS_FILE, MANIFEST_FILE, ItemsFolder
+from pipeline.items import ANSWERS_FILE, ITEMS_FILE, MANIFEST_FILE, REPORT_FILE, ItemsFolder, folder_manifest
 
 __all__ = [
     "ANSWERS_FILE",
@@ -43,7 +43,6 @@ __all__ = [
 ]
 FORMAT = "vlprep-task"  # manifest.json's "format", and the output folder's ownership kind
 TASK_SCHEMA_VERSION = 1
-REPORT_FILE = "report.md"  # the other files are named as a mixture's
 ITEMS_SCHEMA = pa.schema(
     [
         pa.field("uid", pa.string(), nullable=False),  # the official id: question id, identifier, ...
@@ -69,11 +68,7 @@ _REBUILD = "rebuild it with `vlprep build-task`"
 
 def task_manifest(folder: Path) -> Optional[dict]:
     """The manifest.json of a task folder (of any schema version); None if it is none."""
-    try:
-        manifest = json.loads((Path(folder) / MANIFEST_FILE).read_text())
-    except (OSError, ValueError):
-        return None
-    return manifest if isinstance(manifest, dict) and manifest.get("format") == FORMAT else None
+    return folder_manifest(folder, FORMAT)
 
 
 class TaskData(ItemsFolder):

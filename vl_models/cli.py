@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import logging
 import sys
+from inspect import Parameter
 from pathlib import Path
-from typing import List, Literal, Optional
+from typing import Callable, List, Literal, Optional
 
 import typer
 from rich.console import Console
@@ -27,6 +28,7 @@ from vl_models.config import (
     FinetuneConfig,
     OptimConfig,
     RunSettings,
+    TaskConfig,
     TrainConfig,
     TransferSettings,
 )
@@ -60,6 +62,7 @@ DIST_TIMEOUT_HELP = (
     "Under torchrun: seconds a collective waits for the other ranks before the run fails (0: "
     "torch's default, 30 min on gloo, 10 min on NCCL)."
 )
+_RUN = "Run: devices, checkpoints, logging"
 
 
 def _given(ctx: typer.Context, name: str) -> bool:
@@ -68,242 +71,236 @@ def _given(ctx: typer.Context, name: str) -> bool:
     return source is not None and source.name not in ("DEFAULT", "DEFAULT_MAP")
 
 
-def _with_recipe(ctx: typer.Context, recipe: Optional[str]) -> dict:
-    """The command's option values, with `recipe`'s values in place of the defaults of the
-    options not given. Each recipe value goes through its option's own type check; a
-    ``{TASK: N}`` mapping is read as repeated ``TASK=N`` (--weight, --task-from)."""
+def _option_name(param) -> str:
+    """An option's name as a recipe writes it: the flag with underscores (--task-from: task_from)."""
+    return param.opts[0].lstrip("-").replace("-", "_")
+
+
+def _with_recipe(ctx: typer.Context, values: dict) -> dict:
+    """The command's option values, with the values of ``values["recipe"]`` in place of the
+    defaults of the options not given. A recipe names options as the command line does
+    (underscores); each value goes through its option's own type check, and a ``{TASK: N}``
+    mapping is read as repeated ``TASK=N`` (--weight, --task-from)."""
     from vl_models.train.recipes import load_recipe
 
-    values = dict(ctx.params)
-    if not recipe:
+    values = dict(values)
+    if not values.get("recipe"):
         return values
-    path, obj = load_recipe(recipe)
-    options = {p.name: p for p in ctx.command.params}
-    unknown = sorted(set(obj) - (set(options) - _NOT_IN_RECIPES))
+    path, obj = load_recipe(values["recipe"])
+    options = {_option_name(p): p for p in ctx.command.params if p.param_type_name == "option" and p.name != "help"}
+    settable = set(options) - _NOT_IN_RECIPES
+    unknown = sorted(set(obj) - settable)
     if unknown:
         raise ConfigError(
-            f"{path}: unknown or not settable by a recipe: {', '.join(unknown)} (settable: "
-            f"{', '.join(sorted(set(options) - _NOT_IN_RECIPES))})"
+            f"{path}: unknown or not settable by a recipe: {', '.join(unknown)} "
+            f"(settable: {', '.join(sorted(settable))})"
         )
     for name, value in obj.items():
-        if _given(ctx, name):
+        param = options[name]
+        if _given(ctx, param.name):
             continue
         if isinstance(value, dict):
             value = [f"{k}={v}" for k, v in value.items()]
-        if options[name].multiple and not isinstance(value, list):
+        if param.multiple and not isinstance(value, list):
             value = [value]
         try:
-            values[name] = options[name].process_value(ctx, value)
+            values[param.name] = param.process_value(ctx, value)
         except typer.BadParameter as err:
             raise ConfigError(f"{path}: {name}: {err.message}") from err
     return values
 
 
-@app.command()
-@named_errors
-def pretrain(
-    ctx: typer.Context,
-    model: str = typer.Option(
-        None,
-        help="Model config (required unless --recipe gives one): lxmert-base, lxmert-small, lxmert-tiny, vilbert-base[-2|4|8coattn], vilbert-small, vilbert-tiny, or a JSON path (small: 64 wide, the demo's; tiny: 32 wide, for tests).",
-        rich_help_panel="Inputs and output",
-    ),
-    shards: List[Path] = typer.Option(
-        ...,
-        "--shards",
-        help="Feature store(s) with the images' region features (repeatable).",
-        rich_help_panel="Inputs and output",
-    ),
-    mixture: Path = typer.Option(
-        ..., help="Mixture folder from `vlprep build-mixture`.", rich_help_panel="Inputs and output"
-    ),
-    out: Path = typer.Option(
-        ..., help="Run folder: config.json, metrics.jsonl, checkpoints/.", rich_help_panel="Inputs and output"
-    ),
-    vocab: Path = typer.Option(
-        ...,
-        help="BERT WordPiece vocab: a vocab.txt (uncased), a tokenizer.json, or a model folder with either.",
-        rich_help_panel="Inputs and output",
-    ),
-    recipe: str = typer.Option(
-        None,
-        help="A published recipe: lxmert-paper or vilbert-paper (every number cited in the file, see vl_models/recipes/), or a YAML file of the same keys (option names with underscores). Its values replace the defaults of the options not given on the command line.",
-        rich_help_panel="Inputs and output",
-    ),
-    steps: int = typer.Option(1000, help="Optimizer steps.", rich_help_panel="Schedule and optimizer"),
-    epochs: float = typer.Option(
-        0,
-        help="Passes over the train split; sets --steps from the split's size, the batch size and the rank count (0: use --steps).",
-        rich_help_panel="Schedule and optimizer",
-    ),
-    batch_size: int = typer.Option(
-        32, help="Examples per rank per micro-step.", rich_help_panel="Schedule and optimizer"
-    ),
-    grad_accum: int = typer.Option(1, help="Micro-steps per optimizer step.", rich_help_panel="Schedule and optimizer"),
-    lr: float = typer.Option(
-        1e-4, help="Peak learning rate (linear warmup, then linear decay).", rich_help_panel="Schedule and optimizer"
-    ),
-    optimizer: Literal[OPTIMIZERS] = typer.Option(
-        "adamw",
-        help="adamw (default, fused; no decay on bias/LayerNorm), bertadam (LXMERT's: no bias correction, decay on all parameters) or sgd (momentum 0.9).",
-        rich_help_panel="Schedule and optimizer",
-    ),
-    warmup: float = typer.Option(
-        100,
-        help="Warmup: steps, or a fraction of all steps when below 1 (e.g. 0.1).",
-        rich_help_panel="Schedule and optimizer",
-    ),
-    weight_decay: float = typer.Option(
-        0.01, help="AdamW weight decay (none on biases and LayerNorms).", rich_help_panel="Schedule and optimizer"
-    ),
-    device: Literal[DEVICES] = typer.Option(
-        "cpu",
-        help="cpu or cuda (under torchrun: one GPU per rank).",
-        rich_help_panel="Run: devices, checkpoints, logging",
-    ),
-    amp: Literal[AMP] = typer.Option(
-        "none",
-        help="Mixed precision: none, bf16, or fp16 (CUDA, with a GradScaler).",
-        rich_help_panel="Run: devices, checkpoints, logging",
-    ),
-    workers: int = typer.Option(0, help="DataLoader worker processes.", rich_help_panel="Data"),
-    init: Path = typer.Option(
-        None,
-        help="Start from a checkpoint (file or folder): LXMERT (HF or original .pth), vilbert-multi-task, or a BERT (BertForPreTraining such as bert-base-uncased/, or a BertModel; pytorch_model.bin or model.safetensors) for the text side and LM head of either model.",
-        rich_help_panel="Inputs and output",
-    ),
-    compile: bool = typer.Option(
-        False,
-        "--compile",
-        help="torch.compile the backbone (slow first steps; faster after).",
-        rich_help_panel="Run: devices, checkpoints, logging",
-    ),
-    checkpoint_every: int = typer.Option(
-        500, help="Steps between checkpoints.", rich_help_panel="Run: devices, checkpoints, logging"
-    ),
-    eval_every: int = typer.Option(
-        0,
-        help="Steps between validation passes on the mixture's val split (0: at the end).",
-        rich_help_panel="Run: devices, checkpoints, logging",
-    ),
-    seed: int = typer.Option(
-        0, help="Seed of initialization, sampling and masking.", rich_help_panel="Run: devices, checkpoints, logging"
-    ),
-    resume: Literal[RESUME] = typer.Option(
-        "no", help=RESUME_HELP, rich_help_panel="Run: devices, checkpoints, logging"
-    ),
-    dist_timeout: float = typer.Option(0, help=DIST_TIMEOUT_HELP, rich_help_panel="Run: devices, checkpoints, logging"),
-    overwrite: bool = typer.Option(
-        False,
-        "--overwrite",
-        help="Start again in an OUT that holds a run: removes only the trainer's files there (config.json, metrics.jsonl, checkpoints/, tensorboard/, curves.png).",
-        rich_help_panel="Run: devices, checkpoints, logging",
-    ),
-    stop_at: int = typer.Option(
-        0,
-        help="End this invocation at this step (0: run to --steps); resume later.",
-        rich_help_panel="Run: devices, checkpoints, logging",
-    ),
-    keep_last: int = typer.Option(
-        3,
-        help="Checkpoints kept (0: all), besides the best one (--best-metric).",
-        rich_help_panel="Run: devices, checkpoints, logging",
-    ),
-    best_metric: str = typer.Option(
-        None,
-        help="Keep the best checkpoint by this validation score (checkpoints/best), e.g. eval_qa_score, eval_retrieval_R@1, eval_region_kl; NAME:max or NAME:min to set the direction.",
-        rich_help_panel="Run: devices, checkpoints, logging",
-    ),
-    log_every: int = typer.Option(
-        10,
-        help="Steps between metrics rows (and progress lines when stderr is not a terminal).",
-        rich_help_panel="Run: devices, checkpoints, logging",
-    ),
-    report_to: List[str] = typer.Option(
-        [],
-        "--report-to",
-        help="Also report to: tensorboard (events in OUT/tensorboard; pip install tensorboard).",
-        rich_help_panel="Run: devices, checkpoints, logging",
-    ),
-    max_text: int = typer.Option(
-        0, help="Text tokens per item (0: the model's default, ViLBERT 36, LXMERT 20).", rich_help_panel="Data"
-    ),
-    max_regions: int = typer.Option(36, help="Regions per image (ViLBERT adds its IMG token).", rich_help_panel="Data"),
-    region_overlap: Literal[REGION_OVERLAP] = typer.Option(
-        "keep",
-        help="ViLBERT region masking: keep (the paper: only the 15 % selected regions are masked) or zero (12-in-1: every selected region and every region overlapping one by IoU > 0.4 are zeroed, none left unaltered). The loss is on the selected regions either way.",
-        rich_help_panel="Data",
-    ),
-    mlm_prob: float = typer.Option(
-        0.15, help="Share of words selected for masked LM (both papers: 0.15).", rich_help_panel="Data"
-    ),
-    region_prob: float = typer.Option(
-        0.15, help="Share of regions selected for masked-region modelling (both papers: 0.15).", rich_help_panel="Data"
-    ),
-    mismatch_prob: float = typer.Option(
-        0.5,
-        help="Share of items whose text is swapped for another image's: the negatives of the alignment / matching task (both papers: 0.5).",
-        rich_help_panel="Data",
-    ),
-    clip: float = typer.Option(1.0, help="Gradient clipping (global norm).", rich_help_panel="Schedule and optimizer"),
-    verify_shards: bool = typer.Option(
-        False,
-        "--verify-shards",
-        help="Check each feature-store shard's sha256 on first use (also: VLPREP_VERIFY_SHARDS=1).",
-        rich_help_panel="Data",
-    ),
-    visual_weighting: Literal[VISUAL_WEIGHTING] = typer.Option(
-        "confidence", help="LXMERT obj/attr losses: confidence (reference) or masked.", rich_help_panel="Tasks"
-    ),
-    qa_from_epoch: int = typer.Option(0, help="LXMERT: train image QA from this epoch on.", rich_help_panel="Tasks"),
-    weight: List[str] = typer.Option(
-        [],
-        "--weight",
-        help="TASK=W: a task's loss weight (default 1; repeatable). Tasks: ViLBERT mlm, region, alignment; LXMERT mlm, matching, obj, attr, feat, qa.",
-        rich_help_panel="Tasks",
-    ),
-    task_from: List[str] = typer.Option(
-        [],
-        "--task-from",
-        help="TASK=N: a task's loss is off for the first N optimizer steps (repeatable), e.g. alignment=1000 to let the streams learn before the pair head trains.",
-        rich_help_panel="Tasks",
-    ),
-) -> None:
-    """Pretrain ViLBERT or LXMERT on feature stores and a mixture, with all of the
-    model's pretraining tasks. Runs on one CPU, or with torchrun on many processes/GPUs.
+def _pairs(flag: str, convert) -> Callable[[list[str]], dict]:
+    """A parser of repeated TASK=VALUE flags: ["alignment=1000", ...] -> {"alignment": 1000, ...};
+    a malformed item is a usage error."""
 
-    Example: vltrain pretrain --model lxmert-base --shards coco_feats --shards vg_feats --mixture lxmert_mix --vocab vocab.txt --out runs/lxmert
-    """
-    from vl_models.train.trainer import run
+    def parse(items: list[str]) -> dict:
+        out = {}
+        for item in items:
+            key, sep, value = item.partition("=")
+            try:
+                if not sep or not key.strip() or key.strip() in out:
+                    raise ValueError
+                out[key.strip()] = convert(value)
+            except ValueError:
+                raise typer.BadParameter(
+                    f"{item!r}: expected TASK={convert.__name__.upper()}, each task once", param_hint=flag
+                ) from None
+        return out
 
-    o = _with_recipe(ctx, recipe)
-    if not o["model"]:
+    return parse
+
+
+def _zero_is_none(convert) -> dict:
+    """Keyword arguments of a Flag whose 0 means "none" (the field's None)."""
+    return {"parse": lambda text: convert(text) or None, "show": lambda v: str(v or 0)}
+
+
+# The flags of the sections pretraining and fine-tuning share; `finetune` overrides a few texts.
+OPTIM_FLAGS = {
+    "steps": "Optimizer steps.",
+    "epochs": Flag(
+        "Passes over the train split; sets --steps from the split's size, the batch size and the rank count "
+        "(0: use --steps).",
+        **_zero_is_none(float),
+    ),
+    "batch_size": "Examples per rank per micro-step.",
+    "grad_accum": "Micro-steps per optimizer step.",
+    "lr": "Peak learning rate (linear warmup, then linear decay).",
+    "optimizer": Flag(
+        "adamw (default, fused; no decay on bias/LayerNorm), bertadam (LXMERT's: no bias correction, decay on all "
+        "parameters) or sgd (momentum 0.9).",
+        choices=OPTIMIZERS,
+    ),
+    "warmup": "Warmup: steps, or a fraction of all steps when below 1 (e.g. 0.1).",
+    "weight_decay": "AdamW weight decay (none on biases and LayerNorms).",
+    "clip": "Gradient clipping (global norm).",
+}
+DATA_FLAGS = {
+    "max_text": Flag("Text tokens per item (0: the model's default, ViLBERT 36, LXMERT 20).", **_zero_is_none(int)),
+    "max_regions": "Regions per image (ViLBERT adds its IMG token).",
+    "workers": "DataLoader worker processes.",
+    "verify_shards": "Check each feature-store shard's sha256 on first use (also: VLPREP_VERIFY_SHARDS=1).",
+}
+RUN_FLAGS = {
+    "seed": "Seed of initialization, sampling and masking.",
+    "device": Flag("cpu or cuda (under torchrun: one GPU per rank).", choices=DEVICES),
+    "amp": Flag("Mixed precision: none, bf16, or fp16 (CUDA, with a GradScaler).", choices=AMP),
+    "compile": "torch.compile the backbone (slow first steps; faster after).",
+    "resume": Flag(RESUME_HELP, choices=RESUME),
+    "overwrite": "Start again in an OUT that holds a run: removes only the trainer's files there (config.json, "
+    "metrics.jsonl, checkpoints/, tensorboard/, curves.png).",
+    "stop_at": Flag("End this invocation at this step (0: run to --steps); resume later.", **_zero_is_none(int)),
+    "checkpoint_every": "Steps between checkpoints.",
+    "eval_every": "Steps between validation passes on the mixture's val split (0: at the end).",
+    "log_every": "Steps between metrics rows (and progress lines when stderr is not a terminal).",
+    "keep_last": "Checkpoints kept (0: all), besides the best one (--best-metric).",
+    "best_metric": Flag(
+        "Keep the best checkpoint by this validation score (checkpoints/best), e.g. eval_qa_score, "
+        "eval_retrieval_R@1, eval_region_kl; NAME:max or NAME:min to set the direction.",
+        parse=or_none,
+    ),
+    "report_to": "Also report to: tensorboard (events in OUT/tensorboard; pip install tensorboard).",
+    "dist_timeout": Flag(DIST_TIMEOUT_HELP, **_zero_is_none(float)),
+}
+
+PRETRAIN_FLAGS = (
+    Flags(
+        TrainConfig,
+        "Inputs and output",
+        {
+            "model": Flag(
+                "Model config (required unless --recipe gives one): lxmert-base, lxmert-small, lxmert-tiny, "
+                "vilbert-base[-2|4|8coattn], vilbert-small, vilbert-tiny, or a JSON path (small: 64 wide, the "
+                "demo's; tiny: 32 wide, for tests).",
+                default=None,
+            ),
+            "stores": Flag("Feature store(s) with the images' region features (repeatable).", name="--shards"),
+            "mixture": "Mixture folder from `vlprep build-mixture`.",
+            "out": "Run folder: config.json, metrics.jsonl, checkpoints/.",
+            "vocab": "BERT WordPiece vocab: a vocab.txt (uncased), a tokenizer.json, or a model folder with either.",
+            "init": Flag(
+                "Start from a checkpoint (file or folder): LXMERT (HF or original .pth), vilbert-multi-task, or a "
+                "BERT (BertForPreTraining such as bert-base-uncased/, or a BertModel; pytorch_model.bin or "
+                "model.safetensors) for the text side and LM head of either model.",
+                parse=or_none,
+            ),
+        },
+    ),
+    Flags(OptimConfig, "Schedule and optimizer", OPTIM_FLAGS, section="optim"),
+    Flags(
+        DataSettings,
+        "Data",
+        {
+            **DATA_FLAGS,
+            "region_overlap": Flag(
+                "ViLBERT region masking: keep (the paper: only the 15 % selected regions are masked) or zero "
+                "(12-in-1: every selected region and every region overlapping one by IoU > 0.4 are zeroed, none "
+                "left unaltered). The loss is on the selected regions either way.",
+                choices=REGION_OVERLAP,
+            ),
+            "mlm_prob": "Share of words selected for masked LM (both papers: 0.15).",
+            "region_prob": "Share of regions selected for masked-region modelling (both papers: 0.15).",
+            "mismatch_prob": "Share of items whose text is swapped for another image's: the negatives of the "
+            "alignment / matching task (both papers: 0.5).",
+        },
+        section="data",
+    ),
+    Flags(
+        TaskConfig,
+        "Tasks",
+        {
+            "weights": Flag(
+                "TASK=W: a task's loss weight (default 1; repeatable). Tasks: ViLBERT mlm, region, alignment; "
+                "LXMERT mlm, matching, obj, attr, feat, qa.",
+                name="--weight",
+                parse=_pairs("--weight", float),
+                many=True,
+            ),
+            "from_step": Flag(
+                "TASK=N: a task's loss is off for the first N optimizer steps (repeatable), e.g. alignment=1000 "
+                "to let the streams learn before the pair head trains.",
+                name="--task-from",
+                parse=_pairs("--task-from", int),
+                many=True,
+            ),
+            "visual_weighting": Flag(
+                "LXMERT obj/attr losses: confidence (reference) or masked.", choices=VISUAL_WEIGHTING
+            ),
+            "qa_from_epoch": "LXMERT: train image QA from this epoch on.",
+        },
+        section="task",
+    ),
+    Flags(RunSettings, _RUN, RUN_FLAGS, section="run"),
+)
+RECIPE_OPTION = Parameter(
+    "recipe",
+    Parameter.KEYWORD_ONLY,
+    annotation=Optional[str],
+    default=typer.Option(
+        None,
+        help="A published recipe: lxmert-paper or vilbert-paper (every number cited in the file, see "
+        "vl_models/recipes/), or a YAML file of the same keys (option names with underscores). Its values "
+        "replace the defaults of the options not given on the command line.",
+        rich_help_panel="Inputs and output",
+    ),
+)
+
+
+def _pretrain_values(ctx: typer.Context, values: dict) -> dict:
+    """The recipe's values under the options given; --model required; --steps or --epochs."""
+    values = _with_recipe(ctx, values)
+    if not values["model"]:
         raise ConfigError("--model is required (or a --recipe that names one)")
     if _given(ctx, "steps") and _given(ctx, "epochs"):
         raise ConfigError("give --steps or --epochs, not both")
     if _given(ctx, "steps"):  # over a recipe's epochs
-        o["epochs"] = 0
-    # Every other option is a training setting of the same name (a test checks both ways).
-    settings = {k: v for k, v in o.items() if k not in ("recipe", "shards", "weight", "task_from")}
-    settings.update(
-        stores=tuple(str(s) for s in shards),
-        mixture=str(mixture),
-        out=str(out),
-        vocab=str(vocab),
-        init=str(init) if init else None,
-        epochs=o["epochs"] or None,
-        stop_at=stop_at or None,
-        dist_timeout=o["dist_timeout"] or None,
-        max_text=o["max_text"] or None,
-        weights=_pairs(o["weight"], "--weight", float),
-        from_step=_pairs(o["task_from"], "--task-from", int),
-    )
-    cfg = TrainConfig.of(**settings)
+        values["epochs"] = "0"
+    values.pop("recipe")
+    return values
+
+
+@app.command()
+@named_errors
+@config_command(TrainConfig, *PRETRAIN_FLAGS, extra=[RECIPE_OPTION], prepare=_pretrain_values)
+def pretrain(cfg: TrainConfig) -> None:
+    """Pretrain ViLBERT or LXMERT on feature stores and a mixture, with all of the
+    model's pretraining tasks.
+
+    Runs on one CPU, or with torchrun on many processes/GPUs; --recipe lxmert-paper or
+    vilbert-paper sets the published schedule.
+
+    Example:
+
+        vltrain pretrain --model lxmert-base --shards coco_feats --shards vg_feats --mixture lxmert_mix \\
+            --vocab vocab.txt --out runs/lxmert
+    """
+    from vl_models.train.trainer import run
+
     _train_with_progress(run, cfg, "pretraining")
 
 
 _FT = FinetuneConfig(tasks=("vqa",), task_data=(".",), stores=(".",), out=".")  # the sections' defaults
-_RUN = "Run: devices, checkpoints, logging"
 FINETUNE_FLAGS = (
     Flags(
         FinetuneConfig,
@@ -336,19 +333,11 @@ FINETUNE_FLAGS = (
         OptimConfig,
         "Schedule and optimizer",
         {
-            "steps": "Optimizer steps (with --epochs 0).",
+            **OPTIM_FLAGS,
             "epochs": Flag(
-                "Passes over the tasks' training examples; sets --steps (0: use --steps).",
-                parse=lambda text: float(text) or None,
-                show=lambda v: str(v or 0),
+                "Passes over the tasks' training examples; sets --steps (0: use --steps).", **_zero_is_none(float)
             ),
             "batch_size": "Examples per rank per micro-step (all of one task).",
-            "grad_accum": "Micro-steps per optimizer step.",
-            "lr": "Peak learning rate (linear warmup, then linear decay).",
-            "optimizer": Flag("adamw, bertadam (LXMERT's) or sgd.", choices=OPTIMIZERS),
-            "warmup": "Warmup: steps, or a fraction of all steps when below 1.",
-            "weight_decay": "Weight decay.",
-            "clip": "Gradient clipping (global norm).",
         },
         section="optim",
         defaults=_FT.optim,
@@ -357,14 +346,8 @@ FINETUNE_FLAGS = (
         DataSettings,
         "Data",
         {
-            "max_text": Flag(
-                "Text tokens per candidate (0: the task's, else the model's).",
-                parse=lambda text: int(text) or None,
-                show=lambda v: str(v or 0),
-            ),
-            "max_regions": "Regions per image (ViLBERT adds its IMG token).",
-            "workers": "DataLoader worker processes.",
-            "verify_shards": "Check each feature-store shard's sha256 on first use.",
+            **DATA_FLAGS,
+            "max_text": Flag("Text tokens per candidate (0: the task's, else the model's).", **_zero_is_none(int)),
         },
         section="data",
     ),
@@ -396,27 +379,13 @@ FINETUNE_FLAGS = (
         RunSettings,
         _RUN,
         {
+            **RUN_FLAGS,
             "seed": "Seed of initialization and sampling.",
-            "device": Flag("cpu or cuda (under torchrun: one GPU per rank).", choices=DEVICES),
-            "amp": Flag("Mixed precision: none, bf16, or fp16 (CUDA).", choices=AMP),
-            "compile": "torch.compile the backbone.",
-            "resume": Flag(RESUME_HELP, choices=RESUME),
-            "overwrite": "Start again in an OUT that holds a run (removes only the trainer's files).",
-            "stop_at": Flag(
-                "End this invocation at this step (0: run to the end).",
-                parse=lambda text: int(text) or None,
-                show=lambda v: str(v or 0),
-            ),
-            "checkpoint_every": "Steps between checkpoints.",
             "eval_every": "Steps between validations (0: every epoch).",
-            "log_every": "Steps between metrics rows.",
-            "keep_last": "Checkpoints kept (0: all), besides the best one.",
             "best_metric": Flag(
                 "The validation score that picks checkpoints/best (default: the first task's, e.g. eval_vqa_accuracy).",
                 parse=or_none,
             ),
-            "report_to": "Also report to: tensorboard.",
-            "dist_timeout": Flag(DIST_TIMEOUT_HELP, parse=lambda text: float(text) or None, show=lambda v: str(v or 0)),
         },
         section="run",
     ),
@@ -427,11 +396,15 @@ FINETUNE_FLAGS = (
 @named_errors
 @config_command(FinetuneConfig, *FINETUNE_FLAGS)
 def finetune(cfg: FinetuneConfig) -> None:
-    """Fine-tune a pretrained (or untrained) model on downstream tasks, with the pretraining
-    trainer (AMP, DDP under torchrun, resume, checkpoints, validation each epoch with the
-    task's official metric, the best checkpoint kept).
+    """Fine-tune a pretrained (or untrained) model on downstream tasks.
 
-    Example: vltrain finetune --task vqa --data tasks/vqa --shards coco_feats --init runs/lxmert --epochs 4 --out runs/vqa
+    The pretraining trainer runs it (AMP, DDP under torchrun, resume, checkpoints), with a
+    validation each epoch by the task's official metric and the best checkpoint kept.
+
+    Example:
+
+        vltrain finetune --task vqa --data tasks/vqa --shards coco_feats --init runs/lxmert --epochs 4 \\
+            --out runs/vqa
     """
     from vl_models.transfer.finetune import run_finetune
 
@@ -446,7 +419,8 @@ def evaluate(
     ),
     checkpoint: str = typer.Option(
         ...,
-        help="A fine-tuning run folder (its latest checkpoint; --step best: the best) or checkpoint file; with --zero-shot a pretraining run or checkpoint.",
+        help="A fine-tuning run folder (its latest checkpoint; --step best: the best) or checkpoint file; with "
+        "--zero-shot a pretraining run or checkpoint.",
     ),
     data: Path = typer.Option(..., help="The task dataset (`vlprep build-task`)."),
     split: str = typer.Option(..., help="The split to score (e.g. val, minval, test-dev, dev, test1, testA, test)."),
@@ -458,7 +432,8 @@ def evaluate(
     zero_shot: bool = typer.Option(
         False,
         "--zero-shot",
-        help="Retrieval with the pretraining pair head (alignment / matching), no fine-tuning: ViLBERT's zero-shot Flickr30k.",
+        help="Retrieval with the pretraining pair head (alignment / matching), no fine-tuning: ViLBERT's zero-shot "
+        "Flickr30k.",
     ),
     model: str = typer.Option(
         None, help="Model config, when --checkpoint is no run of ours (HF LXMERT, vilbert-multi-task)."
@@ -482,7 +457,7 @@ def evaluate(
         TimeRemainingColumn,
     )
 
-    from vl_models.train import distributed
+    from vl_models import distributed
     from vl_models.train.checkpoint import resolve
     from vl_models.transfer.evaluate import evaluate_checkpoint
 
@@ -625,7 +600,7 @@ def _train_with_progress(run, cfg, label: str) -> None:
         TimeRemainingColumn,
     )
 
-    from vl_models.train import distributed
+    from vl_models import distributed
     from vl_models.train.runlog import progress_line
 
     stderr = Console(stderr=True)
@@ -657,22 +632,6 @@ def _train_with_progress(run, cfg, label: str) -> None:
     shown = {k: round(v, 4) for k, v in last.items() if k.startswith(("loss_", "eval_"))}
     Console().print(f"done: step {last.get('step', 'unchanged: the run was at its end')} -> {cfg.out}")
     Console().print(shown)
-
-
-def _pairs(items: List[str], flag: str, convert) -> dict:
-    """["alignment=1000", ...] -> {"alignment": 1000, ...}; a malformed item is a usage error."""
-    out = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        try:
-            if not sep or not key.strip() or key.strip() in out:
-                raise ValueError
-            out[key.strip()] = convert(value)
-        except ValueError:
-            raise typer.BadParameter(
-                f"{item!r}: expected TASK={convert.__name__.upper()}, each task once", param_hint=flag
-            ) from None
-    return out
 
 
 def bare_resume(args: list[str]) -> list[str]:

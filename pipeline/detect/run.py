@@ -16,7 +16,7 @@ is retried and then reported; one image that fails (an unexpected exception incl
 fails alone.
 
 ``--retry-failed`` re-attempts the failed images of done shards that
-`failures.should_retry` selects: for ``--dataset`` the shard's items are derived again
+`pipeline.failures.should_retry` selects: for ``--dataset`` the shard's items are derived again
 (deterministic shards) and only those are downloaded; for ``--images`` they are read
 from the source again. Their records go into the store as a new store shard, then the
 shard's stats file is rewritten (atomically): a retry killed in between is redone by the
@@ -53,10 +53,10 @@ from pipeline.distribute import (
     summary,
     task_resources,
 )
-from pipeline.download.failures import Policy, policy_of, should_retry
 from pipeline.download.fetch import redact_url
-from pipeline.download.shard import ShardJob, download_rows, shard_jobs
+from pipeline.download.shard import ShardJob, download_rows, policy_of, shard_jobs
 from pipeline.errors import ConfigError, InvalidRecordError
+from pipeline.failures import Policy, should_retry
 from pipeline.image_shards import iter_images
 from pipeline.io import atomic_write_json, exclusive_lock, remove_stale_tmp, sha256_file
 from pipeline.store import FeatureStoreWriter, Manifest

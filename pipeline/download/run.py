@@ -5,7 +5,7 @@ The driver holds the folder's write lock for the whole run (a second writer gets
 `BusyError` at once), checks the folder was made from the same inputs (``run.json``),
 cuts the items into shards (`shard.shard_jobs`), skips shards already complete (their
 stats file exists) unless ``--retry-failed`` finds failures to re-attempt in them
-(`failures.should_retry`), and runs one Ray task per remaining shard (`shard.download_shard`,
+(`pipeline.failures.should_retry`), and runs one Ray task per remaining shard (`shard.download_shard`,
 which writes the shard and its stats, recording the node that did it), on the nodes that
 offer ``--download-resource`` when it is given. The tasks report item progress to a small Ray
 actor the driver's progress bar reads. `summary.json` totals every shard in the folder,
@@ -36,10 +36,10 @@ from pipeline.distribute import (
     summary,
     task_resources,
 )
-from pipeline.download.failures import Policy, policy_of, should_retry
 from pipeline.download.fetch import FetchConfig
-from pipeline.download.shard import ShardJob, download_shard, shard_jobs
+from pipeline.download.shard import ShardJob, download_shard, policy_of, shard_jobs
 from pipeline.errors import ConfigError
+from pipeline.failures import Policy, should_retry
 from pipeline.image_shards import done_shards
 from pipeline.images import ImageConfig
 from pipeline.io import atomic_write_json, exclusive_lock, read_json, remove_stale_tmp

@@ -23,8 +23,8 @@ from typing import Callable, Iterator, Optional, Sequence
 
 from pipeline.datasets import Malformed, ReaderOptions, read_items
 from pipeline.distribute import MalformedRows, chunks, shard_name, this_node
-from pipeline.download.failures import Policy, policy_of, should_retry
 from pipeline.download.fetch import FetchConfig, Fetched, FetchError, HostLimiter, fetch, redact_url
+from pipeline.failures import Policy, should_retry
 from pipeline.image_shards import item_row, read_shard_rows, row_item, write_shard
 from pipeline.images import ImageConfig, ImageError, process_image
 from pipeline.records import SourceItem
@@ -41,6 +41,19 @@ class ShardJob:
     items: tuple[SourceItem, ...]
     retry_failed: bool = False  # reprocess the retryable failures of the existing shard (failures.should_retry)
     previous_policy: Optional[Policy] = None  # the options the existing shard was made under, from its stats
+
+
+def policy_of(fetch: FetchConfig, image: ImageConfig) -> Policy:
+    """The options a policy refusal depends on, as recorded in shard stats."""
+    return {
+        "allow_private_network": fetch.allow_private_network,
+        "allowed_networks": sorted(fetch.allowed_networks),
+        "max_bytes": fetch.max_bytes,
+        "max_redirects": fetch.max_redirects,
+        "max_pixels": image.max_pixels,
+        "min_side": image.min_side,
+        "max_aspect_ratio": image.max_aspect_ratio,
+    }
 
 
 def shard_jobs(

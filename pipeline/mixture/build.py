@@ -23,7 +23,7 @@ The spec is checked against `SPEC_SCHEMA` (pipeline.schema): unknown keys, wrong
 ``split`` other than train/val, ``repeat`` < 1, ``weight`` not finite and > 0, ``top_k`` < 0
 are ConfigErrors naming the file and the key.
 
-Answers: normalized (`pipeline.mixture.answers`), with the official VQA soft scores (0.3 /
+Answers: normalized (`pipeline.items.answers`), with the official VQA soft scores (0.3 /
 0.6 / 0.9 / 1.0 for 1 / 2 / 3 / 4+ annotators; mixture schema 2; schema 1 used min(1, k/3)).
 The answer table is the ``top_k`` most frequent training answers, or, with ``answers_from``,
 a fixed table read from that file (``.json``: a list of strings, a list of ``{"ans": ...}``
@@ -42,8 +42,8 @@ file order, so the same inputs and spec give byte-identical outputs. Output fold
 temporary name beside it and swapped in when complete; an existing folder is replaced only
 when it is an earlier mixture (`pipeline.io.replacing_output`).
 
-The format written (files, `ITEMS_SCHEMA`, schema version) and its reader, `Mixture.open`,
-are `pipeline.mixture.mixture`'s; the sources' files are read through
+The format written (`ITEMS_SCHEMA`, schema version) and its reader, `Mixture.open`, are
+`pipeline.mixture.mixture`'s, the folder's files and writer `pipeline.items`'; the sources' files are read through
 `pipeline.mixture.sources` (which reads them with `pipeline.sources`).
 """
 
@@ -55,23 +55,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
-import pyarrow as pa
 import yaml
 
 from pipeline import __version__
 from pipeline.errors import ConfigError
-from pipeline.io import atomic_write_json, replacing_output, sha256_file
-from pipeline.mixture.answers import answer_table, fixed_table, read_answer_file
-from pipeline.mixture.mixture import (
-    ANSWER_SCORES,
-    ANSWERS_FILE,
-    FORMAT,
-    ITEMS_FILE,
-    ITEMS_SCHEMA,
-    MANIFEST_FILE,
-    MIXTURE_SCHEMA_VERSION,
-    mixture_manifest,
-)
+from pipeline.io import replacing_output, sha256_file
+from pipeline.items import ItemsWriter
+from pipeline.items.answers import answer_table, fixed_table, read_answer_file
+from pipeline.mixture.mixture import ANSWER_SCORES, FORMAT, ITEMS_SCHEMA, MIXTURE_SCHEMA_VERSION, mixture_manifest
 from pipeline.mixture.sources import KINDS, QUESTION_KINDS, ImageIds, read_source
 from pipeline.schema import Field, Schema
 from pipeline.sources.base import Skip
@@ -80,7 +71,6 @@ __all__ = ["KINDS", "SPEC_SCHEMA", "MixtureSpec", "SourceSpec", "build_mixture",
 log = logging.getLogger(__name__)
 SPLITS = ("train", "val")
 DEFAULT_TOP_K = 9500
-BATCH = 8192
 LISTED_EXAMPLES = 20
 
 SOURCE_SCHEMA = Schema(
@@ -286,7 +276,7 @@ def _build(
                 entries[unreachable[0]],
             )
     else:
-        entries, table, unreachable = [], answer_table(counts, spec.top_k), []
+        entries, table, unreachable = [], answer_table(counts, top_k=spec.top_k), []
         index = {a: i for i, a in enumerate(table)}
 
     # Pass 2: items.
@@ -297,15 +287,7 @@ def _build(
     missing: dict[str, int] = {}
     answered = covered = 0
     score_total = score_covered = 0.0
-    columns: dict[str, list] = {f.name: [] for f in ITEMS_SCHEMA}
-    with pa.OSFile(str(tmp / ITEMS_FILE), "wb") as sink, pa.ipc.new_file(sink, ITEMS_SCHEMA) as writer:
-
-        def flush() -> None:
-            if columns["uid"]:
-                writer.write_batch(pa.RecordBatch.from_pydict(columns, schema=ITEMS_SCHEMA))
-                for values in columns.values():
-                    values.clear()
-
+    with ItemsWriter(tmp, ITEMS_SCHEMA) as writer:
         for src in spec.sources:
             per_image = Counter()
             for name, item in read_source(src.kind, src.name, src.files):
@@ -337,23 +319,24 @@ def _build(
                 for r in range(src.repeat):
                     n = per_image[(name, image)]
                     per_image[(name, image)] += 1
-                    columns["uid"].append(f"{image}_{name}_{n:03d}" + (f"_r{r}" if r else ""))
-                    columns["image_id"].append(image)
-                    columns["store_key"].append(image)
-                    columns["text"].append(item.text)
-                    columns["kind"].append(item.kind)
-                    columns["source"].append(name)
-                    columns["split"].append(split)
-                    columns["weight"].append(src.weight)
-                    columns["answer_ids"].append(answer_ids)
-                    columns["answer_scores"].append(answer_scores)
+                    writer.add(
+                        {
+                            "uid": f"{image}_{name}_{n:03d}" + (f"_r{r}" if r else ""),
+                            "image_id": image,
+                            "store_key": image,
+                            "text": item.text,
+                            "kind": item.kind,
+                            "source": name,
+                            "split": split,
+                            "weight": src.weight,
+                            "answer_ids": answer_ids,
+                            "answer_scores": answer_scores,
+                        }
+                    )
                     stats[name][f"{split}/{item.kind}"] += 1
-                    if len(columns["uid"]) >= BATCH:
-                        flush()
                 images[name].add(image)
                 if progress:
                     progress(1)
-        flush()
     if missing and not drop_missing:
         examples = ", ".join(sorted(missing)[:LISTED_EXAMPLES])
         raise ConfigError(
@@ -412,9 +395,11 @@ def _build(
     }
     dead = set(unreachable)
     table_counts = [0 if i in dead else counts[a] for i, a in enumerate(table)]
-    atomic_write_json(tmp / ANSWERS_FILE, {"answers": table, "counts": table_counts, "unreachable": unreachable})
-    atomic_write_json(tmp / MANIFEST_FILE, manifest)
-    (tmp / "report.md").write_text(render_report(manifest))
+    writer.finish(
+        answers={"answers": table, "counts": table_counts, "unreachable": unreachable},
+        report=render_report(manifest),
+        manifest=manifest,
+    )
     return manifest
 
 

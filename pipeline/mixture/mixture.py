@@ -3,7 +3,9 @@
 A mixture folder holds ``manifest.json`` (``"format": "vlprep-mixture"``, the schema
 version, counts, provenance), ``items.arrow`` (one row per text item, `ITEMS_SCHEMA`) and
 ``answers.json`` (the answer table: answer id = position); docs/mixture-format.md describes
-every field. `pipeline.mixture.build` writes it with the constants here; everything that
+every field. The folder's files, writer and reader base are `pipeline.items`' (shared with
+task datasets); this module adds the mixture's schema and checks. `pipeline.mixture.build`
+writes it with `pipeline.items.ItemsWriter`; everything that
 reads a mixture (training, evaluation, the demo, benchmarks) opens it with `Mixture.open`,
 like a feature store with `FeatureStore.open`:
 
@@ -17,7 +19,6 @@ Errors: a folder that is no mixture, or one of another schema version, is a Conf
 
 from __future__ import annotations
 
-import json
 from functools import cached_property
 from pathlib import Path
 from typing import Optional, Union
@@ -25,12 +26,12 @@ from typing import Optional, Union
 import numpy as np
 import pyarrow as pa
 
-from pipeline.errors import ConfigError, DataError
+from pipeline.errors import ConfigError
+from pipeline.items import ItemsFolder, folder_manifest
 
 FORMAT = "vlprep-mixture"  # manifest.json's "format", and the output folder's ownership kind
 MIXTURE_SCHEMA_VERSION = 2  # 2: official VQA soft scores (1: min(1, k/3))
 ANSWER_SCORES = "vqa-official"  # manifest.json's "answer_scores": the soft-score rule
-ITEMS_FILE, ANSWERS_FILE, MANIFEST_FILE = "items.arrow", "answers.json", "manifest.json"
 ITEMS_SCHEMA = pa.schema(
     [
         pa.field("uid", pa.string(), nullable=False),
@@ -51,11 +52,7 @@ _REBUILD = "rebuild the mixture with `vlprep build-mixture`"
 
 def mixture_manifest(folder: Path) -> Optional[dict]:
     """The manifest.json of a mixture folder (of any schema version); None if it is none."""
-    try:
-        manifest = json.loads((Path(folder) / MANIFEST_FILE).read_text())
-    except (OSError, ValueError):
-        return None
-    return manifest if isinstance(manifest, dict) and manifest.get("format") == FORMAT else None
+    return folder_manifest(folder, FORMAT)
 
 
 def check_mixture(folder: Path) -> dict:
@@ -81,47 +78,6 @@ def check_mixture(folder: Path) -> dict:
         f"not the official VQA values (0.3/0.6/0.9/1.0 for 1/2/3/4+ of 10; schema "
         f"{MIXTURE_SCHEMA_VERSION}); rebuild it with `vlprep build-mixture --spec SPEC --out {folder}`"
     )
-
-
-class ItemsFolder:
-    """What a mixture and a task dataset (`pipeline.task_data`) share: a folder with
-    ``items.arrow`` (memory-mapped, its columns checked against `schema`) and
-    ``answers.json`` (the answer table); `what` and `rebuild` name it in errors."""
-
-    schema: pa.Schema
-    what: str  # "mixture", "task dataset"
-    rebuild: str  # how to make a good one again
-
-    def file(self, name: str) -> Path:
-        """A file of the folder (``items.arrow``, ``answers.json``); DataError if it is missing."""
-        path = self.path / name
-        if not path.is_file():
-            raise DataError(f"{path} is missing: the {self.what} is incomplete; {self.rebuild}")
-        return path
-
-    def _read_answers(self) -> list[str]:
-        path = self.file(ANSWERS_FILE)
-        try:
-            answers = json.loads(path.read_text())["answers"]
-            if not isinstance(answers, list) or not all(isinstance(a, str) for a in answers):
-                raise TypeError("answers is not a list of strings")
-        except (ValueError, KeyError, TypeError) as err:
-            raise DataError(f"{path}: unreadable answer table ({type(err).__name__}: {err}); {self.rebuild}") from err
-        return answers
-
-    def _map_items(self) -> pa.Table:
-        path = self.file(ITEMS_FILE)
-        try:
-            items = pa.ipc.open_file(pa.memory_map(str(path))).read_all()
-        except (pa.ArrowInvalid, OSError) as err:
-            raise DataError(f"{path}: unreadable ({err}); {self.rebuild}") from err
-        missing = [name for name in self.schema.names if name not in items.column_names]
-        if missing:
-            raise DataError(f"{path}: no column {', '.join(missing)} (not a {self.what}'s items); {self.rebuild}")
-        return items
-
-    def __len__(self) -> int:
-        return self.items.num_rows
 
 
 class Mixture(ItemsFolder):

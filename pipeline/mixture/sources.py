@@ -3,7 +3,7 @@
 `pipeline.sources` parses the official files (one reader per format: COCO captions, VG
 region descriptions and QA, VQA, GQA, LXMERT's json, the CC TSV); this module turns a spec
 source (`read_source`: its kind and files) into `TextItem`s in file order, with answers
-normalized and soft-scored (`pipeline.mixture.answers`), and passes `Skip`s through to be
+normalized and soft-scored (`pipeline.items.answers`), and passes `Skip`s through to be
 counted (null or blank texts, null answers). A mixture is built from clean inputs: the first
 malformed row of any file is a ConfigError naming it (``file:where: reason``), and so is a
 file that cannot be read at all (`pipeline.sources.base.reading`).
@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Callable, Iterable, Iterator, Optional, Sequence, TypeVar, Union
 
 from pipeline.errors import ConfigError
-from pipeline.mixture.answers import normalize_answer, soft_scores
+from pipeline.items.answers import normalize_answer, soft_scores
+from pipeline.items.image_map import read_image_map
 from pipeline.sources import coco, conceptual_captions, gqa, lxmert, visual_genome, vqa
 from pipeline.sources.base import Malformed, Skip, named_read_errors, reading
 
@@ -187,25 +188,3 @@ class ImageIds:
         do (a VG id, as GQA's lists do, or a COCO file stem) or by its store key."""
         image = self.vg_to_coco.get(image, image)
         return self.aliases.get(image, image)
-
-
-def read_image_map(path: Path) -> dict[str, str]:
-    """``source id<TAB>store key`` lines. A source id mapped twice to different keys is a
-    ConfigError naming both lines; the same line repeated is accepted."""
-    aliases: dict[str, str] = {}
-    first_line: dict[str, int] = {}
-    for lineno, line in enumerate(Path(path).read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        parts = line.split("\t")
-        if len(parts) != 2 or not all(p.strip() for p in parts):
-            raise ConfigError(f"{path}:{lineno}: an image map line is 'source id<TAB>store key'")
-        source, key = parts[0].strip(), parts[1].strip()
-        if source in aliases and aliases[source] != key:
-            raise ConfigError(
-                f"{path}:{lineno}: source id {source!r} maps to {key!r}, but line {first_line[source]} "
-                f"maps it to {aliases[source]!r}; an image id maps to one store key"
-            )
-        aliases[source] = key
-        first_line.setdefault(source, lineno)
-    return aliases

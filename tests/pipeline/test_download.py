@@ -449,8 +449,9 @@ def test_local_paths_no_file_can_have_fail_alone(tmp_path):
 
 
 def test_retry_table():
-    from pipeline.download.failures import policy_of, should_retry
     from pipeline.download.fetch import FetchConfig
+    from pipeline.download.shard import policy_of
+    from pipeline.failures import should_retry
     from pipeline.images import ImageConfig
 
     old = policy_of(FetchConfig(max_bytes=1000), ImageConfig(min_side=100, max_aspect_ratio=3))
@@ -485,7 +486,7 @@ def test_retry_table():
 
 
 def test_verdict():
-    from pipeline.download.failures import verdict
+    from pipeline.failures import verdict
 
     ok = verdict(10, 6, Counter({"http 404": 4}), {}, 0.5)
     assert ok["verdict"] == "ok" and ok["failure_rate"] == 0.4 and ok["verdict_reason"] is None

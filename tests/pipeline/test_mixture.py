@@ -8,7 +8,7 @@ import yaml
 from helpers import make_record, run_cli
 
 from pipeline.errors import ConfigError
-from pipeline.mixture.answers import answer_table, normalize_answer, soft_scores
+from pipeline.items.answers import answer_table, normalize_answer, soft_scores
 from pipeline.mixture.build import MixtureSpec, build_mixture
 from pipeline.store import write_records
 
@@ -796,7 +796,7 @@ def test_demo_spec_for_a_relative_out_folder_loads(tmp_path, monkeypatch):
 
 
 def test_official_steps_are_reusable_without_lxmerts_rules():
-    from pipeline.mixture.answers import process_digit_article, process_punctuation
+    from pipeline.items.answers import process_digit_article, process_punctuation
 
     assert process_punctuation("hot-dog") == "hot dog" and process_punctuation("1,000") == "1000"
     assert process_punctuation("yes!").strip() == "yes" and process_punctuation("2.5") == "2.5"
@@ -1003,19 +1003,25 @@ def test_mixture_open_errors_are_named(tmp_path, root):
         Mixture.open(mix)
 
 
-def test_the_mixture_format_has_one_owner():
-    """build-mixture writes with the format's own constants, and no other pipeline, vl_models or
-    bench module names the mixture's files: they open mixtures with `Mixture.open`."""
+def test_the_item_folder_format_has_one_owner():
+    """Mixtures and task datasets are item folders: `pipeline.items` alone names their files,
+    and its writer alone writes them (the two builders hand it rows); everything else opens
+    them with `Mixture.open` / `TaskData.open`."""
     from pipeline.mixture import build, mixture
 
     assert build.ITEMS_SCHEMA is mixture.ITEMS_SCHEMA
     repo = Path(__file__).resolve().parents[2]
+    modules = sorted(
+        [*(repo / "pipeline").rglob("*.py"), *(repo / "vl_models").rglob("*.py"), *(repo / "bench").glob("*.py")]
+    )
+    owner = repo / "pipeline" / "items" / "folder.py"
     named = [
         str(p.relative_to(repo))
-        for p in sorted(
-            [*(repo / "pipeline").rglob("*.py"), *(repo / "vl_models").rglob("*.py"), *(repo / "bench").glob("*.py")]
-        )
-        if p != repo / "pipeline" / "mixture" / "mixture.py"
-        and any(f'"{name}"' in p.read_text() for name in ("items.arrow", "answers.json"))
+        for p in modules
+        if p != owner and any(f'"{name}"' in p.read_text() for name in ("items.arrow", "answers.json"))
     ]
     assert named == []
+    builders = [repo / "pipeline" / "mixture" / "build.py", repo / "vl_models" / "transfer" / "build.py"]
+    for path in builders:
+        text = path.read_text()
+        assert "ItemsWriter(" in text and "pa.ipc.new_file" not in text and "atomic_write_json" not in text, path

@@ -13,7 +13,7 @@ from PIL import Image
 
 from pipeline.datasets import Malformed, read_items
 from pipeline.errors import ConfigError
-from pipeline.mixture.answers import normalize_answer
+from pipeline.items.answers import normalize_answer
 from pipeline.mixture.sources import read_vqa
 from pipeline.synthetic import (
     Background,

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from pipeline.errors import DataError
-from pipeline.mixture.answers import soft_scores
+from pipeline.items.answers import soft_scores
 from vl_models.eval.metrics import recall_at_k, vqa_score
 
 

@@ -435,8 +435,9 @@ def test_progress_lines_count_to_the_steps_epochs_give(data, tmp_path):
 
 
 def test_every_train_config_field_has_a_flag_and_every_flag_a_field():
-    """--log-every (and --max-text, --max-regions, --clip) were unreachable from the CLI. Both
-    directions: a config field without a flag, or a flag without a field, fails here."""
+    """`vltrain pretrain`'s flags are generated from TrainConfig: every field (of the config and
+    its sections) is a flag of the same parameter name with the field's default and a help
+    text, and every flag is a field (but --recipe, which fills the other flags' defaults)."""
     import dataclasses
 
     import typer
@@ -444,16 +445,30 @@ def test_every_train_config_field_has_a_flag_and_every_flag_a_field():
     from vl_models.cli import app
     from vl_models.config import SECTIONS, TrainConfig
 
-    params = {p.name for p in typer.main.get_command(app).commands["pretrain"].params}
-    renamed = {"stores": "shards", "weights": "weight", "from_step": "task_from"}  # flag named for one item
-    cli_only = {"recipe"}  # fills the defaults of the other flags
-    own = {f.name for f in dataclasses.fields(TrainConfig)} - set(SECTIONS)  # the sections' fields are flags
-    fields = own | {f.name for cls in SECTIONS.values() for f in dataclasses.fields(cls)}
-    fields = {renamed.get(name, name) for name in fields}
-    assert sorted(fields - params) == []
-    assert sorted(params - fields - cli_only) == []
+    params = {p.name: p for p in typer.main.get_command(app).commands["pretrain"].params}
+    cli_only = {"recipe", "ctx"}
+    own = [f for f in dataclasses.fields(TrainConfig) if f.name not in SECTIONS]
+    fields = {f.name: f for f in own} | {f.name: f for cls in SECTIONS.values() for f in dataclasses.fields(cls)}
+    assert sorted(set(fields) - set(params)) == []
+    assert sorted(set(params) - set(fields) - cli_only) == []
     names = [f.name for cls in SECTIONS.values() for f in dataclasses.fields(cls)]
-    assert len(names) == len(set(names)) and not own & set(names)  # a setting is named by its field alone
+    assert len(names) == len(set(names)) and not {f.name for f in own} & set(names)  # one name per setting
+    zero_is_none = {"epochs", "max_text", "stop_at", "dist_timeout"}  # the flag's 0 is the field's None
+    for name, field in fields.items():
+        param = params[name]
+        assert param.help and len(param.help) > 10, name
+        if field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING:
+            assert param.required or name == "model", name  # --model may come from --recipe
+            continue
+        default = field.default if field.default is not dataclasses.MISSING else field.default_factory()
+        if name in zero_is_none:
+            assert default is None and param.default in (None, "0"), name
+        elif isinstance(default, (dict, tuple)):
+            assert not default and not param.default, name  # repeatable: none by default
+        else:
+            assert param.default == default, (name, param.default, default)
+    assert params["stores"].opts == ["--shards"] and params["weights"].opts == ["--weight"]
+    assert params["from_step"].opts == ["--task-from"]
 
 
 def test_enumerated_flags_are_choices_checked_before_any_work(data, tmp_path):

@@ -13,11 +13,11 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from vl_models import distributed
 from vl_models.config import TaskConfig
 from vl_models.data.dataset import PretrainDataset
 from vl_models.eval.metrics import recall_at_k, vqa_score
 from vl_models.tasks.pretrain import pretrain_losses
-from vl_models.train import distributed
 
 
 @torch.no_grad()

@@ -19,7 +19,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from pipeline.errors import DataError
-from pipeline.mixture.answers import process_digit_article, process_punctuation
+from pipeline.items.answers import process_digit_article, process_punctuation
 
 
 def ranks(scores: np.ndarray, right: np.ndarray) -> np.ndarray:

@@ -28,7 +28,7 @@ from typing import Any, Callable, Optional, Sequence, Union
 import torch
 
 from pipeline.errors import ConfigError
-from pipeline.mixture.answers import normalize_answer
+from pipeline.items.answers import normalize_answer
 from vl_models.data.tokenize import WordPiece
 from vl_models.models.configuration import LxmertConfig, ModelConfig, ViLBERTConfig
 from vl_models.models.modeling_lxmert import LxmertForPreTraining, LxmertModel

@@ -24,7 +24,8 @@ from typing import Optional, Sequence
 
 from pipeline.errors import ConfigError, DataError
 from pipeline.io import atomic_write_bytes, atomic_write_json, remove_path
-from pipeline.mixture.mixture import ANSWERS_FILE, ITEMS_FILE, Mixture
+from pipeline.items import ANSWERS_FILE, ITEMS_FILE
+from pipeline.mixture import Mixture
 from pipeline.store import FeatureStore
 from vl_models.config import flat_settings
 from vl_models.train import checkpoint

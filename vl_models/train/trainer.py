@@ -39,7 +39,7 @@ from pipeline.errors import ConfigError, DivergedError
 from pipeline.io import exclusive_lock
 from pipeline.mixture import Mixture
 from pipeline.store import FeatureStore
-from vl_models import families
+from vl_models import distributed, families
 from vl_models.config import TrainConfig
 from vl_models.data.dataset import PretrainDataset
 from vl_models.data.sampler import ResumableSampler
@@ -47,7 +47,7 @@ from vl_models.eval.evaluate import evaluate
 from vl_models.families.base import ModelFamily
 from vl_models.models.weights import init_pretraining
 from vl_models.tasks.pretrain import pretrain_losses
-from vl_models.train import checkpoint, distributed, run_folder, runlog
+from vl_models.train import checkpoint, run_folder, runlog
 from vl_models.train.optim import lr_at, make_optimizer
 
 log = logging.getLogger(__name__)

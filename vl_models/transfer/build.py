@@ -8,15 +8,16 @@ named as the files name them and mapped to feature-store keys through ``--image-
 Classifier tasks (VQA, GQA) get an answer table: the answers (`Task.table_answer`: VQA's
 normalized) occurring at least ``min_count`` times over the train and val rows, most
 frequent first (ties alphabetical), or exactly the table of ``answers_from`` in its order
-(`pipeline.mixture.answers.read_answer_file`: the seeds' label files). Each row's soft
+(`pipeline.items.answers`, the builder mixtures use too: the seeds' label files). Each row's soft
 targets (`Task.targets`) are kept where the table has the answer; the manifest says how
 many training rows keep at least one.
 
 A task may add files of its own (RefCOCO: ``given_boxes.json``, the ground-truth boxes for
 `vlprep extract --given-boxes`). Malformed rows are named (file:where, reason), counted and left out; skipped
-rows (null or blank texts) are counted per reason. The folder is built under a temporary name and swapped
-in when complete (`pipeline.io.replacing_output`): an earlier task dataset there is replaced,
-anything else is refused.
+rows (null or blank texts) are counted per reason. The folder is written by
+`pipeline.items.ItemsWriter` (manifest last) under a temporary name and swapped in when
+complete (`pipeline.io.replacing_output`): an earlier task dataset there is replaced, anything
+else is refused.
 """
 
 from __future__ import annotations
@@ -26,24 +27,14 @@ from collections import Counter
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
-import pyarrow as pa
-
 from pipeline import __version__
 from pipeline.errors import ConfigError
-from pipeline.io import atomic_write_json, replacing_output, sha256_file
-from pipeline.mixture.answers import read_answer_file
-from pipeline.mixture.sources import read_image_map
+from pipeline.io import replacing_output, sha256_file
+from pipeline.items import ItemsWriter
+from pipeline.items.answers import answer_table, fixed_table, read_answer_file
+from pipeline.items.image_map import read_image_map
 from pipeline.sources.base import Malformed, Skip
-from pipeline.task_data import (
-    ANSWERS_FILE,
-    FORMAT,
-    ITEMS_FILE,
-    ITEMS_SCHEMA,
-    MANIFEST_FILE,
-    REPORT_FILE,
-    TASK_SCHEMA_VERSION,
-    task_manifest,
-)
+from pipeline.task_data import FORMAT, ITEMS_SCHEMA, TASK_SCHEMA_VERSION, task_manifest
 from vl_models.transfer.task import Row, Task
 
 log = logging.getLogger(__name__)
@@ -89,39 +80,38 @@ def build_task(
             + (f" ({len(malformed)} malformed, e.g. {malformed[0]})" if malformed else "")
         )
     named = {name: set(indices) for name, indices in task.named_splits(rows).items()}
-    table, table_info = _answer_table(task, rows, answers_from, min_count)
-    index = {a: i for i, a in reversed(list(enumerate(table)))}
-    columns: dict[str, list] = {name: [] for name in ITEMS_SCHEMA.names}
+    table, index, table_info = _answer_table(task, rows, answers_from, min_count)
+    records = []
     kept_targets = 0
     for i, row in enumerate(rows):
-        targets = {index[a]: s for a, s in task.targets(row).items() if a in index} if table else {}
+        targets = {index[a]: s for a, s in task.targets(row).items() if a in index}
         kept_targets += bool(targets) and row.split == task.train_split
-        record = {
-            **{
-                k: getattr(row, k)
-                for k in (
-                    "uid",
-                    "text",
-                    "choices",
-                    "rationales",
-                    "label",
-                    "rationale_label",
-                    "answers",
-                    "answer_type",
-                    "question_type",
-                    "box",
-                    "group",
-                )
-            },
-            "splits": [row.split, *(name for name, members in named.items() if i in members)],
-            "images": [aliases.get(name, name) for name in row.images],
-            "answer_ids": list(targets) or None,
-            "answer_scores": list(targets.values()) or None,
-        }
-        for name in ITEMS_SCHEMA.names:
-            columns[name].append(record[name])
+        records.append(
+            {
+                **{
+                    k: getattr(row, k)
+                    for k in (
+                        "uid",
+                        "text",
+                        "choices",
+                        "rationales",
+                        "label",
+                        "rationale_label",
+                        "answers",
+                        "answer_type",
+                        "question_type",
+                        "box",
+                        "group",
+                    )
+                },
+                "splits": [row.split, *(name for name, members in named.items() if i in members)],
+                "images": [aliases.get(name, name) for name in row.images],
+                "answer_ids": list(targets) or None,
+                "answer_scores": list(targets.values()) or None,
+            }
+        )
     extra = task.extra_files(files, rows)
-    splits = Counter(s for names in columns["splits"] for s in names)
+    splits = Counter(s for record in records for s in record["splits"])
     train_rows = splits.get(task.train_split, 0)
     manifest = {
         "format": FORMAT,
@@ -142,15 +132,10 @@ def build_task(
     with replacing_output(
         Path(out), FORMAT, inputs=files, what="vlprep build-task", also_ours=lambda p: task_manifest(p) is not None
     ) as tmp:
-        tmp.mkdir(parents=True)
-        table_arrow = pa.Table.from_pydict(columns, schema=ITEMS_SCHEMA)
-        with pa.OSFile(str(tmp / ITEMS_FILE), "wb") as sink, pa.ipc.new_file(sink, ITEMS_SCHEMA) as writer:
-            writer.write_table(table_arrow)
-        atomic_write_json(tmp / ANSWERS_FILE, {"answers": table})
-        for name, content in extra.items():
-            atomic_write_json(tmp / name, content)
-        (tmp / REPORT_FILE).write_text(render_report(manifest))
-        atomic_write_json(tmp / MANIFEST_FILE, manifest)
+        with ItemsWriter(tmp, ITEMS_SCHEMA) as writer:
+            for record in records:
+                writer.add(record)
+        writer.finish(answers={"answers": table}, extra=extra, report=render_report(manifest), manifest=manifest)
     for line in malformed[:LISTED]:
         log.warning("malformed: %s", line)
     return manifest
@@ -158,24 +143,25 @@ def build_task(
 
 def _answer_table(
     task: Task, rows: list[Row], answers_from: Optional[Path], min_count: Optional[int]
-) -> tuple[list[str], dict]:
+) -> tuple[list[str], dict[str, int], dict]:
+    """The answer table, each answer's id (its first position) and the manifest's account of it."""
     if task.head != "answers":
         if answers_from or min_count:
             raise ConfigError(f"--answers-from / --min-count: {task.name} has no answer table")
-        return [], {}
+        return [], {}, {}
     if answers_from:
-        table = [task.table_answer(a) for a in read_answer_file(Path(answers_from))]
-        return table, {"from": str(answers_from)}
+        fixed = fixed_table(read_answer_file(Path(answers_from)), Path(answers_from), task.table_answer)
+        return fixed.answers, fixed.index, {"from": str(answers_from), "unreachable": len(fixed.unreachable)}
     min_count = min_count or task.min_count
     counts = Counter(task.table_answer(r.answer) for r in rows if r.answer and r.split in task.table_splits)
-    counts.pop("", None)
-    table = [a for a, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])) if n >= min_count]
+    table = answer_table(counts, min_count=min_count)
     if not table:
         raise ConfigError(
             f"no answer occurs {min_count} times in the {'/'.join(task.table_splits)} rows: "
             "lower --min-count, or give --answers-from"
         )
-    return table, {"min_count": min_count, "counted_over": list(task.table_splits)}
+    index = {a: i for i, a in enumerate(table)}
+    return table, index, {"min_count": min_count, "counted_over": list(task.table_splits)}
 
 
 def render_report(m: dict) -> str:

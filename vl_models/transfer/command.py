@@ -55,9 +55,11 @@ def build_task(
     ),
 ) -> None:
     """Read a downstream task's official files into a task dataset for `vltrain finetune` and
-    `vltrain evaluate`: Arrow items joined with feature stores by image, an answer table
-    with soft targets for VQA and GQA, named splits (VQA: minval, minval-lxmert,
-    nominival-lxmert), malformed rows named and counted (manifest.json, report.md).
+    `vltrain evaluate`.
+
+    It holds Arrow items joined with feature stores by image, an answer table with soft
+    targets for VQA and GQA, named splits (VQA: minval, minval-lxmert, nominival-lxmert),
+    and malformed rows named and counted (manifest.json, report.md).
 
     Example:
 

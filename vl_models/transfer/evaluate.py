@@ -28,10 +28,9 @@ import torch
 from pipeline.errors import ConfigError
 from pipeline.io import atomic_write_json
 from pipeline.task_data import TaskData
-from vl_models import families, transfer
+from vl_models import distributed, families, transfer
 from vl_models.config import DataSettings
 from vl_models.models.weights import init_pretraining
-from vl_models.train import distributed
 from vl_models.train.run_folder import answers_digest
 from vl_models.train.trainer import resolve_device
 from vl_models.transfer.dataset import TaskDataset

@@ -25,14 +25,14 @@ from typing import Callable, Optional
 import torch
 
 from pipeline.errors import ConfigError
+from pipeline.items.answers import read_answer_file
 from pipeline.mixture import Mixture
-from pipeline.mixture.answers import read_answer_file
 from pipeline.task_data import TaskData
-from vl_models import transfer
+from vl_models import distributed, transfer
 from vl_models.config import FinetuneConfig
 from vl_models.data.sampler import TaskBatchSampler
 from vl_models.models.weights import copy_answer_rows, init_pretraining
-from vl_models.train import distributed, run_folder, runlog
+from vl_models.train import run_folder, runlog
 from vl_models.train.trainer import BestMetric, Job, check_out, check_vocab, launch, loader_batches, resolve_device
 from vl_models.transfer.dataset import TaskDataset
 from vl_models.transfer.evaluate import predict

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.errors import ConfigError
-from pipeline.mixture.answers import normalize_answer, soft_scores
+from pipeline.items.answers import normalize_answer, soft_scores
 from pipeline.sources.base import Malformed, Skip
 from pipeline.sources.coco import coco_split
 from pipeline.sources.vqa import read_vqa, read_vqa_questions

@@ -4,7 +4,7 @@
 (timeouts, resets, DNS, 429/5xx) always; a refusal by an option (a private address, too
 large, an image filter) only when that option changed so that the refusal may no longer
 apply — judged against the options the failure happened under, which every shard's stats
-record (`policy_of`); "internal error" and "extract error" always (a bug may be fixed, a
+record (`pipeline.download.shard.policy_of`); "internal error" and "extract error" always (a bug may be fixed, a
 device may have had no memory); anything else (http 404, opted out, not an image, ...)
 never.
 
@@ -19,23 +19,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from pipeline.download.fetch import FetchConfig
-from pipeline.images import ImageConfig
-
-Policy = dict  # the option values refusals depend on (JSON-able), see policy_of
-
-
-def policy_of(fetch: FetchConfig, image: ImageConfig) -> Policy:
-    """The options a policy refusal depends on, as recorded in shard stats."""
-    return {
-        "allow_private_network": fetch.allow_private_network,
-        "allowed_networks": sorted(fetch.allowed_networks),
-        "max_bytes": fetch.max_bytes,
-        "max_redirects": fetch.max_redirects,
-        "max_pixels": image.max_pixels,
-        "min_side": image.min_side,
-        "max_aspect_ratio": image.max_aspect_ratio,
-    }
+Policy = dict  # the option values refusals depend on (JSON-able): `pipeline.download.shard.policy_of`
 
 
 @dataclass(frozen=True)

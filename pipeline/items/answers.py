@@ -22,9 +22,11 @@ annotators (every VQA v2 question) this is exactly the official accuracy of that
 averaged over the 10 sets of 9 annotators; for other annotator counts it is not (5
 annotators: 1 of 5 scores 0.27 officially, 0.3 here).
 
-The answer table is either the K most frequent normalized answers over the training items
-(ties broken alphabetically, so the table is deterministic), or a fixed table read from a
-file (`read_answer_file`, `fixed_table`).
+The answer table (`answer_table`, for mixtures and task datasets alike) is built from answer
+counts by either rule the seeds use: the K most frequent answers (LXMERT: 9,500) or every
+answer counted at least N times (BUTD and ViLBERT's VQA: 9), most frequent first, ties
+broken alphabetically so the table is deterministic. Or it is a fixed table read from a file
+(`read_answer_file`, `fixed_table`: the seeds' own label files), in the file's order.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ import re
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable
+from typing import Callable, Iterable, Optional
 
 from pipeline.errors import ConfigError
 from pipeline.sources.base import parse_json
@@ -219,9 +221,11 @@ def soft_scores(answers: Iterable[str]) -> dict[str, float]:
     return {a: _SCORE_OF_COUNT.get(n, 1.0) for a, n in counts.items()}
 
 
-def answer_table(counts: Counter, top_k: int) -> list[str]:
-    """The `top_k` most frequent answers, ties alphabetical."""
-    return [a for a, _ in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:top_k]]
+def answer_table(counts: Counter, top_k: Optional[int] = None, min_count: int = 1) -> list[str]:
+    """The answers counted at least `min_count` times, most frequent first (ties
+    alphabetical), at most `top_k` of them (None: all); the empty answer never."""
+    ranked = sorted(((a, n) for a, n in counts.items() if a and n >= min_count), key=lambda kv: (-kv[1], kv[0]))
+    return [a for a, _ in ranked[:top_k]]
 
 
 _FILE_FORMATS = (
@@ -277,8 +281,10 @@ class FixedTable:
     unreachable: list[int]
 
 
-def fixed_table(entries: list[str], path: Path) -> FixedTable:
-    answers = [normalize_answer(e) for e in entries]
+def fixed_table(entries: list[str], path: Path, normalize: Callable[[str], str] = normalize_answer) -> FixedTable:
+    """The table of a file's `entries` (`read_answer_file`), each made an answer by `normalize`
+    (default: the VQA normalization); ConfigError naming `path` when none is left."""
+    answers = [normalize(e) for e in entries]
     index: dict[str, int] = {}
     unreachable = []
     for i, answer in enumerate(answers):

@@ -1,0 +1,29 @@
+"""The item-folder format, shared by pretraining mixtures (`pipeline.mixture`) and task
+datasets (`pipeline.task_data`): one home for the folder, its writer and its reader.
+
+An item folder holds ``items.arrow`` (one row per text item, in the Arrow IPC file format,
+memory-mappable; each format has its own schema), ``answers.json`` (``{"answers": [...]}``:
+the answer table, answer id = position; ``[]`` without one), ``report.md`` (for people),
+any files of the format's own, and ``manifest.json`` (``"format"`` names the kind,
+``"schema_version"`` its version), written last: a folder without it is no item folder.
+
+- `folder`: the file names, `folder_manifest`, and `ItemsFolder`, the reader both formats
+  build on (`Mixture.open`, `TaskData.open`);
+- `writer`: `ItemsWriter`, which streams the items and writes the other files, manifest last;
+- `answers`: answer normalization (the official VQA evaluation's), soft scores, the answer
+  table (top-K or at least N occurrences) and fixed tables read from the seeds' label files;
+- `image_map`: the ``source id<TAB>store key`` files that join items to feature stores.
+"""
+
+from pipeline.items.folder import ANSWERS_FILE, ITEMS_FILE, MANIFEST_FILE, REPORT_FILE, ItemsFolder, folder_manifest
+from pipeline.items.writer import ItemsWriter
+
+__all__ = [
+    "ANSWERS_FILE",
+    "ITEMS_FILE",
+    "MANIFEST_FILE",
+    "REPORT_FILE",
+    "ItemsFolder",
+    "ItemsWriter",
+    "folder_manifest",
+]
