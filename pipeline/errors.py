@@ -1,7 +1,7 @@
 """The project's named errors, and the exit code each one gives on the command line.
 
 Each error names what is wrong and where. Both CLIs turn them into one line on stderr
-and the exit code below (`exit_code`); the README's "Exit codes" table lists them.
+and the exit code below (`exit_code`); docs/failure-modes.md's "Exit codes" table lists them.
 
     0   done
     1   the run finished, but part of the work failed (failure rate above

@@ -1,7 +1,7 @@
 """Typed records that cross stage boundaries.
 
 `RegionFeatures` is the canonical form of one image's bottom-up region features
-(see ARCHITECTURE.md). Conventions:
+(docs/layout.md shows who uses them). Conventions:
 
 * `boxes` are float32 ``x1, y1, x2, y2`` in original-image pixels;
 * `cls_prob` has the background class at index 0 (the Caffe convention);

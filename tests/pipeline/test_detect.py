@@ -290,7 +290,7 @@ def test_extract_config_refuses_bad_values_naming_the_flag(tmp_path, fields, mes
         ExtractConfig(**{"out": tmp_path / "s", "images": tmp_path, "random_weights": True, **fields})
 
 
-# -- the backbone batched over images (issue 16) ------------------------------------
+# -- the backbone batched over images ------------------------------------
 
 # VG-sized maps: PyTorch runs the same convolution kernels for a stack of one image and of many
 FULL_SIZE_TINY = replace(TINY, min_size=600, max_size=1000)

@@ -1,4 +1,4 @@
-"""pipeline.io: replacing only what we wrote (issue 12 item 1 and its audit), output locks,
+"""pipeline.io: replacing only what we wrote, output locks,
 leftovers of killed writers."""
 
 import json

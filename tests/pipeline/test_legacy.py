@@ -258,7 +258,7 @@ def test_cli_inspect_and_export(tmp_path, records):
     assert proc.returncode == 3 and "not a feature store" in proc.stderr
 
 
-# -- hostile rows are skipped with file:row, good rows committed (issue 12 item 17) --
+# -- hostile rows are skipped with file:row, good rows committed --
 
 
 def _b64(arr, dtype) -> bytes:
@@ -437,7 +437,7 @@ def test_hostile_mmf_files_are_skipped_with_path(tmp_path, records):
     ]
 
 
-# -- export collisions (issue 12 item 7) ---------------------------------------
+# -- export collisions ---------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -478,7 +478,7 @@ def test_mmf_round_trip_of_an_id_ending_in_info(tmp_path):
     _stores_equal(tmp_path / "s", tmp_path / "t")
 
 
-# -- vilbert-lmdb export (issue 12 item 23) --------------------------------------
+# -- vilbert-lmdb export --------------------------------------
 
 
 def _pickle_globals(data: bytes) -> set[str]:
@@ -538,7 +538,7 @@ def test_vilbert_lmdb_export_refuses_an_image_id_named_keys(tmp_path):
     assert not (tmp_path / "out.lmdb").exists()
 
 
-# -- disk full during import (issue 12, "raw tracebacks") --------------------------
+# -- disk full during import --------------------------
 
 
 def _limit_file_size(limit: int):

@@ -393,7 +393,7 @@ def test_shipped_lxmert_spec_builds_from_fixtures(tmp_path, root):
     assert manifest["answers"]["top_k"] == 9500 and manifest["answers"]["table_size"] == 5  # food pizza 2 1 yes
 
 
-# ----------------------------------------------------------------------------- hardening (issue 12)
+# ----------------------------------------------------------------------------- hardening
 
 
 def edit_spec(root, **changes):
@@ -792,7 +792,7 @@ def test_demo_spec_for_a_relative_out_folder_loads(tmp_path, monkeypatch):
     assert manifest["totals"]["train/caption"] > 0 and manifest["totals"]["val/question"] > 0
 
 
-# -- issue 13, item 5: official VQA soft scores; mixture schema 2
+# -- official VQA soft scores; mixture schema 2
 
 
 def test_official_steps_are_reusable_without_lxmerts_rules():
@@ -819,7 +819,7 @@ def test_mixture_records_schema_2_and_official_scores(tmp_path, root):
     assert scores == {"food": 1.0, "pizza": np.float32(0.3)}
 
 
-# -- issue 13, item 8: a fixed answer table (answers_from)
+# -- a fixed answer table (answers_from)
 
 TABLE = ["yes", "2", "food", "dog"]
 
@@ -933,7 +933,7 @@ def test_answers_from_is_validated_and_must_exist(tmp_path, root):
         MixtureSpec.load(root / "spec.yaml")
 
 
-# -- issue 14, item 4: one reader of the format, `Mixture.open`
+# -- one reader of the format, `Mixture.open`
 
 
 def test_mixture_open_gives_items_answers_splits_and_rows(tmp_path, root):

@@ -1,6 +1,6 @@
 """One reader per official source format (`pipeline.sources`), used by the dataset readers
 (images to fetch) and the mixture (text items) alike, with one rule for texts and malformed
-rows (issue 14, item 4)."""
+rows."""
 
 import ast
 import gzip

@@ -318,7 +318,7 @@ def test_verify_checks_each_record_even_when_checksums_agree(tmp_path):
     ]
 
 
-# -- one writer at a time (issue 12 item 2) -----------------------------------
+# -- one writer at a time -----------------------------------
 
 HOLDING_WRITER = """
 import sys, time
@@ -392,7 +392,7 @@ def test_a_failing_writer_discards_its_unfinished_shard_and_releases_the_lock(tm
     assert verify_store(path).ok
 
 
-# -- truncated shards, checksums, bit flips (issue 12 item 5) -------------------
+# -- truncated shards, checksums, bit flips -------------------
 
 READER_SCRIPT = """
 import sys
@@ -553,7 +553,7 @@ def test_checksums_are_verified_once_per_shard_on_first_use_when_asked(tmp_path,
     assert checked.get(recs[1].image_id).image_id == recs[1].image_id
 
 
-# -- the id index is bound to the manifest (issue 12 item 6) --------------------
+# -- the id index is bound to the manifest --------------------
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -577,7 +577,7 @@ def test_a_foreign_index_with_the_same_shard_names_is_rebuilt_not_trusted(tmp_pa
     assert report.ok and not report.warnings
 
 
-# -- a store in a notebook (issue 12 item 23) ------------------------------------
+# -- a store in a notebook ------------------------------------
 
 
 def test_a_store_behaves_like_a_read_only_mapping(tmp_path):

@@ -1,4 +1,4 @@
-"""Store metadata at scale, by simulation (issue 16): a manifest of 100,000 shards opens
+"""Store metadata at scale, by simulation: a manifest of 100,000 shards opens
 fast, the id index is built streamed in bounded memory, `verify --sample` checks a seeded
 subset; and batched reads (`get_many_into`) equal the per-record path."""
 

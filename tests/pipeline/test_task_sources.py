@@ -1,4 +1,4 @@
-"""The readers of the downstream tasks' official files (issue 15): VQA test questions, GQA
+"""The readers of the downstream tasks' official files: VQA test questions, GQA
 without answers, NLVR2, the Karpathy splits, RefCOCO's refs + instances, VCR. Each test
 writes small files in the official format; malformed rows are named file:where and counted."""
 

@@ -1,5 +1,5 @@
 """`vltrain export --to hf`: a run (or one checkpoint) as a folder that transformers loads:
-model.safetensors, config.json and the tokenizer files (issue 12, item 22)."""
+model.safetensors, config.json and the tokenizer files."""
 
 import pytest
 import torch

@@ -80,7 +80,7 @@ def test_stored_score_is_the_official_accuracy_for_10_annotators(k):
     assert vqa_score(np.array([predicted]), [ids], [scores]) == pytest.approx(official("cat", answers), abs=1e-6)
 
 
-# -- downstream metrics (issue 15), each against hand-computed cases
+# -- downstream metrics, each against hand-computed cases
 
 
 def test_ranks_break_ties_by_candidate_order():

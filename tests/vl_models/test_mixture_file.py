@@ -1,5 +1,5 @@
 """`Mixture.open` (what the trainer, dataset and evaluation read a mixture through) refuses
-mixtures whose format this code does not read (issue 13, item 5)."""
+mixtures whose format this code does not read."""
 
 import json
 

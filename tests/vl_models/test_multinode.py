@@ -1,4 +1,4 @@
-"""torchrun across nodes, on one host (issue 16): two agents of
+"""torchrun across nodes, on one host: two agents of
 workflows/cluster/torchrun-node.sh (2 "nodes" x 1 process, c10d rendezvous, gloo) train as
 one process with the same global batch and write the run once; a worker SIGKILLed mid-run
 makes torchrun (--max-restarts 1) restart the group, which continues from the last

@@ -1,4 +1,4 @@
-"""Training runs that nothing loses and nothing silently misleads (issue 12): the run folder
+"""Training runs that nothing loses and nothing silently misleads: the run folder
 is refused / overwritten / resumed only as asked, resumes check their settings before
 writing anything, checkpoints are verified, kept by retention and never non-finite,
 progress is visible in batch jobs, and bad inputs fail at once with one line."""
@@ -651,7 +651,7 @@ def test_verify_shards_catches_a_flipped_byte_before_training(data, tmp_path):
     assert not (tmp_path / "run").exists()
 
 
-# -- review of issue 12: never touch what is not the trainer's; a save killed before `latest` --
+# -- never touch what is not the trainer's; a save killed before `latest` --
 
 
 def test_files_with_the_trainers_names_but_no_run_are_never_touched(data, tmp_path):

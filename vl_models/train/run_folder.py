@@ -48,7 +48,7 @@ _TENSORBOARD_EVENTS = "events.out.tfevents."
 # whose contents are compared instead), when it stops, evaluates, checkpoints and logs,
 # loader workers (examples do not depend on them), retention, reporting, shard
 # verification, the device and torch.compile (same math; bit-exactness holds on one device
-# kind). `steps` is allowed as the issue asks: it moves the end of the lr schedule, so the
+# kind). `steps` is allowed: it moves the end of the lr schedule, so the
 # remaining steps' lr changes; the note in metrics.jsonl records it.
 RESUME_SAFE = frozenset(
     {
