@@ -564,7 +564,7 @@ def show(
     image_id: str = typer.Argument(..., help="The image's id in the store."),
     image: Path = typer.Option(..., help="The image file the features were extracted from."),
     output: Path = typer.Option(..., "-o", "--output", help="PNG (or JPEG) file to write."),
-    max_boxes: int = typer.Option(36, help="Draw at most this many regions (most confident first)."),
+    max_regions: int = typer.Option(36, help="Draw at most this many regions (most confident first)."),
     min_conf: float = typer.Option(0.0, help="Skip regions whose object confidence is below this."),
     objects_vocab: Optional[Path] = typer.Option(None, help="objects_vocab.txt: one object name per line."),
     attributes_vocab: Optional[Path] = typer.Option(None, help="attributes_vocab.txt: one attribute name per line."),
@@ -581,10 +581,10 @@ def show(
         except KeyError as err:
             raise ConfigError(str(err.args[0])) from err
         picture = render(
-            rec, image.read_bytes(), max_boxes, min_conf, read_vocab(objects_vocab), read_vocab(attributes_vocab)
+            rec, image.read_bytes(), max_regions, min_conf, read_vocab(objects_vocab), read_vocab(attributes_vocab)
         )
     picture.save(output)
-    stdout.print(f"wrote {output} ({min(max_boxes, rec.num_boxes)} of {rec.num_boxes} regions)")
+    stdout.print(f"wrote {output} ({min(max_regions, rec.num_boxes)} of {rec.num_boxes} regions)")
 
 
 @app.command("build-mixture")

@@ -153,6 +153,9 @@ class Progress:
     started: float = field(default_factory=time.time)
 
 
+RAY_AUTH_NOTICE_LOGGER = "ray._private.authentication.authentication_token_setup"
+
+
 class Job(Protocol):
     number: int  # the shard's number
 
@@ -173,6 +176,9 @@ def ray_session(cfg: DistributeConfig) -> Iterator[None]:
         where = {"address": cfg.ray_address} if cfg.ray_address else {"num_cpus": cfg.workers}
         if cfg.download_resource and not cfg.ray_address:  # the local node offers it to every worker
             where["resources"] = {cfg.download_resource: cfg.workers}
+        # Ray's notice that a local cluster enables token authentication is not the user's business
+        # (the token stays on); its other warnings and ours are left as they are.
+        logging.getLogger(RAY_AUTH_NOTICE_LOGGER).setLevel(logging.ERROR)
         ray.init(include_dashboard=False, logging_level=logging.WARNING, log_to_driver=False, **where)
         log.debug("ray ready after %.2f s", time.time() - started)
     try:

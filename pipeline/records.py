@@ -197,7 +197,7 @@ class RegionBatch:
     """A padded batch of region features for the trainer.
 
     Slot layout per image: optional IMG token at slot 0 (`img_token_feature` of the regions in the
-    batch, box covering the whole image), then the first `max_boxes` regions, then padding. `mask` is True on
+    batch, box covering the whole image), then the first `max_regions` regions, then padding. `mask` is True on
     real slots (IMG token included). Padding and the IMG token carry label id -1 and
     zero confidences / probabilities.
     """
@@ -206,7 +206,7 @@ class RegionBatch:
     features: np.ndarray  # (B, K, D) float32
     positions: np.ndarray  # (B, K, 4|5) float32
     mask: np.ndarray  # (B, K) bool
-    num_boxes: np.ndarray  # (B,) int64, real slots per image
+    num_regions: np.ndarray  # (B,) int64, slots in use per image (the IMG token included)
     objects_id: Optional[np.ndarray] = None  # (B, K) int64
     objects_conf: Optional[np.ndarray] = None  # (B, K) float32
     attrs_id: Optional[np.ndarray] = None
@@ -258,7 +258,7 @@ def empty_array(shape: tuple, dtype, memory: Memory = "plain") -> np.ndarray:
 
 
 class RegionBuffer:
-    """The padded arrays of a `RegionBatch` of `size` images of up to `max_boxes` regions,
+    """The padded arrays of a `RegionBatch` of `size` images of up to `max_regions` regions,
     allocated once and filled with images (`put_many`, `put` for one): the one owner of the
     slot layout (`pad_regions` is a buffer filled once). Slot 0 holds the IMG token with
     `img_token`; `position` "5d" or "4d". `fields`: the optional fields to hold (of
@@ -271,7 +271,7 @@ class RegionBuffer:
     def __init__(
         self,
         size: int,
-        max_boxes: int,
+        max_regions: int,
         feature_dim: int,
         *,
         position: Literal["4d", "5d"] = "5d",
@@ -281,14 +281,14 @@ class RegionBuffer:
         dtype="float32",
         memory: Memory = "plain",
     ):
-        if size < 1 or max_boxes < 1:
-            raise ValueError("a RegionBuffer needs size >= 1 and max_boxes >= 1")
+        if size < 1 or max_regions < 1:
+            raise ValueError("a RegionBuffer needs size >= 1 and max_regions >= 1")
         unknown = set(fields) - set(OPTIONAL_ARRAYS)
         if unknown:
             raise ValueError(f"unknown region fields {sorted(unknown)}; choose from {OPTIONAL_ARRAYS}")
         widths = prob_widths or {}
-        self.first, self.max_boxes, self.position = int(img_token), max_boxes, position
-        slots = max_boxes + self.first
+        self.first, self.max_regions, self.position = int(img_token), max_regions, position
+        slots = max_regions + self.first
         self.image_ids: list[str] = [""] * size
         # per image (lists: filled image by image, read once per batch): its size in pixels and the regions held
         self.widths, self.heights, self.counts = [1] * size, [1] * size, [0] * size  # (IMG token excluded)
@@ -322,7 +322,7 @@ class RegionBuffer:
     def put(
         self, b: int, image_id: str, image_h: int, image_w: int, boxes: np.ndarray, features: np.ndarray, optional: dict
     ) -> None:
-        """Copy one image's first `max_boxes` regions into image slot `b` (`optional`: field
+        """Copy one image's first `max_regions` regions into image slot `b` (`optional`: field
         -> array or None, for the buffer's `fields`): `put_many` of one image."""
 
         def flat(value):
@@ -341,7 +341,7 @@ class RegionBuffer:
         counts: Sequence[int],
         sources: dict,
     ) -> None:
-        """Copy images into image slots `slots`, each its first `max_boxes` regions (store
+        """Copy images into image slots `slots`, each its first `max_regions` regions (store
         order), clearing what a previous, larger image left beyond them. Image k has
         `counts[k]` regions; `sources` maps "boxes", "features" and the buffer's optional
         fields to a pair (arrays, starts): image k's values are
@@ -349,7 +349,7 @@ class RegionBuffer:
         values per region); ``starts[k] < 0`` where it lacks the field, which is then
         padded and marked in `missing`. One slice copy per image and field: the arrays may
         be views of a shard's map (the values of many images in one array)."""
-        first, limit, per_image = self.first, self.max_boxes, self.boxes.shape[1]
+        first, limit, per_image = self.first, self.max_regions, self.boxes.shape[1]
         bases, kept, stale = [], [], []  # each image's first region slot, counted over the batch; regions kept
         for b, image_id, image_h, image_w, n in zip(slots, image_ids, heights, widths, counts):
             base, n, held = b * per_image + first, min(n, limit), self.counts[b]
@@ -410,19 +410,19 @@ class RegionBuffer:
             features=features,
             positions=positions,
             mask=mask,
-            num_boxes=counts + first,
+            num_regions=counts + first,
             **optional,
         )
 
 
 def pad_regions(
     records: Sequence[RegionFeatures],
-    max_boxes: int,
+    max_regions: int,
     *,
     position: Literal["4d", "5d"] = "5d",
     img_token: bool = False,
 ) -> RegionBatch:
-    """Pad records to a fixed number of slots (regions beyond `max_boxes` are dropped,
+    """Pad records to a fixed number of slots (regions beyond `max_regions` are dropped,
     keeping store order), float32: a `RegionBuffer` filled once. Optional label/probability
     arrays are filled only when every record has them."""
     if not records:
@@ -431,7 +431,7 @@ def pad_regions(
     widths = {name: getattr(records[0], name).shape[1] for name in PROB_FIELDS if name in fields}
     buffer = RegionBuffer(
         len(records),
-        max_boxes,
+        max_regions,
         records[0].features.shape[1],
         position=position,
         img_token=img_token,

@@ -86,7 +86,7 @@ def test_vltrain_preview_batch(tmp_path):
     write_records(tmp_path / "s", make_records(5, seed=2, feature_dim=16), feature_dim=16)
     assert _run("vltrain", "--help").returncode == 0
     proc = _run(
-        "vltrain", "preview-batch", str(tmp_path / "s"), "--batch-size", "3", "--max-boxes", "10", "--img-token"
+        "vltrain", "preview-batch", str(tmp_path / "s"), "--batch-size", "3", "--max-regions", "10", "--img-token"
     )
     assert proc.returncode == 0, proc.stderr
     assert "(3, 11, 16)" in proc.stdout and "(3, 11, 5)" in proc.stdout and "real slots per image" in proc.stdout

@@ -551,7 +551,7 @@ def export(
 def preview_batch(
     store: Path = typer.Argument(..., help="Feature store directory."),
     batch_size: int = typer.Option(4, help="Images in the batch."),
-    max_boxes: int = typer.Option(36, help="Region slots per image (excluding the IMG token)."),
+    max_regions: int = typer.Option(36, help="Region slots per image (excluding the IMG token)."),
     position: Literal["5d", "4d"] = typer.Option("5d", help="Box encoding: 5d (ViLBERT) or 4d (LXMERT)."),
     img_token: bool = typer.Option(False, help="Prepend ViLBERT's IMG token (mean feature, whole-image box)."),
 ) -> None:
@@ -566,14 +566,14 @@ def preview_batch(
             Console(stderr=True).print(f"[red]error:[/red] {store} holds no records")
             raise typer.Exit(1)
         batch = pad_regions(
-            [store_obj.record_at(i) for i in range(count)], max_boxes, position=position, img_token=img_token
+            [store_obj.record_at(i) for i in range(count)], max_regions, position=position, img_token=img_token
         )
     table = Table("input", "shape", "dtype", title=f"padded batch of {count} from {store}")
     for name in (
         "features",
         "positions",
         "mask",
-        "num_boxes",
+        "num_regions",
         "objects_id",
         "objects_conf",
         "attrs_id",
@@ -585,7 +585,7 @@ def preview_batch(
         if value is not None:
             table.add_row(name, str(tuple(value.shape)), str(value.dtype))
     out.print(table)
-    out.print(f"real slots per image: {batch.num_boxes.tolist()}")
+    out.print(f"real slots per image: {batch.num_regions.tolist()}")
 
 
 def _train_with_progress(run, cfg, label: str) -> None:

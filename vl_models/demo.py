@@ -443,7 +443,7 @@ def _pictures(world: Path, out: Path) -> dict:
         rec = store.get(f"cc3m-val-{i:08d}")
         image = (world / "images" / f"shapes_val_{i:08d}.jpg").read_bytes()
         tiles.append(
-            render(rec, image, max_boxes=6, min_conf=0.3, objects=object_names(), attributes=attribute_names())
+            render(rec, image, max_regions=6, min_conf=0.3, objects=object_names(), attributes=attribute_names())
         )
     grid = Image.new("RGB", (sum(t.width for t in tiles), max(t.height for t in tiles)), "white")
     x = 0

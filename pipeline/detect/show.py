@@ -52,7 +52,7 @@ def label(rec: RegionFeatures, i: int, objects: Optional[list[str]], attributes:
 def render(
     rec: RegionFeatures,
     image_bytes: bytes,
-    max_boxes: int = 36,
+    max_regions: int = 36,
     min_conf: float = 0.0,
     objects: Optional[list[str]] = None,
     attributes: Optional[list[str]] = None,
@@ -67,7 +67,7 @@ def render(
     draw = ImageDraw.Draw(im)
     font = ImageFont.load_default(size=max(11, rec.image_h // 45))
     order = np.argsort(-rec.objects_conf) if rec.objects_conf is not None else np.arange(rec.num_boxes)
-    shown = [i for i in order if rec.objects_conf is None or rec.objects_conf[i] >= min_conf][:max_boxes]
+    shown = [i for i in order if rec.objects_conf is None or rec.objects_conf[i] >= min_conf][:max_regions]
     width = max(2, rec.image_w // 300)
     for rank, i in enumerate(shown):
         color = _PALETTE[rank % len(_PALETTE)]

@@ -88,7 +88,7 @@ class Gather:
 
 
 def buffer_for(
-    layout: StoreLayout, size: int, max_boxes: int, *, fields: Optional[Sequence[str]] = None, **options
+    layout: StoreLayout, size: int, max_regions: int, *, fields: Optional[Sequence[str]] = None, **options
 ) -> RegionBuffer:
     """A `RegionBuffer` for a store of `layout` (options: see `RegionBuffer`) holding the
     optional `fields` (default: all) that the store can hold: a probability table it drops,
@@ -99,4 +99,4 @@ def buffer_for(
 
     fields = [f for f in (OPTIONAL_ARRAYS if fields is None else fields) if stored(f)]
     widths = {name: layout.prob_dim(name) for name in PROB_FIELDS if name in fields}
-    return RegionBuffer(size, max_boxes, layout.feature_dim, fields=fields, prob_widths=widths, **options)
+    return RegionBuffer(size, max_regions, layout.feature_dim, fields=fields, prob_widths=widths, **options)

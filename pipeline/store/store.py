@@ -362,10 +362,10 @@ class FeatureStore:
                 slots[pending] = index.find(hashes[pending], slots[pending] + 1)
         return order, part
 
-    def region_buffer(self, size: int, max_boxes: int, **options) -> RegionBuffer:
+    def region_buffer(self, size: int, max_regions: int, **options) -> RegionBuffer:
         """A `RegionBuffer` for this store's layout (options: `fields`, default every
         optional field the store holds, and those of `RegionBuffer`)."""
-        return buffer_for(self.layout, size, max_boxes, **options)
+        return buffer_for(self.layout, size, max_regions, **options)
 
     def ids(self) -> Iterator[str]:
         """Image ids in storage order (shard by shard, row by row)."""

@@ -93,6 +93,7 @@ def test_download_end_to_end(tmp_path, server):
         "download", "--dataset", "conceptual_captions", "--input", tsv, "--out", out, "--shard-size", "7", *LOCAL_FLAGS
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Token authentication" not in proc.stderr  # Ray's notice is no business of the user's
 
     rows = {r["image_id"]: r for r in all_rows(out)}
     assert len(rows) == len(urls)  # every item is a row, failed ones included

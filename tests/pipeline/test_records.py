@@ -101,10 +101,10 @@ def test_feature_dim_checked():
 
 def test_pad_regions_vilbert_style_with_img_token(rng):
     recs = [make_record(rng, "a", num_boxes=3, feature_dim=8), make_record(rng, "b", num_boxes=7, feature_dim=8)]
-    batch = pad_regions(recs, max_boxes=5, position="5d", img_token=True)
+    batch = pad_regions(recs, max_regions=5, position="5d", img_token=True)
     assert batch.features.shape == (2, 6, 8) and batch.positions.shape == (2, 6, 5)
     assert batch.mask.tolist() == [[True] * 4 + [False] * 2, [True] * 6]
-    assert batch.num_boxes.tolist() == [4, 6]
+    assert batch.num_regions.tolist() == [4, 6]
     np.testing.assert_allclose(batch.features[0, 0], recs[0].features.mean(0), rtol=1e-6)
     np.testing.assert_allclose(batch.features[1, 0], recs[1].features[:5].mean(0), rtol=1e-6)  # the 5 it gets of 7
     assert batch.positions[0, 0].tolist() == [0, 0, 1, 1, 1]
@@ -121,7 +121,7 @@ def test_pad_regions_lxmert_style_and_missing_optional_fields(rng):
         make_record(rng, "a", num_boxes=2, feature_dim=4, cls_dim=None, labels=False),
         make_record(rng, "b", num_boxes=2, feature_dim=4),
     ]
-    batch = pad_regions(recs, max_boxes=3, position="4d")
+    batch = pad_regions(recs, max_regions=3, position="4d")
     assert batch.positions.shape == (2, 3, 4)
     np.testing.assert_allclose(batch.positions[1, :2], recs[1].normalized_boxes())
     assert batch.objects_id is None and batch.cls_prob is None  # not every record has them

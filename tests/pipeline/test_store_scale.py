@@ -98,7 +98,7 @@ def test_get_many_into_equals_pad_regions_over_get_many(tmp_path, backend, posit
             "features",
             "positions",
             "mask",
-            "num_boxes",
+            "num_regions",
             "objects_id",
             "objects_conf",
             "attrs_id",

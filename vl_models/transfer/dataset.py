@@ -90,7 +90,7 @@ class TaskDataset(torch.utils.data.Dataset):
         record = self._record(key)
         family = self.family
         batch = pad_regions([record], self.cfg.max_regions, position=family.position, img_token=family.img_token)
-        first, n = int(family.img_token), int(batch.num_boxes[0]) - int(family.img_token)
+        first, n = int(family.img_token), int(batch.num_regions[0]) - int(family.img_token)
         boxes = np.zeros((batch.mask.shape[1], 4), np.float32)
         boxes[first : first + n] = record.boxes[:n]
         valid = batch.mask[0].copy()
