@@ -8,7 +8,9 @@ inside functions too, relative ones resolved) is an edge, and no edge may point 
 
 Within a layer, a few packages stay below others (`BELOW`): the model data and models never
 import the tasks, the trainer or evaluation; the model families, the trainer and evaluation
-never import transfer (it builds on them); the library's detector knows no data set."""
+never import transfer (it builds on them); evaluation never imports the trainer; the library's
+detector knows no data set; the shard distributor knows neither download nor extract; the
+item-folder format (`pipeline.items`) knows neither of the formats built on it."""
 
 import ast
 import subprocess
@@ -34,6 +36,14 @@ BELOW = [
 ]
 BELOW += [(low, "vl_models.transfer") for low in ("vl_models.families", "vl_models.train", "vl_models.eval")]
 BELOW += [("pipeline.detect", "pipeline.synthetic")]
+# The distributor runs download and extract alike and knows neither; the item-folder format
+# serves mixtures and task datasets and knows neither; sources read files for both.
+BELOW += [("pipeline.distribute", p) for p in ("pipeline.download", "pipeline.detect")]
+BELOW += [("pipeline.failures", p) for p in ("pipeline.download", "pipeline.detect", "pipeline.distribute")]
+BELOW += [("pipeline.items", p) for p in ("pipeline.mixture", "pipeline.task_data", "pipeline.store")]
+BELOW += [("pipeline.sources", p) for p in ("pipeline.mixture", "pipeline.items", "pipeline.datasets")]
+# Evaluation and the trainer: the trainer evaluates, evaluation never imports the trainer.
+BELOW += [("vl_models.eval", "vl_models.train")]
 
 
 def within(module: str, prefix: str) -> bool:
@@ -126,6 +136,9 @@ def test_moved_modules_stay_moved():
     by concern (no second copy, no compatibility module); its detector recipe is workflow code."""
     assert not is_module("pipeline.demo") and is_module("vl_models.demo")
     assert not is_module("pipeline.datasets.shapes") and is_module("pipeline.synthetic.world")
+    assert not is_module("pipeline.mixture.answers") and is_module("pipeline.items.answers")
+    assert not is_module("pipeline.download.failures") and is_module("pipeline.failures")
+    assert not is_module("vl_models.train.distributed") and is_module("vl_models.distributed")
     assert (ROOT / "workflows" / "shapes" / "shapes_detector.py").is_file()
 
 
