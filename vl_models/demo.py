@@ -41,6 +41,7 @@ import typer
 from rich.console import Console
 
 from pipeline.config import Config, at_least
+from pipeline.errors import ConfigError
 from pipeline.log import named_errors
 from vl_models.config import TrainConfig
 from vl_models.data.tokenize import bundled_bert_vocab
@@ -89,9 +90,14 @@ class DemoConfig(Config):
     detector: str = "shapes-tiny"
     transfer: bool = True  # fine-tune on the world's downstream tasks, pretrained vs from scratch
     transfer_seeds: int = 1  # fine-tuning seeds per table cell: seed, seed + 1, ...
+    models: tuple[str, ...] = tuple(MODELS)  # the model families to pretrain, evaluate and fine-tune
 
     def __post_init__(self) -> None:
         at_least(self, {name: 1 for name in ("n_images", "steps", "transfer_seeds") if getattr(self, name) is not None})
+        object.__setattr__(self, "models", tuple(self.models))
+        unknown = [m for m in self.models if m not in MODELS]
+        if unknown or not self.models or len(set(self.models)) != len(self.models):
+            raise ConfigError(f"--models: each of {', '.join(MODELS)} at most once, at least one (got {self.models})")
 
     def preset(self, key: str) -> int:
         value = getattr(self, key)
@@ -152,12 +158,13 @@ def run_demo(cfg: DemoConfig, say: Callable[[str], None] = log.info) -> dict:
     }
     done(entry)
 
-    entry = stage("pretrain", f"vltrain pretrain: {', '.join(MODELS.values())}, {cfg.preset('steps')} steps each")
-    report["pretrain"] = {kind: _pretrain(cfg, kind, out, vocab, say) for kind in MODELS}
+    names = ", ".join(MODELS[kind] for kind in cfg.models)
+    entry = stage("pretrain", f"vltrain pretrain: {names}, {cfg.preset('steps')} steps each")
+    report["pretrain"] = {kind: _pretrain(cfg, kind, out, vocab, say) for kind in cfg.models}
     done(entry)
 
     entry = stage("evaluate", "zero-shot retrieval on held-out scenes, pretrained vs untrained; LXMERT QA")
-    report["evaluation"] = {kind: _evaluate(cfg, kind, out, vocab) for kind in MODELS}
+    report["evaluation"] = {kind: _evaluate(cfg, kind, out, vocab) for kind in cfg.models}
     done(entry)
 
     if cfg.transfer:
@@ -170,7 +177,7 @@ def run_demo(cfg: DemoConfig, say: Callable[[str], None] = log.info) -> dict:
         done(entry)
 
     entry = stage("report", "pictures and report")
-    report["pictures"] = _pictures(world, out)
+    report["pictures"] = _pictures(world, out, cfg.models)
     done(entry)
     report["total_seconds"] = round(sum(s["seconds"] for s in report["stages"].values()), 1)
     (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
@@ -370,7 +377,7 @@ def _transfer(cfg: DemoConfig, out: Path, vocab: Path, say: Callable[[str], None
             }
             for name in TRANSFER_FILES
         }
-        for kind in MODELS
+        for kind in cfg.models
     }
     for kind, rows in scores.items():
         say(
@@ -429,7 +436,7 @@ def _finetune(cfg: DemoConfig, kind: str, task_name: str, init: str, seed: int, 
     return round(checkpoint.load(checkpoint.pointed(run, checkpoint.BEST))["best"]["value"], 2)
 
 
-def _pictures(world: Path, out: Path) -> dict:
+def _pictures(world: Path, out: Path, models: tuple[str, ...]) -> dict:
     from PIL import Image
 
     from pipeline.detect.show import render
@@ -451,7 +458,7 @@ def _pictures(world: Path, out: Path) -> dict:
         grid.paste(tile, (x, 0))
         x += tile.width
     grid.save(out / "scenes.png")
-    curves = {kind: str(plot_run(out / "runs" / kind, out / f"{kind}_curves.png").relative_to(out)) for kind in MODELS}
+    curves = {kind: str(plot_run(out / "runs" / kind, out / f"{kind}_curves.png").relative_to(out)) for kind in models}
     return {"scenes": "scenes.png", **{f"{k}_curves": v for k, v in curves.items()}}
 
 
@@ -568,6 +575,10 @@ def demo(
             "model)."
         ),
     ),
+    models: str = typer.Option(
+        ",".join(MODELS),
+        help="The model families to pretrain, evaluate and fine-tune, comma-separated: vilbert, lxmert or both.",
+    ),
 ) -> None:
     """The whole pipeline on the embedded shapes world, offline, on CPU: write a synthetic
     world and serve it on 127.0.0.1, `vlprep extract` through the real download path with the
@@ -579,11 +590,12 @@ def demo(
     pretraining and from scratch with the same budget (--no-transfer skips it).
 
     Writes OUT/report.md and report.json (the numbers), OUT/scenes.png (detections) and the
-    training curves. On 2 Intel Xeon cores --quick took 4.3 minutes (400 scenes, 1,200 steps
-    per model) and the default 10.2 minutes (2,000 scenes, 2,500 steps) before the transfer
-    stage, which adds 3 minutes to the default (20 fine-tuning runs of 50 steps).
+    training curves; docs/demo.md shows a run and its timings. --models vilbert (or lxmert)
+    runs one model family alone.
 
-    Example: vlprep demo --out vlprep_demo
+    Example:
+
+        vlprep demo --quick --out vlprep_demo
     """
     from rich.markdown import Markdown
 
@@ -600,6 +612,7 @@ def demo(
             detector=detector,
             transfer=transfer,
             transfer_seeds=transfer_seeds,
+            models=tuple(m.strip() for m in models.split(",") if m.strip()),
         ),
         say=stdout.print,
     )
