@@ -96,3 +96,29 @@ def run_cli(
             f"vlprep {' '.join(map(str, args))} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
         )
     return proc
+
+
+def process_tree(pid: int) -> list[int]:
+    """`pid` and every process under it (from /proc: parent of each process)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(parent, []).append(int(stat.parent.name))
+    tree = [pid]
+    for p in tree:
+        tree.extend(children.get(p, []))
+    return tree
+
+
+def command_lines(pids: list[int]) -> dict[int, str]:
+    """pid -> its command line (processes that ended meanwhile are left out)."""
+    out = {}
+    for pid in pids:
+        try:
+            out[pid] = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+    return out

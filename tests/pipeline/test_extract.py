@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from detector_layouts import random_weights, write_d2_pickle
-from helpers import REPO, run_cli
+from helpers import REPO, command_lines, process_tree, run_cli
 from image_server import ImageServer, write_tsv
 from PIL import Image
 
@@ -243,9 +243,10 @@ def test_given_boxes_file(tmp_path, server, weights):
     assert proc.returncode == 2 and "x1 <= x2" in proc.stderr
 
 
-def _actor_pids() -> list[int]:
-    out = subprocess.run(["pgrep", "-f", "ray::DetectorActor"], capture_output=True, text=True).stdout
-    return [int(p) for p in out.split()]
+def _actor_pids(root: int) -> list[int]:
+    """The detector actors of the extract run `root` (its own process tree only: never another
+    test's or another run's actors on this machine)."""
+    return [pid for pid, line in command_lines(process_tree(root)[1:]).items() if "ray::DetectorActor" in line]
 
 
 def test_a_dead_detector_actor_is_replaced_and_its_shard_retried(tmp_path, weights):
@@ -280,9 +281,9 @@ def test_a_dead_detector_actor_is_replaced_and_its_shard_retried(tmp_path, weigh
         ]
         proc = subprocess.Popen(args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         deadline = time.time() + 120
-        while time.time() < deadline and not (_actor_pids() and list((out / "extract").glob("*_stats.json"))):
+        while time.time() < deadline and not (_actor_pids(proc.pid) and list((out / "extract").glob("*_stats.json"))):
             time.sleep(0.05)
-        pids = _actor_pids()
+        pids = _actor_pids(proc.pid)
         assert pids, "no detector actor seen"
         for pid in pids:
             os.kill(pid, signal.SIGKILL)

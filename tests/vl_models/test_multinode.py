@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from helpers import REPO, make_record
+from helpers import REPO, make_record, process_tree
 from train_helpers import VOCAB, config, no_dropout_config
 
 from pipeline.mixture.build import MixtureSpec, build_mixture
@@ -39,21 +39,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def process_tree(pid: int) -> list[int]:
-    """`pid` and every process under it (from /proc: parent of each process)."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        children.setdefault(parent, []).append(int(stat.parent.name))
-    tree = [pid]
-    for p in tree:
-        tree.extend(children.get(p, []))
-    return tree
 
 
 @contextlib.contextmanager
