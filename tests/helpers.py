@@ -122,3 +122,12 @@ def command_lines(pids: list[int]) -> dict[int, str]:
         except OSError:
             continue
     return out
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -23,7 +23,6 @@ import secrets
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -32,6 +31,7 @@ from pathlib import Path
 from typing import Iterator, Optional
 
 import yaml
+from helpers import free_port
 
 RECIPE = Path(__file__).resolve().parents[1] / "workflows" / "cluster" / "ray-cluster.yaml"
 START_TIMEOUT = 90  # seconds for one node to come up (a loaded 2-core box)
@@ -45,12 +45,6 @@ FAST_FAILURE_DETECTION = {
     "RAY_health_check_timeout_ms": "500",
     "RAY_health_check_failure_threshold": "3",
 }
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def recipe_command(key: str) -> list[str]:

@@ -13,7 +13,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,7 +22,7 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from helpers import REPO, make_record, process_tree
+from helpers import REPO, free_port, make_record, process_tree
 from train_helpers import VOCAB, config, no_dropout_config
 
 from pipeline.mixture.build import MixtureSpec, build_mixture
@@ -33,12 +32,6 @@ from vl_models.train import checkpoint
 LAUNCHER = REPO / "workflows" / "cluster" / "torchrun-node.sh"
 LIMIT = 240  # seconds a launch may take before it is killed
 STEPS, EVERY = 8, 2  # the kill lands after the first checkpoint (step 2) and before step 8
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @contextlib.contextmanager

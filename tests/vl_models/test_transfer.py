@@ -11,7 +11,7 @@ import sys
 import numpy as np
 import pytest
 import torch
-from helpers import REPO
+from helpers import REPO, free_port
 from task_files import COLORS, IMAGES, write_task_world
 from train_helpers import VOCAB, no_dropout_config
 
@@ -284,7 +284,7 @@ def test_torchrun_two_processes_finetune_like_one(world, tmp_path):
             "--nproc_per_node",
             "2",
             "--master_port",
-            "29541",
+            str(free_port()),
             *common,
             "--batch-size",
             "2",
