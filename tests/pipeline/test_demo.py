@@ -123,8 +123,19 @@ def _gain(report: dict, model: str, task: str) -> float:
 # pairs), RefCOCO+, VCR and ViLBERT's VQA move within a seed's spread or not at all.
 
 
-def test_quick_demo_vilbert_from_the_plain_install(tmp_path, plain_install):
-    out = tmp_path / "demo"
+class TestQuickDemoViLBERT:
+    """A class of its own: pytest-xdist (--dist loadscope) runs it beside the LXMERT one."""
+
+    def test_from_the_plain_install(self, tmp_path, plain_install):
+        _check_vilbert(tmp_path / "demo", plain_install)
+
+
+class TestQuickDemoLXMERT:
+    def test_lxmert(self, tmp_path):
+        _check_lxmert(tmp_path / "demo")
+
+
+def _check_vilbert(out: Path, plain_install: Path) -> None:
     _, report = _run_quick_demo(out, "vilbert", plain_install)
     vilbert = report["evaluation"]["vilbert"]
     n = vilbert["retrieval_images"]
@@ -139,8 +150,7 @@ def test_quick_demo_vilbert_from_the_plain_install(tmp_path, plain_install):
     assert "| vilbert-small, pretrained |" in text and "vilbert-small pretrained" in text and "lxmert-small" not in text
 
 
-def test_quick_demo_lxmert(tmp_path):
-    out = tmp_path / "demo"
+def _check_lxmert(out: Path) -> None:
     _, report = _run_quick_demo(out, "lxmert")
     lxmert = report["evaluation"]["lxmert"]
     # LXMERT's held-out QA score (measured: 0.020 -> 0.477).
