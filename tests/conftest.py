@@ -7,3 +7,33 @@ import pytest
 @pytest.fixture
 def rng() -> np.random.Generator:
     return np.random.default_rng(1234)
+
+
+# The scopes that take longest, longest first: they go to the pytest-xdist workers before the
+# rest (`.ci/run` passes --no-loadscope-reorder, so the work queue is in collection order), so
+# that no long file is left to start last on one core. Within a file the order is kept. A
+# worker holds two scopes at a time, so the two short files after the demo halves are the ones
+# that wait behind them.
+LONGEST_FIRST = (
+    "tests/pipeline/test_demo.py::TestQuickDemoViLBERT",
+    "tests/pipeline/test_demo.py::TestQuickDemoLXMERT",
+    "tests/test_errors.py",
+    "tests/pipeline/test_config.py",
+    "tests/pipeline/test_extract.py",
+    "tests/pipeline/test_download.py",
+    "tests/vl_models/test_trainer.py",
+    "tests/pipeline/test_ray_cluster.py",
+    "tests/vl_models/test_multinode.py",
+    "tests/vl_models/test_learning.py",
+    "tests/pipeline/test_detect_fidelity.py",
+    "tests/pipeline/test_detect.py",
+    "tests/vl_models/test_transfer.py",
+    "tests/vl_models/test_runs.py",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    def rank(item) -> int:
+        return next((i for i, prefix in enumerate(LONGEST_FIRST) if item.nodeid.startswith(prefix)), len(LONGEST_FIRST))
+
+    items.sort(key=rank)
