@@ -1,7 +1,16 @@
-"""Shared fixtures."""
+"""Shared fixtures, and how the suite shares the machine's cores."""
+
+import os
 
 import numpy as np
 import pytest
+
+# Under pytest-xdist each worker gets its share of the cores for torch's and OpenMP's thread
+# pools (the commands the tests start inherit it): N workers with a pool of every core each
+# would oversubscribe the machine N times over. Set before anything imports torch.
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _WORKERS > 1:
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // _WORKERS)))
 
 
 @pytest.fixture
