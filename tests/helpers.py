@@ -80,11 +80,12 @@ def assert_same_record(a: RegionFeatures, b: RegionFeatures, exact: bool = True)
 
 
 def run_cli(
-    *args: str, cwd: Optional[Path] = None, check: bool = False, timeout: int = 300
+    *args: str, cwd: Optional[Path] = None, check: bool = False, timeout: int = 300, exe: Optional[Path] = None
 ) -> subprocess.CompletedProcess:
-    """Run `python -m pipeline.cli ...` in a real subprocess."""
+    """Run `python -m pipeline.cli ...` (or the `vlprep` executable `exe`) in a real subprocess."""
+    command = [str(exe)] if exe else [sys.executable, "-m", "pipeline.cli"]
     proc = subprocess.run(
-        [sys.executable, "-m", "pipeline.cli", *map(str, args)],
+        [*command, *map(str, args)],
         capture_output=True,
         text=True,
         cwd=cwd or REPO,

@@ -6,7 +6,6 @@ installed without extras, with the `[dev]` packages made unimportable: `pip inst
 all the demo needs."""
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -68,18 +67,8 @@ def plain_install(tmp_path_factory) -> Path:
 
 def _run_quick_demo(out: Path, model: str, bin_dir=None) -> tuple[subprocess.CompletedProcess, dict]:
     args = ["demo", "--quick", "--models", model, "--out", out]
-    if bin_dir is None:
-        proc = run_cli(*args, timeout=1800)
-    else:
-        env = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1", "PATH": f"{bin_dir}:{os.environ['PATH']}"}
-        proc = subprocess.run(
-            [str(bin_dir / "vlprep"), *map(str, args)],
-            capture_output=True,
-            text=True,
-            cwd=out.parent,
-            env=env,
-            timeout=1800,
-        )
+    exe = bin_dir / "vlprep" if bin_dir is not None else None
+    proc = run_cli(*args, timeout=1800, exe=exe, cwd=out.parent if exe else None)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "pretrained" in proc.stdout and "report.md" in proc.stdout
     assert "Token authentication" not in proc.stdout + proc.stderr  # Ray's notice is none of the user's business
