@@ -11,6 +11,9 @@ import pytest
 _WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 if _WORKERS > 1:
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // _WORKERS)))
+# The commands the tests run in this process (`helpers.run_cli`) print as they do in a
+# subprocess of a 200-column, colourless terminal: rich reads both when its consoles are made.
+os.environ.update(COLUMNS="200", NO_COLOR="1")
 
 
 @pytest.fixture

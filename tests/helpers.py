@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import logging
+import os
 import subprocess
 import sys
+import traceback
 from pathlib import Path
 from typing import Optional
 
 import numpy as np
 
+from pipeline.distribute import RAY_AUTH_NOTICE_LOGGER
 from pipeline.records import RegionFeatures, labels_from_probs
 
 REPO = Path(__file__).resolve().parents[1]
@@ -79,24 +83,82 @@ def assert_same_record(a: RegionFeatures, b: RegionFeatures, exact: bool = True)
             np.testing.assert_allclose(x.astype(np.float32), y.astype(np.float32), rtol=1e-3, atol=1e-3, err_msg=name)
 
 
+# The commands that start Ray: in this process they share the worker's one Ray (`shared_ray`).
+RAY_COMMANDS = {"download", "extract"}
+CLI_ENV = {"COLUMNS": "200", "NO_COLOR": "1"}
+
+
 def run_cli(
-    *args: str, cwd: Optional[Path] = None, check: bool = False, timeout: int = 300, exe: Optional[Path] = None
+    *args: str,
+    cwd: Optional[Path] = None,
+    check: bool = False,
+    timeout: int = 300,
+    exe: Optional[Path] = None,
+    fresh: bool = False,
 ) -> subprocess.CompletedProcess:
-    """Run `python -m pipeline.cli ...` (or the `vlprep` executable `exe`) in a real subprocess."""
-    command = [str(exe)] if exe else [sys.executable, "-m", "pipeline.cli"]
-    proc = subprocess.run(
-        [*command, *map(str, args)],
-        capture_output=True,
-        text=True,
-        cwd=cwd or REPO,
-        timeout=timeout,
-        env={**__import__("os").environ, "COLUMNS": "200", "NO_COLOR": "1"},
-    )
-    if check and proc.returncode != 0:
-        raise AssertionError(
-            f"vlprep {' '.join(map(str, args))} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+    """`vlprep ARGS`, with its exit code, stdout and stderr. By default in this process
+    through Typer's `CliRunner` (no interpreter start, no torch import, the worker's one Ray:
+    what a flag, exit-code or output test needs); `fresh=True` (or `exe`, the `vlprep`
+    executable to run) in a real subprocess of `python -m pipeline.cli`: for what only a
+    process of its own shows (its whole output, Ray's own start-up, signals, a timeout)."""
+    args = tuple(map(str, args))
+    if fresh or exe:
+        command = [str(exe)] if exe else [sys.executable, "-m", "pipeline.cli"]
+        proc = subprocess.run(
+            [*command, *args],
+            capture_output=True,
+            text=True,
+            cwd=cwd or REPO,
+            timeout=timeout,
+            env={**os.environ, **CLI_ENV},
         )
+    else:
+        proc = _invoke(args, cwd)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"vlprep {' '.join(args)} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
     return proc
+
+
+def _invoke(args: tuple[str, ...], cwd: Optional[Path]) -> subprocess.CompletedProcess:
+    """`vlprep ARGS` in this process: what a subprocess would report (an uncaught exception is
+    exit 1 with its traceback on stderr); the logging set-up and working folder restored."""
+    from typer.testing import CliRunner
+
+    from pipeline.cli import app, load_plugins
+
+    load_plugins()
+    if args and args[0] in RAY_COMMANDS:
+        shared_ray()
+    root = logging.getLogger()
+    handlers, level, here = root.handlers[:], root.level, os.getcwd()
+    try:
+        os.chdir(cwd or REPO)
+        result = CliRunner(env=CLI_ENV).invoke(app, list(args))
+    finally:
+        os.chdir(here)
+        root.handlers[:] = handlers
+        root.setLevel(level)
+    stderr = result.stderr
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        stderr += "".join(traceback.format_exception(result.exception))
+    return subprocess.CompletedProcess(["vlprep", *args], result.exit_code, result.stdout, stderr)
+
+
+def shared_ray() -> None:
+    """This process's local Ray (2 CPUs), started once: the in-process commands use it as a
+    user's driver would use a running one (`ray_session` leaves a Ray it did not start)."""
+    import ray
+
+    if not ray.is_initialized():
+        logging.getLogger(RAY_AUTH_NOTICE_LOGGER).setLevel(logging.ERROR)
+        ray.init(num_cpus=2, include_dashboard=False, logging_level=logging.WARNING, log_to_driver=False)
+
+
+def no_shared_ray() -> None:
+    """Stop this process's shared Ray (for a test of how a run starts and stops its own)."""
+    import ray
+
+    ray.shutdown()
 
 
 def process_tree(pid: int) -> list[int]:

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from helpers import REPO, run_cli
+from helpers import REPO, no_shared_ray, run_cli
 from image_server import ImageServer, write_tsv
 from PIL import Image
 
@@ -90,7 +90,17 @@ def test_download_end_to_end(tmp_path, server):
         f.write("a malformed row without a url\n")
     out = tmp_path / "out"
     proc = run_cli(
-        "download", "--dataset", "conceptual_captions", "--input", tsv, "--out", out, "--shard-size", "7", *LOCAL_FLAGS
+        "download",
+        "--dataset",
+        "conceptual_captions",
+        "--input",
+        tsv,
+        "--out",
+        out,
+        "--shard-size",
+        "7",
+        *LOCAL_FLAGS,
+        fresh=True,  # a process of its own: its Ray starts there, with whatever Ray prints
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "Token authentication" not in proc.stderr  # Ray's notice is no business of the user's
@@ -600,6 +610,7 @@ def test_distribute_cuts_scans_and_checks_its_config(tmp_path):
     gpu_actor = {"num_gpus": 1, "num_cpus": 0}
     assert capacity(cfg, gpu_actor, gpu_actor, task_resources(cfg)).needs == {"GPU": 2, "CPU": 1, "download": 1}
     assert task_resources(DistributeConfig()) == {"num_cpus": 1}
+    no_shared_ray()
     assert this_node() == {"node_id": None, "hostname": socket.gethostname()}  # not in a Ray process
     malformed = MalformedRows()
     for i in range(150):
@@ -634,6 +645,7 @@ def test_run_shards_bounds_in_flight_work_retries_then_reports():
         running[0] -= 1
         committed[job.number] = result
 
+    no_shared_ray()  # this test is of a run's own Ray
     with ray_session(DistributeConfig(workers=1)):
         remote = ray.remote(num_cpus=1, max_retries=0)(work)
         progress = Progress()
