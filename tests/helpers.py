@@ -85,7 +85,6 @@ def assert_same_record(a: RegionFeatures, b: RegionFeatures, exact: bool = True)
 
 # The commands that start Ray: in this process they share the worker's one Ray (`shared_ray`).
 RAY_COMMANDS = {"download", "extract"}
-CLI_ENV = {"COLUMNS": "200", "NO_COLOR": "1"}
 
 
 def run_cli(
@@ -109,8 +108,7 @@ def run_cli(
             capture_output=True,
             text=True,
             cwd=cwd or REPO,
-            timeout=timeout,
-            env={**os.environ, **CLI_ENV},
+            timeout=timeout,  # the environment is the suite's: 200 columns, no colour (tests/conftest.py)
         )
     else:
         proc = _invoke(args, cwd)
@@ -133,7 +131,7 @@ def _invoke(args: tuple[str, ...], cwd: Optional[Path]) -> subprocess.CompletedP
     handlers, level, here = root.handlers[:], root.level, os.getcwd()
     try:
         os.chdir(cwd or REPO)
-        result = CliRunner(env=CLI_ENV).invoke(app, list(args))
+        result = CliRunner().invoke(app, list(args))
     finally:
         os.chdir(here)
         root.handlers[:] = handlers

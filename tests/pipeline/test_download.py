@@ -89,19 +89,8 @@ def test_download_end_to_end(tmp_path, server):
     with open(tsv, "a") as f:
         f.write("a malformed row without a url\n")
     out = tmp_path / "out"
-    proc = run_cli(
-        "download",
-        "--dataset",
-        "conceptual_captions",
-        "--input",
-        tsv,
-        "--out",
-        out,
-        "--shard-size",
-        "7",
-        *LOCAL_FLAGS,
-        fresh=True,  # a process of its own: its Ray starts there, with whatever Ray prints
-    )
+    args = ("download", "--dataset", "conceptual_captions", "--input", tsv, "--out", out, "--shard-size", "7")
+    proc = run_cli(*args, *LOCAL_FLAGS, fresh=True)  # a process of its own: its Ray starts there, and prints there
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "Token authentication" not in proc.stderr  # Ray's notice is no business of the user's
 

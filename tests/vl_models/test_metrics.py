@@ -197,3 +197,32 @@ def test_vcr_metrics():
 
     m = vcr_metrics([0, 1, 2, 3], [0, 1, 0, 3], [1, 2, 3, 0], [1, 0, 3, 0])
     assert m == {"q2a": 0.75, "qa2r": 0.75, "q2ar": 0.5}
+
+
+def test_retrieval_hands_the_model_contiguous_query_batches():
+    """Each caption is scored against every image in one batch: its text repeated per image as
+    a tensor of its own, not a stride-0 view (a compiled backbone recompiles for the stride)."""
+    import torch
+
+    from vl_models.eval.evaluate import retrieval
+
+    class Split:  # three images, two captions each; caption row = 10 * image + k
+        def captions(self, limit, per_image):
+            return [[10 * i + k for k in range(per_image)] for i in range(limit)]
+
+        def image(self, row):
+            return {"image_tag": torch.tensor([float(row // 10)])}
+
+        def text(self, row):
+            return {"input_ids": torch.tensor([row // 10, 7, 8])}
+
+    seen = []
+
+    class Family:
+        def pair_score(self, model, batch):
+            seen.append({k: v.is_contiguous() for k, v in batch.items()})
+            return -(batch["input_ids"][:, 0] - batch["image_tag"][:, 0]).abs()  # the caption's own image first
+
+    scores = retrieval(Family(), None, Split(), "cpu", limit=3, captions_per_image=2)
+    assert scores["eval_retrieval_queries"] == 6 and scores["eval_retrieval_R@1"] == 1.0
+    assert len(seen) == 6 and all(all(c.values()) for c in seen), seen

@@ -88,10 +88,8 @@ def retrieval(family, model, data: PretrainDataset, device: str, limit: int, cap
     images = {k: v.to(device) for k, v in collate([data.image(row) for row in image_rows]).items()}
 
     def score(text_row: int) -> np.ndarray:
-        # contiguous, not a stride-0 view: a compiled backbone would recompile for the stride
-        text = {
-            k: v.to(device).expand(len(image_rows), -1).contiguous() for k, v in collate([data.text(text_row)]).items()
-        }
+        # repeated, not a stride-0 view: a compiled backbone would recompile for the stride
+        text = {k: v.to(device).repeat(len(image_rows), 1) for k, v in collate([data.text(text_row)]).items()}
         return family.pair_score(model, {**text, **images}).cpu().numpy()
 
     scores = np.stack(distributed.gather_shards([score(queries[q][0]) for q in distributed.shard(len(queries))]))
