@@ -24,11 +24,10 @@ def rng() -> np.random.Generator:
 # The scopes that take longest, longest first: they go to the pytest-xdist workers before the
 # rest (`.ci/run` passes --no-loadscope-reorder, so the work queue is in collection order), so
 # that no long file is left to start last on one core. Within a file the order is kept. A
-# worker holds two scopes at a time, so the two short files after the demo halves are the ones
-# that wait behind them.
+# worker holds two scopes at a time, so short files come right after the demo: the one that
+# waits behind it costs nothing.
 LONGEST_FIRST = (
-    "tests/pipeline/test_demo.py::TestQuickDemoViLBERT",
-    "tests/pipeline/test_demo.py::TestQuickDemoLXMERT",
+    "tests/pipeline/test_demo.py::TestQuickDemo",
     "tests/test_errors.py",
     "tests/pipeline/test_config.py",
     "tests/pipeline/test_extract.py",

@@ -6,17 +6,17 @@
 3. `vlprep build-mixture`: COCO-style captions + VQA-style questions (renamed to the store's
    ids by the world's image map), held-out scenes as the val split — LXMERT's mixture; ViLBERT's
    has the captions alone, as Conceptual Captions has;
-4. `vltrain pretrain` of small ViLBERT and LXMERT (64 wide, from scratch, initialized at
-   their width's scale), every task on from step 0, the image-text alignment / matching loss
-   at weight 3;
-5. zero-shot caption -> image retrieval on held-out scenes for the pretrained models and the
-   same models untrained, and LXMERT's QA score;
-6. transfer (the seeds' Table 1 in miniature; `--no-transfer` skips it): `vlprep build-task`
-   on the world's VQA, NLVR2, Flickr30k, RefCOCO+ and VCR files, then `vltrain finetune` of
-   each model on each task from its pretraining run and from scratch: the same model config,
-   vocab, short budget (steps, batch, learning rate) and seeds, validated on the task's val /
-   dev / test split, the best score of each run kept;
-7. `report.json`, `report.md`, `scenes.png` (detections, as `vlprep show` draws them) and
+4. with transfer (the seeds' Table 1 in miniature; `--no-transfer` skips it), `vlprep
+   build-task` on the world's VQA, NLVR2, Flickr30k, RefCOCO+ and VCR files;
+5. per model family, the families side by side in processes of their own where there are
+   cores for it (`--jobs`): `vltrain pretrain` of small ViLBERT or LXMERT (64 wide, from
+   scratch, initialized at their width's scale), every task on from step 0, the image-text
+   alignment / matching loss at weight 3; zero-shot caption -> image retrieval on held-out
+   scenes for the pretrained model and the same model untrained, and LXMERT's QA score; with
+   transfer, `vltrain finetune` on each task from the pretraining run and from scratch: the
+   same model config, vocab, short budget (steps, batch, learning rate) and seeds, validated
+   on the task's val / dev / test split, the best score of each run kept;
+6. `report.json`, `report.md`, `scenes.png` (detections, as `vlprep show` draws them) and
    the training curves.
 
 The demo orchestrates both packages, so it lives above them (imports run one way: `pipeline`
@@ -31,6 +31,7 @@ import functools
 import http.server
 import json
 import logging
+import os
 import threading
 import time
 from dataclasses import dataclass
@@ -91,13 +92,24 @@ class DemoConfig(Config):
     transfer: bool = True  # fine-tune on the world's downstream tasks, pretrained vs from scratch
     transfer_seeds: int = 1  # fine-tuning seeds per table cell: seed, seed + 1, ...
     models: tuple[str, ...] = tuple(MODELS)  # the model families to pretrain, evaluate and fine-tune
+    jobs: Optional[int] = None  # model families trained side by side (default: one per family, up to the cores)
 
     def __post_init__(self) -> None:
-        at_least(self, {name: 1 for name in ("n_images", "steps", "transfer_seeds") if getattr(self, name) is not None})
+        at_least(
+            self,
+            {name: 1 for name in ("n_images", "steps", "transfer_seeds", "jobs") if getattr(self, name) is not None},
+        )
         object.__setattr__(self, "models", tuple(self.models))
         unknown = [m for m in self.models if m not in MODELS]
         if unknown or not self.models or len(set(self.models)) != len(self.models):
             raise ConfigError(f"--models: each of {', '.join(MODELS)} at most once, at least one (got {self.models})")
+
+    def jobs_used(self) -> int:
+        """Processes for the model families: `jobs`, or one per family up to the cores."""
+        return min(len(self.models), self.jobs or os.cpu_count() or 1)
+
+    def fine_tuning_seeds(self) -> list[int]:
+        return [self.seed + k for k in range(self.transfer_seeds)]
 
     def preset(self, key: str) -> int:
         value = getattr(self, key)
@@ -123,10 +135,15 @@ def run_demo(cfg: DemoConfig, say: Callable[[str], None] = log.info) -> dict:
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     vocab = Path(cfg.vocab) if cfg.vocab else bundled_bert_vocab()
-    settings = {**cfg.to_json(), "n_images": cfg.preset("n_images"), "steps": cfg.preset("steps")}
+    settings = {
+        **cfg.to_json(),
+        "n_images": cfg.preset("n_images"),
+        "steps": cfg.preset("steps"),
+        "jobs_used": cfg.jobs_used(),
+    }
     report: dict = {"config": settings, "stages": {}}
 
-    stages = 7 if cfg.transfer else 6
+    stages = 6 if cfg.transfer else 5
 
     def stage(name: str, message: str):
         say(f"[{len(report['stages']) + 1}/{stages}] {message}")
@@ -158,23 +175,33 @@ def run_demo(cfg: DemoConfig, say: Callable[[str], None] = log.info) -> dict:
     }
     done(entry)
 
-    names = ", ".join(MODELS[kind] for kind in cfg.models)
-    entry = stage("pretrain", f"vltrain pretrain: {names}, {cfg.preset('steps')} steps each")
-    report["pretrain"] = {kind: _pretrain(cfg, kind, out, vocab, say) for kind in cfg.models}
-    done(entry)
-
-    entry = stage("evaluate", "zero-shot retrieval on held-out scenes, pretrained vs untrained; LXMERT QA")
-    report["evaluation"] = {kind: _evaluate(cfg, kind, out, vocab) for kind in cfg.models}
-    done(entry)
-
     if cfg.transfer:
-        entry = stage(
-            "transfer",
-            f"vlprep build-task, vltrain finetune on {', '.join(TRANSFER_FILES)}: pretrained vs "
-            f"scratch, {TRANSFER_STEPS} steps, {cfg.transfer_seeds} seed(s) each",
-        )
-        report["transfer"] = _transfer(cfg, out, vocab, say)
+        entry = stage("tasks", f"vlprep build-task: the world's {', '.join(TRANSFER_FILES)}")
+        tasks = _task_datasets(out)
         done(entry)
+
+    jobs, steps = settings["jobs_used"], settings["steps"]
+    entry = stage(
+        "models",
+        f"{', '.join(MODELS[kind] for kind in cfg.models)}: vltrain pretrain ({steps} steps), zero-shot retrieval "
+        "and QA, pretrained vs untrained"
+        + (f"; vltrain finetune on each task, pretrained vs scratch, {TRANSFER_STEPS} steps" if cfg.transfer else "")
+        + (f" ({jobs} model families side by side)" if jobs > 1 else ""),
+    )
+    families = _families(cfg, out, vocab, jobs, say)
+    done(entry)
+    report["pretrain"] = {kind: r["pretrain"] for kind, r in families.items()}
+    report["evaluation"] = {kind: r["evaluation"] for kind, r in families.items()}
+    report["models"] = {kind: r["seconds"] for kind, r in families.items()}
+    if cfg.transfer:
+        report["transfer"] = {
+            "tasks": tasks,
+            "seeds": cfg.fine_tuning_seeds(),
+            "steps": TRANSFER_STEPS,
+            "batch_size": TRANSFER_BATCH,
+            "lr": TRANSFER_LR,
+            "scores": {kind: r["transfer"] for kind, r in families.items()},
+        }
 
     entry = stage("report", "pictures and report")
     report["pictures"] = _pictures(world, out, cfg.models)
@@ -292,8 +319,9 @@ def _pretrain(cfg: DemoConfig, kind: str, out: Path, vocab: Path, say: Callable[
 
     steps = cfg.preset("steps")
     started = time.perf_counter()
-    last = run(
-        _train_config(cfg, kind, out, vocab, steps),
+    tcfg = _train_config(cfg, kind, out, vocab, steps)
+    run(
+        tcfg,
         on_step=lambda step, m, total: (
             step % max(1, steps // 5) == 0
             and say(
@@ -302,6 +330,10 @@ def _pretrain(cfg: DemoConfig, kind: str, out: Path, vocab: Path, say: Callable[
             )
         ),
     )
+    rows = [json.loads(line) for line in (Path(tcfg.out) / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    last = [r for r in rows if "lr" in r][
+        -1
+    ]  # the last training row, of this call or (resumed at the end) an earlier one
     return {
         "model": MODELS[kind],
         "steps": steps,
@@ -342,10 +374,9 @@ def _evaluate(cfg: DemoConfig, kind: str, out: Path, vocab: Path) -> dict:
     return result
 
 
-def _transfer(cfg: DemoConfig, out: Path, vocab: Path, say: Callable[[str], None]) -> dict:
-    """The task datasets of the world, then per model family and task the best validation
-    score (the task's official metric) of fine-tuning from scratch and from the pretraining
-    run, with the same budget and the same seeds."""
+def _task_datasets(out: Path) -> dict:
+    """`vlprep build-task` on the world's files of each transfer task (kept when built
+    before): per task its row counts, validation split and metric."""
     from pipeline.task_data import task_manifest
     from vl_models import transfer
     from vl_models.transfer.build import build_task
@@ -368,30 +399,89 @@ def _transfer(cfg: DemoConfig, out: Path, vocab: Path, say: Callable[[str], None
             "metric": task.metric[len(f"eval_{name}_") :],
             **({"answers": manifest["answers"]["count"]} if manifest["answers"] else {}),
         }
-    seeds = [cfg.seed + k for k in range(cfg.transfer_seeds)]
-    scores = {
-        kind: {
+    return tasks
+
+
+def _families(cfg: DemoConfig, out: Path, vocab: Path, jobs: int, say: Callable[[str], None]) -> dict:
+    """`_family` of each model family: one after the other in this process, or with `jobs`
+    > 1 side by side in processes of their own (spawned, each with its share of this
+    process's torch threads), whose messages and log records come back here."""
+    if jobs <= 1:
+        return {kind: _family(cfg, kind, out, vocab, say) for kind in cfg.models}
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    import torch
+
+    context = multiprocessing.get_context("spawn")
+    queue = context.Queue()
+    relay = threading.Thread(target=_relay, args=(queue, say), daemon=True)
+    relay.start()
+    threads = max(1, torch.get_num_threads() // jobs)
+    level = logging.getLogger().getEffectiveLevel()
+    try:
+        pool = ProcessPoolExecutor(jobs, mp_context=context, initializer=_child, initargs=(queue, threads, level))
+        with pool:
+            futures = {kind: pool.submit(_family, cfg, kind, out, vocab) for kind in cfg.models}
+            return {kind: future.result() for kind, future in futures.items()}
+    finally:
+        queue.put(None)
+        relay.join()
+
+
+_child_queue = None  # in a family's process: where its messages and log records go
+
+
+def _child(queue, threads: int, level: int) -> None:
+    """Set up a family's process: torch threads, messages and log records to the parent."""
+    import logging.handlers
+
+    import torch
+
+    global _child_queue
+    _child_queue = queue
+    torch.set_num_threads(threads)
+    handler = logging.handlers.QueueHandler(queue)
+    handler.setFormatter(logging.Formatter("%(message)s"))  # the parent's handlers add the rest
+    logging.basicConfig(level=level, handlers=[handler], force=True)
+
+
+def _relay(queue, say: Callable[[str], None]) -> None:
+    """In the parent: the families' messages to `say`, their log records to this process's logging."""
+    for item in iter(queue.get, None):
+        if isinstance(item, logging.LogRecord):
+            logging.getLogger(item.name).handle(item)
+        else:
+            say(item)
+
+
+def _family(cfg: DemoConfig, kind: str, out: Path, vocab: Path, say: Optional[Callable[[str], None]] = None) -> dict:
+    """One model family's part of the demo: pretraining, the zero-shot evaluation, and with
+    `cfg.transfer` fine-tuning on every task from scratch and from the pretraining run, with
+    the same budget and seeds (the best validation score of each run, the task's official
+    metric); the seconds each took."""
+    say = say or _child_queue.put
+    seconds = {}
+    started = time.perf_counter()
+    result = {"pretrain": _pretrain(cfg, kind, out, vocab, say)}
+    seconds["pretrain"], started = round(time.perf_counter() - started, 1), time.perf_counter()
+    result["evaluation"] = _evaluate(cfg, kind, out, vocab)
+    seconds["evaluate"], started = round(time.perf_counter() - started, 1), time.perf_counter()
+    if cfg.transfer:
+        scores = {
             name: {
-                init: [_finetune(cfg, kind, name, init, seed, out, vocab) for seed in seeds]
+                init: [_finetune(cfg, kind, name, init, seed, out, vocab) for seed in cfg.fine_tuning_seeds()]
                 for init in ("scratch", "pretrained")
             }
             for name in TRANSFER_FILES
         }
-        for kind in cfg.models
-    }
-    for kind, rows in scores.items():
+        seconds["transfer"] = round(time.perf_counter() - started, 1)
         say(
             f"      {MODELS[kind]}: "
-            + "; ".join(f"{name} {_mean(r['scratch']):.1f} -> {_mean(r['pretrained']):.1f}" for name, r in rows.items())
+            + "; ".join(f"{t} {_mean(r['scratch']):.1f} -> {_mean(r['pretrained']):.1f}" for t, r in scores.items())
         )
-    return {
-        "tasks": tasks,
-        "seeds": seeds,
-        "steps": TRANSFER_STEPS,
-        "batch_size": TRANSFER_BATCH,
-        "lr": TRANSFER_LR,
-        "scores": scores,
-    }
+        result["transfer"] = scores
+    return {**result, "seconds": seconds}
 
 
 def _mean(values: list) -> float:
@@ -475,6 +565,16 @@ def markdown(report: dict) -> str:
         "|---|---:|",
     ]
     lines += [f"| {name} | {s['seconds']:.1f} |" for name, s in report["stages"].items()]
+    if report.get("models"):
+        lines += [
+            "",
+            "Seconds per model family: "
+            + "; ".join(
+                f"{MODELS[kind]} " + ", ".join(f"{part} {s:.1f}" for part, s in parts.items())
+                for kind, parts in report["models"].items()
+            )
+            + (f" ({cfg['jobs_used']} side by side)." if cfg.get("jobs_used", 1) > 1 else "."),
+        ]
     ext = report["extract"]
     lines += [
         "",
@@ -579,6 +679,13 @@ def demo(
         ",".join(MODELS),
         help="The model families to pretrain, evaluate and fine-tune, comma-separated: vilbert, lxmert or both.",
     ),
+    jobs: int = typer.Option(
+        None,
+        help=(
+            "Model families trained side by side, each in a process of its own with its share of the torch threads "
+            "(default: one per family, up to the cores; 1: one after the other)."
+        ),
+    ),
 ) -> None:
     """The whole pipeline on the embedded shapes world, offline, on CPU: write a synthetic
     world and serve it on 127.0.0.1, `vlprep extract` through the real download path with the
@@ -613,6 +720,7 @@ def demo(
             transfer=transfer,
             transfer_seeds=transfer_seeds,
             models=tuple(m.strip() for m in models.split(",") if m.strip()),
+            jobs=jobs,
         ),
         say=stdout.print,
     )
