@@ -94,38 +94,56 @@ def run_cli(
     timeout: int = 300,
     exe: Optional[Path] = None,
     fresh: bool = False,
+    tool: str = "vlprep",
+    **popen,
 ) -> subprocess.CompletedProcess:
-    """`vlprep ARGS`, with its exit code, stdout and stderr. By default in this process
-    through Typer's `CliRunner` (no interpreter start, no torch import, the worker's one Ray:
-    what a flag, exit-code or output test needs); `fresh=True` (or `exe`, the `vlprep`
-    executable to run) in a real subprocess of `python -m pipeline.cli`: for what only a
-    process of its own shows (its whole output, Ray's own start-up, signals, a timeout)."""
+    """`vlprep ARGS` (or `vltrain ARGS` with ``tool="vltrain"``), with its exit code, stdout and
+    stderr. By default in this process through Typer's `CliRunner` (no interpreter start, no
+    torch import, the worker's one Ray: what a flag, exit-code or output test needs);
+    `fresh=True` (or `exe`, the executable to run, or keyword arguments for `subprocess.run`
+    such as ``preexec_fn``) in a real subprocess of ``python -m pipeline.cli`` / ``vl_models.cli``:
+    for what only a process of its own shows (its whole output, Ray's own start-up, signals,
+    resource limits, a timeout)."""
     args = tuple(map(str, args))
-    if fresh or exe:
-        command = [str(exe)] if exe else [sys.executable, "-m", "pipeline.cli"]
+    if fresh or exe or popen:
+        command = [str(exe)] if exe else [sys.executable, "-m", TOOLS[tool]]
         proc = subprocess.run(
             [*command, *args],
             capture_output=True,
             text=True,
             cwd=cwd or REPO,
             timeout=timeout,  # the environment is the suite's: 200 columns, no colour (tests/conftest.py)
+            **popen,
         )
     else:
-        proc = _invoke(args, cwd)
+        proc = _invoke(tool, args, cwd)
     if check and proc.returncode != 0:
-        raise AssertionError(f"vlprep {' '.join(args)} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
+        raise AssertionError(f"{tool} {' '.join(args)} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
     return proc
 
 
-def _invoke(args: tuple[str, ...], cwd: Optional[Path]) -> subprocess.CompletedProcess:
-    """`vlprep ARGS` in this process: what a subprocess would report (an uncaught exception is
+def run_vltrain(*args: str, **kwargs) -> subprocess.CompletedProcess:
+    """`vltrain ARGS`, as `run_cli` runs `vlprep`."""
+    return run_cli(*args, tool="vltrain", **kwargs)
+
+
+TOOLS = {"vlprep": "pipeline.cli", "vltrain": "vl_models.cli"}  # each command's module (python -m)
+
+
+def _invoke(tool: str, args: tuple[str, ...], cwd: Optional[Path]) -> subprocess.CompletedProcess:
+    """`TOOL ARGS` in this process: what a subprocess would report (an uncaught exception is
     exit 1 with its traceback on stderr); the logging set-up and working folder restored."""
     from typer.testing import CliRunner
 
-    from pipeline.cli import app, load_plugins
+    if tool == "vlprep":
+        from pipeline.cli import app, load_plugins
 
-    load_plugins()
-    if args and args[0] in RAY_COMMANDS:
+        load_plugins()
+    else:
+        from vl_models.cli import app, bare_resume
+
+        args = tuple(bare_resume(list(args)))  # as `main` reads sys.argv
+    if tool == "vlprep" and args and args[0] in RAY_COMMANDS:
         shared_ray()
     root = logging.getLogger()
     handlers, level, here = root.handlers[:], root.level, os.getcwd()
@@ -139,7 +157,7 @@ def _invoke(args: tuple[str, ...], cwd: Optional[Path]) -> subprocess.CompletedP
     stderr = result.stderr
     if result.exception is not None and not isinstance(result.exception, SystemExit):
         stderr += "".join(traceback.format_exception(result.exception))
-    return subprocess.CompletedProcess(["vlprep", *args], result.exit_code, result.stdout, stderr)
+    return subprocess.CompletedProcess([tool, *args], result.exit_code, result.stdout, stderr)
 
 
 def shared_ray() -> None:

@@ -1,10 +1,10 @@
-"""Every command explains itself, through the installed console scripts."""
+"""Every command explains itself; the installed console scripts start and list their commands."""
 
 import shutil
 import subprocess
 
 import pytest
-from helpers import make_records
+from helpers import make_records, run_cli, run_vltrain
 
 from pipeline.store import write_records
 
@@ -42,7 +42,7 @@ def test_vlprep_help_lists_commands():
 
 @pytest.mark.parametrize("command", VLPREP)
 def test_each_vlprep_command_has_help(command):
-    proc = _run("vlprep", command, "--help")
+    proc = run_cli(command, "--help")
     assert proc.returncode == 0 and "Usage" in proc.stdout and len(proc.stdout) > 200
 
 
@@ -77,7 +77,7 @@ def test_every_command_explains_itself_and_each_option(cli, app, name, command):
 
 
 def test_vlprep_formats_lists_every_format():
-    proc = _run("vlprep", "formats")
+    proc = run_cli("formats")
     for name in ("lxmert-tsv", "butd-tsv", "vilbert-lmdb", "mmf-npy"):
         assert name in proc.stdout
 
@@ -85,10 +85,8 @@ def test_vlprep_formats_lists_every_format():
 def test_vltrain_preview_batch(tmp_path):
     write_records(tmp_path / "s", make_records(5, seed=2, feature_dim=16), feature_dim=16)
     assert _run("vltrain", "--help").returncode == 0
-    proc = _run(
-        "vltrain", "preview-batch", str(tmp_path / "s"), "--batch-size", "3", "--max-regions", "10", "--img-token"
-    )
+    proc = run_vltrain("preview-batch", tmp_path / "s", "--batch-size", "3", "--max-regions", "10", "--img-token")
     assert proc.returncode == 0, proc.stderr
     assert "(3, 11, 16)" in proc.stdout and "(3, 11, 5)" in proc.stdout and "real slots per image" in proc.stdout
-    proc = _run("vltrain", "preview-batch", str(tmp_path))
+    proc = run_vltrain("preview-batch", tmp_path)
     assert proc.returncode == 3 and "not a feature store" in proc.stderr

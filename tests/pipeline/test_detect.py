@@ -137,7 +137,10 @@ def test_full_vg_config_loads_full_shape_weights(tmp_path):
     assert shapes["proposal_generator.rpn_head.anchor_deltas.weight"] == (48, 512, 1, 1)
     assert sum(k.endswith(".weight") and len(s) == 4 and "rpn" not in k for k, s in shapes.items()) == 104
     write_d2_pickle(tmp_path / "faster_rcnn_from_caffe_attr.pkl", random_weights(cfg))
-    model, report = load_detector(tmp_path / "faster_rcnn_from_caffe_attr.pkl", cfg)
+    # Every weight at its published shape; the forward on a small input with 40 proposals (the
+    # ROI head's res5 runs per proposal: 300 at 600 x 800 take ~20 s on one CPU thread).
+    small = replace(cfg, rpn_post_nms_topk=40, min_size=200, max_size=333)
+    model, report = load_detector(tmp_path / "faster_rcnn_from_caffe_attr.pkl", small)
     assert report.tensors == 535 and len(report.sha256) == 64
     img = load_rgb(make_corpus()["big.jpg"][0])
     rec = RegionFeatureExtractor(model, SelectionConfig("butd", BoxCount(36, 36)))([img], ["x"])[0]

@@ -14,7 +14,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -22,7 +21,7 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from helpers import REPO, free_port, make_record, process_tree
+from helpers import REPO, free_port, make_record, process_tree, run_vltrain
 from train_helpers import VOCAB, config, no_dropout_config
 
 from pipeline.mixture.build import MixtureSpec, build_mixture
@@ -134,13 +133,7 @@ def runs(data, tmp_path_factory):
     root = tmp_path_factory.mktemp("multinode")
     with nodes(root, "two-nodes", pretrain_args(data, root, root / "nodes", 2, "--resume", "auto"), 2, 1) as agents:
         finish(agents, root, "two-nodes")
-    one = subprocess.run(
-        [sys.executable, "-m", "vl_models.cli", *map(str, pretrain_args(data, root, root / "one", 4))],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        timeout=LIMIT,
-    )
+    one = run_vltrain(*pretrain_args(data, root, root / "one", 4))
     assert one.returncode == 0, one.stderr[-3000:]
     return root
 

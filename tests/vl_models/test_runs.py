@@ -4,7 +4,6 @@ writing anything, checkpoints are verified, kept by retention and never non-fini
 progress is visible in batch jobs, and bad inputs fail at once with one line."""
 
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -15,7 +14,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 import torch
-from helpers import REPO, make_record
+from helpers import REPO, make_record, run_vltrain
 from train_helpers import VOCAB, config
 
 from pipeline.errors import EXIT_CONFIG, EXIT_DATA, EXIT_DIVERGED, EXIT_IO, CheckpointError, ConfigError, DataError
@@ -25,19 +24,6 @@ from vl_models.train import checkpoint
 from vl_models.train.trainer import run
 
 TRAIN_ITEMS = 12  # the data fixture's train split: 4 images x (2 captions + 1 question)
-
-
-def vltrain(*args, timeout: int = 120, **kwargs) -> subprocess.CompletedProcess:
-    """`python -m vl_models.cli ARGS` in a real subprocess (stderr is a pipe: not a terminal)."""
-    return subprocess.run(
-        [sys.executable, "-m", "vl_models.cli", *map(str, args)],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        timeout=timeout,
-        env={**os.environ, "COLUMNS": "200", "NO_COLOR": "1"},
-        **kwargs,
-    )
 
 
 def pretrain_args(data, out, *extra) -> list:
@@ -117,7 +103,7 @@ def copy(stopped, tmp_path):
 
 def test_a_batch_larger_than_the_train_split_fails_at_once(data, tmp_path):
     """It hung forever (drop_last on a loader with no full batch)."""
-    proc = vltrain(*pretrain_args(data, tmp_path / "run", "--batch-size", "64"), timeout=90)
+    proc = run_vltrain(*pretrain_args(data, tmp_path / "run", "--batch-size", "64"), fresh=True, timeout=90)  # it hung
     assert proc.returncode == EXIT_CONFIG, proc.stderr[-2000:]
     assert f"{TRAIN_ITEMS} items" in proc.stderr and "--batch-size 64" in proc.stderr
     assert "Traceback" not in proc.stderr and not (tmp_path / "run").exists()
@@ -226,7 +212,7 @@ def test_resume_auto_starts_a_new_run_where_there_is_none(copy, data, tmp_path, 
 
 def test_a_bare_resume_flag_still_means_resume_yes(copy, data):
     """`--resume` without a value (how every script wrote it before `auto`) continues the run."""
-    proc = vltrain(*pretrain_args(data, copy, "--stop-at", "3", "--resume"))
+    proc = run_vltrain(*pretrain_args(data, copy, "--stop-at", "3", "--resume"))
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert train_steps(copy) == [1, 2, 3]
 
@@ -302,7 +288,7 @@ def test_a_flipped_byte_in_a_checkpoint_is_caught(copy, data, tmp_path):
 def test_a_truncated_checkpoint_is_one_line_naming_it(copy, data, tmp_path):
     path = copy / "checkpoints" / "step_0000002.pt"
     path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
-    proc = vltrain(*pretrain_args(data, copy, "--resume", "yes"))
+    proc = run_vltrain(*pretrain_args(data, copy, "--resume", "yes"))
     assert proc.returncode == EXIT_DATA, proc.stderr[-2000:]
     assert "step_0000002.pt" in proc.stderr and "step_0000001.pt" in proc.stderr and "Traceback" not in proc.stderr
 
@@ -343,7 +329,7 @@ def test_sigkill_after_a_logged_step_resumes_exactly_without_duplicate_rows(data
 @pytest.mark.slow
 def test_a_nonfinite_loss_stops_the_run_and_nothing_nonfinite_is_saved(data, tmp_path):
     out = tmp_path / "run"
-    proc = vltrain(*pretrain_args(data, out, "--lr", "1e6"))
+    proc = run_vltrain(*pretrain_args(data, out, "--lr", "1e6"))
     assert proc.returncode == EXIT_DIVERGED, proc.stderr[-2000:]
     # Caught at the loss, or (the update already overflowed) at the parameters before a checkpoint
     step = int(re.search(r"error: step (\d+): (the loss is|parameters are) not finite", proc.stderr).group(1))
@@ -417,7 +403,7 @@ def test_the_best_checkpoint_by_a_validation_metric_is_kept(data, tmp_path):
 
 
 def test_progress_lines_when_stderr_is_not_a_terminal(data, tmp_path):
-    proc = vltrain(*pretrain_args(data, tmp_path / "run", "--steps", "2"))
+    proc = run_vltrain(*pretrain_args(data, tmp_path / "run", "--steps", "2"))
     assert proc.returncode == 0, proc.stderr[-2000:]
     for step in (1, 2):
         assert f"step {step}/2" in proc.stderr, proc.stderr
@@ -430,7 +416,7 @@ def test_progress_lines_count_to_the_steps_epochs_give(data, tmp_path):
     (12 train items, batch 4: 3 steps an epoch), not --steps' default of 1000."""
     args = pretrain_args(data, tmp_path / "run", "--epochs", "1")
     at = args.index("--steps")
-    proc = vltrain(*args[:at], *args[at + 2 :])
+    proc = run_vltrain(*args[:at], *args[at + 2 :])
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "step 3/3" in proc.stderr and "/1000" not in proc.stderr, proc.stderr
 
@@ -475,27 +461,9 @@ def test_every_train_config_field_has_a_flag_and_every_flag_a_field():
 def test_enumerated_flags_are_choices_checked_before_any_work(data, tmp_path):
     """--amp fp8, --optimizer lamb, --visual-weighting all: refused by the command line (exit 2)
     naming the choices, before the model or data are built; the configs refuse them too."""
-    import subprocess
-    import sys
-
     from vl_models.config import TaskConfig
 
-    base = [
-        sys.executable,
-        "-m",
-        "vl_models.cli",
-        "pretrain",
-        "--model",
-        "lxmert-tiny",
-        "--shards",
-        str(data / "feats"),
-        "--mixture",
-        str(data / "mix"),
-        "--vocab",
-        str(VOCAB),
-        "--out",
-        str(tmp_path / "run"),
-    ]
+    base = pretrain_args(data, tmp_path / "run")
     for flag, value in (
         ("--amp", "fp8"),
         ("--optimizer", "lamb"),
@@ -504,7 +472,7 @@ def test_enumerated_flags_are_choices_checked_before_any_work(data, tmp_path):
         ("--device", "tpu"),
         ("--resume", "maybe"),
     ):
-        proc = subprocess.run([*base, flag, value], capture_output=True, text=True, timeout=120)
+        proc = run_vltrain(*base, flag, value)
         assert proc.returncode == 2 and f"'{value}' is not one of" in proc.stderr, (flag, proc.stderr[-500:])
     assert not (tmp_path / "run").exists()
     with pytest.raises(ConfigError, match="--visual-weighting must be one of confidence, masked"):
@@ -534,13 +502,10 @@ def test_tensorboard_gets_the_logged_scalars(data, tmp_path):
     assert [e.step for e in events.Scalars("eval/matching_acc")] == [2]
 
 
-def test_tensorboard_missing_is_named_before_any_work(data, tmp_path):
-    args = [str(a) for a in pretrain_args(data, tmp_path / "run", "--report-to", "tensorboard")]
-    code = (
-        "import sys\nsys.modules['tensorboard'] = None  # as if not installed\nfrom vl_models.cli import main\n"
-        f"sys.argv = ['vltrain'] + {args!r}\nmain()\n"
-    )
-    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+def test_tensorboard_missing_is_named_before_any_work(data, tmp_path, monkeypatch):
+    for name in ("tensorboard", "torch.utils.tensorboard"):  # as if not installed (nor imported before)
+        monkeypatch.setitem(sys.modules, name, None)
+    proc = run_vltrain(*pretrain_args(data, tmp_path / "run", "--report-to", "tensorboard"))
     assert proc.returncode == EXIT_CONFIG, proc.stderr[-2000:]
     assert "pip install tensorboard" in proc.stderr and not (tmp_path / "run").exists()
 
@@ -630,7 +595,7 @@ def test_disk_full_while_checkpointing_keeps_the_previous_checkpoint(copy, data,
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))
 
-    proc = vltrain(*pretrain_args(data, copy, "--resume", "yes"), preexec_fn=limit)
+    proc = run_vltrain(*pretrain_args(data, copy, "--resume", "yes"), preexec_fn=limit)
     assert proc.returncode == EXIT_IO, proc.stderr[-2000:]
     assert "disk full writing" in proc.stderr and "step_0000003.pt" in proc.stderr and "Traceback" not in proc.stderr
     assert (copy / "checkpoints" / "latest").read_text() == "step_0000002.pt"

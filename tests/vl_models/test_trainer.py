@@ -2,7 +2,7 @@ import json
 
 import pytest
 import torch
-from helpers import REPO
+from helpers import run_vltrain
 from train_helpers import VOCAB, config, no_dropout_config
 
 from pipeline.errors import ConfigError
@@ -66,56 +66,35 @@ def test_compiled_backbone_trains_like_eager(data, tmp_path):
 
 
 def test_cli_pretrain(data, tmp_path):
-    import subprocess
-    import sys
-
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "vl_models.cli",
-            "pretrain",
-            "--model",
-            "vilbert-tiny",
-            "--shards",
-            str(data / "feats"),
-            "--mixture",
-            str(data / "mix"),
-            "--vocab",
-            str(VOCAB),
-            "--out",
-            str(tmp_path / "run"),
-            "--steps",
-            "2",
-            "--batch-size",
-            "4",
-        ],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        timeout=300,
+    proc = run_vltrain(
+        "pretrain",
+        "--model",
+        "vilbert-tiny",
+        "--shards",
+        data / "feats",
+        "--mixture",
+        data / "mix",
+        "--vocab",
+        VOCAB,
+        "--out",
+        tmp_path / "run",
+        "--steps",
+        "2",
+        "--batch-size",
+        "4",
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "done: step 2" in proc.stdout
 
 
 def test_validation_metrics_and_plot(data, tmp_path):
-    import subprocess
-    import sys
-
     run(config(data, tmp_path, "vilbert-tiny", steps=4, eval_every=2))
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     evals = [r for r in rows if "eval_mlm_acc" in r or "eval_retrieval_R@1" in r]
     assert [r["step"] for r in evals] == [2, 4]
     assert {"eval_alignment_acc", "eval_retrieval_R@1", "eval_retrieval_R@5"} <= set(evals[-1])
     assert 0.0 <= evals[-1]["eval_retrieval_R@1"] <= 1.0 and evals[-1]["eval_retrieval_R@5"] == 1.0  # 2 images
-    proc = subprocess.run(
-        [sys.executable, "-m", "vl_models.cli", "plot", str(tmp_path / "run")],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        timeout=120,
-    )
+    proc = run_vltrain("plot", tmp_path / "run")
     assert proc.returncode == 0, proc.stderr
     from PIL import Image
 

@@ -11,7 +11,7 @@ import sys
 import numpy as np
 import pytest
 import torch
-from helpers import REPO, free_port
+from helpers import REPO, free_port, run_cli, run_vltrain
 from task_files import COLORS, IMAGES, write_task_world
 from train_helpers import VOCAB, no_dropout_config
 
@@ -416,111 +416,73 @@ def test_grounding_is_scored_on_the_chosen_region_box(world, finetuned, tmp_path
 
 def test_command_lines_build_finetune_and_evaluate(world, tmp_path):
     files = world / "files"
-    build = subprocess.run(
-        [
-            "vlprep",
-            "build-task",
-            "--task",
-            "nlvr2",
-            "--out",
-            str(tmp_path / "t"),
-            str(files / "train.json"),
-            str(files / "dev.json"),
-            "--image-map",
-            str(files / "image_map.tsv"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
+    build = run_cli(
+        "build-task",
+        "--task",
+        "nlvr2",
+        "--out",
+        tmp_path / "t",
+        files / "train.json",
+        files / "dev.json",
+        "--image-map",
+        files / "image_map.tsv",
     )
     assert build.returncode == 0, build.stderr
     assert "nlvr2: 36 rows (dev 12, train 24)" in build.stdout
-    bad = subprocess.run(
-        ["vlprep", "build-task", "--task", "nlvr3", "--out", str(tmp_path / "u"), str(files / "dev.json")],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    bad = run_cli("build-task", "--task", "nlvr3", "--out", tmp_path / "u", files / "dev.json")
     assert bad.returncode != 0 and "unknown task 'nlvr3'" in bad.stderr
-    ft = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "vl_models.cli",
-            "finetune",
-            "--task",
-            "nlvr2",
-            "--data",
-            str(tmp_path / "t"),
-            "--shards",
-            str(world / "feats"),
-            "--model",
-            "vilbert-tiny",
-            "--vocab",
-            str(VOCAB),
-            "--epochs",
-            "0",
-            "--steps",
-            "2",
-            "--batch-size",
-            "4",
-            "--max-regions",
-            "6",
-            "--out",
-            str(tmp_path / "run"),
-        ],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        timeout=300,
+    ft = run_vltrain(
+        "finetune",
+        "--task",
+        "nlvr2",
+        "--data",
+        tmp_path / "t",
+        "--shards",
+        world / "feats",
+        "--model",
+        "vilbert-tiny",
+        "--vocab",
+        VOCAB,
+        "--epochs",
+        "0",
+        "--steps",
+        "2",
+        "--batch-size",
+        "4",
+        "--max-regions",
+        "6",
+        "--out",
+        tmp_path / "run",
     )
     assert ft.returncode == 0, ft.stderr[-2000:]
     assert "eval_nlvr2_accuracy" in ft.stdout
-    ev = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "vl_models.cli",
-            "evaluate",
-            "--task",
-            "nlvr2",
-            "--checkpoint",
-            str(tmp_path / "run"),
-            "--step",
-            "best",
-            "--data",
-            str(tmp_path / "t"),
-            "--split",
-            "dev",
-        ],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        timeout=300,
+    ev = run_vltrain(
+        "evaluate",
+        "--task",
+        "nlvr2",
+        "--checkpoint",
+        tmp_path / "run",
+        "--step",
+        "best",
+        "--data",
+        tmp_path / "t",
+        "--split",
+        "dev",
     )
     assert ev.returncode == 0, ev.stderr[-2000:]
     assert "accuracy" in ev.stdout and (tmp_path / "run" / "eval" / "nlvr2-dev" / "nlvr2_predictions.csv").is_file()
-    mismatch = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "vl_models.cli",
-            "finetune",
-            "--task",
-            "vqa",
-            "--task",
-            "gqa",
-            "--data",
-            str(world / "vqa"),
-            "--shards",
-            str(world / "feats"),
-            "--out",
-            str(tmp_path / "x"),
-        ],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        timeout=120,
+    mismatch = run_vltrain(
+        "finetune",
+        "--task",
+        "vqa",
+        "--task",
+        "gqa",
+        "--data",
+        world / "vqa",
+        "--shards",
+        world / "feats",
+        "--out",
+        tmp_path / "x",
     )
     assert mismatch.returncode != 0 and "one task dataset per --task" in mismatch.stderr
 
