@@ -165,15 +165,18 @@ J = TypeVar("J", bound=Job)
 
 @contextmanager
 def ray_session(cfg: DistributeConfig) -> Iterator[None]:
-    """Ray for one run: the cluster at ``cfg.ray_address``, or a local one of
-    ``cfg.workers`` CPUs, shut down afterwards. A Ray already initialized in this
-    process is used as it is (and left running)."""
+    """Ray for one run: the cluster at ``cfg.ray_address``, or a new local one of
+    ``cfg.workers`` CPUs, shut down afterwards. Without an address the run never joins a
+    cluster it finds on the machine (Ray's own ``ray.init()`` would attach to the latest
+    ``ray start`` cluster, and refuse it for the CPU count): a cluster is named with
+    ``--ray-address``. A Ray already initialized in this process is used as it is (and
+    left running)."""
     import ray
 
     started = time.time()
     own = not ray.is_initialized()
     if own:
-        where = {"address": cfg.ray_address} if cfg.ray_address else {"num_cpus": cfg.workers}
+        where = {"address": cfg.ray_address} if cfg.ray_address else {"address": "local", "num_cpus": cfg.workers}
         if cfg.download_resource and not cfg.ray_address:  # the local node offers it to every worker
             where["resources"] = {cfg.download_resource: cfg.workers}
         # Ray's notice that a local cluster enables token authentication is not the user's business

@@ -167,7 +167,9 @@ def shared_ray() -> None:
 
     if not ray.is_initialized():
         logging.getLogger(RAY_AUTH_NOTICE_LOGGER).setLevel(logging.ERROR)
-        ray.init(num_cpus=2, include_dashboard=False, logging_level=logging.WARNING, log_to_driver=False)
+        ray.init(
+            address="local", num_cpus=2, include_dashboard=False, logging_level=logging.WARNING, log_to_driver=False
+        )
 
 
 def no_shared_ray() -> None:

@@ -11,10 +11,12 @@ the detector actor) and starting the node the next test needs.
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -139,6 +141,24 @@ def wait_for(condition, what: str, cluster, timeout: float = 120) -> None:
     while not condition():
         assert time.monotonic() < deadline, f"timed out waiting for {what}\n{cluster.logs()}"
         time.sleep(0.05)
+
+
+def test_without_an_address_a_run_starts_its_own_ray_beside_a_running_cluster(cluster, slow_server, tmp_path):
+    """Ray's plain ``ray.init()`` attaches to the latest `ray start` cluster of the machine (its
+    address file in Ray's temp folder; refused with a ValueError when a CPU count is given); a
+    run without --ray-address starts a local Ray of its own instead."""
+    temp = Path(tempfile.mkdtemp(prefix="rt", dir="/tmp"))  # short: Ray's socket paths live under it
+    try:
+        (temp / "ray").mkdir()  # Ray's temp folder under RAY_TMPDIR, naming the cluster as `ray start` does
+        shutil.copy(cluster.root / "head" / "ray_current_cluster", temp / "ray" / "ray_current_cluster")
+        tsv = url_list(tmp_path / "local.tsv", slow_server, 2)
+        out = tmp_path / "images"
+        args = ["download", "--dataset", "conceptual_captions", "--input", tsv, "--out", out, "--workers", "1", *NET]
+        run(cluster, [sys.executable, "-m", "pipeline.cli", *args], RAY_TMPDIR=str(temp))
+    finally:
+        shutil.rmtree(temp, ignore_errors=True)
+    assert downloaded_ids(out) == expected_ids(tsv, 2)
+    assert not {s["node_id"] for s in shard_stats(out)} & set(cluster.ids().values())
 
 
 def test_the_recipe_downloads_on_the_download_node_extracts_on_both_and_resumes_a_killed_driver(
