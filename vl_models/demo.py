@@ -644,8 +644,8 @@ def demo(
         False,
         "--quick",
         help=(
-            "About 8 minutes on 2 cores, the transfer stage included: 400 scenes, 1,200 steps per model (what CI "
-            "runs, one model family per test)."
+            "About 4.5 minutes on 2 cores, the transfer stage included: 400 scenes, 1,200 steps per model (what "
+            "CI runs)."
         ),
     ),
     seed: int = typer.Option(0, help="Seed of the world, the sampling and the models."),
