@@ -51,3 +51,37 @@ def no_dropout_config(tmp_path) -> str:
     cfg.update(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, name="lxmert-tiny-nodrop")
     (tmp_path / "nodrop.json").write_text(json.dumps(cfg))
     return str(tmp_path / "nodrop.json")
+
+
+def pretrain_args(data, out, *extra, model: str = "lxmert-tiny") -> list:
+    """The command-line form of `config(data, ..., model)`: `vltrain pretrain` flags."""
+    return [
+        "pretrain",
+        "--model",
+        model,
+        "--shards",
+        data / "feats",
+        "--mixture",
+        data / "mix",
+        "--vocab",
+        VOCAB,
+        "--out",
+        out,
+        "--steps",
+        "4",
+        "--batch-size",
+        "4",
+        "--lr",
+        "1e-3",
+        "--warmup",
+        "1",
+        "--checkpoint-every",
+        "1",
+        "--log-every",
+        "1",
+        "--max-regions",
+        "10",
+        "--max-text",
+        "12",
+        *extra,
+    ]

@@ -15,7 +15,7 @@ import pyarrow as pa
 import pytest
 import torch
 from helpers import REPO, make_record, run_vltrain
-from train_helpers import VOCAB, config
+from train_helpers import VOCAB, config, pretrain_args
 
 from pipeline.errors import EXIT_CONFIG, EXIT_DATA, EXIT_DIVERGED, EXIT_IO, CheckpointError, ConfigError, DataError
 from pipeline.store import FeatureStore, write_records
@@ -24,40 +24,6 @@ from vl_models.train import checkpoint
 from vl_models.train.trainer import run
 
 TRAIN_ITEMS = 12  # the data fixture's train split: 4 images x (2 captions + 1 question)
-
-
-def pretrain_args(data, out, *extra) -> list:
-    """The CLI form of `config(data, ..., "lxmert-tiny")`."""
-    return [
-        "pretrain",
-        "--model",
-        "lxmert-tiny",
-        "--shards",
-        data / "feats",
-        "--mixture",
-        data / "mix",
-        "--vocab",
-        VOCAB,
-        "--out",
-        out,
-        "--steps",
-        "4",
-        "--batch-size",
-        "4",
-        "--lr",
-        "1e-3",
-        "--warmup",
-        "1",
-        "--checkpoint-every",
-        "1",
-        "--log-every",
-        "1",
-        "--max-regions",
-        "10",
-        "--max-text",
-        "12",
-        *extra,
-    ]
 
 
 def rows(out) -> list[dict]:

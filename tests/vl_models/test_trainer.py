@@ -3,7 +3,7 @@ import json
 import pytest
 import torch
 from helpers import run_vltrain
-from train_helpers import VOCAB, config, no_dropout_config
+from train_helpers import VOCAB, config, no_dropout_config, pretrain_args
 
 from pipeline.errors import ConfigError
 from vl_models import families
@@ -69,25 +69,9 @@ def test_compiled_backbone_trains_like_eager(data, tmp_path):
 
 
 def test_cli_pretrain(data, tmp_path):
-    proc = run_vltrain(
-        "pretrain",
-        "--model",
-        "vilbert-tiny",
-        "--shards",
-        data / "feats",
-        "--mixture",
-        data / "mix",
-        "--vocab",
-        VOCAB,
-        "--out",
-        tmp_path / "run",
-        "--steps",
-        "2",
-        "--batch-size",
-        "4",
-    )
+    proc = run_vltrain(*pretrain_args(data, tmp_path / "run", model="vilbert-tiny"))
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "done: step 2" in proc.stdout
+    assert "done: step 4" in proc.stdout
 
 
 def test_validation_metrics_and_plot(data, tmp_path):
