@@ -419,13 +419,18 @@ def evaluate(
     ),
     checkpoint: str = typer.Option(
         ...,
-        help="A fine-tuning run folder (its latest checkpoint; --step best: the best) or checkpoint file; with "
-        "--zero-shot a pretraining run or checkpoint.",
+        help="A fine-tuning run folder (its latest checkpoint; --step best: the best) or checkpoint file; a published "
+        "fine-tuned checkpoint (a transformers LxmertForQuestionAnswering folder such as unc-nlp/lxmert-vqa-uncased, "
+        "an airsplay/lxmert BEST.pth); with --zero-shot a pretraining run or checkpoint.",
     ),
     data: Path = typer.Option(..., help="The task dataset (`vlprep build-task`)."),
     split: str = typer.Option(..., help="The split to score (e.g. val, minval, test-dev, dev, test1, testA, test)."),
-    shards: List[Path] = typer.Option([], "--shards", help="Feature store(s) (default: the run's)."),
-    vocab: Path = typer.Option(None, help="Vocab (default: the run's)."),
+    shards: List[Path] = typer.Option(
+        [], "--shards", help="Feature store(s) (default: the run's; a published checkpoint needs them named)."
+    ),
+    vocab: Path = typer.Option(
+        None, help="Vocab (default: the run's; a published checkpoint's own, else bert-base-uncased's)."
+    ),
     out: Path = typer.Option(
         None, help="Folder for metrics.json and the submission file (default: RUN/eval/TASK-SPLIT)."
     ),
@@ -436,7 +441,9 @@ def evaluate(
         "Flickr30k.",
     ),
     model: str = typer.Option(
-        None, help="Model config, when --checkpoint is no run of ours (HF LXMERT, vilbert-multi-task)."
+        None,
+        help="Model config, when --checkpoint is no run of ours and holds none (an airsplay/lxmert BEST.pth: "
+        "lxmert-base; with --zero-shot an HF LXMERT or vilbert-multi-task pretraining checkpoint).",
     ),
     step: str = typer.Option(None, help="In a run folder: the checkpoint of this step, or best."),
     device: Literal[DEVICES] = typer.Option("cpu", help="cpu or cuda."),
@@ -447,6 +454,10 @@ def evaluate(
     predictions in the official submission format (VQA / GQA results JSON, NLVR2 CSV, VCR CSV).
 
     Example: vltrain evaluate --task vqa --checkpoint runs/vqa --step best --data tasks/vqa --split test-dev
+
+    A published model (its answer table in the task dataset: build-task --answers-from trainval_label2ans.json):
+    vltrain evaluate --task vqa --checkpoint lxmert-vqa-uncased/ --data tasks/vqa --split minival --shards coco_feats
+    --out eval/lxmert-vqa
     """
     from rich.progress import (
         BarColumn,

@@ -19,6 +19,7 @@ order, and rank 0 writes the files: no rank waits for another's whole evaluation
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
@@ -27,6 +28,7 @@ import torch
 
 from pipeline.errors import ConfigError
 from pipeline.io import atomic_write_json
+from pipeline.store import FeatureStore
 from pipeline.task_data import TaskData
 from vl_models import distributed, families, transfer
 from vl_models.config import DataSettings
@@ -35,8 +37,11 @@ from vl_models.train.run_folder import answers_digest
 from vl_models.train.trainer import resolve_device
 from vl_models.transfer.dataset import TaskDataset
 from vl_models.transfer.heads import RetrievalHead, TransferModel, build_transfer_model
+from vl_models.transfer.published import read_published
 from vl_models.transfer.runs import backbone_state, data_settings, is_finetuned, model_of, our_run
 from vl_models.transfer.task import Predictions
+
+log = logging.getLogger(__name__)
 
 Progress = Optional[Callable[[int, int], None]]  # (done, total) in examples or pairs
 
@@ -169,7 +174,8 @@ def evaluate_checkpoint(
     progress: Progress = None,
 ) -> dict:
     """`vltrain evaluate`: score a fine-tuned run's `task` head on a split of a task dataset
-    (or, with `zero_shot`, a pretrained model's pair head on a retrieval task), write
+    (a run of ours, or a published fine-tuned checkpoint: `vl_models.transfer.published`; or,
+    with `zero_shot`, a pretrained model's pair head on a retrieval task), write
     ``metrics.json`` and the task's submission file into `out` (default: the run folder's
     ``eval/<task>-<split>/``); returns {"metrics", "files", "examples"}. Under torchrun the
     ranks share the scoring and rank 0 writes (the other ranks return no files)."""
@@ -190,11 +196,20 @@ def evaluate_checkpoint(
             tmodel.backbone.load_state_dict(backbone_state(ckpt))
         else:
             init_pretraining(tmodel.backbone, ckpt or Path(source), family.load_checkpoint)
+    elif run is None and (published := read_published(source, model)) is not None:
+        if not stores:
+            raise ConfigError(f"--shards: the feature store(s) with the images ({source} names none)")
+        published.check_store(FeatureStore.open(stores[0]).layout)
+        family = published.family
+        tmodel = published.transfer_model(task, len(data.answers))
+        vocab = vocab or str(published.vocab)
+        log.info("%s", published.note())
     else:
         if not is_finetuned(run) or task.name not in run["tasks"]:
             raise ConfigError(
                 f"{source} is no fine-tuning run of {task.name} (its tasks: "
-                f"{', '.join((run or {}).get('tasks') or ['none'])}); zero-shot retrieval: --zero-shot"
+                f"{', '.join((run or {}).get('tasks') or ['none'])}), nor a published fine-tuned checkpoint "
+                "(transformers LxmertForQuestionAnswering, airsplay/lxmert); zero-shot retrieval: --zero-shot"
             )
         if run["answers"][task.name] != answers_digest(data):
             raise ConfigError(

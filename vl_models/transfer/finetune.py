@@ -2,11 +2,12 @@
 atomic checkpoints, validation, the best checkpoint) on downstream tasks.
 
 The model is a `heads.TransferModel`: the family's pretraining model (from ``--init``: a
-pretraining run folder or checkpoint of ours — its model config and vocab come with it —,
-an HF LXMERT or vilbert-multi-task checkpoint with ``--model``, or none: from scratch) and
-one head per task. Answer heads start from the --init QA head's rows where the answers
-match (`weights.copy_answer_rows`, LXMERT's fine-tuning; the QA table is the --init run's
-mixture's, or ``--init-answers``).
+pretraining or fine-tuning run folder or checkpoint of ours — its model config and vocab come
+with it —, a published fine-tuned checkpoint (`vl_models.transfer.published`: its encoder,
+and its head for the tasks of its kind), an HF LXMERT or vilbert-multi-task pretraining
+checkpoint with ``--model``, or none: from scratch) and one head per task. Answer heads
+start from the --init QA head's rows where the answers match (`weights.copy_answer_rows`,
+LXMERT's fine-tuning; the QA table is the --init run's mixture's, or ``--init-answers``).
 
 Several tasks (``--task vqa --task gqa ...``) train one backbone with a head each, in
 one-task batches ordered round-robin or in proportion to the tasks' sizes
@@ -27,6 +28,7 @@ import torch
 from pipeline.errors import ConfigError
 from pipeline.items.answers import read_answer_file
 from pipeline.mixture import Mixture
+from pipeline.store import FeatureStore
 from pipeline.task_data import TaskData
 from vl_models import distributed, transfer
 from vl_models.config import FinetuneConfig
@@ -37,6 +39,7 @@ from vl_models.train.trainer import BestMetric, Job, check_out, check_vocab, lau
 from vl_models.transfer.dataset import TaskDataset
 from vl_models.transfer.evaluate import predict
 from vl_models.transfer.heads import TransferModel, build_transfer_model
+from vl_models.transfer.published import read_published
 from vl_models.transfer.runs import backbone_state, is_finetuned, model_of, our_run
 
 log = logging.getLogger(__name__)
@@ -60,9 +63,14 @@ def run_finetune(cfg: FinetuneConfig, on_step: Optional[Callable[[int, dict, int
     tasks = [transfer.get(name) for name in cfg.tasks]
     datas = [TaskData.open(path, task=t.name) for t, path in zip(tasks, cfg.task_data)]
     source, run = our_run(cfg.init)
+    published = None if run else read_published(cfg.init, cfg.model)
     old_answers = _init_answers(cfg, run)
-    family, mcfg = model_of(cfg.model, run, cfg.stores[0], len(old_answers or ()))
-    vocab = cfg.vocab or (run and run["train"].get("vocab"))
+    if published is not None:
+        published.check_store(FeatureStore.open(cfg.stores[0]).layout)
+        family, mcfg = published.family, published.mcfg
+    else:
+        family, mcfg = model_of(cfg.model, run, cfg.stores[0], len(old_answers or ()))
+    vocab = cfg.vocab or (run and run["train"].get("vocab")) or (published and str(published.vocab))
     if not vocab:
         raise ConfigError("--vocab: name the vocab (there is no --init run of ours to take it from)")
     cfg = cfg.with_(vocab=str(vocab))  # recorded: a run fine-tuned from this one finds it
@@ -111,6 +119,8 @@ def run_finetune(cfg: FinetuneConfig, on_step: Optional[Callable[[int, dict, int
     }
 
     def init() -> str:
+        if published is not None:
+            return _init_published(model, published, tasks, datas, old_answers)
         if is_finetuned(run):  # a fine-tuned backbone (its heads stay behind)
             model.backbone.load_state_dict(backbone_state(source))
             said = f"the backbone of fine-tuning run {source}"
@@ -168,6 +178,39 @@ def _init_answers(cfg: FinetuneConfig, run: Optional[dict]) -> Optional[list[str
     if mixture and Path(mixture).is_dir():
         return Mixture.open(mixture).answers
     return None
+
+
+def _init_published(model: TransferModel, published, tasks, datas, old_answers: Optional[list[str]]) -> str:
+    """The published checkpoint's encoder into the backbone; its head into each task head of
+    its kind: whole where the answer tables have the same length (the checkpoint's own table),
+    else (with --init-answers, the checkpoint's table) the hidden layers whole and the rows by
+    answer string, as from a pretraining QA head. Returns a note for the log."""
+    published.load_encoder(model.backbone)
+    notes = []
+    for task, data in zip(tasks, datas):
+        if task.head != published.head_kind:
+            notes.append(f"{task.name}: a new {task.head} head (the checkpoint's is a {published.head_kind} head)")
+        elif task.head != "answers" or len(data.answers) == published.answers:
+            published.load_head(model.heads[task.name])
+            notes.append(f"{task.name}: the checkpoint's head")
+        elif old_answers:
+            if len(old_answers) != published.answers:
+                raise ConfigError(
+                    f"--init-answers: {len(old_answers)} answers for the checkpoint's {published.answers} answer rows"
+                )
+            head = model.heads[task.name].logit_fc
+            head[:3].load_state_dict(
+                {k[len("logit_fc.") :]: v for k, v in published.head.items() if not k.startswith("logit_fc.3.")}
+            )
+            w, b = published.head["logit_fc.3.weight"], published.head["logit_fc.3.bias"]
+            copied = copy_answer_rows(head[3], w, b, old_answers, data.answers)
+            notes.append(f"{task.name}: {copied} of {len(data.answers)} answer rows from the checkpoint's head")
+        else:
+            notes.append(
+                f"{task.name}: a new answer head ({len(data.answers)} answers; the checkpoint's has "
+                f"{published.answers}: --init-answers names its table to copy rows by answer)"
+            )
+    return f"{published.note()}; {'; '.join(notes)}"
 
 
 def _copy_answers(model: TransferModel, family, tasks, datas, old_answers: Optional[list[str]]) -> str:
