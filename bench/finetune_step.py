@@ -85,15 +85,20 @@ def ours_loss(model: TransferModel, batch: dict) -> torch.Tensor:
     return model.heads["vqa"].loss(model("vqa", batch), batch)[0]
 
 
-def hf_loss(model, batch: dict) -> torch.Tensor:
-    out = model(
+def hf_qa_scores(model, batch: dict) -> torch.Tensor:
+    """`transformers.LxmertForQuestionAnswering`'s answer logits on a fine-tuning batch (its
+    one candidate per question)."""
+    return model(
         input_ids=batch["input_ids"][:, 0],
         attention_mask=batch["attention_mask"][:, 0],
         visual_feats=batch["visual_feats"][:, 0],
         visual_pos=batch["visual_pos"][:, 0],
         visual_attention_mask=batch["visual_mask"][:, 0],
-    )
-    scores = out.question_answering_score.float()
+    ).question_answering_score
+
+
+def hf_loss(model, batch: dict) -> torch.Tensor:
+    scores = hf_qa_scores(model, batch).float()
     return F.binary_cross_entropy_with_logits(scores, batch["target"], reduction="sum") / scores.shape[0]
 
 

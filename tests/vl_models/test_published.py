@@ -28,9 +28,17 @@ from vl_models.transfer.finetune import run_finetune
 from vl_models.transfer.published import AIRSPLAY, HF_QA, read_published
 
 LXMERT = families.get("lxmert")
-_spec = importlib.util.spec_from_file_location("airsplay_lxmert", REPO / "tests" / "reference" / "airsplay_lxmert.py")
-reference = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(reference)
+
+
+def _module(name: str, path):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+reference = _module("airsplay_lxmert", REPO / "tests" / "reference" / "airsplay_lxmert.py")  # the fixture's maker
+finetune_step = _module("finetune_step", REPO / "bench" / "finetune_step.py")  # transformers' QA call
 
 
 @pytest.fixture(scope="module")
@@ -92,13 +100,7 @@ def test_a_transformers_qa_folder_gives_transformers_logits(world, hf_vqa):
     assert (batch["attention_mask"] == 0).any()  # padded questions
     with torch.no_grad():
         ours = model("vqa", batch)
-        ref = hf(
-            input_ids=batch["input_ids"][:, 0],
-            attention_mask=batch["attention_mask"][:, 0],
-            visual_feats=batch["visual_feats"][:, 0],
-            visual_pos=batch["visual_pos"][:, 0],
-            visual_attention_mask=batch["visual_mask"][:, 0],
-        ).question_answering_score
+        ref = finetune_step.hf_qa_scores(hf, batch)
     assert ours.shape == ref.shape and ref.std(0).max() > 0.1  # logits that depend on the inputs
     assert (ours - ref).abs().max() <= 1e-5
 
@@ -132,13 +134,7 @@ def test_vltrain_evaluate_scores_a_transformers_qa_folder(world, hf_vqa, tmp_pat
         view = _view(world, "vqa", "val")
         batch = _batch(view)
         with torch.no_grad():
-            ref = hf(
-                input_ids=batch["input_ids"][:, 0],
-                attention_mask=batch["attention_mask"][:, 0],
-                visual_feats=batch["visual_feats"][:, 0],
-                visual_pos=batch["visual_pos"][:, 0],
-                visual_attention_mask=batch["visual_mask"][:, 0],
-            ).question_answering_score
+            ref = finetune_step.hf_qa_scores(hf, batch)
         data = view.data
         expected = {int(data.column("uid")[r]): data.answers[int(a)] for r, a in zip(view.rows, ref.argmax(-1))}
         assert {r["question_id"]: r["answer"] for r in results} == expected

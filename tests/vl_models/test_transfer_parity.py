@@ -36,13 +36,7 @@ def test_vqa_answer_logits_match_transformers():
     assert (batch["attention_mask"] == 0).any()  # and padded questions
     with torch.no_grad():
         got = ours("vqa", batch)
-        ref = hf(
-            input_ids=batch["input_ids"][:, 0],
-            attention_mask=batch["attention_mask"][:, 0],
-            visual_feats=batch["visual_feats"][:, 0],
-            visual_pos=batch["visual_pos"][:, 0],
-            visual_attention_mask=batch["visual_mask"][:, 0],
-        ).question_answering_score
+        ref = finetune_step.hf_qa_scores(hf, batch)
     assert got.shape == ref.shape == (3, ANSWERS)
     assert (got - ref).abs().max() <= 1e-5
     assert torch.allclose(finetune_step.ours_loss(ours, batch), finetune_step.hf_loss(hf, batch), atol=1e-5)
