@@ -84,8 +84,11 @@ class BusyError(VlprepError, RuntimeError):
     exit_code = EXIT_BUSY
 
 
-class UnsafePickleError(ValueError):
-    """A pickle asked for something other than numpy arrays and plain values."""
+class UnsafePickleError(VlprepError, ValueError):
+    """A pickle asked for something other than numpy arrays and plain values (or is no
+    readable pickle): an input refused, exit 2."""
+
+    exit_code = EXIT_CONFIG
 
 
 def exit_code(err: BaseException) -> int | None:

@@ -172,3 +172,40 @@ def test_damaged_files_we_wrote_and_unreadable_sources_are_named(tmp_path):
     with pytest.raises(ConfigError, match="a_file exists and is not a folder"):
         with exclusive_lock(tmp_path / "a_file", "feature store"):
             pass
+
+
+# Exceptions the packages define that are not named errors: each is caught where it is
+# raised and becomes data (a sample's or a row's reason), never reaching a command's caller.
+CAUGHT_INSIDE = {
+    "pipeline.images.ImageError": "an image's decode failure: the download/extract sample's reason",
+    "pipeline.download.fetch.FetchError": "a URL's fetch failure: the download sample's reason",
+    "pipeline.legacy.base.RowError": "a legacy row's bad value: the import's skipped row",
+    "pipeline.sources.vcr._Bad": "a VCR line's malformed field: the row's Malformed reason",
+    "pipeline.store.arrow_shard._Damaged": "a damaged shard file: re-raised as StoreError naming it",
+}
+
+
+def test_every_error_a_command_can_raise_is_named():
+    """Walk every module of both packages: each exception class they define is a named error
+    (one `error:` line and its exit code on both CLIs), or one caught where it is raised."""
+    import importlib
+    import inspect
+
+    from helpers import REPO
+
+    from pipeline.errors import VlprepError
+
+    defined = {}
+    for package in ("pipeline", "vl_models"):
+        for path in sorted((REPO / package).rglob("*.py")):
+            name = ".".join(path.relative_to(REPO).with_suffix("").parts).removesuffix(".__init__")
+            module = importlib.import_module(name)
+            for obj in vars(module).values():
+                if inspect.isclass(obj) and issubclass(obj, BaseException) and obj.__module__ == name:
+                    defined[f"{name}.{obj.__qualname__}"] = obj
+    assert "pipeline.errors.UnsafePickleError" in defined and "pipeline.download.fetch.FetchError" in defined
+    unnamed = sorted(k for k, cls in defined.items() if not issubclass(cls, VlprepError))
+    assert unnamed == sorted(CAUGHT_INSIDE), "name it (a VlprepError) or catch it where it is raised"
+    for name, cls in defined.items():
+        if issubclass(cls, VlprepError):
+            assert exit_code(cls.__new__(cls)) == cls.exit_code is not None, name

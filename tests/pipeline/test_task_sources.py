@@ -8,6 +8,7 @@ import pickle
 
 import numpy as np
 import pytest
+from helpers import run_cli
 
 from pipeline.errors import ConfigError, UnsafePickleError
 from pipeline.sources.base import EMPTY_TEXT, NULL_ANSWER, NULL_TEXT, Malformed, Skip
@@ -304,6 +305,22 @@ def test_a_hostile_refs_pickle_is_refused_before_it_runs(tmp_path):
     refs.write_bytes(pickle.dumps({"not": "a list"}, protocol=2))
     with pytest.raises(ConfigError, match="not a refs file"):
         list(read_refs(refs, instances_file(tmp_path)))
+
+
+@pytest.mark.parametrize("content", ["hostile", "truncated"])
+def test_build_task_names_a_refused_refs_pickle_in_one_line(tmp_path, content):
+    """The command's answer to a refused or unreadable refs(unc).p: one `error:` line naming the
+    file, exit 2, nothing written (not a traceback)."""
+    marker = tmp_path / "pwned"
+    refs = tmp_path / "refs(unc).p"
+    good = pickle.dumps([ref(1, 100, 9, [(11, "x")])], protocol=2)
+    hostile = pickle.dumps([ref(1, 100, 9, [(11, "x")]), _Hostile(marker)], protocol=2)
+    refs.write_bytes(hostile if content == "hostile" else good[: len(good) // 2])
+    out = tmp_path / "task"
+    proc = run_cli("build-task", "--task", "refcoco+", "--out", out, refs, instances_file(tmp_path))
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith("error:") and "refs(unc).p" in proc.stderr and "Traceback" not in proc.stderr
+    assert not marker.exists() and not out.exists()
 
 
 # -- VCR
