@@ -57,7 +57,7 @@ class Published:
 
     @property
     def family(self):
-        return families.get("lxmert")
+        return families.of_config(self.mcfg)
 
     @property
     def head_kind(self) -> str:
@@ -198,7 +198,7 @@ def _config(path: Path, model: Optional[str], layout: str) -> LxmertConfig:
 def lxmert_config_of_hf(hf: dict, name: str) -> LxmertConfig:
     """Our LXMERT config from a transformers ``LxmertConfig`` config.json (the same field
     names); a GELU other than BERT's exact one is refused (ours computes that one)."""
-    if hf.get("model_type") != "lxmert":
+    if hf.get("model_type") != LxmertConfig.model_type:
         raise ConfigError(f"{name}: config.json is not an LXMERT config (model_type {hf.get('model_type')!r})")
     if hf.get("hidden_act", "gelu") != "gelu":
         raise ConfigError(f"{name}: hidden_act {hf['hidden_act']!r}: only BERT's exact GELU ('gelu') is implemented")
