@@ -315,6 +315,7 @@ def _train_config(cfg: DemoConfig, kind: str, out: Path, vocab: Path, steps: int
 
 
 def _pretrain(cfg: DemoConfig, kind: str, out: Path, vocab: Path, say: Callable[[str], None]) -> dict:
+    from vl_models.train import run_folder
     from vl_models.train.trainer import run
 
     steps = cfg.preset("steps")
@@ -330,10 +331,10 @@ def _pretrain(cfg: DemoConfig, kind: str, out: Path, vocab: Path, say: Callable[
             )
         ),
     )
-    rows = [json.loads(line) for line in (Path(tcfg.out) / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    last = [r for r in rows if "lr" in r][
-        -1
-    ]  # the last training row, of this call or (resumed at the end) an earlier one
+    # the last training row, of this call or (a run resumed at its end) an earlier one
+    log_file = Path(tcfg.out) / run_folder.METRICS
+    rows = [json.loads(line) for line in log_file.read_text().splitlines() if line.strip()]
+    last = [r for r in rows if "lr" in r][-1]
     return {
         "model": MODELS[kind],
         "steps": steps,
@@ -462,20 +463,28 @@ def _family(cfg: DemoConfig, kind: str, out: Path, vocab: Path, say: Optional[Ca
     metric); the seconds each took."""
     say = say or _child_queue.put
     seconds = {}
-    started = time.perf_counter()
-    result = {"pretrain": _pretrain(cfg, kind, out, vocab, say)}
-    seconds["pretrain"], started = round(time.perf_counter() - started, 1), time.perf_counter()
-    result["evaluation"] = _evaluate(cfg, kind, out, vocab)
-    seconds["evaluate"], started = round(time.perf_counter() - started, 1), time.perf_counter()
+
+    def timed(part: str, work: Callable[[], object]):
+        started = time.perf_counter()
+        value = work()
+        seconds[part] = round(time.perf_counter() - started, 1)
+        return value
+
+    result = {
+        "pretrain": timed("pretrain", lambda: _pretrain(cfg, kind, out, vocab, say)),
+        "evaluation": timed("evaluate", lambda: _evaluate(cfg, kind, out, vocab)),
+    }
     if cfg.transfer:
-        scores = {
-            name: {
-                init: [_finetune(cfg, kind, name, init, seed, out, vocab) for seed in cfg.fine_tuning_seeds()]
-                for init in ("scratch", "pretrained")
-            }
-            for name in TRANSFER_FILES
-        }
-        seconds["transfer"] = round(time.perf_counter() - started, 1)
+        scores = timed(
+            "transfer",
+            lambda: {
+                name: {
+                    init: [_finetune(cfg, kind, name, init, seed, out, vocab) for seed in cfg.fine_tuning_seeds()]
+                    for init in ("scratch", "pretrained")
+                }
+                for name in TRANSFER_FILES
+            },
+        )
         say(
             f"      {MODELS[kind]}: "
             + "; ".join(f"{t} {_mean(r['scratch']):.1f} -> {_mean(r['pretrained']):.1f}" for t, r in scores.items())

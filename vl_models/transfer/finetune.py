@@ -198,12 +198,8 @@ def _init_published(model: TransferModel, published, tasks, datas, old_answers: 
                 raise ConfigError(
                     f"--init-answers: {len(old_answers)} answers for the checkpoint's {published.answers} answer rows"
                 )
-            head = model.heads[task.name].logit_fc
-            head[:3].load_state_dict(
-                {k[len("logit_fc.") :]: v for k, v in published.head.items() if not k.startswith("logit_fc.3.")}
-            )
-            w, b = published.head["logit_fc.3.weight"], published.head["logit_fc.3.bias"]
-            copied = copy_answer_rows(head[3], w, b, old_answers, data.answers)
+            state = {k[len("logit_fc.") :]: v for k, v in published.head.items()}
+            copied = _answer_head_from(model.heads[task.name].logit_fc, state, old_answers, data.answers)
             notes.append(f"{task.name}: {copied} of {len(data.answers)} answer rows from the checkpoint's head")
         else:
             notes.append(
@@ -223,8 +219,14 @@ def _copy_answers(model: TransferModel, family, tasks, datas, old_answers: Optio
     for task, data in zip(tasks, datas):
         if task.head != "answers" or qa[3].out_features != len(old_answers):
             continue
-        head = model.heads[task.name].logit_fc
-        head[:3].load_state_dict(qa[:3].state_dict())
-        copied = copy_answer_rows(head[3], qa[3].weight.detach(), qa[3].bias.detach(), old_answers, data.answers)
+        copied = _answer_head_from(model.heads[task.name].logit_fc, qa.state_dict(), old_answers, data.answers)
         notes.append(f"{task.name}: {copied} of {len(data.answers)} answer rows from the QA head")
     return f"; {'; '.join(notes)}" if notes else ""
+
+
+def _answer_head_from(head: torch.nn.Sequential, state: dict, old_answers: list[str], new_answers: list[str]) -> int:
+    """An answer classifier started from a trained one's tensors (`state`: ``0.*``, ``2.*``,
+    ``3.*``, its rows the entries of `old_answers`): the hidden layers whole, the output rows
+    by answer string (`copy_answer_rows`). Returns how many rows were copied."""
+    head[:3].load_state_dict({k: v for k, v in state.items() if not k.startswith("3.")})
+    return copy_answer_rows(head[3], state["3.weight"], state["3.bias"], old_answers, new_answers)
