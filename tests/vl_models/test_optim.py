@@ -48,3 +48,23 @@ def test_fused_adamw_matches_the_reference_loop():
             opt.zero_grad()
     for p, q in zip(a.parameters(), b.parameters()):
         torch.testing.assert_close(p, q)
+
+
+def test_learning_rate_scales_split_the_groups():
+    """12-in-1 trains its ``vil_*`` heads at their own learning rate: a per-parameter scale
+    splits the groups (decay kept apart), and the plain groups keep their place and order."""
+    model = nn.Sequential(Tiny(), Tiny())
+    groups = param_groups(model, 0.01, scale_of=lambda name: 5.0 if name.startswith("1.") else 1.0)
+    assert [(g["lr_scale"], g["weight_decay"], len(g["params"])) for g in groups] == [
+        (1.0, 0.01, 1),
+        (1.0, 0.0, 3),
+        (5.0, 0.01, 1),
+        (5.0, 0.0, 3),
+    ]
+    opt = make_optimizer(model, "adamw", lr=0.1, weight_decay=0.01, scale_of=lambda n: 5.0 if n[0] == "1" else 1.0)
+    assert [g["lr"] for g in opt.param_groups] == [0.1, 0.1, 0.5, 0.5]
+    bert = make_optimizer(model, "bertadam", lr=0.1, weight_decay=0.01, scale_of=lambda n: 5.0 if n[0] == "1" else 1.0)
+    got = [(g["lr"], g["weight_decay"], len(g["params"])) for g in bert.param_groups]
+    assert got == [(0.1, 0.01, 4), (0.5, 0.01, 4)]
+    plain = make_optimizer(model, "bertadam", lr=0.1, weight_decay=0.01)
+    assert len(plain.param_groups) == 1  # as before: a pretraining run's saved optimizer state still loads

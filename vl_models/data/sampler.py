@@ -9,7 +9,7 @@ resumed run neither repeats nor skips items.
 
 from __future__ import annotations
 
-from typing import Iterator, Sequence
+from typing import Iterator, Sequence, Union
 
 import numpy as np
 import torch
@@ -58,22 +58,28 @@ class ResumableSampler(torch.utils.data.Sampler[int]):
         self.epoch, self.position = state["epoch"], state["position"]
 
 
-TASK_SAMPLING = ("round-robin", "proportional")
+TASK_SAMPLING = ("round-robin", "proportional", "cycle")
 
 
 class TaskBatchSampler(torch.utils.data.Sampler[list[int]]):
     """Batches of one task each over the tasks' datasets concatenated (task t's items at
     offset sum(sizes[:t])): each task's items are visited as a `ResumableSampler` of its own
-    would (seed + t) and cut into whole batches; an epoch is every task's batches, ordered
-    ``round-robin`` (t0, t1, ..., t0, ...; a task whose batches ran out drops out) or
-    ``proportional`` (a seeded shuffle of all batches: each task in proportion to its size).
+    would (seed + t) and cut into whole batches of that task's batch size (`batch_size`: one
+    for all tasks, or one per task). An epoch is ordered
+
+    * ``round-robin``: t0, t1, ..., t0, ...; a task whose batches ran out drops out;
+    * ``proportional``: a seeded shuffle of all batches (each task in proportion to its size);
+    * ``cycle`` (12-in-1's multi-task loop): rounds of one batch of every task, as many rounds
+      as the task with the most batches has; a task whose batches ran out starts another pass
+      over its items (a new permutation).
+
     The order is the same on every rank, so DDP ranks train the same task at each step.
     `position` counts the items of this epoch handed out; a resume continues after them."""
 
     def __init__(
         self,
         sizes: Sequence[int],
-        batch_size: int,
+        batch_size: Union[int, Sequence[int]],
         rank: int = 0,
         world: int = 1,
         seed: int = 0,
@@ -81,15 +87,18 @@ class TaskBatchSampler(torch.utils.data.Sampler[list[int]]):
     ):
         if mode not in TASK_SAMPLING:
             raise ValueError(f"task sampling {mode!r}: one of {', '.join(TASK_SAMPLING)}")
-        self.sizes, self.batch_size, self.seed, self.mode, self.world = list(sizes), batch_size, seed, mode, world
+        self.sizes, self.seed, self.mode, self.world = list(sizes), seed, mode, world
+        self.batch_sizes = [batch_size] * len(self.sizes) if isinstance(batch_size, int) else list(batch_size)
+        if len(self.batch_sizes) != len(self.sizes):
+            raise ValueError(f"{len(self.batch_sizes)} batch sizes for {len(self.sizes)} tasks")
         self.items = [ResumableSampler(n, rank, world, seed + t) for t, n in enumerate(self.sizes)]
         self.offsets = np.cumsum([0, *self.sizes[:-1]])
         self.epoch = 0
         self.position = 0
 
     def counts(self) -> list[int]:
-        """Batches per task in an epoch (on each rank)."""
-        return [len(s) // self.batch_size for s in self.items]
+        """Batches per task in one pass over its items (on each rank)."""
+        return [len(s) // b for s, b in zip(self.items, self.batch_sizes)]
 
     def order(self, epoch: int) -> list[int]:
         """The task of each batch of `epoch`."""
@@ -97,6 +106,9 @@ class TaskBatchSampler(torch.utils.data.Sampler[list[int]]):
         if self.mode == "proportional":
             tasks = np.repeat(np.arange(len(counts)), counts)
             return np.random.default_rng([self.seed, epoch, 1]).permutation(tasks).tolist()
+        if self.mode == "cycle":
+            live = [t for t, n in enumerate(counts) if n]
+            return live * max(counts, default=0)
         out, left = [], list(counts)
         while any(left):
             for t in range(len(left)):
@@ -106,18 +118,31 @@ class TaskBatchSampler(torch.utils.data.Sampler[list[int]]):
         return out
 
     def __len__(self) -> int:
-        return sum(self.counts())
+        return len(self.order(self.epoch))
+
+    def _pass(self, t: int, k: int) -> np.ndarray:
+        """Task t's item order for its k-th pass of this epoch (k > 0 only when cycling)."""
+        if k == 0:
+            return self.items[t].indices(self.epoch)
+        rng = np.random.default_rng([self.seed, t, self.epoch, k])
+        mine = self.items[t]
+        return rng.permutation(mine.size)[: len(mine) * mine.world][mine.rank :: mine.world]
 
     def __iter__(self) -> Iterator[list[int]]:
-        mine = [s.indices(self.epoch) for s in self.items]
-        taken = [0] * len(mine)
-        for k, t in enumerate(self.order(self.epoch)):
-            start = taken[t] * self.batch_size
+        counts, size = self.counts(), self.batch_sizes
+        taken, passes = [0] * len(counts), {}
+        handed = 0
+        for t in self.order(self.epoch):
+            k, j = divmod(taken[t], counts[t])
             taken[t] += 1
-            if k < self.position // self.batch_size:
+            handed += size[t]
+            if handed <= self.position:
                 continue
-            self.position += self.batch_size
-            yield [int(i) + int(self.offsets[t]) for i in mine[t][start : start + self.batch_size]]
+            if (t, k) not in passes:
+                passes[(t, k)] = self._pass(t, k)
+            self.position = handed
+            batch = passes[(t, k)][j * size[t] : (j + 1) * size[t]]
+            yield [int(i) + int(self.offsets[t]) for i in batch]
 
     def set_epoch(self, epoch: int) -> None:
         if epoch != self.epoch:
@@ -130,13 +155,13 @@ class TaskBatchSampler(torch.utils.data.Sampler[list[int]]):
             "seed": self.seed,
             "sizes": self.sizes,
             "world": self.world,
-            "batch_size": self.batch_size,
+            "batch_size": self.batch_sizes[0] if len(set(self.batch_sizes)) == 1 else self.batch_sizes,
             "mode": self.mode,
         }
 
     def load_state_dict(self, state: dict) -> None:
         saved = (state["seed"], state["sizes"], state["world"], state["batch_size"], state["mode"])
-        if saved != (self.seed, self.sizes, self.world, self.batch_size, self.mode):
+        if saved != (self.seed, self.sizes, self.world, self.state_dict()["batch_size"], self.mode):
             raise ValueError(
                 "sampler state was saved for another seed, data sizes, world size, batch size or task sampling"
             )

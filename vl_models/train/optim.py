@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Callable, Optional
+
 import torch
 from torch import nn
 
@@ -10,15 +12,26 @@ from vl_models.config import OPTIMIZERS
 NO_DECAY = ("bias", "LayerNorm.weight", "LayerNorm.bias", "layer_norm.weight", "layer_norm.bias")
 
 
-def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
-    """Weight decay on weights; none on biases and LayerNorm parameters (tied weights once)."""
-    decay, no_decay, seen = [], [], set()
+Scales = Optional[Callable[[str], float]]  # a parameter's name -> its learning rate over the schedule's
+
+
+def param_groups(model: nn.Module, weight_decay: float, scale_of: Scales = None) -> list[dict]:
+    """Weight decay on weights; none on biases and LayerNorm parameters (tied weights once).
+    With `scale_of` (a parameter's name -> its learning rate over the base one), the groups
+    are split further by that scale, kept in each group as ``lr_scale`` (the trainer's
+    schedule multiplies it in)."""
+    groups: dict[tuple[bool, float], list] = {}
+    seen: set = set()
     for name, p in model.named_parameters():
         if not p.requires_grad or id(p) in seen:
             continue
         seen.add(id(p))
-        (no_decay if name.endswith(NO_DECAY) else decay).append(p)
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+        scale = float(scale_of(name)) if scale_of else 1.0
+        groups.setdefault((not name.endswith(NO_DECAY), scale), []).append(p)
+    for key in ((True, 1.0), (False, 1.0)):  # the two plain groups always, in this order (checkpoints)
+        groups.setdefault(key, [])
+    ordered = sorted(groups, key=lambda k: (k[1] != 1.0, k[1], not k[0]))
+    return [{"params": groups[k], "weight_decay": weight_decay if k[0] else 0.0, "lr_scale": k[1]} for k in ordered]
 
 
 def lr_at(step: int, base_lr: float, warmup: int, total: int) -> float:
@@ -58,16 +71,30 @@ class BertAdam(torch.optim.Optimizer):
                 p.add_(update, alpha=-group["lr"])
 
 
-def make_optimizer(model: nn.Module, name: str, lr: float, weight_decay: float, betas=(0.9, 0.999), eps: float = 1e-6):
+def make_optimizer(
+    model: nn.Module,
+    name: str,
+    lr: float,
+    weight_decay: float,
+    betas=(0.9, 0.999),
+    eps: float = 1e-6,
+    scale_of: Scales = None,
+):
     """``adamw`` (default; fused kernel, no decay on bias/LayerNorm), ``bertadam`` (LXMERT's
-    optimizer: decay on *all* parameters, as the reference) or ``sgd`` (momentum 0.9)."""
+    optimizer: decay on *all* parameters, as the reference) or ``sgd`` (momentum 0.9).
+    `scale_of`: per-parameter learning-rate scales (`param_groups`)."""
+    groups = param_groups(model, weight_decay, scale_of)
+    for group in groups:
+        group["lr"] = lr * group["lr_scale"]
     if name == "adamw":
-        groups = param_groups(model, weight_decay)
         fused = all(p.dtype.is_floating_point for g in groups for p in g["params"])
         return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps, fused=fused)
-    if name == "bertadam":
-        every = [p for group in param_groups(model, weight_decay) for p in group["params"]]
-        return BertAdam(every, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+    if name == "bertadam":  # one group per learning rate (decay on all)
+        merged: dict[float, dict] = {}
+        for group in groups:
+            into = merged.setdefault(group["lr_scale"], {**group, "params": [], "weight_decay": weight_decay})
+            into["params"] += group["params"]
+        return BertAdam(list(merged.values()), lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
     if name == "sgd":
-        return torch.optim.SGD(param_groups(model, weight_decay), lr=lr, momentum=0.9)
+        return torch.optim.SGD(groups, lr=lr, momentum=0.9)
     raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {name!r}")

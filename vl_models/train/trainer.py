@@ -117,7 +117,8 @@ class Job:
     step)` gives (total, per-part losses, metrics); `checks` are the parts whose finiteness
     all ranks agree on; `validate(model)` scores the model, called on every rank, each
     scoring its share and all returning the same scores (None: no validation);
-    `compile_target(model)` is what --compile compiles."""
+    `compile_target(model)` is what --compile compiles; `lr_scale(name)`, where given, is a
+    parameter's learning rate over the schedule's (fine-tuning's faster task heads)."""
 
     sampler: Any
     batches: Callable[[Any, dict], Iterator[dict]]
@@ -126,6 +127,7 @@ class Job:
     validate: Optional[Callable[[torch.nn.Module], dict]]
     compile_target: Callable[[torch.nn.Module], torch.nn.Module]
     unused_parameters: bool
+    lr_scale: Optional[Callable[[str], float]] = None
 
 
 def check_out(out: Path) -> None:
@@ -264,7 +266,8 @@ def train_loop(
     out = Path(cfg.out)
     model.to(device)
     sampler = job.sampler
-    optimizer = make_optimizer(model, cfg.optim.optimizer, cfg.optim.lr, cfg.optim.weight_decay)
+    optimizer = make_optimizer(model, cfg.optim.optimizer, cfg.optim.lr, cfg.optim.weight_decay, scale_of=job.lr_scale)
+    scales = [group["lr_scale"] for group in optimizer.param_groups]  # this run's (a resume keeps them)
     scaler = torch.amp.GradScaler("cuda", enabled=cfg.run.amp == "fp16")
     step, best = start.step, None
     if start.state is not None:
@@ -308,8 +311,9 @@ def train_loop(
     per_step = cfg.optim.batch_size * cfg.optim.grad_accum * world  # examples per optimizer step
     try:
         while step < end:
-            for group in optimizer.param_groups:
-                group["lr"] = lr_at(step, cfg.optim.lr, cfg.optim.warmup_steps, cfg.optim.steps)
+            lr = lr_at(step, cfg.optim.lr, cfg.optim.warmup_steps, cfg.optim.steps)
+            for group, scale in zip(optimizer.param_groups, scales):
+                group["lr"] = lr * scale
             sums: dict = {}
             nonfinite: set = set()
             for micro in range(cfg.optim.grad_accum):
