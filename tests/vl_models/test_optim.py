@@ -68,3 +68,21 @@ def test_learning_rate_scales_split_the_groups():
     assert got == [(0.1, 0.01, 4), (0.5, 0.01, 4)]
     plain = make_optimizer(model, "bertadam", lr=0.1, weight_decay=0.01)
     assert len(plain.param_groups) == 1  # as before: a pretraining run's saved optimizer state still loads
+
+
+def test_uncorrected_adamw_is_12in1s():
+    """12-in-1's ``AdamW(correct_bias=False)``: no bias correction, decay after the step and
+    not on biases / LayerNorm."""
+    torch.manual_seed(0)
+    model = Tiny()
+    opt = make_optimizer(model, "adamw-uncorrected", lr=0.1, weight_decay=0.01)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    grads = {n: torch.randn_like(p) for n, p in model.named_parameters()}
+    for n, p in model.named_parameters():
+        p.grad = grads[n].clone()
+    opt.step()
+    for n, p in model.named_parameters():
+        m, v = 0.1 * grads[n], 0.001 * grads[n] ** 2
+        stepped = before[n] - 0.1 * m / (v.sqrt() + 1e-6)
+        expected = stepped * (1 - 0.1 * 0.01) if n == "dense.weight" else stepped
+        torch.testing.assert_close(p.detach(), expected)

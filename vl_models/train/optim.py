@@ -45,12 +45,24 @@ def lr_at(step: int, base_lr: float, warmup: int, total: int) -> float:
 
 class BertAdam(torch.optim.Optimizer):
     """LXMERT's BertAdam: Adam moments *without* bias correction, and weight decay added to
-    the update (``p -= lr * (m / (sqrt(v) + eps) + wd * p)``). The learning rate comes from
-    the caller's schedule (our `lr_at` is BertAdam's ``warmup_linear``); gradient clipping
-    is the trainer's global-norm clip, as LXMERT's training loop does."""
+    the update (``p -= lr * (m / (sqrt(v) + eps) + wd * p)``). With ``decay_after``, the
+    decay is applied after the step instead (``p -= lr * m / (sqrt(v) + eps)``, then
+    ``p -= lr * wd * p``): pytorch-transformers' ``AdamW(correct_bias=False)``, 12-in-1's.
+    The learning rate comes from the caller's schedule (our `lr_at` is BertAdam's
+    ``warmup_linear``); gradient clipping is the trainer's global-norm clip, as LXMERT's
+    training loop does."""
 
-    def __init__(self, params, lr: float, betas=(0.9, 0.999), eps: float = 1e-6, weight_decay: float = 0.01):
-        super().__init__(params, {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay})
+    def __init__(
+        self,
+        params,
+        lr: float,
+        betas=(0.9, 0.999),
+        eps: float = 1e-6,
+        weight_decay: float = 0.01,
+        decay_after: bool = False,
+    ):
+        defaults = {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay, "decay_after": decay_after}
+        super().__init__(params, defaults)
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -66,9 +78,11 @@ class BertAdam(torch.optim.Optimizer):
                 m.mul_(beta1).add_(p.grad, alpha=1 - beta1)
                 v.mul_(beta2).addcmul_(p.grad, p.grad, value=1 - beta2)
                 update = m / (v.sqrt() + group["eps"])
-                if group["weight_decay"]:
+                if group["weight_decay"] and not group.get("decay_after"):  # absent in older checkpoints
                     update.add_(p, alpha=group["weight_decay"])
                 p.add_(update, alpha=-group["lr"])
+                if group["weight_decay"] and group.get("decay_after"):
+                    p.mul_(1 - group["lr"] * group["weight_decay"])
 
 
 def make_optimizer(
@@ -81,7 +95,9 @@ def make_optimizer(
     scale_of: Scales = None,
 ):
     """``adamw`` (default; fused kernel, no decay on bias/LayerNorm), ``bertadam`` (LXMERT's
-    optimizer: decay on *all* parameters, as the reference) or ``sgd`` (momentum 0.9).
+    optimizer: decay on *all* parameters, as the reference), ``adamw-uncorrected`` (12-in-1's
+    ``AdamW(correct_bias=False)``: BertAdam's update, no decay on bias/LayerNorm) or ``sgd``
+    (momentum 0.9).
     `scale_of`: per-parameter learning-rate scales (`param_groups`)."""
     groups = param_groups(model, weight_decay, scale_of)
     for group in groups:
@@ -95,6 +111,8 @@ def make_optimizer(
             into = merged.setdefault(group["lr_scale"], {**group, "params": [], "weight_decay": weight_decay})
             into["params"] += group["params"]
         return BertAdam(list(merged.values()), lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+    if name == "adamw-uncorrected":
+        return BertAdam(groups, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, decay_after=True)
     if name == "sgd":
         return torch.optim.SGD(groups, lr=lr, momentum=0.9)
     raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {name!r}")
