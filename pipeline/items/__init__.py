@@ -10,8 +10,9 @@ any files of the format's own, and ``manifest.json`` (``"format"`` names the kin
 - `folder`: the file names, `folder_manifest`, and `ItemsFolder`, the reader both formats
   build on (`Mixture.open`, `TaskData.open`);
 - `writer`: `ItemsWriter`, which streams the items and writes the other files, manifest last;
-- `answers`: answer normalization (the official VQA evaluation's), soft scores, the answer
-  table (top-K or at least N occurrences) and fixed tables read from the seeds' label files;
+- `answers`: answer normalization (the official VQA evaluator's; with LXMERT's pretraining
+  rules on top for mixtures), soft scores, the answer table (top-K or at least N
+  occurrences) and fixed tables read from the seeds' label files;
 - `image_map`: the ``source id<TAB>store key`` files that join items to feature stores.
 """
 

@@ -1,20 +1,26 @@
 """Answer normalization, soft scores and the joint answer table.
 
-`normalize_answer` applies the official VQA evaluation's rules, then LXMERT's answer-table
-rules (`AnswerTable.convert_ans`), in this order:
+Two normalizations, for two kinds of table:
 
-1. lowercase; newlines and tabs become spaces; outer whitespace stripped;
-2. punctuation (VQA `processPunctuation`, here `process_punctuation`):
-   ``; / [ ] " { } ( ) = + \\ _ - > < @ ` , ? !`` are removed, except a comma between
-   digits (``1,000`` stays); a period not followed by a digit is removed (``2.5`` stays);
-3. digits and articles (VQA `processDigitArticle`, here `process_digit_article`): number
-   words ``none``, ``zero`` ... ``ten`` become digits, the articles ``a``, ``an``, ``the``
-   are dropped, and the evaluation's contractions get their apostrophe (``dont`` ->
-   ``don't``, ``oclock`` -> ``o'clock``);
-4. LXMERT: a trailing ``.`` is stripped, ``grey`` becomes ``gray``.
+* `evaluator_answer`: exactly what the official VQA evaluator (GT-Vision-Lab/VQA
+  ``vqaEval.py``, 2021) does to an answer before comparing it, and nothing more: the answer
+  tables and targets of the VQA task (`vl_models.transfer.vqa`) and the official accuracy
+  (`vl_models.eval.metrics`). Its steps:
 
-Steps 2 and 3 are the official evaluation's own and are used on their own by the official
-accuracy (`vl_models.eval.metrics.vqa_accuracy`).
+  1. newlines and tabs become spaces; outer whitespace stripped;
+  2. punctuation (VQA `processPunctuation`, here `process_punctuation`):
+     ``; / [ ] " { } ( ) = + \\ _ - > < @ ` , ? !`` are removed, except a comma between
+     digits (``1,000`` stays); a period not followed by a digit is removed (``2.5`` stays);
+  3. digits and articles (VQA `processDigitArticle`, here `process_digit_article`):
+     lowercased; number words ``none``, ``zero`` ... ``ten`` become digits, the articles
+     ``a``, ``an``, ``the`` are dropped, and the evaluation's contractions get their
+     apostrophe (``dont`` -> ``don't``, ``oclock`` -> ``o'clock``).
+
+  ``grey`` and ``gray`` stay two answers, as the evaluator scores them.
+* `normalize_answer`: the evaluator's steps, then LXMERT's pretraining answer-table rules
+  (``AnswerTable.convert_ans``: a trailing ``.`` stripped, ``grey`` -> ``gray``): the
+  answers of pretraining mixtures, and the key that matches a new answer table's rows to a
+  pretraining QA head's (as LXMERT's ``load_lxmert_qa`` does).
 
 Soft scores are the official VQA values: an answer given by k annotators scores 0.3, 0.6,
 0.9 for k = 1, 2, 3 and 1.0 for k >= 4 (BUTD's ``get_score``, LXMERT's labels). For 10
@@ -202,10 +208,22 @@ def process_digit_article(text: str) -> str:
     return " ".join(words)
 
 
+def strip_answer(answer: str) -> str:
+    """The evaluator's first step (module docstring, step 1): newlines and tabs become
+    spaces, outer whitespace is stripped; what it compares when the annotators agree."""
+    return answer.replace("\n", " ").replace("\t", " ").strip()
+
+
+def evaluator_answer(answer: str) -> str:
+    """An answer normalized exactly as the official VQA evaluator normalizes one (module
+    docstring, steps 1-3): ``"Grey!"`` -> ``"grey"``, ``"Two"`` -> ``"2"``."""
+    return process_digit_article(process_punctuation(strip_answer(answer)))
+
+
 def normalize_answer(answer: str) -> str:
-    text = answer.replace("\n", " ").replace("\t", " ").strip().lower()
-    text = process_digit_article(process_punctuation(text))
-    text = text.rstrip(".").strip()
+    """`evaluator_answer`, then LXMERT's pretraining rules: a trailing ``.`` stripped,
+    ``grey`` -> ``gray`` (for mixtures and matching answer rows, not for VQA's task tables)."""
+    text = evaluator_answer(answer.lower()).rstrip(".").strip()
     return " ".join("gray" if w == "grey" else w for w in text.split())
 
 

@@ -108,10 +108,27 @@ def test_retrieval_metrics_both_directions():
     )  # c3 -> image 1 second
     m = retrieval_metrics(scores, np.array([0, 0, 1, 1]), ks=(1, 2))
     assert (m["text_to_image_R@1"], m["text_to_image_R@2"]) == (0.5, 1.0)
-    assert (m["text_to_image_median_rank"], m["text_to_image_mean_rank"]) == (1.5, 1.5)
+    # ViLBERT's eval_retrieval.py: floor(median(0-based ranks)) + 1 = floor(0.5) + 1 (not the median 1.5)
+    assert (m["text_to_image_median_rank"], m["text_to_image_mean_rank"]) == (1.0, 1.5)
     # image 0 ranks captions 0.9, 0.6, 0.3, 0.2 -> its own c0 first; image 1: 0.8 (c1), 0.7 (c2) -> own c2 second
     assert (m["image_to_text_R@1"], m["image_to_text_R@2"]) == (0.5, 1.0)
-    assert m["image_to_text_mean_rank"] == 1.5
+    assert (m["image_to_text_median_rank"], m["image_to_text_mean_rank"]) == (1.0, 1.5)
+    odd = retrieval_metrics(scores[:3], np.array([0, 0, 1]), ks=(1,))  # 0-based ranks 0, 1, 0: median 0 -> 1
+    assert odd["text_to_image_median_rank"] == 1.0
+    many = retrieval_metrics(np.array([[1.0, 0, 0, 0]] * 4), np.array([0, 1, 2, 3]), ks=(1,))  # ranks 0..3
+    assert many["text_to_image_median_rank"] == 2.0  # floor(1.5) + 1, where median(rank + 1) is 2.5
+
+
+def test_vqa_grey_and_gray_are_different_answers():
+    """The official evaluator has no grey -> gray mapping: ten 'grey's score 'grey' 1.0 and
+    'gray' 0; when the annotators disagree, both are scored as given (normalized)."""
+    from vl_models.eval.metrics import vqa_accuracy, vqa_answer_scores, vqa_report
+
+    assert vqa_accuracy("grey", ["grey"] * 10) == 1.0 and vqa_accuracy("gray", ["grey"] * 10) == 0.0
+    assert vqa_answer_scores(["grey"] * 7 + ["Gray."] * 3) == pytest.approx({"grey": 1.0, "gray": 0.9})
+    assert vqa_answer_scores(["Grey"] * 10) == {"Grey": 1.0}  # identical: compared raw, as the evaluator does
+    report = vqa_report([{"question_id": 1, "answer": "grey"}], [_vqa_annotation(1, "other", ["grey"] * 10)])
+    assert report["overall"] == 100.0
 
 
 def _vqa_annotation(qid, answer_type, answers):

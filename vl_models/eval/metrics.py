@@ -2,8 +2,10 @@
 
 * retrieval: `ranks` (the one ranking rule), `recall_at_k`, `retrieval_metrics` (both
   directions, R@1/5/10, median and mean rank, as ViLBERT's ``eval_retrieval.py`` reports);
-* VQA: `vqa_score` (stored soft scores), `vqa_accuracy` / `vqa_official_accuracy` (one
-  answer, and overall) and `vqa_report` (the official tool's overall and per-answer-type);
+* VQA: `vqa_score` (stored soft scores), `vqa_answer_scores` (the official accuracy of
+  every answer that scores on a question: the VQA task's targets), `vqa_accuracy` /
+  `vqa_official_accuracy` (one answer, and overall) and `vqa_report` (the official tool's
+  overall and per-answer-type);
 * GQA: `gqa_accuracy` (the official ``eval.py``'s accuracy, binary and open);
 * NLVR2: `nlvr2_metrics` (accuracy and consistency, as lil-lab/nlvr's ``metrics.py``);
 * referring expressions: `box_iou_pairs` (+1 pixel widths) and `grounding_accuracy`
@@ -13,13 +15,13 @@
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from typing import Mapping, Sequence
 
 import numpy as np
 
 from pipeline.errors import DataError
-from pipeline.items.answers import process_digit_article, process_punctuation
+from pipeline.items.answers import evaluator_answer, strip_answer
 
 
 def ranks(scores: np.ndarray, right: np.ndarray) -> np.ndarray:
@@ -47,13 +49,15 @@ def retrieval_metrics(scores: np.ndarray, image_of_caption: np.ndarray, ks=(1, 5
     (captions x images), `image_of_caption` (captions,) the index of each caption's image.
     Caption -> image ranks the images for each caption; image -> caption ranks all captions
     for each image and takes its best-ranked own caption (of its 5). For each direction:
-    R@K, and the median and mean 1-based rank (ViLBERT's ``eval_retrieval.py`` numbers)."""
+    R@K, and the median and mean 1-based rank as ViLBERT's ``eval_retrieval.py`` reports
+    them: ``floor(median(rank)) + 1`` over the 0-based ranks (an even count's median between
+    two ranks rounds down: ranks 1 and 2 have median rank 1, not 1.5) and ``mean(rank) + 1``."""
     image_of_caption = np.asarray(image_of_caption)
     right = np.arange(scores.shape[1])[None] == image_of_caption[:, None]  # (captions, images)
     out = {}
     for direction, found in (("text_to_image", ranks(scores, right)), ("image_to_text", ranks(scores.T, right.T))):
         out.update({f"{direction}_R@{k}": float(np.mean(found < k)) for k in ks})
-        out[f"{direction}_median_rank"] = float(np.median(found + 1))
+        out[f"{direction}_median_rank"] = float(np.floor(np.median(found)) + 1)
         out[f"{direction}_mean_rank"] = float(np.mean(found + 1))
     return out
 
@@ -64,40 +68,49 @@ def vqa_score(predicted: np.ndarray, answer_ids: list[list[int]], answer_scores:
     For a VQA question with 10 annotators the stored score (`soft_scores`: 0.3 / 0.6 / 0.9 /
     1.0 for 1 / 2 / 3 / 4+ annotators) is the official accuracy (`vqa_accuracy`) of that
     answer. It is not when the annotator count is not 10 (the official average over the
-    annotators differs: 1 of 5 scores 0.27, stored 0.3), when our normalization merges what
-    the official tool keeps apart (LXMERT's grey -> gray; ten identical answers not in normal
-    form, which the official tool compares raw), and GQA / VG-QA store 1.0 for their single
-    answer."""
+    annotators differs: 1 of 5 scores 0.27, stored 0.3), when a mixture's normalization merges
+    what the official tool keeps apart (LXMERT's grey -> gray; ten identical answers not in
+    normal form, which the official tool compares raw), and GQA / VG-QA store 1.0 for their
+    single answer. The VQA task's targets (`vqa_answer_scores`) are the official accuracies."""
     total = 0.0
     for pred, ids, scores in zip(predicted, answer_ids, answer_scores):
         total += dict(zip(ids, scores)).get(int(pred), 0.0)
     return total / max(len(predicted), 1)
 
 
-def _strip(text: str) -> str:
-    return text.replace("\n", " ").replace("\t", " ").strip()
-
-
-def vqa_accuracy(predicted: str, annotator_answers: Sequence[str]) -> float:
-    """The official VQA accuracy (0..1) of one predicted answer, as GT-Vision-Lab/VQA's
-    ``vqaEval.py`` `evaluate` computes it (master, after its 2021 fix):
+def vqa_answer_scores(annotator_answers: Sequence[str]) -> dict[str, float]:
+    """The official VQA accuracy (0..1, GT-Vision-Lab/VQA's ``vqaEval.py`` `evaluate`, master
+    after its 2021 fix) of every answer that scores on a question, by the answer as the
+    evaluator compares it (every other answer scores 0):
 
     - newlines and tabs become spaces and outer whitespace is stripped, on both sides;
     - only when the annotators' answers are not all identical, both the prediction and the
-      answers get the official punctuation and digit/article processing (no LXMERT rules);
+      answers are normalized (`pipeline.items.answers.evaluator_answer`: punctuation, digits
+      and articles; no LXMERT rules, so ``grey`` and ``gray`` are different answers);
       otherwise the strings are compared as they are (case included);
     - annotator i scores min(1, matches among the other annotators / 3); the scores are
       averaged. For 10 annotators: 0.3 / 0.6 / 0.9 / 1.0 for 1 / 2 / 3 / 4+ matches.
     """
-    answers = [_strip(a) for a in annotator_answers]
+    answers = [strip_answer(a) for a in annotator_answers]
     if not answers:
         raise DataError("vqa_accuracy: no annotator answers for the question")
-    pred = _strip(predicted)
     if len(set(answers)) > 1:
-        answers = [process_digit_article(process_punctuation(a)) for a in answers]
-        pred = process_digit_article(process_punctuation(pred))
-    matches = sum(a == pred for a in answers)
-    return sum(min(1.0, (matches - (a == pred)) / 3) for a in answers) / len(answers)
+        answers = [evaluator_answer(a) for a in answers]
+    scores = {
+        answer: sum(min(1.0, (n - (a == answer)) / 3) for a in answers) / len(answers)
+        for answer, n in Counter(answers).items()
+    }
+    return {answer: score for answer, score in scores.items() if score > 0}
+
+
+def vqa_accuracy(predicted: str, annotator_answers: Sequence[str]) -> float:
+    """The official VQA accuracy (0..1) of one predicted answer (`vqa_answer_scores`: the
+    prediction is normalized as the annotators' answers are, only when they disagree)."""
+    scores = vqa_answer_scores(annotator_answers)
+    pred = strip_answer(predicted)
+    if len(set(map(strip_answer, annotator_answers))) > 1:
+        pred = evaluator_answer(pred)
+    return scores.get(pred, 0.0)
 
 
 def vqa_official_accuracy(predicted: Sequence[str], annotator_answers: Sequence[Sequence[str]]) -> float:

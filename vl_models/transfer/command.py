@@ -53,13 +53,20 @@ def build_task(
             "answers, GQA 1)."
         ),
     ),
+    minival: Path = typer.Option(
+        None,
+        help=(
+            "LXMERT's minival.json (a list of questions with question_id): its questions form split minival, the "
+            "rest of their split (val) nominival (LXMERT trains on train,nominival)."
+        ),
+    ),
 ) -> None:
     """Read a downstream task's official files into a task dataset for `vltrain finetune` and
     `vltrain evaluate`.
 
     It holds Arrow items joined with feature stores by image, an answer table with soft
-    targets for VQA and GQA, named splits (VQA: minval, minval-lxmert, nominival-lxmert),
-    and malformed rows named and counted (manifest.json, report.md).
+    targets for VQA and GQA, named splits (VQA: ViLBERT's minval; with --minival LXMERT's
+    minival and nominival), and malformed rows named and counted (manifest.json, report.md).
 
     Example:
 
@@ -70,7 +77,7 @@ def build_task(
     from vl_models import transfer
     from vl_models.transfer.build import build_task as build
 
-    manifest = build(transfer.get(task), files, out, image_map, answers_from, min_count)
+    manifest = build(transfer.get(task), files, out, image_map, answers_from, min_count, minival=minival)
     say = Console()
     splits = ", ".join(f"{s} {n}" for s, n in manifest["splits"].items())
     say.print(f"{task}: {manifest['rows']} rows ({splits}) -> {out}")
