@@ -8,10 +8,13 @@ task's name, counts per split, the files read with their sha256, malformed-row c
 the others) and ``report.md``: an item folder (`pipeline.items`, shared with mixtures, owns
 the files, the writer and the reader base). docs/task-format.md describes every field. Items
 join the feature stores by ``images`` (store keys, as mixture items do); a row may belong to
-several named splits (VQA's ``val`` and ``minval``), so ``splits`` is a list.
+several named splits (VQA's ``val`` and ``minval``), so ``splits`` is a list. A split spec
+combines named splits: a comma is a union, a hyphen a set difference (``train,val-minval``:
+train and the val rows not in minval, the rows ViLBERT trains VQA on).
 
     data = TaskData.open(path)         # checks the manifest, maps items.arrow, reads answers.json
     rows = data.rows("train")          # row indices of a split
+    rows = data.rows("train,val-minval")  # train + (val - minval)
     data.column("text")[rows[0]], data.images(rows[0]), data.answers
 
 Errors: a folder that is no task dataset, one of another schema version, or one of
@@ -119,10 +122,33 @@ class TaskData(ItemsFolder):
         return tuple(sorted({s for names in self._splits for s in names}))
 
     def rows(self, split: str) -> np.ndarray:
-        """The row indices (int64, ascending) of the rows in `split` (several splits: a
-        comma-separated list, their union); empty if none."""
-        wanted = {s.strip() for s in split.split(",") if s.strip()}
-        return np.array([i for i, names in enumerate(self._splits) if wanted & set(names)], np.int64)
+        """The row indices (int64, ascending) of the rows in `split`, a split spec: named
+        splits joined by commas (a union) whose terms may subtract splits with hyphens
+        (``train,val-minval``: train, and val without minval). Names are this folder's split
+        names, the longest first, so a name with a hyphen stays whole (``test-dev``). Empty if
+        no row is in it; ConfigError when a subtracted split is not one of this folder's (a
+        misspelt ``val-minvla`` would otherwise take all of val)."""
+        known = set(self.splits)
+        terms = [self._term(t.strip(), known) for t in split.split(",") if t.strip()]
+        return np.array(
+            [i for i, names in enumerate(self._splits) if any(t[0] in names and not t[1] & set(names) for t in terms)],
+            np.int64,
+        )
+
+    def _term(self, term: str, known: set[str]) -> tuple[str, set[str]]:
+        """A term of a split spec: (the split it starts with, the splits it subtracts)."""
+        parts, names, i = term.split("-"), [], 0
+        while i < len(parts):
+            j = next((j for j in range(len(parts), i, -1) if "-".join(parts[i:j]) in known), i + 1)
+            names.append("-".join(parts[i:j]).strip())
+            i = j
+        unknown = [n for n in names[1:] if n not in known]
+        if unknown or not all(names):
+            raise ConfigError(
+                f"split {term!r}: {', '.join(map(repr, unknown)) or 'an empty name'} is not a split of {self.path} "
+                f"(its splits: {', '.join(sorted(known))}); a hyphen subtracts a split (train,val-minval)"
+            )
+        return names[0], set(names[1:])
 
     def column(self, name: str) -> list:
         """Column `name` as a Python list (read once)."""

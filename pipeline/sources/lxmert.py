@@ -7,6 +7,10 @@ sentence's. Rows: a datum needs img_id and sentf (sources to lists of sentences)
 (when given) sources to lists; anything else is `Malformed`. A label that is not an object
 of numeric scores is a null answer, and a null or blank sentence a null or empty text:
 `Skip`s naming their source.
+
+LXMERT's VQA / GQA split files (``data/vqa/minival.json``, ``nominival.json``, ...) are
+read by `read_question_ids`: ``[{"question_id", "img_id", "sent", "label", ...}]``; only
+the question ids are used (a split is the questions it lists).
 """
 
 from __future__ import annotations
@@ -64,3 +68,14 @@ def read_lxmert(path: Path) -> Iterator[Union[LxmertSentence, Skip, Malformed]]:
                     continue
                 text = text_or_skip(image, sentence, source)
                 yield text if isinstance(text, Skip) else LxmertSentence(image, source, kind, text, label)
+
+
+def read_question_ids(path: Path) -> Iterator[Union[str, Malformed]]:
+    """The question ids of an LXMERT VQA / GQA split file (``minival.json``), as strings,
+    in file order; an entry that is no object with a ``question_id`` (integer or string)
+    is `Malformed`."""
+    for i, entry in iter_json(path, array=True):
+        if isinstance(entry, dict) and is_id(entry.get("question_id")):
+            yield str(entry["question_id"])
+        else:
+            yield Malformed(Path(path), f"[{i}]", "needs a question_id")

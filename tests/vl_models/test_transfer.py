@@ -66,7 +66,7 @@ def settings(world, tmp_path, tasks, model="lxmert-tiny", **kw):
 
 def test_each_task_reads_its_official_files(world):
     expect = {
-        "vqa": {"train": 48, "val": 24, "minval": 24, "minval-lxmert": 24},
+        "vqa": {"train": 48, "val": 24, "minval": 24},
         "gqa": {"train": 24, "val": 6, "testdev": 6, "submission": 6},
         "nlvr2": {"train": 24, "dev": 12},
         "flickr30k": {"train": 120, "test": 60},
@@ -101,7 +101,7 @@ def test_each_task_reads_its_official_files(world):
 def test_vqa_named_splits_answer_table_and_soft_scores(tmp_path):
     """The table counts multiple_choice_answer over train+val (>= --min-count); soft targets
     are the official ones (3 of 10 annotators: 0.9); ViLBERT's minval is the last 3,000 val
-    questions, LXMERT's the questions of the first 5,000 val images; test-dev has no labels."""
+    questions by question id; test-dev has no labels."""
     qs = {"train2014": [], "val2014": [], "test-dev2015": []}
     anns = {"train2014": [], "val2014": []}
     for s, split in enumerate(qs):

@@ -1,7 +1,10 @@
 """`vlprep build-task`: a task's official files -> a task dataset (`pipeline.task_data`).
 
 The task (`vl_models.transfer.get`) reads its files (`Task.read`); rows are kept in file
-order, with the named splits the task adds (`Task.named_splits`: VQA's minival). Images are
+order, with the named splits the task adds (`Task.named_splits`: VQA's minval) and, with
+``minival`` (LXMERT's published ``minival.json``, `pipeline.sources.lxmert.read_question_ids`),
+LXMERT's: ``minival`` = the rows whose question id (uid) the file lists, ``nominival`` = the
+other rows of their split (VQA: the rest of val). Images are
 named as the files name them and mapped to feature-store keys through ``--image-map``
 (``name<TAB>store key`` lines, as build-mixture's; unmapped names are keys as they are).
 
@@ -34,6 +37,7 @@ from pipeline.items import ItemsWriter
 from pipeline.items.answers import answer_table, fixed_table, read_answer_file
 from pipeline.items.image_map import read_image_map
 from pipeline.sources.base import Malformed, Skip
+from pipeline.sources.lxmert import read_question_ids
 from pipeline.task_data import FORMAT, ITEMS_SCHEMA, TASK_SCHEMA_VERSION, task_manifest
 from vl_models.transfer.task import Row, Task
 
@@ -49,6 +53,7 @@ def build_task(
     answers_from: Optional[Path] = None,
     min_count: Optional[int] = None,
     progress: Optional[Callable[[int], None]] = None,
+    minival: Optional[Path] = None,
 ) -> dict:
     """Read `files` for `task` and write the task dataset to `out`; returns the manifest."""
     files = [Path(f) for f in files]
@@ -80,6 +85,10 @@ def build_task(
             + (f" ({len(malformed)} malformed, e.g. {malformed[0]})" if malformed else "")
         )
     named = {name: set(indices) for name, indices in task.named_splits(rows).items()}
+    minival_info = None
+    if minival:
+        held_out, minival_info = _minival_splits(Path(minival), rows)
+        named.update(held_out)
     table, index, table_info = _answer_table(task, rows, answers_from, min_count)
     records = []
     kept_targets = 0
@@ -124,6 +133,7 @@ def build_task(
         if task.head == "answers"
         else None,
         "image_map": str(image_map) if image_map else None,
+        **({"minival": minival_info} if minival_info else {}),
         "files": [{"path": str(f), "sha256": sha256_file(f)} for f in files],
         "skipped": dict(skipped),
         "malformed": {"count": len(malformed), "examples": malformed[:LISTED]},
@@ -139,6 +149,38 @@ def build_task(
     for line in malformed[:LISTED]:
         log.warning("malformed: %s", line)
     return manifest
+
+
+def _minival_splits(path: Path, rows: list[Row]) -> tuple[dict[str, set[int]], dict]:
+    """LXMERT's ``minival`` (the rows `path` lists by question id) and ``nominival`` (the
+    other rows of the splits those rows are in), with the manifest's account of the file;
+    ConfigError when the file lists none of the rows."""
+    if not path.is_file():
+        raise ConfigError(f"--minival: no such file: {path}")
+    ids, bad = set(), 0
+    for read in read_question_ids(path):
+        if isinstance(read, Malformed):
+            bad += 1
+        else:
+            ids.add(read)
+    chosen = {i for i, row in enumerate(rows) if row.uid in ids}
+    if not chosen:
+        raise ConfigError(
+            f"--minival {path}: none of its {len(ids)} question ids is a row of the files read"
+            + (f" ({bad} entries without a question_id)" if bad else "")
+            + ": LXMERT's minival.json lists val2014 questions; give the val2014 questions and annotations"
+        )
+    if len(chosen) < len(ids):
+        log.warning(
+            "--minival %s: %d of its %d question ids are no row of the files read",
+            path,
+            len(ids) - len(chosen),
+            len(ids),
+        )
+    within = {rows[i].split for i in chosen}
+    rest = {i for i, row in enumerate(rows) if row.split in within and i not in chosen}
+    info = {"path": str(path), "ids": len(ids), "matched": len(chosen), "malformed": bad, "of_splits": sorted(within)}
+    return {"minival": chosen, "nominival": rest}, info
 
 
 def _answer_table(
@@ -181,6 +223,13 @@ def render_report(m: dict) -> str:
         lines += [
             f"Answer table: {a['count']} answers ({source}); {a['train_rows_with_target']} of "
             f"{a['train_rows']} training rows have a target in it.",
+            "",
+        ]
+    if m.get("minival"):
+        held = m["minival"]
+        lines += [
+            f"LXMERT's minival from {held['path']}: {held['matched']} of its {held['ids']} question ids "
+            f"(the rest of {', '.join(held['of_splits'])}: nominival).",
             "",
         ]
     if m["skipped"]:

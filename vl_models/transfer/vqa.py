@@ -1,12 +1,20 @@
 """VQA v2 (Antol et al.; Goyal et al.): questions + annotations JSON (train2014, val2014;
 test-dev2015 and test2015 questions alone), an answer classifier over the answers given as
-``multiple_choice_answer`` at least 9 times in train+val (3,129 in the reference setups) with
-the official soft scores as targets, scored by the official accuracy (overall and per
-answer type); the submission is the official results JSON.
+``multiple_choice_answer`` at least 9 times in train+val (3,129 in the reference setups),
+scored by the official accuracy (overall and per answer type); the submission is the
+official results JSON.
 
-Named splits besides train / val / test-dev / test: ``minval`` (ViLBERT's: the last 3,000
-val questions), ``minval-lxmert`` (LXMERT's: the questions of the first 5,000 val images)
-and ``nominival-lxmert`` (the rest of val, which LXMERT trains on).
+Answers are normalized exactly as the official evaluator normalizes them
+(`pipeline.items.answers.evaluator_answer`: ``grey`` and ``gray`` are two answers), and a
+row's targets are the official accuracies of the answers that score on it
+(`vl_models.eval.metrics.vqa_answer_scores`: 0.3 / 0.6 / 0.9 / 1.0 for 1 / 2 / 3 / 4+ of 10
+annotators), so an answer's target is what the evaluator gives it.
+
+Named splits besides train / val / test-dev / test: ``minval``, ViLBERT's (vilbert-multi-task
+``vqa_dataset.py`` `_load_dataset`): the val questions sorted by question id, the last 3,000;
+it trains on ``train,val-minval`` (`pipeline.task_data.TaskData.rows`). LXMERT's
+``minival`` / ``nominival`` come from its published ``minival.json`` (`vlprep build-task
+--minival`, `vl_models.transfer.build`); it trains on ``train,nominival``.
 """
 
 from __future__ import annotations
@@ -16,17 +24,16 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.errors import ConfigError
-from pipeline.items.answers import normalize_answer, soft_scores
+from pipeline.items.answers import evaluator_answer
 from pipeline.sources.base import Malformed, Skip
 from pipeline.sources.coco import coco_split
 from pipeline.sources.vqa import read_vqa, read_vqa_questions
-from vl_models.eval.metrics import vqa_report
+from vl_models.eval.metrics import vqa_answer_scores, vqa_report
 from vl_models.eval.submissions import write_vqa_results
 from vl_models.transfer.task import Predictions, Row, Task, column
 
 SPLIT_NAMES = {"train2014": "train", "val2014": "val", "test2015": "test"}  # test-dev2015: its images are test2015's
-VILBERT_MINVAL = 3000
-LXMERT_MINVAL_IMAGES = 5000
+VILBERT_MINVAL = 3000  # the last val questions by question id
 
 
 class Classifier(Task):
@@ -90,25 +97,15 @@ class Vqa(Classifier):
                 )
 
     def named_splits(self, rows):
-        val = [i for i, r in enumerate(rows) if r.split == "val"]
-        first_images: dict[str, None] = {}
-        for i in val:
-            if len(first_images) >= LXMERT_MINVAL_IMAGES:
-                break
-            first_images.setdefault(rows[i].images[0])
-        lxmert = [i for i in val if rows[i].images[0] in first_images]
-        chosen = set(lxmert)
-        return {
-            "minval": val[-VILBERT_MINVAL:],
-            "minval-lxmert": lxmert,
-            "nominival-lxmert": [i for i in val if i not in chosen],
-        }
+        """ViLBERT's ``minval``: the val questions sorted by question id, the last 3,000."""
+        val = sorted((i for i, r in enumerate(rows) if r.split == "val"), key=lambda i: int(rows[i].uid))
+        return {"minval": sorted(val[-VILBERT_MINVAL:])}
 
     def targets(self, row):
-        return soft_scores(row.answers or ())
+        return vqa_answer_scores(row.answers) if row.answers else {}
 
     def table_answer(self, answer):
-        return normalize_answer(answer)
+        return evaluator_answer(answer)
 
     def score(self, data, predictions):
         rows = predictions.rows
