@@ -21,7 +21,7 @@ new file that defines a family and calls `register`.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Optional
 
 import numpy as np
 import torch
@@ -123,11 +123,18 @@ class ModelFamily:
         return logits[:, p] - logits[:, 1 - p]
 
     def cached_pair_logit(
-        self, model, text: torch.Tensor, text_mask: torch.Tensor, vision: torch.Tensor, vision_mask: torch.Tensor
+        self,
+        model,
+        text: torch.Tensor,
+        text_mask: torch.Tensor,
+        vision: torch.Tensor,
+        vision_mask: torch.Tensor,
+        **task_ids,
     ) -> torch.Tensor:
         """`pair_logit` from single-modality states computed once (the backbone's `encode_text` /
-        `encode_vision`): only the layers where the streams meet run per pair (retrieval)."""
-        out = self.backbone(model).cross(text, text_mask, vision, vision_mask)
+        `encode_vision`): only the layers where the streams meet run per pair (retrieval).
+        ``task_ids``: the task tokens `encode_text` had (a backbone with a task-token table)."""
+        out = self.backbone(model).cross(text, text_mask, vision, vision_mask, **task_ids)
         return self._margin(self.pair_head(model)(out.pooled_output))
 
     def pair_score(self, model, batch: dict) -> torch.Tensor:
@@ -138,19 +145,34 @@ class ModelFamily:
         """(pooled pair vector, region state) widths of the backbone: the transfer heads' inputs."""
         raise NotImplementedError
 
-    def encode(self, model, batch: dict) -> Encoded:
+    def encode(self, model, batch: dict, task_token: Optional[int] = None) -> Encoded:
         """The backbone's outputs for fine-tuning heads (`Encoded`): `batch` holds C candidates
-        per example ((B, C, ...) tensors), flattened to B*C pairs. Of the pretraining heads only
-        the pair head runs."""
+        per example ((B, C, ...) tensors), flattened to B*C pairs, with their ``token_type_ids``
+        where the batch has them. `task_token`: the task's token id (`task_token`), given to
+        every pair. Of the pretraining heads only the pair head runs."""
         flat = [
             batch[k].flatten(0, 1) for k in ("input_ids", "visual_feats", "visual_pos", "attention_mask", "visual_mask")
         ]
-        out = self.backbone(model)(*flat)
+        extra = {}
+        if "token_type_ids" in batch:
+            extra["token_type_ids"] = batch["token_type_ids"].flatten(0, 1)
+        if task_token is not None:
+            extra["task_ids"] = torch.full((flat[0].shape[0],), task_token, dtype=torch.long, device=flat[0].device)
+        out = self.backbone(model)(*flat, **extra)
         return Encoded(
             pooled=out.pooled_output,
             vision=out.vision_output,
             pair=self._margin(self.pair_head(model)(out.pooled_output)),
         )
+
+    def task_token(self, mcfg: Any, task: str) -> Optional[int]:
+        """The id of `task`'s task token for a model of config `mcfg` (None: the model has no
+        task tokens)."""
+        return None
+
+    def feature_dim(self, mcfg: Any) -> int:
+        """The region-feature width the model reads."""
+        raise NotImplementedError
 
     def qa_head(self, model: torch.nn.Module):
         """The pretraining QA head's ``Linear, GeLU, LayerNorm, Linear`` (an `nn.Sequential`)

@@ -95,6 +95,9 @@ class Lxmert(ModelFamily):
     def widths(self, mcfg):
         return mcfg.hidden_size, mcfg.hidden_size
 
+    def feature_dim(self, mcfg):
+        return mcfg.visual_feat_dim
+
     def qa_head(self, model):
         return model.answer_head.logit_fc
 

@@ -65,5 +65,39 @@ class ViLBERT(ModelFamily):
     def widths(self, mcfg):
         return mcfg.bi_hidden_size, mcfg.v_hidden_size
 
+    def feature_dim(self, mcfg):
+        return mcfg.v_feature_size
+
+    def task_token(self, mcfg, task):
+        """vilbert-multi-task's task ids (the N of ``TASKN`` in its vilbert_tasks.yml, the id
+        `task_utils.py` fills the task token with) for a model with a task-token table."""
+        if not mcfg.task_tokens:
+            return None
+        if task not in TASK_TOKENS:
+            raise ConfigError(
+                f"{task}: no vilbert-multi-task task id (its tokens: "
+                f"{', '.join(f'{k} {v}' for k, v in TASK_TOKENS.items())}); the model has a task-token table"
+            )
+        if TASK_TOKENS[task] >= mcfg.task_tokens:
+            raise ConfigError(f"{task}: task token {TASK_TOKENS[task]} beyond the table's {mcfg.task_tokens} rows")
+        return TASK_TOKENS[task]
+
+
+# vilbert_tasks.yml: TASK1 VQA, TASK5 VCR_Q-A, TASK6 VCR_QA-R, TASK7 RetrievalCOCO, TASK8
+# RetrievalFlickr30k, TASK9-11 refcoco / refcoco+ / refcocog, TASK12 NLVR2, TASK15 GQA. The joint
+# VCR task (Q->A and Q A->R examples in one task) has none: 12-in-1 runs the two as tasks 5 and 6.
+TASK_TOKENS = {
+    "vqa": 1,
+    "vcr-q2a": 5,
+    "vcr-qa2r": 6,
+    "coco-retrieval": 7,
+    "flickr30k": 8,
+    "refcoco": 9,
+    "refcoco+": 10,
+    "refcocog": 11,
+    "nlvr2": 12,
+    "gqa": 15,
+}
+
 
 FAMILY = ViLBERT()

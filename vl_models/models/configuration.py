@@ -95,9 +95,14 @@ class ViLBERTConfig(ModelConfig):
     v_biattention_id: tuple[int, ...] = (0, 1, 2, 3, 4, 5)
     t_biattention_id: tuple[int, ...] = (6, 7, 8, 9, 10, 11)
     fusion_dropout: float = 0.1
+    # Rows of the task-token table (vilbert-multi-task's ``--task_specific_tokens``: 20, the
+    # token of task N of its vilbert_tasks.yml is row N); 0: no table, no task token.
+    task_tokens: int = 0
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.task_tokens < 0:
+            raise ConfigError(f"task_tokens {self.task_tokens}: the task-token table's rows (0: none)")
         if len(self.v_biattention_id) != len(self.t_biattention_id):
             raise ConfigError("v_biattention_id and t_biattention_id must pair up (same length)")
         if list(self.v_biattention_id) != sorted(self.v_biattention_id) or list(self.t_biattention_id) != sorted(

@@ -108,17 +108,40 @@ class TransformerLayer(nn.Module):
 
 
 class TextEmbeddings(nn.Module):
-    """BERT embeddings: word + position + token type, LayerNorm, dropout."""
+    """BERT embeddings: word + position + token type, LayerNorm, dropout.
 
-    def __init__(self, vocab: int, dim: int, positions: int, types: int, eps: float, dropout: float, padding_idx=None):
+    With `task_tokens` > 0 it also has a task-token table (``task_embeddings``, vilbert-multi-
+    task's ``--task_specific_tokens``): given ``task_ids`` (B,), the task's row is inserted after
+    the first token ([CLS]) as it is, without a position or token-type embedding, and the tokens
+    after it keep the positions they had without it (the sequence grows by one; LayerNorm and
+    dropout apply to it as to the others). Without ``task_ids`` nothing is inserted."""
+
+    def __init__(
+        self,
+        vocab: int,
+        dim: int,
+        positions: int,
+        types: int,
+        eps: float,
+        dropout: float,
+        padding_idx=None,
+        task_tokens: int = 0,
+    ):
         super().__init__()
         self.word_embeddings = nn.Embedding(vocab, dim, padding_idx=padding_idx)
         self.position_embeddings = nn.Embedding(positions, dim, padding_idx=padding_idx)
         self.token_type_embeddings = nn.Embedding(types, dim, padding_idx=padding_idx)
         self.LayerNorm = nn.LayerNorm(dim, eps=eps)
         self.dropout = nn.Dropout(dropout)
+        if task_tokens:
+            self.task_embeddings = nn.Embedding(task_tokens, dim)
 
-    def forward(self, input_ids: torch.Tensor, token_type_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        token_type_ids: Optional[torch.Tensor] = None,
+        task_ids: Optional[torch.Tensor] = None,
+    ) -> torch.Tensor:
         positions = torch.arange(input_ids.shape[1], device=input_ids.device).unsqueeze(0)
         if token_type_ids is None:
             token_type_ids = torch.zeros_like(input_ids)
@@ -127,7 +150,15 @@ class TextEmbeddings(nn.Module):
             + self.position_embeddings(positions)
             + self.token_type_embeddings(token_type_ids)
         )
+        if task_ids is not None:
+            x = torch.cat([x[:, :1], self.task_embeddings(task_ids.reshape(-1, 1)), x[:, 1:]], dim=1)
         return self.dropout(self.LayerNorm(x))
+
+
+def with_task_token(mask: torch.Tensor, task_ids: Optional[torch.Tensor]) -> torch.Tensor:
+    """A (B, L) text mask grown by the task token `TextEmbeddings` inserts (always attended;
+    vilbert-multi-task prepends the 1, the same mask since [CLS] is always attended)."""
+    return mask if task_ids is None else torch.cat([mask.new_ones(mask.shape[0], 1), mask], dim=1)
 
 
 def init_bert_weights(module: nn.Module, std: float) -> None:

@@ -18,6 +18,11 @@ of each stream (the IMG token for vision), fused by an element-wise product.
 
 Shapes: ``input_ids`` (B, L); ``image_feat`` (B, N, 2048) with the IMG token first;
 ``image_loc`` (B, N, 5); masks (B, L) / (B, N), 1 = attend.
+
+Task tokens (``task_tokens`` > 0 in the config: vilbert-multi-task's ``--task_specific_tokens``,
+``embeddings.task_embeddings``): with ``task_ids`` (B,) the task's token follows [CLS] (see
+`layers.TextEmbeddings`), so the text states are L + 1 long and the text mask grows by one
+attended position; without ``task_ids`` the model is the one without the table.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from vl_models.models.layers import (
     attend,
     init_bert_weights,
     sdpa_mask,
+    with_task_token,
 )
 
 
@@ -223,6 +229,7 @@ class ViLBERTModel(nn.Module):
             cfg.type_vocab_size,
             cfg.layer_norm_eps,
             cfg.hidden_dropout_prob,
+            task_tokens=cfg.task_tokens,
         )
         self.v_embeddings = ViLBERTImageEmbeddings(cfg)
         self.encoder = ViLBERTEncoder(cfg)
@@ -239,28 +246,32 @@ class ViLBERTModel(nn.Module):
         attention_mask: Optional[torch.Tensor] = None,
         image_attention_mask: Optional[torch.Tensor] = None,
         token_type_ids: Optional[torch.Tensor] = None,
+        task_ids: Optional[torch.Tensor] = None,
     ) -> ViLBERTModelOutput:
-        text = self.encode_text(input_ids, attention_mask, token_type_ids)
+        text = self.encode_text(input_ids, attention_mask, token_type_ids, task_ids)
         vision = self.encode_vision(image_feat, image_loc, image_attention_mask)
         return self.cross(
             text,
             attention_mask if attention_mask is not None else torch.ones_like(input_ids),
             vision,
             image_attention_mask,
+            task_ids,
         )
 
-    def encode_text(self, input_ids, attention_mask=None, token_type_ids=None) -> torch.Tensor:
-        """The text stream up to its first co-attention block (B, L, H)."""
-        mask = sdpa_mask(attention_mask if attention_mask is not None else torch.ones_like(input_ids))
-        return self.encoder.text_prefix(self.embeddings(input_ids, token_type_ids), mask)
+    def encode_text(self, input_ids, attention_mask=None, token_type_ids=None, task_ids=None) -> torch.Tensor:
+        """The text stream up to its first co-attention block (B, L, H; L + 1 with ``task_ids``)."""
+        mask = with_task_token(attention_mask if attention_mask is not None else torch.ones_like(input_ids), task_ids)
+        return self.encoder.text_prefix(self.embeddings(input_ids, token_type_ids, task_ids), sdpa_mask(mask))
 
     def encode_vision(self, image_feat, image_loc, image_attention_mask=None) -> torch.Tensor:
         """The visual stream up to its first co-attention block (B, N, H_v)."""
         return self.encoder.vision_prefix(self.v_embeddings(image_feat, image_loc), sdpa_mask(image_attention_mask))
 
-    def cross(self, text, attention_mask, vision, image_attention_mask) -> ViLBERTModelOutput:
-        """The co-attention blocks and the layers after them, and the poolers."""
-        text, vision = self.encoder.joint(text, sdpa_mask(attention_mask), vision, sdpa_mask(image_attention_mask))
+    def cross(self, text, attention_mask, vision, image_attention_mask, task_ids=None) -> ViLBERTModelOutput:
+        """The co-attention blocks and the layers after them, and the poolers (`attention_mask`:
+        the (B, L) text mask without the task token; ``task_ids`` as `encode_text` had them)."""
+        mask = sdpa_mask(with_task_token(attention_mask, task_ids))
+        text, vision = self.encoder.joint(text, mask, vision, sdpa_mask(image_attention_mask))
         pooled_t, pooled_v = self.t_pooler(text), self.v_pooler(vision)
         return ViLBERTModelOutput(text, vision, pooled_t, pooled_v, self.fusion_dropout(pooled_t * pooled_v))
 

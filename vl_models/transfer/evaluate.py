@@ -122,12 +122,17 @@ def score_pairs(
     family = model.family
     base = family.backbone(model.backbone)
     ids, masks = texts["input_ids"], texts["attention_mask"]
-    states = torch.cat(
-        [
-            base.encode_text(ids[s : s + batch_size], masks[s : s + batch_size])
-            for s in range(0, len(captions), batch_size)
-        ]
-    )  # each caption's stream, once
+    head = model.heads[view.task.name]
+    token = model.task_tokens.get(view.task.name)
+
+    def tokens(n: int) -> dict:  # the task token's ids (a backbone with a task-token table)
+        return {} if token is None else {"task_ids": torch.full((n,), token, dtype=torch.long, device=device)}
+
+    def text_stream(start: int) -> torch.Tensor:
+        chunk = ids[start : start + batch_size]
+        return base.encode_text(chunk, masks[start : start + batch_size], **tokens(len(chunk)))
+
+    states = torch.cat([text_stream(s) for s in range(0, len(captions), batch_size)])  # each caption's stream, once
     mine = distributed.shard(len(images))
     total, done = len(captions) * len(mine), 0
 
@@ -142,9 +147,11 @@ def score_pairs(
         for start in range(0, len(captions), batch_size):
             stop = min(start + batch_size, len(captions))
             n = stop - start
-            logits = family.cached_pair_logit(
-                model.backbone, states[start:stop], masks[start:stop], vision.expand(n, -1, -1), vmask.expand(n, -1)
-            )
+            text, tmask, vis, vm = states[start:stop], masks[start:stop], vision.expand(n, -1, -1), vmask.expand(n, -1)
+            if isinstance(head, RetrievalHead):  # the pretraining pair head
+                logits = family.cached_pair_logit(model.backbone, text, tmask, vis, vm, **tokens(n))
+            else:  # a trained scorer of the pooled pair (a vilbert-multi-task checkpoint's vil_logit)
+                logits = head.score(base.cross(text, tmask, vis, vm, **tokens(n)).pooled_output).float()
             out[start:stop] = logits.cpu().numpy()
             done += n
             if progress:
@@ -203,13 +210,14 @@ def evaluate_checkpoint(
         family = published.family
         tmodel = published.transfer_model(task, len(data.answers))
         vocab = vocab or str(published.vocab)
-        log.info("%s", published.note())
+        log.info("%s", published.note(task))
     else:
         if not is_finetuned(run) or task.name not in run["tasks"]:
             raise ConfigError(
                 f"{source} is no fine-tuning run of {task.name} (its tasks: "
                 f"{', '.join((run or {}).get('tasks') or ['none'])}), nor a published fine-tuned checkpoint "
-                "(transformers LxmertForQuestionAnswering, airsplay/lxmert); zero-shot retrieval: --zero-shot"
+                "(transformers LxmertForQuestionAnswering, airsplay/lxmert, vilbert-multi-task, vilbert_beta); "
+                "zero-shot retrieval: --zero-shot"
             )
         if run["answers"][task.name] != answers_digest(data):
             raise ConfigError(

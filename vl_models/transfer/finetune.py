@@ -181,32 +181,38 @@ def _init_answers(cfg: FinetuneConfig, run: Optional[dict]) -> Optional[list[str
 
 
 def _init_published(model: TransferModel, published, tasks, datas, old_answers: Optional[list[str]]) -> str:
-    """The published checkpoint's encoder into the backbone; its head into each task head of
-    its kind: whole where the answer tables have the same length (the checkpoint's own table),
-    else (with --init-answers, the checkpoint's table) the hidden layers whole and the rows by
-    answer string, as from a pretraining QA head. Returns a note for the log."""
+    """The published checkpoint's encoder into the backbone (a ViLBERT layout: the whole
+    pretraining model); into each task head the checkpoint's head for that task
+    (`Published.head_for`) when it is of the same shape: whole where the answer tables have the
+    same length (the checkpoint's own table), else (with --init-answers, the checkpoint's table)
+    the hidden layers whole and the rows by answer string, as from a pretraining QA head.
+    Returns a note for the log."""
     published.load_encoder(model.backbone)
     notes = []
     for task, data in zip(tasks, datas):
-        if task.head != published.head_kind:
-            notes.append(f"{task.name}: a new {task.head} head (the checkpoint's is a {published.head_kind} head)")
-        elif task.head != "answers" or len(data.answers) == published.answers:
-            published.load_head(model.heads[task.name])
-            notes.append(f"{task.name}: the checkpoint's head")
+        name = published.head_for(task)
+        head = model.heads[task.name]
+        state = published.heads.get(name, {})
+        if name is None or sorted(state) != sorted(head.state_dict()):
+            notes.append(f"{task.name}: a new {task.head} head (the checkpoint has none of its shape)")
+        elif task.head != "answers" or len(data.answers) == published.answers_of(name):
+            published.load_head(head, name)
+            notes.append(f"{task.name}: the checkpoint's head {name}")
         elif old_answers:
-            if len(old_answers) != published.answers:
+            if len(old_answers) != published.answers_of(name):
                 raise ConfigError(
-                    f"--init-answers: {len(old_answers)} answers for the checkpoint's {published.answers} answer rows"
+                    f"--init-answers: {len(old_answers)} answers for the checkpoint's {published.answers_of(name)} "
+                    "answer rows"
                 )
-            state = {k[len("logit_fc.") :]: v for k, v in published.head.items()}
-            copied = _answer_head_from(model.heads[task.name].logit_fc, state, old_answers, data.answers)
-            notes.append(f"{task.name}: {copied} of {len(data.answers)} answer rows from the checkpoint's head")
+            fc = {k[len("logit_fc.") :]: v for k, v in state.items()}
+            copied = _answer_head_from(head.logit_fc, fc, old_answers, data.answers)
+            notes.append(f"{task.name}: {copied} of {len(data.answers)} answer rows from the checkpoint's {name}")
         else:
             notes.append(
-                f"{task.name}: a new answer head ({len(data.answers)} answers; the checkpoint's has "
-                f"{published.answers}: --init-answers names its table to copy rows by answer)"
+                f"{task.name}: a new answer head ({len(data.answers)} answers; the checkpoint's {name} has "
+                f"{published.answers_of(name)}: --init-answers names its table to copy rows by answer)"
             )
-    return f"{published.note()}; {'; '.join(notes)}"
+    return f"{published.note(*tasks)}; {'; '.join(notes)}"
 
 
 def _copy_answers(model: TransferModel, family, tasks, datas, old_answers: Optional[list[str]]) -> str:
