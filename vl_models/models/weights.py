@@ -28,7 +28,6 @@ from typing import Any, Callable, Optional, Sequence, Union
 import torch
 
 from pipeline.errors import ConfigError
-from pipeline.items.answers import normalize_answer
 from vl_models.data.tokenize import WordPiece
 from vl_models.models.configuration import LxmertConfig, ModelConfig, ViLBERTConfig
 from vl_models.models.modeling_lxmert import LxmertForPreTraining, LxmertModel
@@ -162,6 +161,32 @@ _NOT_BERT = (
 )
 
 
+# LXMERT's `AnswerTable.ANS_CONVERT` (airsplay/lxmert src/pretrain/qa_answer_table.py).
+_LXMERT_ANSWER_CONVERT = {
+    "a man": "man",
+    "the man": "man",
+    "a woman": "woman",
+    "the woman": "woman",
+    **dict(zip("one two three four five six seven eight nine ten".split(), map(str, range(1, 11)))),
+    "grey": "gray",
+}
+
+
+def lxmert_answer_key(answer: str) -> str:
+    """An answer as LXMERT's `AnswerTable.convert_ans` spells it before looking it up in the
+    pretraining QA table: lower case, one trailing period dropped, a leading article ("a ",
+    "an ", "the ") dropped, then a few answers mapped (``two`` -> ``2``, ``grey`` -> ``gray``, ...)."""
+    if not answer:
+        return ""
+    answer = answer.lower()
+    if answer.endswith("."):
+        answer = answer[:-1].strip()
+    for article in ("a ", "an ", "the "):
+        if answer.startswith(article):
+            answer = answer[len(article) :].strip()
+    return _LXMERT_ANSWER_CONVERT.get(answer, answer)
+
+
 def copy_answer_rows(
     head: torch.nn.Linear,
     weight: torch.Tensor,
@@ -171,9 +196,12 @@ def copy_answer_rows(
 ) -> int:
     """Initialize an answer classifier (`head`: one output row per entry of `new_answers`)
     from a trained one (`weight`, `bias`, one row per entry of `old_answers`) by answer
-    string, as LXMERT's fine-tuning does with its pretraining QA head: a new answer that the
-    old table has (both normalized as the mixtures' answers are, `normalize_answer`) gets
-    that row; the others keep `head`'s initialization. Returns how many rows were copied."""
+    string, as LXMERT's fine-tuning does with its pretraining QA head (`load_lxmert_qa`): a
+    new answer, converted as LXMERT converts it (`lxmert_answer_key`), that the old table has
+    exactly gets that row (several new answers converting to one old answer each get it; an
+    old table with an answer twice, which LXMERT's never has: its first row); every other row
+    is zeroed, weight and bias.
+    Returns how many rows were copied."""
     if weight.shape != (len(old_answers), head.in_features) or bias.shape != (len(old_answers),):
         raise ConfigError(
             f"answer head of {tuple(weight.shape)} / {tuple(bias.shape)} for {len(old_answers)} answers "
@@ -183,11 +211,13 @@ def copy_answer_rows(
         raise ConfigError(f"the new answer head has {head.out_features} rows for {len(new_answers)} answers")
     old_row = {}
     for i, answer in enumerate(old_answers):
-        old_row.setdefault(normalize_answer(answer), i)
-    pairs = [(j, old_row[key]) for j, key in enumerate(map(normalize_answer, new_answers)) if key in old_row]
-    if pairs:
-        new, old = (torch.tensor(index) for index in zip(*pairs))
-        with torch.no_grad():
+        old_row.setdefault(answer, i)
+    pairs = [(j, old_row[key]) for j, key in enumerate(map(lxmert_answer_key, new_answers)) if key in old_row]
+    with torch.no_grad():
+        head.weight.zero_()
+        head.bias.zero_()
+        if pairs:
+            new, old = (torch.tensor(index) for index in zip(*pairs))
             head.weight[new] = weight[old].to(head.weight.dtype)
             head.bias[new] = bias[old].to(head.bias.dtype)
     return len(pairs)
