@@ -360,11 +360,11 @@ FINETUNE_FLAGS = (
                 choices=TASK_SAMPLING,
             ),
             "train_split": Flag(
-                "Split(s) to train on, comma-separated (default: the task's, e.g. train; VQA as LXMERT: "
-                "train,nominival-lxmert).",
+                "Split(s) to train on: a comma joins splits, a hyphen subtracts one (default: the task's, e.g. "
+                "train; VQA as ViLBERT: train,val-minval; as LXMERT, built with --minival: train,nominival).",
                 parse=or_none,
             ),
-            "val_split": Flag("Split validated each epoch (default: the task's: val, dev or test).", parse=or_none),
+            "val_split": Flag("Split validated each epoch (default: the task's: val; NLVR2 dev).", parse=or_none),
             "eval_items": "Rows scored per validation (0: the whole split).",
             "init_answers": Flag(
                 "The --init checkpoint's QA answer table (LXMERT's all_ans.json), when it is no run "
@@ -372,6 +372,12 @@ FINETUNE_FLAGS = (
                 parse=or_none,
             ),
             "copy_answers": "Start answer heads from the --init model's QA head, row by answer string (LXMERT's).",
+            "hard_negatives": Flag(
+                "Retrieval: 12-in-1's hard_negative.pkl (train_image_list, train_hard_pool; read with the restricted "
+                "unpickler): each training example's 4th candidate is a caption of an image from its pool row, not "
+                "a random one.",
+                parse=or_none,
+            ),
         },
         section="transfer",
     ),

@@ -167,11 +167,12 @@ class TransferSettings(Config):
     """Fine-tuning specifics (`vltrain finetune`)."""
 
     task_sampling: str = "round-robin"  # several tasks: batches round-robin, or in proportion to their sizes
-    train_split: Optional[str] = None  # a task dataset's split(s) to train on (comma: a union); None: the task's
+    train_split: Optional[str] = None  # split spec to train on (comma: union, hyphen: difference); None: the task's
     val_split: Optional[str] = None  # the split validated every epoch; None: the task's (if the data has it)
     eval_items: int = 0  # rows scored per validation (0: the whole split)
     init_answers: Optional[str] = None  # the --init checkpoint's QA answer table (for a checkpoint not of ours)
     copy_answers: bool = True  # start answer heads from the --init QA head's rows, by answer string (LXMERT's)
+    hard_negatives: Optional[str] = None  # retrieval: 12-in-1's hard_negative.pkl (the 4th training candidate's pool)
 
     def __post_init__(self) -> None:
         one_of("task_sampling", self.task_sampling, TASK_SAMPLING)

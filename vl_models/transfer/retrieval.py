@@ -1,38 +1,124 @@
 """Image-text retrieval on the Karpathy splits: Flickr30k (``dataset_flickr30k.json``: 1,000
 test images x 5 captions) and COCO (``dataset_coco.json``: 5,000 test images), one row per
-caption.
+caption. Training is on ``train``, validation (and so ``checkpoints/best``) on ``val``;
+``test`` is for the final numbers only.
 
-Training is 4-way (ViLBERT's): the caption with its image, then three negatives — another
-image's caption with this image, this caption with another image, and one more caption of
-another image (ViLBERT draws this one from a precomputed hard-negative pool; we draw it at
-random) — with cross-entropy over the pretraining pair head's logits (`heads.RetrievalHead`:
-no new parameters, so ``--zero-shot`` evaluation scores with the same head). Evaluation
-scores every caption against every image of the split (`evaluate.score_pairs`) and reports
-R@1/5/10 both ways and the median / mean rank (`metrics.retrieval_metrics`).
+Training is 4-way, as vilbert-multi-task's ``RetreivalDataset.__getitem__``: the caption
+with its image, then three negatives — a caption of another image with this image, this
+caption with another image, and one more caption of another image with this image — with
+cross-entropy over the pretraining pair head's logits (`heads.RetrievalHead`: no new
+parameters, so ``--zero-shot`` evaluation scores with the same head). Another image is
+drawn uniformly among the split's other images, then one of its captions uniformly. The
+fourth candidate's image is random too, unless the task carries 12-in-1's hard-negative pool
+(`with_hard_negatives`, ``vltrain finetune --hard-negatives hard_negative.pkl``): then, in
+training, it is drawn uniformly from positions 1.. of the image's pool row (position 0 is
+left out, as 12-in-1 does).
+
+Evaluation scores every caption against every image of the split (`evaluate.score_pairs`)
+and reports R@1/5/10 both ways and the median / mean rank (`metrics.retrieval_metrics`).
 """
 
 from __future__ import annotations
 
+import copy
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional, Sequence
 
 import numpy as np
 
+from pipeline.errors import ConfigError
 from pipeline.io import atomic_write_json
+from pipeline.safe_pickle import safe_loads
 from pipeline.sources.base import Malformed, Skip
 from pipeline.sources.karpathy import read_karpathy
 from vl_models.eval.metrics import retrieval_metrics
 from vl_models.transfer.task import Row, Task, column
+
+POOL_KEYS = ("train_image_list", "train_hard_pool")  # 12-in-1's hard_negative.pkl: what it reads of the dict
+
+
+def image_number(name) -> object:
+    """The id an image has in 12-in-1's files: the number its name ends with (Flickr30k's
+    ``1000092795``, COCO's ``COCO_train2014_000000391895`` -> 391895), else the name."""
+    text = str(name)
+    tail = text.rsplit("_", 1)[-1]
+    return int(tail) if tail.isdigit() else text
+
+
+@dataclass(frozen=True)
+class HardNegatives:
+    """12-in-1's hard-negative pool (``hard_negative.pkl``: a dict whose ``train_image_list``
+    lists the training images by id and whose ``train_hard_pool`` row i holds, for image i,
+    indices into that list, the most similar first): `images` (`image_number`s) and `pool`
+    (images x K)."""
+
+    path: str
+    images: tuple
+    pool: np.ndarray
+
+    @classmethod
+    def read(cls, path: Path) -> "HardNegatives":
+        """Read a pool through the restricted unpickler (numpy arrays and plain values only);
+        ConfigError naming the file when it is not such a pool."""
+        path = Path(path)
+        try:
+            data = safe_loads(path.read_bytes(), encoding="latin1")
+        except OSError as err:
+            raise ConfigError(f"--hard-negatives {path}: cannot read it: {err}") from err
+        if not isinstance(data, dict) or any(k not in data for k in POOL_KEYS):
+            found = sorted(map(str, data)) if isinstance(data, dict) else type(data).__name__
+            raise ConfigError(
+                f"--hard-negatives {path}: not 12-in-1's hard_negative.pkl (a dict with {' and '.join(POOL_KEYS)}; "
+                f"found {found})"
+            )
+        try:
+            images = tuple(image_number(i.item() if isinstance(i, np.generic) else i) for i in data["train_image_list"])
+            pool = np.asarray(data["train_hard_pool"]).astype(np.int64)
+        except (TypeError, ValueError) as err:
+            raise ConfigError(f"--hard-negatives {path}: no list of images and integer pool matrix: {err}") from err
+        if (
+            not images
+            or pool.ndim != 2
+            or len(pool) != len(images)
+            or pool.shape[1] < 2
+            or pool.min() < 0
+            or pool.max() >= len(images)
+        ):
+            raise ConfigError(
+                f"--hard-negatives {path}: train_hard_pool {pool.shape} must have a row of at least 2 indices into "
+                f"train_image_list ({len(images)} images) for each of its images"
+            )
+        return cls(str(path), images, pool)
+
+
+@dataclass(frozen=True)
+class _SplitIndex:
+    """A view's rows by image: `images` (names, first-seen order), `image_of` (view position ->
+    image index), `captions` (image index -> its view positions), `hard` (image index -> pool
+    row as image indices of this split; None without a pool)."""
+
+    images: list
+    image_of: np.ndarray
+    captions: list
+    hard: Optional[np.ndarray]
 
 
 class Retrieval(Task):
     head = "retrieval"
     candidates = 4
     pairwise = True  # evaluation scores all caption x image pairs of a split
-    val_split = "test"
     max_text = 30  # ViLBERT-MT's
+    hard_negatives: Optional[HardNegatives] = None
 
     def __init__(self, name: str, file: str):
         self.name, self.files, self.metric = (name, f"{file} (Karpathy's split file)", f"eval_{name}_text_to_image_R@1")
+
+    def with_hard_negatives(self, pool: HardNegatives) -> "Retrieval":
+        """This task drawing its training examples' fourth candidate from `pool`."""
+        task = copy.copy(self)
+        task.hard_negatives = pool
+        return task
 
     def read(self, files):
         for path in map(Path, files):
@@ -43,19 +129,63 @@ class Retrieval(Task):
                 for sid, caption in zip(image.sentence_ids, image.captions):
                     yield Row(uid=str(sid), split=image.split, images=(image.image,), text=caption, group=image.image)
 
-    def _other(self, view, i: int, rng: np.random.Generator) -> int:
-        """A random row of the split whose image is not row i's."""
-        group = view.value("group", i)
-        for _ in range(20):
-            j = int(rng.integers(len(view.rows)))
-            if view.value("group", j) != group:
-                return j
-        return (i + 1) % len(view.rows)
+    def _index(self, view) -> _SplitIndex:
+        """The view's `_SplitIndex` (built once per view)."""
+        index = view.__dict__.get("_retrieval_index")
+        if index is not None:
+            return index
+        groups = [view.value("group", i) for i in range(len(view.rows))]
+        position = {g: k for k, g in enumerate(dict.fromkeys(groups))}
+        image_of = np.array([position[g] for g in groups], np.int64)
+        captions = [[] for _ in position]
+        for i, k in enumerate(image_of):
+            captions[k].append(i)
+        if len(position) < 2:
+            raise ConfigError(f"{view.data.path}: retrieval training needs at least 2 images in split {view.split!r}")
+        hard = self._hard_rows(view, list(position)) if self.hard_negatives is not None and view.train else None
+        index = _SplitIndex(list(position), image_of, [np.array(c) for c in captions], hard)
+        view.__dict__["_retrieval_index"] = index
+        return index
+
+    def _hard_rows(self, view, images: list) -> np.ndarray:
+        """Each image's pool row, as image indices of this split; ConfigError when an image
+        has no pool row or its row names images the split lacks."""
+        pool = self.hard_negatives
+        ours = {image_number(name): k for k, name in enumerate(images)}
+        row_of = {number: r for r, number in enumerate(pool.images)}
+        missing = [name for name in images if image_number(name) not in row_of]
+        to_ours = np.array([ours.get(number, -1) for number in pool.images], np.int64)
+        rows = to_ours[pool.pool[[row_of.get(image_number(name), 0) for name in images]]]
+        absent = int((rows[:, 1:] < 0).any(axis=1).sum())
+        if missing or absent:
+            raise ConfigError(
+                f"--hard-negatives {pool.path} does not fit split {view.split!r} of {view.data.path}: "
+                f"{len(missing)} of its {len(images)} images have no pool row (e.g. {missing[:3]}), {absent} pool "
+                "rows name images the split lacks (12-in-1's pool is of its training images)"
+            )
+        return rows
+
+    def _other(self, index: _SplitIndex, own: int, rng: np.random.Generator) -> int:
+        """An image of the split other than image `own`, uniformly."""
+        k = int(rng.integers(len(index.images) - 1))
+        return k + (k >= own)
+
+    def _caption(self, index: _SplitIndex, image: int, rng: np.random.Generator) -> int:
+        """One of `image`'s captions (a view position), uniformly."""
+        return int(rng.choice(index.captions[image]))
 
     def example(self, view, i, rng):
+        index = self._index(view)
+        own = int(index.image_of[i])
         image = view.image(view.value("images", i)[0])
         text = view.text(view.value("text", i))
-        a, b, c = (self._other(view, i, rng) for _ in range(3))
+        a = self._caption(index, self._other(index, own, rng), rng)
+        b = index.captions[self._other(index, own, rng)][0]
+        if index.hard is not None:
+            hard = int(index.hard[own, rng.integers(1, index.hard.shape[1])])
+        else:
+            hard = self._other(index, own, rng)
+        c = self._caption(index, hard, rng)
         pairs = [
             (text, image),
             (view.text(view.value("text", a)), image),
@@ -84,3 +214,14 @@ class Retrieval(Task):
 
 FLICKR30K = Retrieval("flickr30k", "dataset_flickr30k.json")
 COCO = Retrieval("coco-retrieval", "dataset_coco.json")
+
+
+def with_hard_negatives(tasks: Sequence[Task], path: Path) -> list[Task]:
+    """`tasks` with each retrieval task drawing its fourth training candidate from the pool
+    at `path` (`HardNegatives.read`); ConfigError when none of them is a retrieval task."""
+    if not any(isinstance(t, Retrieval) for t in tasks):
+        raise ConfigError(
+            f"--hard-negatives: only retrieval tasks use a hard-negative pool, not {', '.join(t.name for t in tasks)}"
+        )
+    pool = HardNegatives.read(Path(path))
+    return [t.with_hard_negatives(pool) if isinstance(t, Retrieval) else t for t in tasks]
