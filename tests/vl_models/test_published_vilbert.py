@@ -20,7 +20,7 @@ from vl_models.config import FinetuneConfig
 from vl_models.train import checkpoint
 from vl_models.transfer.build import build_task
 from vl_models.transfer.finetune import run_finetune
-from vl_models.transfer.published import VILBERT_MT, read_published
+from vl_models.transfer.published import VILBERT_BETA, VILBERT_MT, read_published
 
 
 def _module(name: str, path):
@@ -30,8 +30,10 @@ def _module(name: str, path):
     return module
 
 
-mt = _module("vilbert_mt", REPO / "tests" / "reference" / "vilbert_mt.py")  # the fixture's maker
+mt = _module("vilbert_mt", REPO / "tests" / "reference" / "vilbert_mt.py")  # the fixtures' makers
+beta = _module("vilbert_beta", REPO / "tests" / "reference" / "vilbert_beta.py")
 FIXTURE = json.loads(mt.FIXTURE.read_text())
+BETA = json.loads(beta.FIXTURE.read_text())
 CANDIDATES = {"answers": 1, "regions": 1, "pair": 2, "choice": 4, "retrieval": 4}
 ANSWERS = {"vqa": 3129, "gqa": 1533}  # fixed in vilbert-multi-task's VILBertForVLTasks
 
@@ -97,6 +99,27 @@ def test_vilbert_multi_task_checkpoints_give_the_reference_codes_logits(case, tm
         _close(ours, fixture[key], stride, x["image_mask"] if task.head == "regions" else None)
         checked += 1
     assert checked >= 5
+
+
+def test_vilbert_beta_checkpoints_give_the_reference_codes_logits(tmp_path):
+    """The ViLBERT paper's own fine-tuned models' layout: the weight-normed answer classifier
+    (VQA), vil_logit (VCR, Flickr30k) and vision_logit (RefCOCO+), each equal to the reference."""
+    published = read_published(_saved(tmp_path, BETA["shapes"], "pytorch_model9.bin"), "vilbert-tiny")
+    assert published.layout == VILBERT_BETA and published.mcfg.task_tokens == 0
+    x = mt.inputs()
+    for name, key in (
+        ("vqa", "vil_prediction"),
+        ("vcr", "vil_logit"),
+        ("flickr30k", "vil_logit"),
+        ("refcoco+", "vision_logit"),
+    ):
+        task = transfer.get(name)
+        model = published.transfer_model(task, BETA["answers"] if task.head == "answers" else 0).eval()
+        with torch.no_grad():
+            ours = model(name, _batch(task, x))
+        _close(ours, BETA[key], 1, x["image_mask"] if task.head == "regions" else None)
+    with pytest.raises(ConfigError, match="has no head for nlvr2"):
+        published.transfer_model(transfer.get("nlvr2"), 0)
 
 
 def test_the_task_token_follows_cls_and_leaves_pooling_on_cls():

@@ -10,7 +10,8 @@ A family says
 * its pretraining losses (`losses`, named by `tasks`), its image-text pair score
   (`pair_logit` / `pair_score`, for retrieval), its QA head if it has one (`answer_logits`);
 * what fine-tuning heads read (`encode`: pooled pair vector, region states, pair logit;
-  `widths`);
+  `widths`), a task's token for a model with task tokens (`task_token`) and the region-feature
+  width it reads (`feature_dim`);
 * its validation scores and their direction (`eval_metrics`), the module `torch.compile`
   wraps (`backbone`), and whether DDP must look for unused parameters.
 

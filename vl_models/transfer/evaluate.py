@@ -9,7 +9,9 @@ encoder; ViLBERT's text layers before the first co-attention block), and each im
 ViLBERT's visual layers before the first co-attention block, none in the published configs:
 its image embedding). Only the layers where the streams meet run per pair (LXMERT's
 cross-modality encoder, ViLBERT's co-attention blocks and what follows them), then the pair
-head. A progress callback gets the pairs done, for a bar with an ETA.
+head — or the task head's own scorer where it has one (a vilbert-multi-task checkpoint's
+fine-tuned ``vil_logit``) —, with the task's token where the model has task tokens. A progress
+callback gets the pairs done, for a bar with an ETA.
 
 Under torchrun (a validation inside `vltrain finetune`, or `vltrain evaluate` started by
 torchrun) every rank scores its share (`distributed.shard`: batches of examples, or the

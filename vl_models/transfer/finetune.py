@@ -3,11 +3,13 @@ atomic checkpoints, validation, the best checkpoint) on downstream tasks.
 
 The model is a `heads.TransferModel`: the family's pretraining model (from ``--init``: a
 pretraining or fine-tuning run folder or checkpoint of ours — its model config and vocab come
-with it —, a published fine-tuned checkpoint (`vl_models.transfer.published`: its encoder,
-and its head for the tasks of its kind), an HF LXMERT or vilbert-multi-task pretraining
-checkpoint with ``--model``, or none: from scratch) and one head per task. Answer heads
-start from the --init QA head's rows where the answers match (`weights.copy_answer_rows`,
-LXMERT's fine-tuning; the QA table is the --init run's mixture's, or ``--init-answers``).
+with it —, a published fine-tuned checkpoint (`vl_models.transfer.published`: its encoder or
+whole ViLBERT model, task tokens included, and its head for each task where one fits), an HF
+LXMERT or vilbert-multi-task pretraining checkpoint with ``--model``, or none: from scratch)
+and one head per task, new ones started as the references start theirs (`heads.build_head`).
+Answer heads start from the --init QA head's rows where the answers match, the other rows
+zeroed (`weights.copy_answer_rows`, LXMERT's fine-tuning; the QA table is the --init run's
+mixture's, or ``--init-answers``).
 
 Several tasks (``--task vqa --task gqa ...``) train one backbone with a head each, in
 one-task batches ordered round-robin or in proportion to the tasks' sizes

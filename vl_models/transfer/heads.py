@@ -19,8 +19,8 @@ pair score's logit of every candidate):
               zero-shot scoring is the same head
 
 `WeightNormAnswerHead` is vilbert_beta's answer classifier (its checkpoints' shape). New heads
-start as both references start theirs (`init_bert_weights`: N(0, 0.02) weights — the model
-config's ``initializer_range`` —, zero biases, unit LayerNorms).
+start as both references start theirs (`init_bert_weights`: N(0, 0.02) weights — their
+configs' ``initializer_range`` —, zero biases, unit LayerNorms).
 
 Every loss returns (loss, metrics) with the batch's accuracy-like figure.
 """
@@ -238,8 +238,7 @@ def build_transfer_model(family, mcfg, tasks, datas, pair_loss: str = "ce") -> T
             t.candidates,
             len(d.answers),
             mcfg.layer_norm_eps,
-            mcfg.initializer_range,
-            pair_loss,
+            pair_loss=pair_loss,
         )
         for t, d in zip(tasks, datas)
     }
