@@ -10,12 +10,14 @@ instances file beside it.
   "height"}], "annotations": [{"id", "image_id", "bbox": [x, y, w, h], "category_id", ...}],
   "categories": [...]}``: the referred object's box and its image's name and size.
 
-One `RefExpression` per sentence, in refs order. Rows: a ref needs integer ref_id, ann_id and
+One `RefExpression` per sentence, in refs order; its text is the sentence's ``raw`` (as the
+annotator wrote it, case and punctuation kept), which vilbert-multi-task (and vilbert_beta)
+tokenize, not the refer toolkit's lower-cased ``sent``. Rows: a ref needs integer ref_id, ann_id and
 image_id, a split and a list of sentences, each an object with an integer sent_id; its
 ann_id must be an annotation of its image_id in instances.json. Anything else is
 `Malformed` (``refs(unc).p:[12]``), as are instances' images without an integer id,
 file_name, width and height and annotations without an integer id and image_id and a bbox of
-four numbers (``instances.json:annotations[3]``, yielded first). A null or blank sentence
+four numbers (``instances.json:annotations[3]``, yielded first). A null or blank ``raw``
 is a `Skip`. A refs file that is not a list is a ConfigError.
 """
 
@@ -39,7 +41,7 @@ class RefExpression:
     image: str  # the COCO file stem of the image, from instances.json ("COCO_train2014_000000581857")
     image_id: int
     ann_id: int  # the referred object's annotation
-    sentence: str  # the cleaned "sent", not blank
+    sentence: str  # the cleaned "raw" (as written; vilbert-multi-task's text), not blank
     box: tuple[float, float, float, float]  # the referred object: x1, y1, x2, y2 in pixels
     width: int  # the image's
     height: int
@@ -144,7 +146,7 @@ def read_refs(refs: Path, instances: Path) -> Iterator[Union[RefExpression, Skip
             continue
         x, y, w, h = found[1]
         for s in ref["sentences"]:
-            text = text_or_skip(image.stem, s.get("sent"))
+            text = text_or_skip(image.stem, s.get("raw"))
             yield (
                 text
                 if isinstance(text, Skip)

@@ -9,10 +9,18 @@
 * Metadata (``read_vcr_metadata``): ``{"boxes": [[x1, y1, x2, y2, score]], "names",
   "width", "height", "segms"}``: the detections the tags index, in pixels.
 
-Texts are rendered as the reference setups do (R2C, VL-BERT): a tagged person becomes a
-gender-neutral name, `NAMES`[index % len(NAMES)], any other object its class name; the
-objects of one tag are joined with " and "; the tokens are joined with spaces
-(punctuation stays a token) and cleaned (`pipeline.sources.base.clean_text`).
+Texts are rendered in one of two styles (`Rendering`), the tokens joined with spaces
+(punctuation stays a token) and cleaned (`pipeline.sources.base.clean_text`):
+
+* `R2C` (R2C, VL-BERT; `read_vcr`'s default): a tagged person becomes a gender-neutral name,
+  `NAMES`[index % len(NAMES)], any other object its class name; the objects of one tag are
+  joined with " and ".
+* `MT` (vilbert-multi-task's `vcr_dataset.py`, ``replace_det_with_name``): the objects of one
+  tag are written one after the other (no "and"), any other object as its class name, and a
+  tagged person as a mark (`person_mark`: its object index between two private-use
+  characters) that `name_people` later replaces by a name: the reference draws one name per
+  person per example at random from a names table (`read_names_table`), so the name is a
+  choice of the trainer (seeded), not of the file.
 
 Rows: a line needs annot_id, img_fn, a list of object names, a question and four answer
 and four rationale choices, each a non-empty list of tokens whose tags index ``objects``,
@@ -21,14 +29,16 @@ and labels, when given, in 0-3. Anything else is `Malformed` (``val.jsonl:12``).
 
 from __future__ import annotations
 
+import csv
+import re
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Any, Iterator, NamedTuple, Optional, Union
+from typing import Any, Callable, Iterator, NamedTuple, Optional, Union
 
 import numpy as np
 
 from pipeline.errors import ConfigError
-from pipeline.sources.base import Malformed, clean_text, is_int, load_json_file
+from pipeline.sources.base import Malformed, clean_text, is_int, load_json_file, open_text, reading
 from pipeline.sources.jsonlines import iter_json_lines
 
 CHOICES = 4
@@ -51,6 +61,8 @@ NAMES = (
     "Quinn",
 )
 _IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
+_MARK = "\ue000"  # private use: around a person's object index in an `MT` rendering
+_MARKED = re.compile(f"{_MARK}([0-9]+){_MARK}")
 
 
 @dataclass(frozen=True)
@@ -77,15 +89,56 @@ class _Bad(ValueError):
     """A line without VCR's shape; the message says why."""
 
 
-def _name(objects: tuple[str, ...], index: Any) -> str:
+def person_mark(index: int) -> str:
+    """The mark an `MT` rendering writes for tagged person `index` (`name_people` replaces it)."""
+    return f"{_MARK}{index}{_MARK}"
+
+
+class Rendering(NamedTuple):
+    """How a tag becomes words: `person` (object index -> text) for a person, the class name
+    for any other object; the objects of one tag joined by `join`."""
+
+    person: Callable[[int], str]
+    join: str
+
+
+R2C = Rendering(lambda index: NAMES[index % len(NAMES)], " and ")
+MT = Rendering(person_mark, " ")
+
+
+def name_people(text: str, name: Callable[[int], str]) -> str:
+    """`text` (an `MT` rendering) with each person mark replaced by ``name(object index)``."""
+    return _MARKED.sub(lambda m: name(int(m.group(1))), text)
+
+
+def read_names_table(path: Path) -> tuple[str, ...]:
+    """The names of a names table as vilbert-multi-task reads its ``unisex_names_table.csv``:
+    the second column of each CSV row, the rows whose second column is ``name`` (the header)
+    left out; ConfigError naming the file when it has no such names."""
+    path = Path(path)
+    try:
+        with reading(str(path)), open_text(path) as f:
+            rows = list(csv.reader(f))
+    except csv.Error as err:
+        raise ConfigError(f"{path}: not a names table ({err})") from err
+    if not rows or any(len(row) < 2 for row in rows):
+        raise ConfigError(f"{path}: not a names table (needs CSV rows with the name in the second column)")
+    names = tuple(row[1] for row in rows if row[1] != "name")
+    if not names or not all(n.strip() for n in names):
+        raise ConfigError(f"{path}: not a names table (a row has no name in its second column)")
+    return names
+
+
+def _name(objects: tuple[str, ...], index: Any, style: Rendering) -> str:
     if not is_int(index) or not 0 <= index < len(objects):
         raise _Bad(f"tag {index!r} is not an index of the {len(objects)} objects")
-    return NAMES[index % len(NAMES)] if objects[index] == "person" else objects[index]
+    return style.person(index) if objects[index] == "person" else objects[index]
 
 
-def render_tokens(tokens: Any, objects: tuple[str, ...]) -> str:
-    """The text of a token list: tags become names ("Casey", "car"; "Casey and Riley");
-    ValueError when it is not a non-empty list of words and tags indexing `objects`."""
+def render_tokens(tokens: Any, objects: tuple[str, ...], style: Rendering = R2C) -> str:
+    """The text of a token list in `style`: tags become names (`R2C`: "Casey", "car";
+    "Casey and Riley"); ValueError when it is not a non-empty list of words and tags
+    indexing `objects`."""
     if not isinstance(tokens, list) or not tokens:
         raise _Bad("a text needs a non-empty list of tokens")
     words = []
@@ -93,7 +146,7 @@ def render_tokens(tokens: Any, objects: tuple[str, ...]) -> str:
         if isinstance(token, str):
             words.append(token)
         elif isinstance(token, list) and token:
-            words.append(" and ".join(_name(objects, index) for index in token))
+            words.append(style.join.join(_name(objects, index, style) for index in token))
         else:
             raise _Bad(f"token {token!r} is neither a word nor a list of object indices")
     return clean_text(" ".join(words))
@@ -107,10 +160,10 @@ def _label(value: Any) -> Optional[int]:
     return value
 
 
-def _choices(value: Any, objects: tuple[str, ...]) -> tuple[str, ...]:
+def _choices(value: Any, objects: tuple[str, ...], style: Rendering) -> tuple[str, ...]:
     if not isinstance(value, list) or len(value) != CHOICES:
         raise _Bad(f"needs {CHOICES} answer and {CHOICES} rationale choices")
-    return tuple(render_tokens(choice, objects) for choice in value)
+    return tuple(render_tokens(choice, objects, style) for choice in value)
 
 
 def _image(img_fn: str) -> str:
@@ -118,7 +171,7 @@ def _image(img_fn: str) -> str:
     return img_fn[: -len(suffix)] if suffix.lower() in _IMAGE_SUFFIXES else img_fn
 
 
-def _question(obj: Any) -> VcrQuestion:
+def _question(obj: Any, style: Rendering) -> VcrQuestion:
     """The question of one line; _Bad saying why not."""
     if (
         not isinstance(obj, dict)
@@ -136,23 +189,23 @@ def _question(obj: Any) -> VcrQuestion:
         _image(obj["img_fn"]),
         metadata_fn if isinstance(metadata_fn, str) else "",
         objects,
-        render_tokens(obj.get("question"), objects),
-        _choices(obj.get("answer_choices"), objects),
-        _choices(obj.get("rationale_choices"), objects),
+        render_tokens(obj.get("question"), objects, style),
+        _choices(obj.get("answer_choices"), objects, style),
+        _choices(obj.get("rationale_choices"), objects, style),
         _label(obj.get("answer_label")),
         _label(obj.get("rationale_label")),
     )
 
 
-def read_vcr(path: Path) -> Iterator[Union[VcrQuestion, Malformed]]:
-    """The questions of a VCR file, one a line, in file order."""
+def read_vcr(path: Path, style: Rendering = R2C) -> Iterator[Union[VcrQuestion, Malformed]]:
+    """The questions of a VCR file, one a line, in file order, rendered in `style`."""
     path = Path(path)
     for where, obj in iter_json_lines(path):
         if isinstance(obj, Malformed):
             yield obj
             continue
         try:
-            question: Union[VcrQuestion, Malformed] = _question(obj)
+            question: Union[VcrQuestion, Malformed] = _question(obj, style)
         except _Bad as err:
             question = Malformed(path, where, str(err))
         yield question

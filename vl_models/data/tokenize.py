@@ -13,7 +13,7 @@ import json
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Union
+from typing import Optional, Sequence, Union
 
 import numpy as np
 from tokenizers import BertWordPieceTokenizer, Tokenizer, models
@@ -41,9 +41,10 @@ def bundled_bert_vocab() -> Path:
 
 @dataclass(frozen=True)
 class Encoded:
-    ids: np.ndarray  # (max_length,) int64: [CLS] tokens [SEP] then [PAD]s
-    mask: np.ndarray  # (max_length,) int64: 1 on real tokens
-    special: np.ndarray  # (max_length,) bool: [CLS], [SEP], [PAD] (never masked)
+    ids: np.ndarray  # (length,) int64: [CLS] tokens [SEP] then [PAD]s
+    mask: np.ndarray  # (length,) int64: 1 on real tokens
+    special: np.ndarray  # (length,) bool: [CLS], [SEP], [PAD] (never masked)
+    types: np.ndarray  # (length,) int64: token type (segment) ids: 1 on a pair's second segment, else 0
 
 
 def vocab_file(source: Union[str, Path]) -> Path:
@@ -88,22 +89,53 @@ class WordPiece:
         mask = (np.arange(max_length) < len(pieces) + 2).astype(np.int64)
         special = ~mask.astype(bool)
         special[0] = special[len(pieces) + 1] = True
-        return Encoded(ids, mask, special)
+        return Encoded(ids, mask, special, np.zeros(max_length, np.int64))
 
-    def encode_pair(self, first: str, second: str, max_length: int) -> Encoded:
-        """``[CLS] first [SEP] second [SEP]`` (VCR's question and choice), the longer side
-        truncated first, as BERT's pair inputs."""
-        a = self.tok.encode(first, add_special_tokens=False).ids
-        b = self.tok.encode(second, add_special_tokens=False).ids
-        while len(a) + len(b) > max_length - 3:
-            (a if len(a) > len(b) else b).pop()
+    def pieces(self, text: str, retokenize: bool = False) -> list[int]:
+        """The WordPiece ids of `text` (no special tokens). ``retokenize``: as vilbert-multi-task's
+        VCR reader makes them (`vcr_dataset.py`, ``tokenize``): the pieces written out with
+        spaces and tokenized again, so a continuation piece ``##ing`` becomes ``#``, ``#``,
+        ``ing``; special tokens in the text (``[SEP]``) stay one token both times."""
+        enc = self.tok.encode(text, add_special_tokens=False)
+        if not retokenize:
+            return list(enc.ids)
+        return list(self.tok.encode(" ".join(enc.tokens), add_special_tokens=False).ids)
+
+    def encode_pair(
+        self,
+        first: Union[str, Sequence[str]],
+        second: str,
+        max_length: int,
+        *,
+        retokenize: bool = False,
+        pad_to: Optional[int] = None,
+    ) -> Encoded:
+        """``[CLS] first [SEP] second [SEP]`` padded to `pad_to` (default `max_length`), as
+        vilbert-multi-task builds VCR's pairs (`vcr_dataset.py`: ``tokenize``,
+        ``_truncate_seq_pair``): `first` (a text, or several joined by ``[SEP]``: QA->R's
+        question and answer) is kept whole and `second` loses tokens from its end until the
+        pair fits `max_length`; token type 0 on ``[CLS] first [SEP]``, 1 on ``second [SEP]``.
+        Where `first` alone leaves no room (the reference fails there), it is cut to leave
+        `second` one token. ``retokenize``: `pieces`'."""
+        segments = [first] if isinstance(first, str) else list(first)
+        a: list[int] = []
+        for k, segment in enumerate(segments):
+            a += ([self.sep_id] if k else []) + self.pieces(segment, retokenize)
+        b = self.pieces(second, retokenize)
+        if len(a) > max_length - 3:
+            a = a[: max(max_length - 4, 0)]
+        b = b[: max_length - 3 - len(a)]
         pieces = [self.cls_id, *a, self.sep_id, *b, self.sep_id]
-        ids = np.full(max_length, self.pad_id, np.int64)
+        length = max_length if pad_to is None else pad_to
+        if length < len(pieces):
+            raise ValueError(f"pad_to {pad_to} is shorter than max_length {max_length}")
+        ids = np.full(length, self.pad_id, np.int64)
         ids[: len(pieces)] = pieces
-        mask = (np.arange(max_length) < len(pieces)).astype(np.int64)
-        special = ~mask.astype(bool)
-        special[[0, len(a) + 1, len(pieces) - 1]] = True
-        return Encoded(ids, mask, special)
+        mask = (np.arange(length) < len(pieces)).astype(np.int64)
+        special = ~mask.astype(bool) | (ids == self.cls_id) | (ids == self.sep_id)
+        types = np.zeros(length, np.int64)
+        types[len(a) + 2 : len(pieces)] = 1
+        return Encoded(ids, mask, special, types)
 
     def save_pretrained(self, folder: Path, model_max_length: int) -> None:
         """Write the tokenizer as `transformers.AutoTokenizer` reads it: vocab.txt,

@@ -5,9 +5,13 @@ leaves the previous file or none):
 * GQA (EvalAI and the official ``eval.py``): a JSON list ``[{"questionId": str, "prediction": str}]``;
 * NLVR2 (lil-lab's ``metrics.py``): CSV lines ``identifier,True|False``, no header;
 * VCR (the leaderboard's CSV): ``annot_id``, the 4 answer probabilities, and the 4 rationale
-  probabilities conditioned on each answer (``rationale_conditioned_on_a{i}_{j}``).
+  probabilities conditioned on each answer (``rationale_conditioned_on_a{i}_{j}``);
+* VCR Q->A or QA->R alone (no official format; ours, JSON, one entry per scored 4-way choice):
+  ``[{"annot_id": str, "probabilities": [4 floats]}]``, QA->R's with ``"conditioned_on": a``
+  (the answer its rationales follow).
 
-Each writer checks that it got one prediction per id (DataError otherwise) and returns the
+Each writer checks that it got one prediction per id (per (id, answer) for QA->R alone;
+DataError otherwise) and returns the
 path it wrote.
 """
 
@@ -17,7 +21,7 @@ import csv
 import io
 import json
 from pathlib import Path
-from typing import Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 
@@ -79,4 +83,24 @@ def write_vcr_submission(
     for annot, answers, rationales in zip(annot_ids, answer_probs, rationale_probs):
         writer.writerow([annot, *(repr(float(v)) for v in answers), *(repr(float(v)) for v in rationales.reshape(-1))])
     atomic_write_bytes(Path(path), out.getvalue().encode())
+    return Path(path)
+
+
+def write_vcr_probabilities(
+    path: Path, annot_ids: Sequence[str], probs: np.ndarray, conditioned_on: Optional[Sequence[int]] = None
+) -> Path:
+    """`probs` (N, 4): the choice probabilities of entry i (question `annot_ids[i]`, its
+    rationales conditioned on answer `conditioned_on[i]` when given)."""
+    probs = np.asarray(probs, np.float64)
+    keys = list(annot_ids) if conditioned_on is None else [(a, int(c)) for a, c in zip(annot_ids, conditioned_on)]
+    _check("VCR", keys, probs)
+    if probs.shape != (len(keys), 4) or (conditioned_on is not None and len(conditioned_on) != len(keys)):
+        raise DataError(f"VCR probabilities: {probs.shape} for {len(keys)} entries, expected ({len(keys)}, 4)")
+    if not np.isfinite(probs).all():
+        raise DataError("VCR probabilities: a probability is not finite")
+    rows = [{"annot_id": str(a), "probabilities": [float(v) for v in p]} for a, p in zip(annot_ids, probs)]
+    if conditioned_on is not None:
+        for row, c in zip(rows, conditioned_on):
+            row["conditioned_on"] = int(c)
+    atomic_write_bytes(Path(path), json.dumps(rows).encode())
     return Path(path)

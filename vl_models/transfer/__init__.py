@@ -7,7 +7,8 @@ The registry of tasks (`task.Task`), found by name:
     nlvr2                         pair classifier            nlvr2.py
     flickr30k, coco-retrieval     pair score, 4-way          retrieval.py
     refcoco+, refcoco, refcocog   per-region scorer          refcoco.py
-    vcr                           4-way choice (Q->A, QA->R) vcr.py
+    vcr-q2a, vcr-qa2r, vcr        4-way choice (Q->A; QA->R; vcr.py
+                                  both, scored as Q->AR)
 
 Adding a task is one module that defines a `Task` and calls `register`. The rest of the
 package: `heads` (head kinds and their losses, `TransferModel`), `dataset` (the examples),
@@ -34,5 +35,7 @@ for _task in (
     refcoco.REFCOCO,
     refcoco.REFCOCOG,
     vcr.TASK,
+    vcr.Q2A_TASK,
+    vcr.QA2R_TASK,
 ):
     register(_task)

@@ -5,29 +5,37 @@ targets).
 
 Every example is a function of (seed, epoch, index) only — a retrieval negative is drawn
 from a generator seeded by those — so a resumed run sees the same examples. Tensors of an
-example have a leading candidate axis: ``input_ids`` (C, L), ``visual_feats`` (C, N, D), ...
+example have a leading candidate axis: ``input_ids`` (C, L), ``token_type_ids`` (C, L)
+(1 on a pair's second segment, else 0), ``visual_feats`` (C, N, D), ...
+
+Regions come from the feature stores (the first that holds an image: detections). Stores of
+ground-truth boxes (``given_stores``: built with `vlprep extract --given-boxes`, as
+vilbert-multi-task's ``*_gt_*`` LMDBs) are separate: a task that trains on detections plus
+ground-truth boxes (RefCOCO, as the reference) asks for them (`image(key, ground_truth=True)`);
+nothing else reads them, so evaluation never sees a ground-truth box.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Union
 
 import numpy as np
 import torch
 
 from pipeline.errors import ConfigError
-from pipeline.records import pad_regions
+from pipeline.records import RegionFeatures, pad_regions
 from pipeline.store import FeatureStore
 from pipeline.task_data import TaskData
 from vl_models.config import DataSettings
 from vl_models.data.tokenize import WordPiece
 
-CANDIDATE_KEYS = ("input_ids", "attention_mask", "visual_feats", "visual_pos", "visual_mask")
+CANDIDATE_KEYS = ("input_ids", "attention_mask", "token_type_ids", "visual_feats", "visual_pos", "visual_mask")
 
 
 class TaskDataset(torch.utils.data.Dataset):
-    """Split `split` (comma-separated: a union) of `data` for `task` and `family`."""
+    """Split `split` (comma-separated: a union) of `data` for `task` and `family`;
+    `given_stores`: the ground-truth boxes' feature stores (see the module's docstring)."""
 
     def __init__(
         self,
@@ -41,6 +49,7 @@ class TaskDataset(torch.utils.data.Dataset):
         seed: int = 0,
         train: bool = True,
         task_id: int = 0,
+        given_stores: Sequence[Path] = (),
     ):
         self.data, self.task, self.family, self.cfg = data, task, family, settings
         self.seed, self.train, self.task_id, self.split = seed, train, task_id, split
@@ -50,11 +59,18 @@ class TaskDataset(torch.utils.data.Dataset):
                 f"{data.path}: no {task.name} rows in split {split!r}; its splits: {', '.join(data.splits)}"
             )
         self.max_text = settings.max_text or task.max_text or family.max_text
-        self.stores = [
-            FeatureStore.open(p, dtype="float32", verify=True if settings.verify_shards else None) for p in stores
-        ]
+        verify = True if settings.verify_shards else None
+        self.stores = [FeatureStore.open(p, dtype="float32", verify=verify) for p in stores]
+        self.given_stores = [FeatureStore.open(p, dtype="float32", verify=verify) for p in given_stores]
+        dims = {s.layout.feature_dim for s in self.stores + self.given_stores}
+        if self.given_stores and len(dims) > 1:
+            raise ConfigError(
+                f"the feature stores have features of different widths ({', '.join(map(str, sorted(dims)))}): "
+                "ground-truth boxes must come from the detections' detector"
+            )
         self.tokenizer = WordPiece(vocab)
         self.epoch = 0
+        self._memo: dict = {}
 
     def __len__(self) -> int:
         return self.task.length(self)
@@ -70,37 +86,65 @@ class TaskDataset(torch.utils.data.Dataset):
         """The images of this split that no feature store holds, sorted."""
         return sorted(k for k in self.data.store_keys(self.rows) if not any(k in s for s in self.stores))
 
+    def memo(self, name: str, compute):
+        """``compute()``, computed once per dataset (a task's per-split lookup table)."""
+        if name not in self._memo:
+            self._memo[name] = compute()
+        return self._memo[name]
+
     def _record(self, key: str):
         for store in self.stores:
             if key in store:
                 return store.get(key)
         raise KeyError(f"image {key!r} is in no feature store")
 
-    def text(self, text: str, second: Optional[str] = None) -> dict:
-        enc = (
-            self.tokenizer.encode(text, self.max_text)
-            if second is None
-            else self.tokenizer.encode_pair(text, second, self.max_text)
-        )
-        return {"input_ids": enc.ids, "attention_mask": enc.mask}
+    def text(
+        self, text: Union[str, Sequence[str]], second: Optional[str] = None, *, limit: Optional[int] = None, **pair
+    ) -> dict:
+        """``input_ids``, ``attention_mask`` and ``token_type_ids`` of a text or of a pair
+        (`WordPiece.encode_pair`: `text` may be several segments, `pair` its options), the
+        dataset's text length long; a pair fills at most `limit` of it (default: all)."""
+        if second is None:
+            enc = self.tokenizer.encode(text, self.max_text)
+        else:
+            fill = min(limit or self.max_text, self.max_text)
+            enc = self.tokenizer.encode_pair(text, second, fill, pad_to=self.max_text, **pair)
+        return {"input_ids": enc.ids, "attention_mask": enc.mask, "token_type_ids": enc.types}
 
-    def image(self, key: str) -> dict:
-        """An image's padded regions (``visual_*``), with ``boxes`` (slots, 4) in pixels and
-        ``valid`` (slots,): the real region slots (not the IMG token, not padding)."""
+    def image(self, key: str, ground_truth: bool = False) -> dict:
+        """An image's padded regions (``visual_*``), with ``boxes`` (slots, 4) in pixels (the
+        IMG token's: the whole image, ``0, 0, W, H``, as vilbert-multi-task's reader gives it)
+        and ``valid`` (slots,): the slots that hold a region or the IMG token (not padding).
+        ``ground_truth``: the detections followed by the ground-truth boxes of the
+        `given_stores` (vilbert-multi-task's RefCOCO training), as many as the slots hold,
+        the IMG token the mean of the detections alone (its reader's, which has no
+        ground-truth boxes)."""
         record = self._record(key)
-        family = self.family
-        batch = pad_regions([record], self.cfg.max_regions, position=family.position, img_token=family.img_token)
+        family, slots = self.family, self.cfg.max_regions
+        kept = min(record.num_boxes, slots)
+        gt = next((s.get(key) for s in self.given_stores if key in s), None) if ground_truth else None
+        if gt is not None:
+            record = RegionFeatures(
+                image_id=record.image_id,
+                image_h=record.image_h,
+                image_w=record.image_w,
+                boxes=np.concatenate([record.boxes, gt.boxes]),
+                features=np.concatenate([record.features, gt.features]),
+            )
+        batch = pad_regions([record], slots, position=family.position, img_token=family.img_token)
         first, n = int(family.img_token), int(batch.num_regions[0]) - int(family.img_token)
         boxes = np.zeros((batch.mask.shape[1], 4), np.float32)
         boxes[first : first + n] = record.boxes[:n]
-        valid = batch.mask[0].copy()
-        valid[:first] = False
+        if first:
+            boxes[0] = (0, 0, record.image_w, record.image_h)
+            if gt is not None:
+                batch.features[0, 0] = record.features[:kept].sum(axis=0, dtype=np.float64) / max(kept, 1)
         return {
             "visual_feats": batch.features[0],
             "visual_pos": batch.positions[0],
             "visual_mask": batch.mask[0].astype(np.int64),
             "boxes": boxes,
-            "valid": valid,
+            "valid": batch.mask[0].copy(),
         }
 
     def candidates(self, pairs: Sequence[tuple[dict, dict]]) -> dict:

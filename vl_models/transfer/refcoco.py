@@ -1,13 +1,19 @@
 """Referring expressions: RefCOCO+ (and RefCOCO, RefCOCOg): the ``refs(unc).p`` pickle
-(read by the restricted unpickler) and COCO's ``instances.json``, one row per sentence with
-the referred box; splits train / val / testA / testB (RefCOCOg: train / val / test).
+(read by the restricted unpickler) and COCO's ``instances.json``, one row per sentence (its
+``raw`` text, as vilbert-multi-task reads it) with the referred box; splits train / val /
+testA / testB (RefCOCOg: train / val / test).
 
-The region candidates are the feature store's boxes — build it with `vlprep extract
---given-boxes` (ground-truth boxes and/or detections); build-task writes the ground-truth
-boxes of the task's images into the task folder (``given_boxes.json``) for that. Each region's target is its IoU with
-the referred box, values below 0.5 set to 0 (ViLBERT's); a per-region scorer is trained with
-BCE, and an expression counts as right when its best-scored region overlaps the referred
-box by IoU > 0.5 (`metrics.grounding_accuracy`).
+The region candidates are as vilbert-multi-task's ``refer_expression_dataset.py`` builds
+them: the detections (the feature stores, `vlprep extract`) with the IMG token first (for a
+family that has one: its box the whole image, ``0, 0, W, H``, a candidate with its own IoU
+target); in training followed by the ground-truth boxes of the image (the dataset's
+``given_stores``: `vlprep extract --given-boxes given_boxes.json`, the file build-task writes
+into the task folder), as many as the region slots hold after the detections; in evaluation
+the detections alone, so the referred object's own box is never a candidate. Each
+candidate's target is its IoU with the referred box (+1-pixel widths), values below 0.5 set
+to 0 (the reference's); a per-region scorer is trained with BCE, and an expression counts as
+right when its best-scored candidate overlaps the referred box by IoU > 0.5
+(`metrics.grounding_accuracy`).
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ from vl_models.eval.metrics import box_iou_pairs, grounding_accuracy
 from vl_models.transfer.task import Row, Task, column
 
 TARGET_IOU = 0.5
-GIVEN_BOXES = "given_boxes.json"  # written into the task folder by build-task
+GIVEN_BOXES = "given_boxes.json"  # written into the task folder by build-task: the ground-truth boxes to extract
 
 
 class Referring(Task):
@@ -58,7 +64,7 @@ class Referring(Task):
         return {GIVEN_BOXES: annotation_boxes(Path(files[1]), {r.images[0] for r in rows})}
 
     def example(self, view, i, rng):
-        image = view.image(view.value("images", i)[0])
+        image = view.image(view.value("images", i)[0], ground_truth=view.train)
         box = np.asarray(view.value("box", i), np.float32)
         iou = (box_iou_pairs(image["boxes"], np.broadcast_to(box, image["boxes"].shape)) * image["valid"]).astype(
             np.float32
