@@ -15,10 +15,13 @@ from task_files import DIM, write_task_world
 from train_helpers import VOCAB
 
 from pipeline.errors import ConfigError
+from pipeline.task_data import TaskData
 from vl_models import families, transfer
-from vl_models.config import FinetuneConfig
+from vl_models.config import DataSettings, FinetuneConfig
 from vl_models.train import checkpoint
 from vl_models.transfer.build import build_task
+from vl_models.transfer.dataset import TaskDataset
+from vl_models.transfer.evaluate import predict
 from vl_models.transfer.finetune import run_finetune
 from vl_models.transfer.published import VILBERT_BETA, VILBERT_MT, read_published
 
@@ -175,7 +178,8 @@ def test_loading_is_strict_and_names_the_keys(tmp_path):
 def world(tmp_path_factory):
     root = tmp_path_factory.mktemp("published-vilbert")
     files = write_task_world(root)
-    build_task(transfer.get("nlvr2"), files["nlvr2"], root / "nlvr2", image_map=files["image_map"])
+    for name in ("nlvr2", "flickr30k"):
+        build_task(transfer.get(name), files[name], root / name, image_map=files["image_map"])
     config = {**families.load_config("vilbert-tiny").to_json(), "model_type": "vilbert", "v_feature_size": DIM}
     (root / "tiny.json").write_text(json.dumps({**config, "name": "vilbert-tiny-16"}))
     return root
@@ -227,3 +231,26 @@ def test_finetune_starts_from_a_multi_task_checkpoint(world, tmp_path):
         ("heads.nlvr2.logit_fc.3.weight", "vil_binary_prediction.logit_fc.3.weight"),
     ):
         assert torch.equal(tuned[ours], state[theirs]), ours
+
+
+def test_retrieval_scores_a_multi_task_checkpoint_with_its_vil_logit(world, tmp_path):
+    """Scoring every caption x image pair (`score_pairs`: cached single-stream states) gives
+    the checkpoint's fine-tuned vil_logit of each pair with Flickr30k's task token, not the
+    pretraining alignment head's logit."""
+    task = transfer.get("flickr30k")
+    published = read_published(_world_checkpoint(world, tmp_path), str(world / "tiny.json"))
+    model = published.transfer_model(task, 0).eval()
+    assert model.task_tokens == {"flickr30k": 8}
+    data = TaskData.open(world / "flickr30k")
+    view = TaskDataset(data, task, [world / "feats"], VOCAB, published.family, DataSettings(), "test", train=False)
+    predictions = predict(model, view, limit=3)
+    scores, images = predictions.values["scores"], predictions.values["images"]
+    assert predictions.rows[0] == view.rows[0] and scores.shape == (len(predictions.rows), 3)
+    caption = view.text(view.value("text", 0))  # the first caption scored: the first image's first
+    pairs = torch.utils.data.default_collate([view.candidates([(caption, view.image(key))]) for key in images])
+    with torch.no_grad():
+        enc = published.family.encode(model.backbone, pairs, 8)
+        direct = model.heads["flickr30k"].score(enc.pooled)
+        alignment = published.family.encode(model.backbone, pairs, 8).pair
+    assert torch.allclose(torch.as_tensor(scores[0]), direct, atol=1e-5)
+    assert not torch.allclose(direct, alignment, atol=1e-3)
