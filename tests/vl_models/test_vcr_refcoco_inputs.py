@@ -16,11 +16,13 @@ from pipeline.sources.vcr import MT, R2C, name_people, read_names_table, render_
 from pipeline.store import write_records
 from pipeline.task_data import TaskData
 from vl_models import families, transfer
-from vl_models.config import DataSettings
+from vl_models.config import DataSettings, FinetuneConfig
 from vl_models.data.tokenize import WordPiece
 from vl_models.eval.metrics import box_iou_pairs
 from vl_models.transfer.build import build_task
 from vl_models.transfer.dataset import CANDIDATE_KEYS, TaskDataset
+from vl_models.transfer.evaluate import evaluate_checkpoint
+from vl_models.transfer.finetune import run_finetune
 from vl_models.transfer.task import Predictions
 
 VILBERT, LXMERT = families.get("vilbert"), families.get("lxmert")
@@ -115,7 +117,15 @@ def write_vcr(root, n=4, names=None, test=False):
     rng = np.random.default_rng(0)
     box = np.array([[0, 0, 50, 50]], np.float32)
     records = [
-        RegionFeatures(f"vcr_{i}", SIZE, SIZE, box, rng.normal(size=(1, DIM)).astype(np.float32)) for i in range(n)
+        RegionFeatures(
+            f"vcr_{i}",
+            SIZE,
+            SIZE,
+            box,
+            rng.normal(size=(1, DIM)).astype(np.float32),
+            cls_prob=np.full((1, 4), 0.25, np.float32),  # ViLBERT's model reads its width
+        )
+        for i in range(n)
     ]
     write_records(root / "feats", records, feature_dim=DIM, dtype="float32")
     return files
@@ -256,6 +266,33 @@ def test_q2a_and_qa2r_score_accuracy_and_write_probabilities(vcr_world, tmp_path
         (f"test-{q}", a) for q in range(4) for a in range(4)
     }
     assert rows[0]["probabilities"] == [0.25] * 4
+
+
+@pytest.mark.parametrize("task", ["vcr-q2a", "vcr-qa2r"])
+def test_q2a_and_qa2r_finetune_and_evaluate(vcr_world, tmp_path, task):
+    """Each task fine-tunes on its own (validated by its accuracy) and evaluates a split
+    without labels (QA->R: one example per answer) into its probabilities file."""
+    cfg = FinetuneConfig.of(
+        tasks=(task,),
+        task_data=(str(vcr_world / task),),
+        stores=(str(vcr_world / "feats"),),
+        out=str(tmp_path / "ft"),
+        model="vilbert-tiny",
+        vocab=str(VOCAB),
+        epochs=None,
+        steps=2,
+        batch_size=2,
+        max_regions=4,
+        max_text=32,  # vilbert-tiny has 64 positions
+        log_every=1,
+        checkpoint_every=2,
+    )
+    last = run_finetune(cfg)
+    assert 0 <= last[f"eval_{task}_accuracy"] <= 100
+    result = evaluate_checkpoint(task, str(tmp_path / "ft"), vcr_world / task, "test", out=tmp_path / "e")
+    rows = json.loads((tmp_path / "e" / f"{task}_probabilities.json").read_text())
+    assert result["metrics"] == {} and len(rows) == (4 if task == "vcr-q2a" else 16)
+    assert all(sum(r["probabilities"]) == pytest.approx(1.0) for r in rows)
 
 
 def test_names_table_is_read_as_the_reference_reads_it(tmp_path):
