@@ -226,6 +226,33 @@ def test_joint_vcr_keeps_q2a_within_its_60_tokens(vcr_world, tok):
     )
 
 
+def test_vcr_keeps_every_ground_truth_box_and_averages_the_img_token_as_the_reference(vcr_world, tmp_path):
+    """vcr_dataset.py: the ground-truth boxes kept first (as many as the slots hold), the
+    detections fill the rest, after them in the slots; the IMG feature
+    (d (n + 1) + g (m + 1)) / (n + m + 2); in evaluation too."""
+    rng = np.random.default_rng(3)
+    det = RegionFeatures("vcr_0", SIZE, SIZE, DETECTIONS, rng.normal(size=(3, DIM)).astype(np.float32))
+    gt = RegionFeatures("vcr_0", SIZE, SIZE, GROUND_TRUTH, rng.normal(size=(2, DIM)).astype(np.float32))
+    write_records(tmp_path / "dets", [det], feature_dim=DIM, dtype="float32")
+    write_records(tmp_path / "gt", [gt], feature_dim=DIM, dtype="float32")
+    view = TaskDataset(
+        TaskData.open(vcr_world / "vcr-q2a"),
+        transfer.get("vcr-q2a"),
+        [tmp_path / "dets"],
+        VOCAB,
+        VILBERT,
+        DataSettings(max_regions=4),
+        "val",
+        train=False,
+        given_stores=[tmp_path / "gt"],
+    )
+    feats = view[0]["visual_feats"][0]  # question 0 is on image vcr_0
+    img = (det.features.mean(0) * 4 + gt.features.mean(0) * 3) / 7
+    assert np.allclose(feats[0], img, atol=1e-6)
+    assert np.allclose(feats[1:], np.concatenate([det.features[:2], gt.features]))
+    assert np.array_equal(view.image("vcr_0", "keep")["boxes"][1:], np.concatenate([DETECTIONS[:2], GROUND_TRUTH]))
+
+
 def predictions(view, logits_of):
     """Predictions of every example of `view`, with `logits_of(example)` as its logits."""
     examples = [view[i] for i in range(len(view))]

@@ -10,9 +10,9 @@ example have a leading candidate axis: ``input_ids`` (C, L), ``token_type_ids`` 
 
 Regions come from the feature stores (the first that holds an image: detections). Stores of
 ground-truth boxes (``given_stores``: built with `vlprep extract --given-boxes`, as
-vilbert-multi-task's ``*_gt_*`` LMDBs) are separate: a task that trains on detections plus
-ground-truth boxes (RefCOCO, as the reference) asks for them (`image(key, ground_truth=True)`);
-nothing else reads them, so evaluation never sees a ground-truth box.
+vilbert-multi-task's ``*_gt_*`` LMDBs) are separate: a task that adds ground-truth boxes to the
+detections as the reference does asks for them (`image(key, ground_truth=...)`: RefCOCO in
+training only, so its evaluation never sees a ground-truth box; VCR always).
 """
 
 from __future__ import annotations
@@ -31,6 +31,11 @@ from vl_models.config import DataSettings
 from vl_models.data.tokenize import WordPiece
 
 CANDIDATE_KEYS = ("input_ids", "attention_mask", "token_type_ids", "visual_feats", "visual_pos", "visual_mask")
+
+
+def _mean(features: np.ndarray) -> np.ndarray:
+    """The mean of region features (float64; zeros for none), as the IMG token's feature."""
+    return features.sum(axis=0, dtype=np.float64) / max(len(features), 1)
 
 
 class TaskDataset(torch.utils.data.Dataset):
@@ -111,25 +116,40 @@ class TaskDataset(torch.utils.data.Dataset):
             enc = self.tokenizer.encode_pair(text, second, fill, pad_to=self.max_text, **pair)
         return {"input_ids": enc.ids, "attention_mask": enc.mask, "token_type_ids": enc.types}
 
-    def image(self, key: str, ground_truth: bool = False) -> dict:
+    def image(self, key: str, ground_truth: Optional[str] = None) -> dict:
         """An image's padded regions (``visual_*``), with ``boxes`` (slots, 4) in pixels (the
         IMG token's: the whole image, ``0, 0, W, H``, as vilbert-multi-task's reader gives it)
         and ``valid`` (slots,): the slots that hold a region or the IMG token (not padding).
-        ``ground_truth``: the detections followed by the ground-truth boxes of the
-        `given_stores` (vilbert-multi-task's RefCOCO training), as many as the slots hold,
-        the IMG token the mean of the detections alone (its reader's, which has no
-        ground-truth boxes)."""
+
+        `ground_truth`: the detections followed by the image's ground-truth boxes (the
+        `given_stores`'; none there: the detections alone) as vilbert-multi-task merges them:
+        ``"fill"`` (`refer_expression_dataset.py`) the ground-truth boxes fill the slots the
+        detections leave, the IMG token the mean of the detections; ``"keep"``
+        (`vcr_dataset.py`) every ground-truth box is kept (as many as the slots hold) and the
+        detections fill the slots left, the IMG token ``(d (n + 1) + g (m + 1)) / (n + m + 2)``
+        for n detections of mean d and m ground-truth boxes of mean g (the reference's weights:
+        each reader's count includes its IMG token)."""
         record = self._record(key)
         family, slots = self.family, self.cfg.max_regions
-        kept = min(record.num_boxes, slots)
+        if ground_truth not in (None, "fill", "keep"):
+            raise ValueError(f"ground_truth: 'fill', 'keep' or None, not {ground_truth!r}")
         gt = next((s.get(key) for s in self.given_stores if key in s), None) if ground_truth else None
+        img = None
         if gt is not None:
+            if ground_truth == "fill":
+                dets, gts = min(record.num_boxes, slots), gt.num_boxes
+                img = _mean(record.features[:dets])
+            else:
+                gts = min(gt.num_boxes, slots)
+                dets = min(record.num_boxes, slots - gts)
+                n, m = record.num_boxes, gt.num_boxes
+                img = (_mean(record.features) * (n + 1) + _mean(gt.features) * (m + 1)) / (n + m + 2)
             record = RegionFeatures(
                 image_id=record.image_id,
                 image_h=record.image_h,
                 image_w=record.image_w,
-                boxes=np.concatenate([record.boxes, gt.boxes]),
-                features=np.concatenate([record.features, gt.features]),
+                boxes=np.concatenate([record.boxes[:dets], gt.boxes[:gts]]),
+                features=np.concatenate([record.features[:dets], gt.features[:gts]]),
             )
         batch = pad_regions([record], slots, position=family.position, img_token=family.img_token)
         first, n = int(family.img_token), int(batch.num_regions[0]) - int(family.img_token)
@@ -137,8 +157,8 @@ class TaskDataset(torch.utils.data.Dataset):
         boxes[first : first + n] = record.boxes[:n]
         if first:
             boxes[0] = (0, 0, record.image_w, record.image_h)
-            if gt is not None:
-                batch.features[0, 0] = record.features[:kept].sum(axis=0, dtype=np.float64) / max(kept, 1)
+            if img is not None:
+                batch.features[0, 0] = img
         return {
             "visual_feats": batch.features[0],
             "visual_pos": batch.positions[0],

@@ -64,7 +64,7 @@ class Referring(Task):
         return {GIVEN_BOXES: annotation_boxes(Path(files[1]), {r.images[0] for r in rows})}
 
     def example(self, view, i, rng):
-        image = view.image(view.value("images", i)[0], ground_truth=view.train)
+        image = view.image(view.value("images", i)[0], ground_truth="fill" if view.train else None)
         box = np.asarray(view.value("box", i), np.float32)
         iou = (box_iou_pairs(image["boxes"], np.broadcast_to(box, image["boxes"].shape)) * image["valid"]).astype(
             np.float32

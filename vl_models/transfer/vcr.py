@@ -18,7 +18,11 @@ by (run seed, task-data row, object index) — the same names in every epoch and
 question's pairs, as the reference draws them once per question and caches them. The table
 is vilbert-multi-task's ``unisex_names_table.csv`` when build-task is given it among its
 files (it is data the reference does not ship; copied into the task folder as
-``vcr_names.json``), else R2C's 15 names (`pipeline.sources.vcr.NAMES`).
+``vcr_names.json``), else R2C's 15 names (`pipeline.sources.vcr.NAMES`). The regions: the
+detections and, when the fine-tuning has ground-truth stores (`vlprep extract --given-boxes`
+on the boxes of VCR's metadata files, which the tags index), every ground-truth box with the
+detections filling the slots left (`TaskDataset.image`, ``"keep"``), in training and
+evaluation alike, as the reference.
 
 Examples of a split. vcr-q2a: one per question. vcr-qa2r: in training one per question,
 conditioned on the right answer; in evaluation the same when every question of the split
@@ -114,7 +118,7 @@ class VcrTask(Task):
         return [view.text(first, text(s), limit=limit, retokenize=True) for s in seconds]
 
     def _example(self, view, i: int, answer: int, limit=None) -> dict:
-        image = view.image(view.value("images", i)[0])
+        image = view.image(view.value("images", i)[0], ground_truth="keep")
         label = view.value("label" if answer < 0 else "rationale_label", i)
         texts = self._pairs(view, i, answer, limit)
         return {**view.candidates([(t, image) for t in texts]), "label": np.int64(-100 if label is None else label)}
