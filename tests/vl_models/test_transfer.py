@@ -505,14 +505,16 @@ def test_every_finetune_config_field_has_a_flag_and_every_flag_a_field():
     assert sorted(params - fields) == []
 
 
-def test_wordpiece_pairs_truncate_the_longer_side():
+def test_wordpiece_pairs_truncate_the_second_side():
+    """As vilbert-multi-task's VCR pairs: the question stays whole, the choice loses tokens."""
     from vl_models.data.tokenize import WordPiece
 
     tok = WordPiece(VOCAB)
     enc = tok.encode_pair("what color is the ball", "it is red", 9)
     words = tok.tok.decode(enc.ids.tolist(), skip_special_tokens=False).split()
-    assert words == ["[CLS]", "what", "color", "is", "[SEP]", "it", "is", "red", "[SEP]"]
-    assert enc.mask.tolist() == [1] * 9 and enc.special.tolist() == [True] + [False] * 3 + [True] + [False] * 3 + [True]
+    assert words == ["[CLS]", "what", "color", "is", "the", "ball", "[SEP]", "it", "[SEP]"]
+    assert enc.mask.tolist() == [1] * 9 and enc.special.tolist() == [True] + [False] * 5 + [True, False, True]
+    assert enc.types.tolist() == [0] * 7 + [1] * 2
 
 
 @pytest.mark.parametrize("model", ["vilbert-tiny", "lxmert-tiny"])
