@@ -159,21 +159,23 @@ def test_pretraining_heads_match_transformers():
 
 
 def test_answer_rows_are_copied_by_answer_string():
-    """LXMERT's fine-tuning starts its answer head from the pretraining QA head by answer
-    string (`copy_answer_rows`): matching answers (normalized alike) get the trained rows."""
+    """LXMERT's fine-tuning starts its answer head from the pretraining QA head as airsplay's
+    `load_lxmert_qa` does: each new answer converted by `convert_ans` (lowercase, no trailing
+    '.', no leading article, number words and grey -> gray), looked up exactly in the QA
+    table (whose answers are converted already), unmatched rows zeroed (weight and bias)."""
     import pytest
     import torch
 
     from pipeline.errors import ConfigError
     from vl_models.models.weights import copy_answer_rows
 
-    old_answers = ["yes", "no", "grey", "two", "a dog"]
+    old_answers = ["yes", "no", "gray", "2", "dog"]  # as LXMERT's all_ans.json holds them
     weight, bias = torch.randn(5, 8), torch.randn(5)
-    head = torch.nn.Linear(8, 4)
-    fresh = head.weight.detach().clone()
-    copied = copy_answer_rows(head, weight, bias, old_answers, ["No", "gray", "2", "cat"])
-    assert copied == 3  # "No" -> no, "gray" = normalized "grey", "2" = normalized "two"; "cat" is new
-    assert torch.equal(head.weight[0], weight[1]) and torch.equal(head.bias[1], bias[2])
-    assert torch.equal(head.weight[2], weight[3]) and torch.equal(head.weight[3], fresh[3])
+    head = torch.nn.Linear(8, 6)
+    copied = copy_answer_rows(head, weight, bias, old_answers, ["No", "grey", "two", "a dog", "cat", "Yes."])
+    assert copied == 5  # "cat" is not in the QA table
+    for new, old in ((0, 1), (1, 2), (2, 3), (3, 4), (5, 0)):
+        assert torch.equal(head.weight[new], weight[old]) and head.bias[new] == bias[old]
+    assert not head.weight[4].any() and head.bias[4] == 0  # unmatched: zeroed
     with pytest.raises(ConfigError, match="does not match its answer table"):
         copy_answer_rows(head, weight[:4], bias, old_answers, ["no"] * 4)
