@@ -17,10 +17,9 @@ Two normalizations, for two kinds of table:
      apostrophe (``dont`` -> ``don't``, ``oclock`` -> ``o'clock``).
 
   ``grey`` and ``gray`` stay two answers, as the evaluator scores them.
-* `normalize_answer`: the evaluator's steps, then LXMERT's pretraining answer-table rules
-  (``AnswerTable.convert_ans``: a trailing ``.`` stripped, ``grey`` -> ``gray``): the
-  answers of pretraining mixtures, and the key that matches a new answer table's rows to a
-  pretraining QA head's (as LXMERT's ``load_lxmert_qa`` does).
+* `normalize_answer`: the evaluator's steps, then two of LXMERT's pretraining answer-table
+  rules (``AnswerTable.convert_ans``: a trailing ``.`` stripped, ``grey`` -> ``gray``): the
+  answers of pretraining mixtures.
 
 Soft scores are the official VQA values: an answer given by k annotators scores 0.3, 0.6,
 0.9 for k = 1, 2, 3 and 1.0 for k >= 4 (BUTD's ``get_score``, LXMERT's labels). For 10
@@ -222,7 +221,7 @@ def evaluator_answer(answer: str) -> str:
 
 def normalize_answer(answer: str) -> str:
     """`evaluator_answer`, then LXMERT's pretraining rules: a trailing ``.`` stripped,
-    ``grey`` -> ``gray`` (for mixtures and matching answer rows, not for VQA's task tables)."""
+    ``grey`` -> ``gray`` (for pretraining mixtures, not for VQA's task tables)."""
     text = evaluator_answer(answer.lower()).rstrip(".").strip()
     return " ".join("gray" if w == "grey" else w for w in text.split())
 
