@@ -76,17 +76,18 @@ def _option_name(param) -> str:
     return param.opts[0].lstrip("-").replace("-", "_")
 
 
-def _with_recipe(ctx: typer.Context, values: dict) -> dict:
-    """The command's option values, with the values of ``values["recipe"]`` in place of the
-    defaults of the options not given. A recipe names options as the command line does
-    (underscores); each value goes through its option's own type check, and a ``{TASK: N}``
-    mapping is read as repeated ``TASK=N`` (--weight, --task-from)."""
-    from vl_models.train.recipes import load_recipe
+def _with_recipe(ctx: typer.Context, values: dict, folder: Optional[Path] = None) -> dict:
+    """The command's option values, with the values of ``values["recipe"]`` (a recipe of
+    `folder`, default the pretraining ones, or a YAML path) in place of the defaults of the
+    options not given. A recipe names options as the command line does (underscores); each
+    value goes through its option's own type check, and a ``{TASK: N}`` mapping is read as
+    repeated ``TASK=N`` (--weight, --task-from, --task-lr, ...)."""
+    from vl_models.train.recipes import RECIPE_DIR, load_recipe
 
     values = dict(values)
     if not values.get("recipe"):
         return values
-    path, obj = load_recipe(values["recipe"])
+    path, obj = load_recipe(values["recipe"], folder or RECIPE_DIR)
     options = {_option_name(p): p for p in ctx.command.params if p.param_type_name == "option" and p.name != "help"}
     settable = set(options) - _NOT_IN_RECIPES
     unknown = sorted(set(obj) - settable)
@@ -149,12 +150,13 @@ OPTIM_FLAGS = {
     "lr": "Peak learning rate (linear warmup, then linear decay).",
     "optimizer": Flag(
         "adamw (default, fused; no decay on bias/LayerNorm), bertadam (LXMERT's: no bias correction, decay on all "
-        "parameters) or sgd (momentum 0.9).",
+        "parameters), adamw-uncorrected (12-in-1's AdamW(correct_bias=False): no bias correction, no decay on "
+        "bias/LayerNorm) or sgd (momentum 0.9).",
         choices=OPTIMIZERS,
     ),
     "warmup": "Warmup: steps, or a fraction of all steps when below 1 (e.g. 0.1).",
     "weight_decay": "AdamW weight decay (none on biases and LayerNorms).",
-    "clip": "Gradient clipping (global norm).",
+    "clip": "Gradient clipping (global norm; 0: none).",
 }
 DATA_FLAGS = {
     "max_text": Flag("Text tokens per item (0: the model's default, ViLBERT 36, LXMERT 20).", **_zero_is_none(int)),
@@ -267,17 +269,23 @@ RECIPE_OPTION = Parameter(
 )
 
 
+def _steps_or_epochs(ctx: typer.Context, values: dict) -> dict:
+    """--steps given: it wins over the epochs of a recipe or a default; not both given
+    (``--epochs 0`` says: use --steps)."""
+    if _given(ctx, "steps") and _given(ctx, "epochs") and float(values["epochs"] or 0):
+        raise ConfigError("give --steps or --epochs, not both")
+    if _given(ctx, "steps"):
+        values["epochs"] = "0"
+    values.pop("recipe")
+    return values
+
+
 def _pretrain_values(ctx: typer.Context, values: dict) -> dict:
     """The recipe's values under the options given; --model required; --steps or --epochs."""
     values = _with_recipe(ctx, values)
     if not values["model"]:
         raise ConfigError("--model is required (or a --recipe that names one)")
-    if _given(ctx, "steps") and _given(ctx, "epochs"):
-        raise ConfigError("give --steps or --epochs, not both")
-    if _given(ctx, "steps"):  # over a recipe's epochs
-        values["epochs"] = "0"
-    values.pop("recipe")
-    return values
+    return _steps_or_epochs(ctx, values)
 
 
 @app.command()
@@ -308,13 +316,19 @@ FINETUNE_FLAGS = (
         {
             "tasks": Flag(
                 "Task(s) to fine-tune, repeatable (one backbone, a head each): vqa, gqa, nlvr2, flickr30k, "
-                "coco-retrieval, refcoco+, refcoco, refcocog, vcr.",
+                "coco-retrieval, refcoco+, refcoco, refcocog, vcr (Q->A and QA->R, scored Q->AR), vcr-q2a, vcr-qa2r.",
                 name="--task",
             ),
             "task_data": Flag(
                 "The task dataset of each --task, in the same order (`vlprep build-task`).", name="--data"
             ),
             "stores": Flag("Feature store(s) with the tasks' images (repeatable).", name="--shards"),
+            "given_stores": Flag(
+                "Feature store(s) of ground-truth boxes (`vlprep extract --given-boxes`), beside the detections "
+                "of --shards, merged as 12-in-1 does: RefCOCO trains on detections + ground truth and is scored "
+                "on detections alone; VCR keeps every ground-truth box (repeatable).",
+                name="--given-shards",
+            ),
             "out": "Run folder: config.json, metrics.jsonl, checkpoints/ (best: by the first task's metric).",
             "init": Flag(
                 "Start from: a pretraining run folder or checkpoint of ours (model config and vocab come with "
@@ -356,7 +370,9 @@ FINETUNE_FLAGS = (
         "Tasks",
         {
             "task_sampling": Flag(
-                "Several tasks: one-task batches round-robin, or in proportion to the tasks' sizes.",
+                "Several tasks: one-task batches round-robin (a task out of batches drops out), in proportion to the "
+                "tasks' sizes, or cycle (12-in-1's: a batch of every task each round, as many rounds as the longest "
+                "task has, short tasks restarted).",
                 choices=TASK_SAMPLING,
             ),
             "train_split": Flag(
@@ -378,6 +394,42 @@ FINETUNE_FLAGS = (
                 "a random one.",
                 parse=or_none,
             ),
+            "head_lr": Flag(
+                "Peak learning rate of the heads 12-in-1 names vil_* (answers, NLVR2 pair, VCR choice; not "
+                "RefCOCO's region scorer), on the same schedule (12-in-1: 1e-4; 0: --lr).",
+                **_zero_is_none(float),
+            ),
+            "nlvr2_loss": Flag(
+                "NLVR2's loss: ce (LXMERT's cross-entropy) or bce (12-in-1's BCE on one-hot targets); default: the "
+                "model family's own reference's (LXMERT ce, ViLBERT bce).",
+                parse=or_none,
+            ),
+            "task_lr": Flag(
+                "TASK=LR (repeatable): that task's loss x LR / --lr, 12-in-1's per-task learning rate (it runs the "
+                "optimizer at the lowest and scales each task's loss).",
+                parse=_pairs("--task-lr", float),
+                many=True,
+            ),
+            "task_batch": Flag(
+                "TASK=N (repeatable): that task's batch size (default --batch-size).",
+                parse=_pairs("--task-batch", int),
+                many=True,
+            ),
+            "task_max_text": Flag(
+                "TASK=N (repeatable): that task's text tokens per candidate (default --max-text).",
+                parse=_pairs("--task-max-text", int),
+                many=True,
+            ),
+            "task_train_split": Flag(
+                "TASK=SPLITS (repeatable): that task's training split spec (default --train-split).",
+                parse=_pairs("--task-train-split", str),
+                many=True,
+            ),
+            "task_val_split": Flag(
+                "TASK=SPLIT (repeatable): that task's validation split (default --val-split).",
+                parse=_pairs("--task-val-split", str),
+                many=True,
+            ),
         },
         section="transfer",
     ),
@@ -398,18 +450,50 @@ FINETUNE_FLAGS = (
 )
 
 
+FINETUNE_RECIPE_OPTION = Parameter(
+    "recipe",
+    Parameter.KEYWORD_ONLY,
+    annotation=Optional[str],
+    default=typer.Option(
+        None,
+        help="A published fine-tuning recipe: lxmert-vqa, lxmert-gqa, lxmert-nlvr2 (airsplay/lxmert's run scripts), "
+        "vilbert-vqa, vilbert-gqa, vilbert-nlvr2, vilbert-refcoco+, vilbert-flickr30k, vilbert-vcr-q2a, "
+        "vilbert-vcr-qa2r (vilbert-multi-task's vilbert_tasks.yml), vilbert-12in1 (its multi-task schedule); "
+        "every value cited in vl_models/recipes/finetune/. Or a YAML file of the same keys. Its values replace "
+        "the defaults of the options not given; its per-task values for tasks not run are dropped.",
+        rich_help_panel="Inputs and output",
+    ),
+)
+
+
+def _finetune_values(ctx: typer.Context, values: dict) -> dict:
+    """The recipe's values under the options given (its per-task entries kept for the
+    tasks run); --steps or --epochs."""
+    from vl_models.train.recipes import FINETUNE_RECIPE_DIR
+
+    recipe = values.get("recipe")
+    values = _with_recipe(ctx, values, FINETUNE_RECIPE_DIR)
+    if recipe:
+        tasks = set(values["tasks"])
+        for name in TransferSettings.PER_TASK:
+            if not _given(ctx, name):
+                values[name] = [item for item in values[name] if item.partition("=")[0].strip() in tasks]
+    return _steps_or_epochs(ctx, values)
+
+
 @app.command()
 @named_errors
-@config_command(FinetuneConfig, *FINETUNE_FLAGS)
+@config_command(FinetuneConfig, *FINETUNE_FLAGS, extra=[FINETUNE_RECIPE_OPTION], prepare=_finetune_values)
 def finetune(cfg: FinetuneConfig) -> None:
     """Fine-tune a pretrained (or untrained) model on downstream tasks.
 
     The pretraining trainer runs it (AMP, DDP under torchrun, resume, checkpoints), with a
-    validation each epoch by the task's official metric and the best checkpoint kept.
+    validation each epoch by the task's official metric and the best checkpoint kept;
+    --recipe sets a published schedule (LXMERT's, ViLBERT / 12-in-1's).
 
     Example:
 
-        vltrain finetune --task vqa --data tasks/vqa --shards coco_feats --init runs/lxmert --epochs 4 \\
+        vltrain finetune --recipe lxmert-vqa --data tasks/vqa --shards coco_feats --init runs/lxmert \\
             --out runs/vqa
     """
     from vl_models.transfer.finetune import run_finetune
@@ -433,6 +517,12 @@ def evaluate(
     split: str = typer.Option(..., help="The split to score (e.g. val, minval, test-dev, dev, test1, testA, test)."),
     shards: List[Path] = typer.Option(
         [], "--shards", help="Feature store(s) (default: the run's; a published checkpoint needs them named)."
+    ),
+    given_shards: List[Path] = typer.Option(
+        None,
+        help="Feature store(s) of ground-truth boxes (`vlprep extract --given-boxes`) beside the detections "
+        "(default: the run's --given-shards): VCR keeps every ground-truth box, as 12-in-1; RefCOCO is scored on "
+        "detections alone.",
     ),
     vocab: Path = typer.Option(
         None, help="Vocab (default: the run's; a published checkpoint's own, else bert-base-uncased's)."
@@ -495,6 +585,7 @@ def evaluate(
             data,
             split,
             [str(s) for s in shards],
+            [str(s) for s in given_shards] if given_shards else None,
             str(vocab) if vocab else None,
             out,
             zero_shot,

@@ -20,12 +20,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, fields, replace
-from typing import Optional
+from typing import ClassVar, Optional
 
 from pipeline.config import Config, at_least, flag, one_of
 from pipeline.errors import ConfigError
 
-OPTIMIZERS = ("adamw", "bertadam", "sgd")
+OPTIMIZERS = ("adamw", "bertadam", "adamw-uncorrected", "sgd")
 AMP = ("none", "bf16", "fp16")
 DEVICES = ("cpu", "cuda")
 REGION_OVERLAP = ("keep", "zero")
@@ -73,10 +73,10 @@ class OptimConfig(Config):
     batch_size: int = 32  # per rank, per micro-step
     grad_accum: int = 1
     lr: float = 1e-4
-    optimizer: str = "adamw"  # adamw | bertadam | sgd
+    optimizer: str = "adamw"  # adamw | bertadam | adamw-uncorrected | sgd
     warmup: float = 100  # steps; below 1: a fraction of `steps`
     weight_decay: float = 0.01
-    clip: float = 1.0
+    clip: float = 1.0  # global gradient norm; 0: no clipping (12-in-1's fine-tuning)
 
     def __post_init__(self) -> None:
         at_least(self, {"steps": 1, "batch_size": 1, "grad_accum": 1, "warmup": 0})
@@ -85,8 +85,8 @@ class OptimConfig(Config):
             raise ConfigError(f"--epochs must be finite and > 0, got {self.epochs}")
         if not math.isfinite(self.warmup) or (self.warmup >= 1 and self.warmup != int(self.warmup)):
             raise ConfigError(f"--warmup must be a whole number of steps or a fraction below 1, got {self.warmup}")
-        if not (math.isfinite(self.lr) and self.lr >= 0 and math.isfinite(self.clip) and self.clip > 0):
-            raise ConfigError(f"--lr must be finite and >= 0 and --clip finite and > 0, got {self.lr}, {self.clip}")
+        if not (math.isfinite(self.lr) and self.lr >= 0 and math.isfinite(self.clip) and self.clip >= 0):
+            raise ConfigError(f"--lr and --clip must be finite and >= 0, got {self.lr}, {self.clip}")
 
     @property
     def warmup_steps(self) -> int:
@@ -159,7 +159,8 @@ class RunSettings(Config):
             raise ConfigError("--amp fp16 needs --device cuda (use bf16 on CPU)")
 
 
-TASK_SAMPLING = ("round-robin", "proportional")
+TASK_SAMPLING = ("round-robin", "proportional", "cycle")  # `vl_models.data.sampler.TaskBatchSampler`'s orders
+PAIR_LOSSES = ("ce", "bce")  # NLVR2: LXMERT's cross-entropy, 12-in-1's BCE on one-hot targets
 
 
 @dataclass(frozen=True)
@@ -173,10 +174,39 @@ class TransferSettings(Config):
     init_answers: Optional[str] = None  # the --init checkpoint's QA answer table (for a checkpoint not of ours)
     copy_answers: bool = True  # start answer heads from the --init QA head's rows, by answer string (LXMERT's)
     hard_negatives: Optional[str] = None  # retrieval: 12-in-1's hard_negative.pkl (the 4th training candidate's pool)
+    head_lr: Optional[float] = None  # the heads 12-in-1 names vil_* at this peak lr (its 1e-4); None: --lr
+    nlvr2_loss: Optional[str] = None  # "ce" | "bce"; None: the model family's own reference's
+    # Per task (task name -> value), 12-in-1's vilbert_tasks.yml entries; a task not named takes the run's value.
+    task_lr: dict = field(default_factory=dict)  # the task's loss x its lr / --lr (12-in-1's loss_scale)
+    task_batch: dict = field(default_factory=dict)  # examples per batch of that task
+    task_max_text: dict = field(default_factory=dict)  # text tokens per candidate
+    task_train_split: dict = field(default_factory=dict)  # split spec trained on
+    task_val_split: dict = field(default_factory=dict)  # split validated
 
     def __post_init__(self) -> None:
         one_of("task_sampling", self.task_sampling, TASK_SAMPLING)
         at_least(self, {"eval_items": 0})
+        if self.nlvr2_loss is not None:
+            one_of("nlvr2_loss", self.nlvr2_loss, PAIR_LOSSES)
+        if self.head_lr is not None and not (math.isfinite(self.head_lr) and self.head_lr >= 0):
+            raise ConfigError(f"--head-lr must be finite and >= 0, got {self.head_lr}")
+        if not all(math.isfinite(v) and v >= 0 for v in self.task_lr.values()):
+            raise ConfigError(f"--task-lr: learning rates must be finite and >= 0, got {self.task_lr}")
+        for name, minimum in (("task_batch", 1), ("task_max_text", 3)):  # max_text: [CLS], a word, [SEP]
+            if not all(isinstance(v, int) and v >= minimum for v in getattr(self, name).values()):
+                raise ConfigError(f"--{name.replace('_', '-')}: whole numbers >= {minimum}, got {getattr(self, name)}")
+
+    PER_TASK: ClassVar[tuple[str, ...]] = (
+        "task_lr",
+        "task_batch",
+        "task_max_text",
+        "task_train_split",
+        "task_val_split",
+    )
+
+    def of_task(self, name: str, task: str, default):
+        """Per-task setting `name` (e.g. "task_batch") of `task`, else `default`."""
+        return getattr(self, name).get(task, default)
 
 
 SECTIONS = {"optim": OptimConfig, "data": DataSettings, "task": TaskConfig, "run": RunSettings}
@@ -245,6 +275,7 @@ class FinetuneConfig(_Sectioned, Config):
     task_data: tuple[str, ...]  # one task dataset folder per task (`vlprep build-task`)
     stores: tuple[str, ...]
     out: str
+    given_stores: tuple[str, ...] = ()  # ground-truth boxes' features (RefCOCO training, VCR), beside the detections
     init: Optional[str] = None  # a pretraining run folder or checkpoint, HF LXMERT, vilbert-multi-task; None: scratch
     model: Optional[str] = None  # a model config; None: the --init run's
     vocab: Optional[str] = None  # None: the --init run's
@@ -254,7 +285,7 @@ class FinetuneConfig(_Sectioned, Config):
     run: RunSettings = field(default_factory=RunSettings)
 
     def __post_init__(self) -> None:
-        for name in ("tasks", "task_data", "stores"):
+        for name in ("tasks", "task_data", "stores", "given_stores"):
             object.__setattr__(self, name, tuple(str(v) for v in getattr(self, name)))
         if not self.tasks:
             raise ConfigError("--task: name at least one task")
@@ -266,6 +297,13 @@ class FinetuneConfig(_Sectioned, Config):
             raise ConfigError(f"--task: a task is named twice ({', '.join(self.tasks)})")
         if not self.stores:
             raise ConfigError("--shards: name the feature store(s) of the tasks' images")
+        for name in self.transfer.PER_TASK:
+            unknown = sorted(set(getattr(self.transfer, name)) - set(self.tasks))
+            if unknown:
+                raise ConfigError(
+                    f"--{name.replace('_', '-')}: {', '.join(unknown)} is no --task of this run "
+                    f"({', '.join(self.tasks)})"
+                )
 
 
 def flat_settings(saved: dict) -> dict:

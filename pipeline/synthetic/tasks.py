@@ -22,7 +22,7 @@ from pipeline.synthetic.captions import captions
 from pipeline.synthetic.scenes import COLORS, SHAPES, Scene
 
 RETRIEVAL_CAPTIONS = 5  # per image, as in Flickr30k
-RETRIEVAL_SPLIT = {"train": "train", "val": "test"}  # our split -> the Karpathy split
+RETRIEVAL_SPLIT = {"train": "train", "val": "val"}  # our split -> the Karpathy split
 REFCOCO_VAL_SPLITS = ("val", "testA", "testB")  # RefCOCO+ split of val image i: [i % 3]
 REFCOCO_VAL_IDS = 1_000_000  # RefCOCO+ image id: train i + 1, val REFCOCO_VAL_IDS + i + 1
 FLICKR30K_FILE = "dataset_flickr30k.json"

@@ -13,7 +13,7 @@ is 0-based within s):
     annotations/nlvr2_<train|dev>.json              NLVR2 JSON lines, pairs within the split
     annotations/scenes_<s>.json                     ground truth (see load_scenes)
     annotations/dataset_flickr30k.json              Karpathy-format retrieval split, 5 captions per
-                                                    image; train images "train", val images "test"
+                                                    image; train images "train", val images "val"
     annotations/refcoco+/refs(unc).p, instances.json
                                                     RefCOCO+ refs (a protocol-2 pickle) and COCO
                                                     instances; val images val/testA/testB by i % 3

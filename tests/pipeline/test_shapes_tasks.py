@@ -45,7 +45,7 @@ def test_retrieval_split_has_five_captions_per_image(world):
     data = load(out / "annotations/dataset_flickr30k.json")
     assert data["dataset"] == "flickr30k"
     images = data["images"]
-    assert Counter(img["split"] for img in images) == {"train": N_TRAIN, "test": N_VAL}
+    assert Counter(img["split"] for img in images) == {"train": N_TRAIN, "val": N_VAL}
     assert [img["imgid"] for img in images] == list(range(N_IMAGES))
     sentids = [s["sentid"] for img in images for s in img["sentences"]]
     assert sentids == list(range(5 * N_IMAGES))

@@ -439,3 +439,28 @@ def test_every_task_example_has_token_types(ref_world, vcr_world):
     for i in (0, len(vcr) - 1):
         types = vcr[i]["token_type_ids"]
         assert types.dtype == np.int64 and types.shape == (4, 80) and (types.sum(1) > 0).all()
+
+
+def test_given_shards_reach_training_and_evaluation(ref_world, tmp_path):
+    """`vltrain finetune --given-shards` trains RefCOCO+ on detections + ground truth; the run
+    keeps them, and `vltrain evaluate` reads them from the run (or its own --given-shards)."""
+    from helpers import run_vltrain
+
+    root, _, _ = ref_world
+    image = "COCO_train2014_000000000000"
+    narrow = [RegionFeatures(image, SIZE, SIZE, GROUND_TRUTH, np.zeros((2, DIM - 1), np.float32))]
+    write_records(tmp_path / "narrow", narrow, feature_dim=DIM - 1, dtype="float32")
+    common = [
+        "--task", "refcoco+", "--data", str(root / "task"), "--shards", str(root / "dets"),
+        "--model", "lxmert-tiny", "--vocab", str(VOCAB), "--max-regions", "10", "--batch-size", "1",
+    ]  # fmt: skip
+    bad = run_vltrain("finetune", *common, "--given-shards", str(tmp_path / "narrow"), "--out", str(tmp_path / "b"))
+    assert bad.returncode == 2 and "different widths" in bad.stderr
+    run = tmp_path / "ft"
+    ok = run_vltrain("finetune", *common, "--given-shards", str(root / "gt"), "--steps", "1", "--out", str(run))
+    assert ok.returncode == 0, ok.stderr
+    assert json.loads((run / "config.json").read_text())["train"]["given_stores"] == [str(root / "gt")]
+    result = evaluate_checkpoint("refcoco+", str(run), root / "task", "val", out=tmp_path / "e")
+    assert result["examples"] == 1
+    with pytest.raises(ConfigError, match="different widths"):
+        evaluate_checkpoint("refcoco+", str(run), root / "task", "val", given_stores=[str(tmp_path / "narrow")])

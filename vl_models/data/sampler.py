@@ -14,6 +14,8 @@ from typing import Iterator, Sequence, Union
 import numpy as np
 import torch
 
+from vl_models.config import TASK_SAMPLING
+
 
 class ResumableSampler(torch.utils.data.Sampler[int]):
     def __init__(self, size: int, rank: int = 0, world: int = 1, seed: int = 0, shuffle: bool = True):
@@ -56,9 +58,6 @@ class ResumableSampler(torch.utils.data.Sampler[int]):
         if (state["seed"], state["size"], state["world"]) != (self.seed, self.size, self.world):
             raise ValueError("sampler state was saved for another seed, data size or world size")
         self.epoch, self.position = state["epoch"], state["position"]
-
-
-TASK_SAMPLING = ("round-robin", "proportional", "cycle")
 
 
 class TaskBatchSampler(torch.utils.data.Sampler[list[int]]):

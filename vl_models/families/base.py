@@ -60,6 +60,7 @@ class ModelFamily:
     unused_parameters: ClassVar[bool] = False  # parameters outside the forward pass (DDP must look)
     answers: ClassVar[bool] = False  # a QA head over the mixture's answer table (`answer_logits`)
     pair_task: ClassVar[str]  # the task (in `tasks`) whose head gives `pair_score`
+    pair_loss: ClassVar[str] = "ce"  # NLVR2's loss in the family's own reference (`heads.PairHead`)
 
     def fit(self, mcfg: Any, layout: StoreLayout, answers: int, store: str) -> Any:
         """`mcfg` with the dimensions the data fixes (feature width, label counts, answer

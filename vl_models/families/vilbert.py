@@ -20,6 +20,7 @@ class ViLBERT(ModelFamily):
     config_class = ViLBERTConfig
     tasks = ("mlm", "region", "alignment")
     pair_task = "alignment"
+    pair_loss = "bce"  # NLVR2: 12-in-1's BCE on one-hot targets (vilbert_tasks.yml TASK12)
     eval_metrics = {"eval_mlm_acc": "max", "eval_alignment_acc": "max", "eval_region_kl": "min", **RETRIEVAL_METRICS}
     max_text = 36
     position = "5d"

@@ -337,7 +337,8 @@ def train_loop(
             if flags.any():
                 _diverged(cfg, step + 1, [c for c, f in zip(checks, flags.tolist()) if f])
             scaler.unscale_(optimizer)
-            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.clip)
+            if cfg.optim.clip:  # 0: no clipping
+                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.clip)
             scale = scaler.get_scale() if scaler.is_enabled() else None
             scaler.step(optimizer)
             scaler.update()

@@ -173,6 +173,7 @@ def evaluate_checkpoint(
     data_dir: Path,
     split: str,
     stores: Sequence[str] = (),
+    given_stores: Optional[Sequence[str]] = None,
     vocab: Optional[str] = None,
     out: Optional[Path] = None,
     zero_shot: bool = False,
@@ -186,7 +187,9 @@ def evaluate_checkpoint(
     (a run of ours, or a published fine-tuned checkpoint: `vl_models.transfer.published`; or,
     with `zero_shot`, a pretrained model's pair head on a retrieval task), write
     ``metrics.json`` and the task's submission file into `out` (default: the run folder's
-    ``eval/<task>-<split>/``); returns {"metrics", "files", "examples"}. Under torchrun the
+    ``eval/<task>-<split>/``); returns {"metrics", "files", "examples"}. `given_stores`: the
+    ground-truth boxes' feature stores (default: the run's), which VCR merges with the
+    detections (RefCOCO scores on detections alone). Under torchrun the
     ranks share the scoring and rank 0 writes (the other ranks return no files)."""
     device = resolve_device(device, distributed.world()[2])
     task = transfer.get(task_name)
@@ -230,7 +233,9 @@ def evaluate_checkpoint(
         mcfg = family.config_class.from_json(run["model"])
         tmodel = build_transfer_model(family, mcfg, [task], [data])
         tmodel.load_state_dict(backbone_state(ckpt, heads=(task.name,)))
-    settings = data_settings(run) if run else DataSettings()
+    settings = data_settings(run, task.name) if run else DataSettings()
+    if given_stores is None:
+        given_stores = (run and run["train"].get("given_stores")) or ()
     view = TaskDataset(
         data,
         task,
@@ -240,6 +245,7 @@ def evaluate_checkpoint(
         settings,
         split,
         train=False,
+        given_stores=[Path(s) for s in given_stores],
     )
     missing = view.missing_images()
     if missing:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import math
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -42,6 +43,7 @@ from vl_models.transfer.dataset import TaskDataset
 from vl_models.transfer.evaluate import predict
 from vl_models.transfer.heads import TransferModel, build_transfer_model
 from vl_models.transfer.published import read_published
+from vl_models.transfer.retrieval import with_hard_negatives
 from vl_models.transfer.runs import backbone_state, is_finetuned, model_of, our_run
 
 log = logging.getLogger(__name__)
@@ -63,6 +65,8 @@ def run_finetune(cfg: FinetuneConfig, on_step: Optional[Callable[[int, dict, int
     runlog.check_reporters(cfg.run.report_to)
     check_out(Path(cfg.out))
     tasks = [transfer.get(name) for name in cfg.tasks]
+    if cfg.transfer.hard_negatives:
+        tasks = with_hard_negatives(tasks, Path(cfg.transfer.hard_negatives))
     datas = [TaskData.open(path, task=t.name) for t, path in zip(tasks, cfg.task_data)]
     source, run = our_run(cfg.init)
     published = None if run else read_published(cfg.init, cfg.model)
@@ -76,22 +80,29 @@ def run_finetune(cfg: FinetuneConfig, on_step: Optional[Callable[[int, dict, int
     if not vocab:
         raise ConfigError("--vocab: name the vocab (there is no --init run of ours to take it from)")
     cfg = cfg.with_(vocab=str(vocab))  # recorded: a run fine-tuned from this one finds it
-    stores = [Path(s) for s in cfg.stores]
+    stores, given = [Path(s) for s in cfg.stores], [Path(s) for s in cfg.given_stores]
+    per_task = cfg.transfer.of_task
+    batch_sizes = [per_task("task_batch", t.name, cfg.optim.batch_size) for t in tasks]
 
     def view(t: int, split: str, train: bool) -> TaskDataset:
-        return TaskDataset(datas[t], tasks[t], stores, Path(vocab), family, cfg.data, split, cfg.run.seed, train, t)
+        data = replace(cfg.data, max_text=per_task("task_max_text", tasks[t].name, cfg.data.max_text))
+        return TaskDataset(
+            datas[t], tasks[t], stores, Path(vocab), family, data, split, cfg.run.seed, train, t, given_stores=given
+        )
 
-    views = [view(t, cfg.transfer.train_split or task.train_split, True) for t, task in enumerate(tasks)]
-    vals = [
-        view(t, cfg.transfer.val_split or task.val_split, False)
-        if (cfg.transfer.val_split or task.val_split) in datas[t].splits
-        else None
-        for t, task in enumerate(tasks)
+    splits = [
+        (
+            per_task("task_train_split", t.name, cfg.transfer.train_split or t.train_split),
+            per_task("task_val_split", t.name, cfg.transfer.val_split or t.val_split),
+        )
+        for t in tasks
     ]
-    _check_data(cfg, views, vals, world)
+    views = [view(t, train, True) for t, (train, _) in enumerate(splits)]
+    vals = [view(t, val, False) if val in datas[t].splits else None for t, (_, val) in enumerate(splits)]
+    _check_data(cfg, views, vals, batch_sizes, world)
     check_vocab(views[0].tokenizer, mcfg)
     sampler = TaskBatchSampler(
-        [len(v) for v in views], cfg.optim.batch_size, rank, world, cfg.run.seed, cfg.transfer.task_sampling
+        [len(v) for v in views], batch_sizes, rank, world, cfg.run.seed, cfg.transfer.task_sampling
     )
     per_epoch = max(1, len(sampler) // cfg.optim.grad_accum)
     if cfg.optim.epochs is not None:
@@ -106,7 +117,10 @@ def run_finetune(cfg: FinetuneConfig, on_step: Optional[Callable[[int, dict, int
         else None
     )
     torch.manual_seed(cfg.run.seed)  # every check passed: build the model
-    model = build_transfer_model(family, mcfg, tasks, datas)
+    model = build_transfer_model(family, mcfg, tasks, datas, pair_loss=cfg.transfer.nlvr2_loss or family.pair_loss)
+    # --task-lr: 12-in-1 runs the optimizer at the lowest task lr and scales each task's loss
+    lr = cfg.optim.lr
+    loss_scale = {t.name: per_task("task_lr", t.name, lr) / lr if lr else 1.0 for t in tasks}
     resolved = {
         "train": cfg.to_json(),
         "model": mcfg.to_json(),
@@ -133,7 +147,7 @@ def run_finetune(cfg: FinetuneConfig, on_step: Optional[Callable[[int, dict, int
     def loss(wrapped, batch, epoch, step):
         name = tasks[int(batch["task_id"][0])].name
         value, metrics = model.heads[name].loss(wrapped(name, batch), batch)
-        return value, {name: value}, {f"{name}_{k}": v for k, v in metrics.items()}
+        return value * loss_scale[name], {name: value}, {f"{name}_{k}": v for k, v in metrics.items()}
 
     def validate(m) -> dict:
         scores = {}
@@ -152,16 +166,26 @@ def run_finetune(cfg: FinetuneConfig, on_step: Optional[Callable[[int, dict, int
         validate=validate if known else None,
         compile_target=lambda m: family.backbone(m.backbone),
         unused_parameters=True,
+        lr_scale=_head_lr_scale(model, cfg),
     )
     return launch(cfg, model, resolved, job, device, best_metric, on_step, init if cfg.init else None)
 
 
-def _check_data(cfg: FinetuneConfig, views, vals, world: int) -> None:
-    for v in views:
-        if len(v) // world < cfg.optim.batch_size:
+def _head_lr_scale(model: TransferModel, cfg: FinetuneConfig) -> Optional[Callable[[str], float]]:
+    """--head-lr: the learning rate of the heads 12-in-1 names ``vil_*`` over --lr, by parameter name."""
+    if not cfg.transfer.head_lr or not cfg.optim.lr:
+        return None
+    fast = tuple(f"heads.{name}." for name, head in model.heads.items() if getattr(head, "vil", False))
+    scale = cfg.transfer.head_lr / cfg.optim.lr
+    return lambda name: scale if name.startswith(fast) else 1.0
+
+
+def _check_data(cfg: FinetuneConfig, views, vals, batch_sizes: list[int], world: int) -> None:
+    for v, size in zip(views, batch_sizes):
+        if len(v) // world < size:
             raise ConfigError(
                 f"{v.data.path}: {len(v)} {v.task.name} training examples in split {v.split!r}, fewer "
-                f"than --batch-size {cfg.optim.batch_size} per rank ({world} ranks): no full batch"
+                f"than its batch size {size} per rank ({world} ranks): no full batch"
             )
     missing = sorted({k for v in [*views, *(x for x in vals if x is not None)] for k in v.missing_images()})
     if missing:

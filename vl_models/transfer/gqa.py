@@ -1,5 +1,6 @@
 """GQA (Hudson & Manning): the balanced questions JSON (``{qid: {imageId, question, answer,
-...}}``; train, val, testdev; the submission file without answers), an answer classifier
+...}}``; train, val, testdev; the submission file without answers; the named split
+``minval``, 12-in-1's: the last 3,000 of train + val by question id), an answer classifier
 over the train+val answers (or exactly the seeds' tables: LXMERT's 1,842 answers, ViLBERT's
 1,533, with ``--answers-from``), scored by exact match; the submission is the official
 ``[{"questionId", "prediction"}]`` JSON."""
@@ -13,7 +14,7 @@ from pipeline.sources.gqa import read_questions
 from vl_models.eval.metrics import gqa_accuracy
 from vl_models.eval.submissions import write_gqa_predictions
 from vl_models.transfer.task import Row, column
-from vl_models.transfer.vqa import Classifier
+from vl_models.transfer.vqa import VILBERT_MINVAL, Classifier
 
 # The file name's first part -> the split (train_balanced_questions.json, testdev_balanced_..., submission_all_...)
 SPLIT_NAMES = {
@@ -46,6 +47,13 @@ class Gqa(Classifier):
                     answers=[q.answer] if q.answer is not None else None,
                     answer=q.answer,
                 )
+
+    def named_splits(self, rows):
+        """12-in-1's ``minval`` (`vilbert/datasets/gqa_dataset.py`): train + val sorted by
+        question id, the last 3,000 (its ``trainval``, the rest: ``train,val-minval``)."""
+        both = [i for i, r in enumerate(rows) if r.split in ("train", "val")]
+        both.sort(key=lambda i: int(rows[i].uid) if rows[i].uid.isdigit() else -1)  # official ids are digits
+        return {"minval": sorted(both[-VILBERT_MINVAL:])}
 
     def targets(self, row):
         return {row.answer: 1.0} if row.answer is not None else {}

@@ -20,7 +20,9 @@ pair score's logit of every candidate):
 
 `WeightNormAnswerHead` is vilbert_beta's answer classifier (its checkpoints' shape). New heads
 start as both references start theirs (`init_bert_weights`: N(0, 0.02) weights — their
-configs' ``initializer_range`` —, zero biases, unit LayerNorms).
+configs' ``initializer_range`` —, zero biases, unit LayerNorms). The heads 12-in-1 names
+``vil_*`` (answers, pair, choice) say so (``vil``): `vltrain finetune --head-lr` trains them at
+their own learning rate, as 12-in-1 trains its ``vil_*`` parameters at 1e-4.
 
 Every loss returns (loss, metrics) with the batch's accuracy-like figure.
 """
@@ -34,11 +36,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from pipeline.errors import ConfigError
+from vl_models.config import PAIR_LOSSES
 from vl_models.families.base import Encoded
 from vl_models.models.layers import init_bert_weights
 from vl_models.tasks.losses import global_mean
-
-PAIR_LOSSES = ("ce", "bce")
 
 
 def _classifier(width: int, hidden: int, out: int, eps: float) -> nn.Sequential:
@@ -46,6 +47,8 @@ def _classifier(width: int, hidden: int, out: int, eps: float) -> nn.Sequential:
 
 
 class AnswerHead(nn.Module):
+    vil = True  # 12-in-1 names it vil_prediction: --head-lr
+
     def __init__(self, pooled: int, answers: int, eps: float = 1e-12):
         super().__init__()
         self.logit_fc = _classifier(pooled, 2 * pooled, answers, eps)
@@ -96,6 +99,8 @@ class WeightNormAnswerHead(AnswerHead):
 
 
 class PairHead(nn.Module):
+    vil = True  # vil_binary_prediction
+
     def __init__(self, pooled: int, eps: float = 1e-12, loss: str = "ce"):
         super().__init__()
         if loss not in PAIR_LOSSES:
@@ -135,6 +140,8 @@ class RegionHead(nn.Module):
 
 
 class ChoiceHead(nn.Module):
+    vil = True  # vil_logit
+
     def __init__(self, pooled: int, candidates: int):
         super().__init__()
         self.candidates = candidates

@@ -60,7 +60,11 @@ def backbone_state(ckpt: Path, heads: tuple[str, ...] = ()) -> dict:
     }
 
 
-def data_settings(run: dict):
-    """The data settings (`DataSettings`) a run was trained with: evaluation sees examples alike."""
+def data_settings(run: dict, task: Optional[str] = None):
+    """The data settings (`DataSettings`) a run was trained with (`task`'s text length where the
+    run set one per task, --task-max-text): evaluation sees examples alike."""
     saved = flat_settings(run["train"])
-    return DataSettings(**{f.name: saved[f.name] for f in fields(DataSettings) if f.name in saved})
+    settings = {f.name: saved[f.name] for f in fields(DataSettings) if f.name in saved}
+    if task in (saved.get("task_max_text") or {}):
+        settings["max_text"] = saved["task_max_text"][task]
+    return DataSettings(**settings)
