@@ -255,17 +255,22 @@ PRETRAIN_FLAGS = (
     ),
     Flags(RunSettings, _RUN, RUN_FLAGS, section="run"),
 )
-RECIPE_OPTION = Parameter(
-    "recipe",
-    Parameter.KEYWORD_ONLY,
-    annotation=Optional[str],
-    default=typer.Option(
-        None,
-        help="A published recipe: lxmert-paper or vilbert-paper (every number cited in the file, see "
-        "vl_models/recipes/), or a YAML file of the same keys (option names with underscores). Its values "
-        "replace the defaults of the options not given on the command line.",
-        rich_help_panel="Inputs and output",
-    ),
+
+
+def _recipe_option(text: str) -> Parameter:
+    """A command's --recipe option (`text`: which recipes it takes)."""
+    return Parameter(
+        "recipe",
+        Parameter.KEYWORD_ONLY,
+        annotation=Optional[str],
+        default=typer.Option(None, help=text, rich_help_panel="Inputs and output"),
+    )
+
+
+RECIPE_OPTION = _recipe_option(
+    "A published recipe: lxmert-paper or vilbert-paper (every number cited in the file, see "
+    "vl_models/recipes/), or a YAML file of the same keys (option names with underscores). Its values "
+    "replace the defaults of the options not given on the command line."
 )
 
 
@@ -404,32 +409,26 @@ FINETUNE_FLAGS = (
                 "model family's own reference's (LXMERT ce, ViLBERT bce).",
                 parse=or_none,
             ),
-            "task_lr": Flag(
-                "TASK=LR (repeatable): that task's loss x LR / --lr, 12-in-1's per-task learning rate (it runs the "
-                "optimizer at the lowest and scales each task's loss).",
-                parse=_pairs("--task-lr", float),
-                many=True,
-            ),
-            "task_batch": Flag(
-                "TASK=N (repeatable): that task's batch size (default --batch-size).",
-                parse=_pairs("--task-batch", int),
-                many=True,
-            ),
-            "task_max_text": Flag(
-                "TASK=N (repeatable): that task's text tokens per candidate (default --max-text).",
-                parse=_pairs("--task-max-text", int),
-                many=True,
-            ),
-            "task_train_split": Flag(
-                "TASK=SPLITS (repeatable): that task's training split spec (default --train-split).",
-                parse=_pairs("--task-train-split", str),
-                many=True,
-            ),
-            "task_val_split": Flag(
-                "TASK=SPLIT (repeatable): that task's validation split (default --val-split).",
-                parse=_pairs("--task-val-split", str),
-                many=True,
-            ),
+            **{  # repeatable TASK=VALUE flags: 12-in-1's per-task settings
+                field: Flag(
+                    f"TASK={value} (repeatable): that task's {what}.",
+                    parse=_pairs("--" + field.replace("_", "-"), convert),
+                    many=True,
+                )
+                for field, convert, value, what in (
+                    (
+                        "task_lr",
+                        float,
+                        "LR",
+                        "loss x LR / --lr: 12-in-1's per-task learning rate (it runs the optimizer at the lowest "
+                        "and scales each task's loss)",
+                    ),
+                    ("task_batch", int, "N", "batch size (default --batch-size)"),
+                    ("task_max_text", int, "N", "text tokens per candidate (default --max-text)"),
+                    ("task_train_split", str, "SPLITS", "training split spec (default --train-split)"),
+                    ("task_val_split", str, "SPLIT", "validation split (default --val-split)"),
+                )
+            },
         },
         section="transfer",
     ),
@@ -450,19 +449,12 @@ FINETUNE_FLAGS = (
 )
 
 
-FINETUNE_RECIPE_OPTION = Parameter(
-    "recipe",
-    Parameter.KEYWORD_ONLY,
-    annotation=Optional[str],
-    default=typer.Option(
-        None,
-        help="A published fine-tuning recipe: lxmert-vqa, lxmert-gqa, lxmert-nlvr2 (airsplay/lxmert's run scripts), "
-        "vilbert-vqa, vilbert-gqa, vilbert-nlvr2, vilbert-refcoco+, vilbert-flickr30k, vilbert-vcr-q2a, "
-        "vilbert-vcr-qa2r (vilbert-multi-task's vilbert_tasks.yml), vilbert-12in1 (its multi-task schedule); "
-        "every value cited in vl_models/recipes/finetune/. Or a YAML file of the same keys. Its values replace "
-        "the defaults of the options not given; its per-task values for tasks not run are dropped.",
-        rich_help_panel="Inputs and output",
-    ),
+FINETUNE_RECIPE_OPTION = _recipe_option(
+    "A published fine-tuning recipe: lxmert-vqa, lxmert-gqa, lxmert-nlvr2 (airsplay/lxmert's run scripts), "
+    "vilbert-vqa, vilbert-gqa, vilbert-nlvr2, vilbert-refcoco+, vilbert-flickr30k, vilbert-vcr-q2a, "
+    "vilbert-vcr-qa2r (vilbert-multi-task's vilbert_tasks.yml), vilbert-12in1 (its multi-task schedule); "
+    "every value cited in vl_models/recipes/finetune/. Or a YAML file of the same keys. Its values replace "
+    "the defaults of the options not given; its per-task values for tasks not run are dropped."
 )
 
 

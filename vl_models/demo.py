@@ -15,7 +15,7 @@
    scenes for the pretrained model and the same model untrained, and LXMERT's QA score; with
    transfer, `vltrain finetune` on each task from the pretraining run and from scratch: the
    same model config, vocab, short budget (steps, batch, learning rate) and seeds, validated
-   on the task's val / dev / test split, the best score of each run kept;
+   on the task's val / dev split, the best score of each run kept;
 6. `report.json`, `report.md`, `scenes.png` (detections, as `vlprep show` draws them) and
    the training curves.
 

@@ -117,10 +117,10 @@ def _gain(report: dict, model: str, task: str) -> float:
 
 
 # Where pretraining reliably helps in the quick budget (docs/demo.md, "Transfer"): LXMERT's VQA
-# accuracy, its answer head started from the pretraining QA head (measured: 34.3 -> 50.5;
+# accuracy, its answer head started from the pretraining QA head (measured: 34.7 -> 50.3;
 # fine-tuning seeds 0-2 on earlier quick pretraining runs: +13.0, +13.0, +13.7), and
 # ViLBERT's Flickr30k text -> image R@1 over 20 held-out scenes, scored by its pretrained
-# alignment head (measured: 5 -> 18; seeds 0-2 as above: +13, +11, +11). NLVR2 (80 dev
+# alignment head (measured: 5 -> 17; seeds 0-2 as above: +13, +11, +11). NLVR2 (80 dev
 # pairs), RefCOCO+, VCR and ViLBERT's VQA move within a seed's spread or not at all.
 
 

@@ -18,19 +18,26 @@ def test_decay_groups_and_schedule():
     assert [lr_at(s, 1.0, 4, 12) for s in (0, 3, 4, 8, 12)] == [0.25, 1.0, 1.0, 0.5, 0.0]
 
 
-def test_bertadam_has_no_bias_correction_and_decays_everything():
+def _first_step(name: str):
+    """(model, its parameters before, the gradients, the first-step Adam direction without
+    bias correction) after one step of optimizer `name` (lr 0.1, decay 0.01) on random gradients."""
     torch.manual_seed(0)
     model = Tiny()
-    opt = make_optimizer(model, "bertadam", lr=0.1, weight_decay=0.01)
+    opt = make_optimizer(model, name, lr=0.1, weight_decay=0.01)
     assert isinstance(opt, BertAdam)
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     grads = {n: torch.randn_like(p) for n, p in model.named_parameters()}
     for n, p in model.named_parameters():
         p.grad = grads[n].clone()
     opt.step()
+    direction = {n: 0.1 * g / ((0.001 * g**2).sqrt() + 1e-6) for n, g in grads.items()}  # m / (sqrt(v) + eps)
+    return model, before, direction
+
+
+def test_bertadam_has_no_bias_correction_and_decays_everything():
+    model, before, direction = _first_step("bertadam")
     for n, p in model.named_parameters():
-        m, v = 0.1 * grads[n], 0.001 * grads[n] ** 2  # first step, no bias correction
-        expected = before[n] - 0.1 * (m / (v.sqrt() + 1e-6) + 0.01 * before[n])
+        expected = before[n] - 0.1 * (direction[n] + 0.01 * before[n])
         torch.testing.assert_close(p.detach(), expected)  # biases and LayerNorm decayed too
 
 
@@ -73,16 +80,8 @@ def test_learning_rate_scales_split_the_groups():
 def test_uncorrected_adamw_is_12in1s():
     """12-in-1's ``AdamW(correct_bias=False)``: no bias correction, decay after the step and
     not on biases / LayerNorm."""
-    torch.manual_seed(0)
-    model = Tiny()
-    opt = make_optimizer(model, "adamw-uncorrected", lr=0.1, weight_decay=0.01)
-    before = {n: p.detach().clone() for n, p in model.named_parameters()}
-    grads = {n: torch.randn_like(p) for n, p in model.named_parameters()}
+    model, before, direction = _first_step("adamw-uncorrected")
     for n, p in model.named_parameters():
-        p.grad = grads[n].clone()
-    opt.step()
-    for n, p in model.named_parameters():
-        m, v = 0.1 * grads[n], 0.001 * grads[n] ** 2
-        stepped = before[n] - 0.1 * m / (v.sqrt() + 1e-6)
+        stepped = before[n] - 0.1 * direction[n]
         expected = stepped * (1 - 0.1 * 0.01) if n == "dense.weight" else stepped
         torch.testing.assert_close(p.detach(), expected)

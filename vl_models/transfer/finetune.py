@@ -12,10 +12,12 @@ zeroed (`weights.copy_answer_rows`, LXMERT's fine-tuning; the QA table is the --
 mixture's, or ``--init-answers``).
 
 Several tasks (``--task vqa --task gqa ...``) train one backbone with a head each, in
-one-task batches ordered round-robin or in proportion to the tasks' sizes
-(`TaskBatchSampler`); validation scores every task each epoch (``eval_<task>_<metric>``)
-and the best checkpoint is kept by the first task's metric unless --best-metric says
-otherwise.
+one-task batches ordered round-robin, in proportion to the tasks' sizes, or in 12-in-1's
+rounds of every task (`TaskBatchSampler`); validation scores every task each epoch
+(``eval_<task>_<metric>``) and the best checkpoint is kept by the first task's metric unless
+--best-metric says otherwise. 12-in-1's per-task settings (`TransferSettings`: batch size, text
+length, splits, and its per-task learning rate as a loss scale) apply per task; --head-lr runs
+the heads 12-in-1 names ``vil_*`` at their own learning rate (an optimizer parameter group).
 """
 
 from __future__ import annotations
