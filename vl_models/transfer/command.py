@@ -16,8 +16,8 @@ def build_task(
     task: str = typer.Option(
         ...,
         help=(
-            "The task: vqa, gqa, nlvr2, flickr30k, coco-retrieval, refcoco+, refcoco, refcocog, vcr (see --help's "
-            "list of files)."
+            "The task: vqa, gqa, nlvr2, flickr30k, coco-retrieval, refcoco+, refcoco, refcocog, vcr, vcr-q2a, "
+            "vcr-qa2r (see --help's list of files)."
         ),
     ),
     files: List[Path] = typer.Argument(
@@ -26,7 +26,8 @@ def build_task(
             "The task's official files: vqa: each questions file followed by its annotations file (test-dev/test "
             "questions alone); gqa: SPLIT_balanced_questions.json files; nlvr2: train.json dev.json test1.json; "
             "flickr30k / coco-retrieval: dataset_flickr30k.json / dataset_coco.json; refcoco+/refcoco/refcocog: "
-            "refs(unc).p (umd for refcocog) then instances.json; vcr: train.jsonl val.jsonl test.jsonl."
+            "refs(unc).p (umd for refcocog) then instances.json; vcr, vcr-q2a, vcr-qa2r: train.jsonl val.jsonl "
+            "test.jsonl [unisex_names_table.csv: vilbert-multi-task's person names]."
         ),
     ),
     out: Path = typer.Option(
