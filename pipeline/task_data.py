@@ -12,13 +12,15 @@ several named splits (VQA's ``val`` and ``minval``), so ``splits`` is a list. A 
 combines named splits: a comma is a union, a hyphen a set difference (``train,val-minval``:
 train and the val rows not in minval, the rows ViLBERT trains VQA on).
 
-    data = TaskData.open(path)         # checks the manifest, maps items.arrow, reads answers.json
+    data = TaskData.open(path)         # checks the manifest and the files' digests, maps items.arrow
     rows = data.rows("train")          # row indices of a split
     rows = data.rows("train,val-minval")  # train + (val - minval)
     data.column("text")[rows[0]], data.images(rows[0]), data.answers
 
 Errors: a folder that is no task dataset, one of another schema version, or one of
-another task than asked for is a ConfigError; a missing or unreadable file a DataError.
+another task than asked for is a ConfigError; a missing or unreadable file, or one whose
+size or sha256 differs from what the manifest records (``contents``: checked when the folder
+is opened, each file once per process), a DataError.
 """
 
 from __future__ import annotations
@@ -101,6 +103,7 @@ class TaskData(ItemsFolder):
             )
         self.manifest = manifest
         self.task = manifest["task"]
+        self.verify_contents(manifest)
         self.answers = self._read_answers()
         self.items = self._map_items()
         self._columns: dict[str, list] = {}

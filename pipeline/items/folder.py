@@ -1,16 +1,32 @@
-"""An item folder's files and the reader both item formats build on (see `pipeline.items`)."""
+"""An item folder's files, the digests its manifest records of them, and the reader both item
+formats build on (see `pipeline.items`)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional
+from typing import Iterable, Optional
 
 import pyarrow as pa
 
 from pipeline.errors import DataError
+from pipeline.io import sha256_file
 
 ITEMS_FILE, ANSWERS_FILE, MANIFEST_FILE, REPORT_FILE = "items.arrow", "answers.json", "manifest.json", "report.md"
+CONTENTS = "contents"  # manifest.json: {file name: {"bytes": n, "sha256": hex}} of the data files written
+
+
+def content_digests(folder: Path, names: Iterable[str]) -> dict[str, dict]:
+    """What a manifest records (under `CONTENTS`) of the files `names` of `folder`: each one's
+    size and sha256."""
+    folder = Path(folder)
+    return {name: {"bytes": (folder / name).stat().st_size, "sha256": sha256_file(folder / name)} for name in names}
+
+
+# Files whose recorded size and sha256 this process (or the parent it was forked from) has
+# checked, as (path, sha256, size, mtime): the task dataset of a run, its views and forked
+# DataLoader workers hash each file once, not once each.
+_VERIFIED: set[tuple] = set()
 
 
 def folder_manifest(folder: Path, kind: str) -> Optional[dict]:
@@ -40,6 +56,47 @@ class ItemsFolder:
             raise DataError(f"{path} is missing: the {self.what} is incomplete; {self.rebuild}")
         return path
 
+    def verify_contents(self, manifest: dict) -> None:
+        """Check every file `manifest` records under `CONTENTS` against its recorded size and
+        sha256 (once per process while the file is unchanged): a flipped byte in ``items.arrow``
+        is a DataError naming the file, before anything reads it. A folder written before the
+        digests were recorded has none to check."""
+        contents = manifest.get(CONTENTS)
+        if contents is None:
+            return
+        if not isinstance(contents, dict) or not all(
+            isinstance(name, str)
+            and name == Path(name).name
+            and name not in ("", ".", "..")
+            and isinstance(entry, dict)
+            and type(entry.get("bytes")) is int
+            and isinstance(entry.get("sha256"), str)
+            for name, entry in contents.items()
+        ):
+            raise DataError(
+                f"{self.path / MANIFEST_FILE}: its {CONTENTS!r} is not a map of file names to their bytes and "
+                f"sha256; {self.rebuild}"
+            )
+        for name, entry in contents.items():
+            path = self.file(name)
+            stat = path.stat()
+            if stat.st_size != entry["bytes"]:
+                state = "is truncated" if stat.st_size < entry["bytes"] else "has changed since it was written"
+                raise DataError(
+                    f"{path} {state}: {stat.st_size:,} bytes on disk, the manifest says {entry['bytes']:,}; "
+                    f"{self.rebuild}"
+                )
+            seen = (str(path.resolve()), entry["sha256"], stat.st_size, stat.st_mtime_ns)
+            if seen in _VERIFIED:
+                continue
+            digest = sha256_file(path)
+            if digest != entry["sha256"]:
+                raise DataError(
+                    f"{path} is corrupt: sha256 mismatch (file {digest[:12]}…, manifest {entry['sha256'][:12]}…); "
+                    f"{self.rebuild}"
+                )
+            _VERIFIED.add(seen)
+
     def _read_answers(self) -> list[str]:
         path = self.file(ANSWERS_FILE)
         try:
@@ -54,7 +111,7 @@ class ItemsFolder:
         path = self.file(ITEMS_FILE)
         try:
             items = pa.ipc.open_file(pa.memory_map(str(path))).read_all()
-        except (pa.ArrowInvalid, OSError) as err:
+        except (pa.ArrowException, OSError) as err:
             raise DataError(f"{path}: unreadable ({err}); {self.rebuild}") from err
         missing = [name for name in self.schema.names if name not in items.column_names]
         if missing:

@@ -10,11 +10,24 @@ from pipeline.errors import ConfigError
 
 
 def read_image_map(path: Path) -> dict[str, str]:
-    """``source id<TAB>store key`` lines. A source id mapped twice to different keys is a
-    ConfigError naming both lines; the same line repeated is accepted."""
+    """``source id<TAB>store key`` lines (UTF-8). A source id mapped twice to different keys is a
+    ConfigError naming both lines; the same line repeated is accepted. A missing, unreadable or
+    non-UTF-8 file (or a folder) is a ConfigError naming it."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise ConfigError(
+            f"{path}: an image map is UTF-8 text ('source id<TAB>store key' lines); byte {err.start} is not UTF-8"
+        ) from None
+    except OSError as err:
+        reason = "no such file" if isinstance(err, FileNotFoundError) else "a folder" if path.is_dir() else err.strerror
+        raise ConfigError(
+            f"{path}: cannot read the image map ({reason}); give a file of 'source id<TAB>store key' lines"
+        ) from None
     aliases: dict[str, str] = {}
     first_line: dict[str, int] = {}
-    for lineno, line in enumerate(Path(path).read_text().splitlines(), 1):
+    for lineno, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         parts = line.split("\t")

@@ -6,8 +6,9 @@
     items.finish(answers={"answers": table}, report=text, manifest=manifest)
 
 `finish` writes ``answers.json``, the format's own files (``extra``), ``report.md`` and,
-last, ``manifest.json``: a folder a killed build left behind has no manifest, and the
-readers refuse it.
+last, ``manifest.json``, which records the size and sha256 of items.arrow, answers.json and
+the extra files (``contents``, checked by `ItemsFolder.verify_contents`): a folder a killed
+build left behind has no manifest, and the readers refuse it.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any, Mapping, Optional
 import pyarrow as pa
 
 from pipeline.io import atomic_write_json
-from pipeline.items.folder import ANSWERS_FILE, ITEMS_FILE, MANIFEST_FILE, REPORT_FILE
+from pipeline.items.folder import ANSWERS_FILE, CONTENTS, ITEMS_FILE, MANIFEST_FILE, REPORT_FILE, content_digests
 
 BATCH = 8192  # rows per Arrow record batch
 
@@ -64,13 +65,17 @@ class ItemsWriter:
             self._sink.close()
             self._closed = True
 
-    def finish(self, *, answers: dict, report: str, manifest: dict, extra: Mapping[str, Any] = {}) -> None:
+    def finish(self, *, answers: dict, report: str, manifest: dict, extra: Mapping[str, Any] = {}) -> dict:
         """Write ``answers.json`` (`answers`: at least ``{"answers": [...]}``), each of
-        `extra` (file name -> JSON content), ``report.md`` and, last, ``manifest.json``."""
+        `extra` (file name -> JSON content), ``report.md`` and, last, ``manifest.json``:
+        `manifest` with the ``contents`` of the data files (their sizes and sha256). Returns
+        the manifest as written."""
         if not self._closed:
             raise RuntimeError("ItemsWriter.finish: the items are still being written (leave the with block first)")
         atomic_write_json(self.folder / ANSWERS_FILE, answers)
         for name, content in extra.items():
             atomic_write_json(self.folder / name, content)
         (self.folder / REPORT_FILE).write_text(report)
+        manifest = {**manifest, CONTENTS: content_digests(self.folder, [ITEMS_FILE, ANSWERS_FILE, *extra])}
         atomic_write_json(self.folder / MANIFEST_FILE, manifest)
+        return manifest

@@ -55,7 +55,13 @@ def build_task(
     progress: Optional[Callable[[int], None]] = None,
     minival: Optional[Path] = None,
 ) -> dict:
-    """Read `files` for `task` and write the task dataset to `out`; returns the manifest."""
+    """Read `files` for `task` and write the task dataset to `out`; returns the manifest.
+
+    Before reading anything: the flags are checked, and `out` must be a new or empty folder or
+    an earlier task dataset that holds none of the inputs (the official files, `image_map`,
+    `answers_from`, `minival`) and lies inside none of them (`pipeline.io.check_output`:
+    ConfigError). Then, holding `out`'s lock (a second build of it gets BusyError at once),
+    the inputs are read and the folder is written and swapped in."""
     files = [Path(f) for f in files]
     missing = [str(f) for f in files if not f.is_file()]
     if not files or missing:
@@ -66,6 +72,29 @@ def build_task(
         )
     if min_count is not None and min_count < 1:
         raise ConfigError(f"--min-count must be at least 1, got {min_count}")
+    if task.head != "answers" and (answers_from or min_count):
+        raise ConfigError(f"--answers-from / --min-count: {task.name} has no answer table")
+    inputs = [*files, *(Path(p) for p in (image_map, answers_from, minival) if p)]
+    with replacing_output(
+        Path(out), FORMAT, inputs=inputs, what="vlprep build-task", also_ours=lambda p: task_manifest(p) is not None
+    ) as tmp:
+        manifest = _build(task, files, tmp, image_map, answers_from, min_count, progress, minival)
+    for line in manifest["malformed"]["examples"]:
+        log.warning("malformed: %s", line)
+    return manifest
+
+
+def _build(
+    task: Task,
+    files: list[Path],
+    tmp: Path,
+    image_map: Optional[Path],
+    answers_from: Optional[Path],
+    min_count: Optional[int],
+    progress: Optional[Callable[[int], None]],
+    minival: Optional[Path],
+) -> dict:
+    """`build_task`'s work, under the output's lock: read the inputs, write the folder `tmp`."""
     aliases = read_image_map(image_map) if image_map else {}
     rows: list[Row] = []
     skipped: Counter = Counter()
@@ -139,16 +168,10 @@ def build_task(
         "malformed": {"count": len(malformed), "examples": malformed[:LISTED]},
         "extra_files": sorted(extra),
     }
-    with replacing_output(
-        Path(out), FORMAT, inputs=files, what="vlprep build-task", also_ours=lambda p: task_manifest(p) is not None
-    ) as tmp:
-        with ItemsWriter(tmp, ITEMS_SCHEMA) as writer:
-            for record in records:
-                writer.add(record)
-        writer.finish(answers={"answers": table}, extra=extra, report=render_report(manifest), manifest=manifest)
-    for line in malformed[:LISTED]:
-        log.warning("malformed: %s", line)
-    return manifest
+    with ItemsWriter(tmp, ITEMS_SCHEMA) as writer:
+        for record in records:
+            writer.add(record)
+    return writer.finish(answers={"answers": table}, extra=extra, report=render_report(manifest), manifest=manifest)
 
 
 def _minival_splits(path: Path, rows: list[Row]) -> tuple[dict[str, set[int]], dict]:
@@ -188,14 +211,20 @@ def _answer_table(
 ) -> tuple[list[str], dict[str, int], dict]:
     """The answer table, each answer's id (its first position) and the manifest's account of it."""
     if task.head != "answers":
-        if answers_from or min_count:
-            raise ConfigError(f"--answers-from / --min-count: {task.name} has no answer table")
-        return [], {}, {}
+        return [], {}, {}  # build_task refused --answers-from / --min-count already
     if answers_from:
         fixed = fixed_table(read_answer_file(Path(answers_from)), Path(answers_from), task.table_answer)
         return fixed.answers, fixed.index, {"from": str(answers_from), "unreachable": len(fixed.unreachable)}
     min_count = min_count or task.min_count
-    counts = Counter(task.table_answer(r.answer) for r in rows if r.answer and r.split in task.table_splits)
+    counted = [r for r in rows if r.split in task.table_splits]
+    if not counted:
+        found = Counter(r.split for r in rows)
+        raise ConfigError(
+            f"no {task.name} row is in split {' or '.join(task.table_splits)}, whose answers make the answer table "
+            f"(the rows read are in {', '.join(f'{s!r} ({n})' for s, n in sorted(found.items()))}); a file's split "
+            f"is in its name: {task.files}. Give the training files, or the table with --answers-from"
+        )
+    counts = Counter(task.table_answer(r.answer) for r in counted if r.answer)
     table = answer_table(counts, min_count=min_count)
     if not table:
         raise ConfigError(
