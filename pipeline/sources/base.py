@@ -9,6 +9,12 @@
   it, why), yielded in file order; a reader never stops at one. What to do with it is the
   caller's choice: `vlprep download` / `extract` count and list them, `vlprep
   build-mixture` refuses the input (ConfigError naming the first).
+* JSON is read strictly: a non-finite number (``NaN``, ``Infinity``, or one too large for a
+  float, which Python's json would accept) or nesting too deep for the decoder makes the
+  value `UnusableJson` (a `json.JSONDecodeError`), so a JSON line or streamed member holding
+  one is a `Malformed` and a whole-file format holding one is a ConfigError.
+* A row whose id (question_id, identifier, annot_id, file name) repeats an earlier row's of
+  the same file is skipped as "duplicate id" (`Skip`): the first is kept.
 * Texts (captions, region descriptions, questions, statements) are cleaned by `clean_text`:
   outer whitespace stripped, inner runs of whitespace made one space. A null or non-string
   text is skipped as "null text", a blank one as "empty text", a question whose answer is
@@ -20,7 +26,9 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import math
 import re
+import reprlib
 import zlib
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -36,6 +44,9 @@ T = TypeVar("T")
 NULL_TEXT = "null text"
 EMPTY_TEXT = "empty text"
 NULL_ANSWER = "null answer"
+DUPLICATE_ID = "duplicate id"
+NON_FINITE = "a non-finite number (NaN or Infinity), which JSON does not allow"
+TOO_DEEP = "nested too deeply"
 
 
 @dataclass(frozen=True)
@@ -62,7 +73,7 @@ class Skip:
     (LXMERT's json: mscoco, vg, vqa, ...), empty otherwise."""
 
     image: str
-    reason: str  # NULL_TEXT | EMPTY_TEXT | NULL_ANSWER
+    reason: str  # NULL_TEXT | EMPTY_TEXT | NULL_ANSWER | DUPLICATE_ID
     source: str = ""
 
 
@@ -112,18 +123,77 @@ def replace_surrogates(value: Any) -> Any:
     return value
 
 
+class UnusableJson(json.JSONDecodeError):
+    """JSON that Python's decoder reads but that is no data: a non-finite number
+    (`NON_FINITE`) or nesting too deep (`TOO_DEEP`); `msg` says which."""
+
+
+# A number Python's float() may overflow to infinity: an exponent of 3+ digits or a run of
+# 100+ digits (a float needs over 300 digits, or 200 before a 2-digit exponent, to overflow).
+_RISKY_NUMBER = re.compile(r"[eE][+-]?[0-9]{3}|[0-9]{100}")
+
+
+def all_finite(value: Any) -> bool:
+    """Whether no float in `value` (lists and dicts of any depth, walked without recursion)
+    is NaN or infinite."""
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, float):
+            if not math.isfinite(v):
+                return False
+        elif isinstance(v, list):
+            stack.extend(v)
+        elif isinstance(v, dict):
+            stack.extend(v.values())
+    return True
+
+
+def finished_json(value: Any, text: str, start: int, end: int, constant: bool) -> Any:
+    """`value`, decoded from ``text[start:end]``, made data: lone surrogates replaced
+    (`replace_surrogates`); `UnusableJson` when the decoder met a NaN / Infinity constant
+    (`constant`), a number overflowed to infinity or the value is nested too deep."""
+    try:
+        if SURROGATE_ESCAPE.search(text, start, end):
+            value = replace_surrogates(value)
+        if constant or (_RISKY_NUMBER.search(text, start, end) and not all_finite(value)):
+            raise UnusableJson(NON_FINITE, text, start)
+    except RecursionError:
+        raise UnusableJson(TOO_DEEP, text, start) from None
+    return value
+
+
+def _refuse_constant(name: str) -> Any:
+    raise _Constant(name)
+
+
+class _Constant(Exception):
+    """A NaN / Infinity constant met by `_STRICT` (`load_json` names it)."""
+
+
+_STRICT = json.JSONDecoder(parse_constant=_refuse_constant)
+
+
 def load_json(text: str) -> Any:
-    """`json.loads`, with lone surrogates (``\\ud800`` escapes) replaced by U+FFFD, as
-    undecodable bytes are (`open_text`)."""
-    value = json.loads(text)
-    return replace_surrogates(value) if SURROGATE_ESCAPE.search(text) else value
+    """The JSON value of `text`, read strictly: lone surrogates (``\\ud800`` escapes)
+    replaced by U+FFFD, as undecodable bytes are (`open_text`); `UnusableJson` (a
+    `json.JSONDecodeError`) for a non-finite number or nesting too deep."""
+    try:
+        value = _STRICT.decode(text)
+    except _Constant:
+        raise UnusableJson(NON_FINITE, text, 0) from None
+    except RecursionError:
+        raise UnusableJson(TOO_DEEP, text, 0) from None
+    return finished_json(value, text, 0, len(text), False)
 
 
 def parse_json(text: str, path: Path) -> Any:
-    """`load_json` of the text of file `path`; ConfigError naming the file, line and column
-    when it is not JSON."""
+    """`load_json` of the text of file `path`; ConfigError naming the file (and the line and
+    column where it goes wrong) when it is not strict JSON."""
     try:
         return load_json(text)
+    except UnusableJson as err:
+        raise ConfigError(f"{path}: not usable JSON: {err.msg}") from err
     except json.JSONDecodeError as err:
         raise ConfigError(f"{path}: invalid JSON at line {err.lineno} column {err.colno}: {err.msg}") from err
 
@@ -148,6 +218,12 @@ def named_read_errors(results: Iterator[T], what: str) -> Iterator[T]:
     """`results`, read under `reading(what)`."""
     with reading(what):
         yield from results
+
+
+def shown(value: Any) -> str:
+    """A short repr of a value read from a file, for a message: bounded in length and depth
+    (a hostile value may be huge or nested thousands deep)."""
+    return reprlib.repr(value)
 
 
 def base_name(path: Path) -> str:

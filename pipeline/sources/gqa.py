@@ -2,8 +2,10 @@
 ``submission_all_questions.json``, ...), streamed: ``{question id: {"imageId", "question",
 "answer", ...}}``. Images are VG ids.
 
-Rows: a question needs imageId and question; anything else is `Malformed`
-(``train_balanced_questions.json:["02930152"]``); a null or blank question is a `Skip`. The
+A file that is not a JSON object (a list, say) is not a GQA questions file: a ConfigError
+naming it. Rows: a question needs imageId and question; anything else is `Malformed`
+(``train_balanced_questions.json:["02930152"]``), as is a member holding a non-finite
+number; a null or blank question is a `Skip`. The
 test and submission files give no "answer": such a question is kept with answer None. A
 null answer is a `Skip` by default (a training question whose answer is lost: what
 `vlprep build-mixture` reads); a task reading files without answers asks
@@ -32,7 +34,10 @@ class GqaQuestion:
 def read_questions(path: Path, answers_required: bool = True) -> Iterator[Union[GqaQuestion, Skip, Malformed]]:
     """The questions of `path` in file order; with `answers_required` a null (non-string)
     answer is a `Skip`, without it the question is kept with answer None."""
-    for qid, q in iter_json(path):
+    for qid, q in iter_json(path, mapping=True):
+        if isinstance(q, Malformed):
+            yield q
+            continue
         if not isinstance(q, dict) or not is_id(q.get("imageId")) or "question" not in q:
             yield Malformed(Path(path), f"[{json.dumps(qid)}]", "needs imageId and question")
             continue

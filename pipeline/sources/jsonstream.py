@@ -4,23 +4,40 @@ loading the file (Visual Genome's region descriptions and GQA's questions are GB
 `iter_json(path)` yields (key, value) for a top-level object, (index, value) for a
 top-level array; `iter_json(path, member="questions")` streams the array (or object)
 stored under that key of a top-level object; `array=True` requires the streamed container
-to be an array. Each member is decoded with the standard library, under the rules of
+to be an array, `mapping=True` an object. Each member is decoded with the standard library, under the rules of
 `pipeline.sources.base` (bad bytes and lone surrogates become U+FFFD; .gz files are
-gunzipped); memory stays at one member plus a read buffer. A file that is not such JSON is a
+gunzipped; JSON is read strictly): a member holding a non-finite number or nested too deep
+to decode is yielded as a `Malformed` value named as the readers name rows
+(``questions[3]``, ``[5]``, ``["q1"]``) and the stream goes on. Memory stays at one member
+plus a read buffer; time is linear in the file, however large one member is (a member that
+does not fit the buffer is read on in reads as large as what is already buffered, so it is
+decoded again only a logarithmic number of times). A file that is not such JSON is a
 ConfigError naming the file and the character where it goes wrong.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import re
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
 from pipeline.errors import ConfigError
-from pipeline.sources.base import SURROGATE_ESCAPE, open_text, replace_surrogates
+from pipeline.sources.base import TOO_DEEP, Malformed, UnusableJson, finished_json, open_text
 
 _CHUNK = 1 << 20
 _WS = " \t\r\n"
+_CUT = 16  # longer than any JSON literal ("-Infinity") or escape ("\\uXXXX")
+_BRACKET_OR_QUOTE = re.compile(r'[\[\]{}"]')
+_STRING_REST = re.compile(r'[^"\\]*(?:\\.[^"\\]*)*"', re.S)  # after the opening quote, through the closing one
+
+
+class _Unusable:
+    """A member that is JSON but no data (`pipeline.sources.base.UnusableJson`): why."""
+
+    def __init__(self, reason: str):
+        self.reason = reason
 
 
 class _Reader:
@@ -30,16 +47,28 @@ class _Reader:
         self.buf = ""
         self.pos = 0
         self.consumed = 0  # characters dropped from the buffer before pos 0
-        self.decoder = json.JSONDecoder()
+        self.constant = False  # the decoder met NaN / Infinity since the last reset
+        self.decoder = json.JSONDecoder(parse_constant=self._constant)
 
-    def fill(self) -> bool:
-        chunk = self.f.read(_CHUNK)
+    def _constant(self, name: str) -> float:
+        self.constant = True
+        return math.nan
+
+    def fill(self, size: Optional[int] = None) -> bool:
+        """Drop the buffer before `pos` and append up to `size` (default `_CHUNK`) characters;
+        False at the end."""
+        chunk = self.f.read(size or _CHUNK)
         if not chunk:
             return False
         self.consumed += self.pos
         self.buf = self.buf[self.pos :] + chunk
         self.pos = 0
         return True
+
+    def fill_more(self) -> bool:
+        """`fill` with a read at least as large as what is buffered from `pos` on, so that a
+        value decoded again after each refill is decoded O(log size) times (linear time)."""
+        return self.fill(max(_CHUNK, len(self.buf) - self.pos))
 
     def peek(self) -> str:
         while True:
@@ -58,23 +87,55 @@ class _Reader:
         return c
 
     def value(self) -> Any:
+        """The next value, or `_Unusable` (the stream positioned after it) when it holds a
+        non-finite number or is nested too deep; ConfigError when it is not JSON."""
         self.peek()
         while True:
+            self.constant = False
             try:
                 obj, end = self.decoder.raw_decode(self.buf, self.pos)
+            except RecursionError:
+                self.skip()
+                return _Unusable(TOO_DEEP)
             except json.JSONDecodeError as err:
-                if err.pos >= len(self.buf) - 1 or "Unterminated" in err.msg or "Expecting" in err.msg:
-                    if self.fill():
+                # A value cut by the buffer's end fails there (within a literal's or an escape's
+                # length of it), or as a string left open: read on; anything else is an error.
+                if err.pos >= len(self.buf) - _CUT or err.msg.startswith("Unterminated"):
+                    if self.fill_more():
                         continue
                 self.pos = err.pos
                 self.fail(f"invalid JSON: {err.msg}")
-            # A number at the very end of the buffer may continue in the next chunk.
-            if end == len(self.buf) and self.fill():
+            # A number near the buffer's end may go on in the next chunk ("1" of "1.5", "1e-3").
+            if end > len(self.buf) - _CUT and self.buf[end - 1] not in ']}"' and self.fill_more():
                 continue
-            if SURROGATE_ESCAPE.search(self.buf, self.pos, end):
-                obj = replace_surrogates(obj)
-            self.pos = end
-            return obj
+            start, self.pos = self.pos, end
+            try:
+                return finished_json(obj, self.buf, start, end, self.constant)
+            except UnusableJson as err:
+                return _Unusable(err.msg)
+
+    def skip(self) -> None:
+        """Move past the container at `pos` without decoding it (too deep for the decoder),
+        matching brackets outside strings; ConfigError when the file ends inside it."""
+        depth = 0
+        while True:
+            m = _BRACKET_OR_QUOTE.search(self.buf, self.pos)
+            if m is None:
+                self.pos = len(self.buf)
+            elif m.group() == '"':
+                rest = _STRING_REST.match(self.buf, m.end())
+                if rest is not None:
+                    self.pos = rest.end()
+                    continue
+                self.pos = m.start()  # the string goes on in the next chunk
+            else:
+                self.pos = m.end()
+                depth += 1 if m.group() in "[{" else -1
+                if depth == 0:
+                    return
+                continue
+            if not self.fill_more():
+                self.fail("invalid JSON: unterminated value")
 
     def fail(self, message: str) -> None:
         raise ConfigError(f"{self.path}: {message} at character {self.consumed + self.pos:,}")
@@ -83,7 +144,21 @@ class _Reader:
         self.f.close()
 
 
+_KINDS = {"[": "an array", "{": "an object", '"': "a string", "": "the end of the file"}
+
+
+def _kind(c: str) -> str:
+    """What a JSON value starting with `c` is: "an array", "a number", ..."""
+    return _KINDS.get(c, "a number" if c in "-0123456789" else "a literal" if c in "tfnNI" else repr(c))
+
+
 def _members(r: _Reader, openers: str = "[{") -> Iterator[tuple[Any, Any]]:
+    if r.peek() not in openers or r.peek() == "":
+        found = r.peek()
+        r.fail(
+            f"expected {' or '.join(repr(c) for c in openers)}, found {found or 'end of file'!r} (not its format: "
+            f"needs {' or '.join(_kind(c) for c in openers)}, found {_kind(found)})"
+        )
     opener = r.expect(openers)
     closer = "]" if opener == "[" else "}"
     index = 0
@@ -92,6 +167,8 @@ def _members(r: _Reader, openers: str = "[{") -> Iterator[tuple[Any, Any]]:
         return
     while True:
         if opener == "{":
+            if r.peek() != '"':
+                r.fail("expected a string key")
             key = r.value()
             r.expect(":")
         else:
@@ -102,21 +179,35 @@ def _members(r: _Reader, openers: str = "[{") -> Iterator[tuple[Any, Any]]:
             return
 
 
-def iter_json(path: Path, member: Optional[str] = None, array: bool = False) -> Iterator[tuple[Any, Any]]:
+def _where(container: Optional[str], key: Any) -> str:
+    """A member's name as the readers name rows: ``questions[3]``, ``[5]``, ``["q1"]``."""
+    return f"{container or ''}[{key if isinstance(key, int) else json.dumps(key)}]"
+
+
+def iter_json(
+    path: Path, member: Optional[str] = None, array: bool = False, mapping: bool = False
+) -> Iterator[tuple[Any, Any]]:
+    """(key or index, value) of each member of the streamed container (`array`: it must be an
+    array, `mapping`: an object), in file order; a member that is JSON but no data is yielded
+    as a `Malformed` value."""
     path = Path(path)
-    openers = "[" if array else "[{"
+    openers = "[" if array else "{" if mapping else "[{"
     r = _Reader(path)
+
+    def checked(key: Any, value: Any) -> Any:
+        return Malformed(path, _where(member, key), value.reason) if isinstance(value, _Unusable) else value
+
     try:
         if member is None:
             for key, reader in _members(r, openers):
-                yield key, reader.value()
+                yield key, checked(key, reader.value())
             return
         found = False
         for key, reader in _members(r, "{"):
             if key == member:
                 found = True
                 for inner_key, inner in _members(reader, openers):
-                    yield inner_key, inner.value()
+                    yield inner_key, checked(inner_key, inner.value())
             else:
                 reader.value()  # skip
         if not found:

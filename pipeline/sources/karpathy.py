@@ -6,10 +6,15 @@
 
 An image is named by its file stem (``1000092795``, ``COCO_val2014_000000391895``), as the
 Flickr30k and COCO readers name it. Its captions are the sentences' "raw" texts, cleaned
-(`pipeline.sources.base.clean_text`); a null or blank one is left out with its sentence id.
+(`pipeline.sources.base.clean_text`); a null or blank one is left out with its sentence id
+and counted: a `Skip` ("null text", "empty text") yielded before its image. So is a
+sentence whose sentid an earlier sentence of the file has, and every sentence of an image
+whose filename an earlier image has ("duplicate id": the first is kept; a duplicate image
+is not yielded).
 
 Rows: an image needs a filename, a split of `SPLITS` and a list of sentences, each an object
-with an integer sentid; anything else is `Malformed` (``dataset_coco.json:images[3]``).
+with an integer sentid; anything else is `Malformed` (``dataset_coco.json:images[3]``), as
+is an image holding a non-finite number.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Union
 
-from pipeline.sources.base import Malformed, is_int, text_or_skip
+from pipeline.sources.base import DUPLICATE_ID, Malformed, Skip, is_int, text_or_skip
 from pipeline.sources.jsonstream import iter_json
 
 SPLITS = ("train", "val", "test", "restval")  # restval: COCO's val2014 images Karpathy left to training
@@ -43,10 +48,16 @@ def _well_formed(img) -> bool:
     )
 
 
-def read_karpathy(path: Path) -> Iterator[Union[KarpathyImage, Malformed]]:
-    """The images of a Karpathy split file, in file order."""
+def read_karpathy(path: Path) -> Iterator[Union[KarpathyImage, Skip, Malformed]]:
+    """The images of a Karpathy split file, in file order, each after the `Skip`s of its
+    sentences left out."""
     path = Path(path)
+    images: set[str] = set()
+    sentences: set[int] = set()
     for i, img in iter_json(path, member="images", array=True):
+        if isinstance(img, Malformed):
+            yield img
+            continue
         if not _well_formed(img):
             yield Malformed(
                 path,
@@ -55,6 +66,16 @@ def read_karpathy(path: Path) -> Iterator[Union[KarpathyImage, Malformed]]:
             )
             continue
         image = img["filename"].rsplit(".", 1)[0]
-        texts = [(text_or_skip(image, s.get("raw")), s["sentid"]) for s in img["sentences"]]
-        kept = [(text, sentid) for text, sentid in texts if isinstance(text, str)]
+        if image in images:
+            yield from (Skip(image, DUPLICATE_ID) for _ in img["sentences"])
+            continue
+        images.add(image)
+        kept = []
+        for s in img["sentences"]:
+            text = Skip(image, DUPLICATE_ID) if s["sentid"] in sentences else text_or_skip(image, s.get("raw"))
+            sentences.add(s["sentid"])
+            if isinstance(text, Skip):
+                yield text
+            else:
+                kept.append((text, s["sentid"]))
         yield KarpathyImage(image, img["split"], tuple(t for t, _ in kept), tuple(s for _, s in kept))

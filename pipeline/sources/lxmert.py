@@ -44,6 +44,9 @@ def _scores(label) -> bool:
 
 def read_lxmert(path: Path) -> Iterator[Union[LxmertSentence, Skip, Malformed]]:
     for i, datum in iter_json(path, array=True):
+        if isinstance(datum, Malformed):
+            yield datum
+            continue
         if (
             not isinstance(datum, dict)
             or not is_id(datum.get("img_id"))
@@ -75,6 +78,9 @@ def read_question_ids(path: Path) -> Iterator[Union[str, Malformed]]:
     in file order; an entry that is no object with a ``question_id`` (integer or string)
     is `Malformed`."""
     for i, entry in iter_json(path, array=True):
+        if isinstance(entry, Malformed):
+            yield entry
+            continue
         if isinstance(entry, dict) and is_id(entry.get("question_id")):
             yield str(entry["question_id"])
         else:

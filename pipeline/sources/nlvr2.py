@@ -10,8 +10,10 @@ the released image folders by the identifier up to its last dash: ``dev-850-0-im
 Rows: a line needs a JSON object with an identifier holding a dash; a label, when given,
 is "True" / "False" (or a JSON boolean); urls and directory, when given, are strings (the
 directory may be a number); read with ``urls_required``, both urls are needed. Anything else
-is `Malformed` (``dev.json:12``). A null or blank sentence is a `Skip` in the example's
-`sentence`: the pair's images are still images.
+is `Malformed` (``dev.json:12``), as is a line holding a non-finite number or nested too
+deep. A null or blank sentence is a `Skip` in the example's `sentence`, and so is the
+sentence of a line whose identifier an earlier line of the file has ("duplicate id": the
+first is kept): the pair's images are still images.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Optional, Union
 
-from pipeline.sources.base import Malformed, Skip, is_id, text_or_skip
+from pipeline.sources.base import DUPLICATE_ID, Malformed, Skip, is_id, shown, text_or_skip
 from pipeline.sources.jsonlines import iter_json_lines
 
 _LABELS = {"True": True, "False": False}
@@ -59,6 +61,7 @@ def read_nlvr2(path: Path, urls_required: bool = False) -> Iterator[Union[Nlvr2E
     """The examples of an NLVR2 file, one a line, in file order; with `urls_required` (what
     `vlprep download` reads: the URL release) a line without both urls is `Malformed`."""
     path = Path(path)
+    seen: set[str] = set()
     for where, obj in iter_json_lines(path):
         if isinstance(obj, Malformed):
             yield obj
@@ -71,7 +74,7 @@ def read_nlvr2(path: Path, urls_required: bool = False) -> Iterator[Union[Nlvr2E
         label = obj.get("label")
         label = _LABELS.get(label, label) if isinstance(label, str) else label
         if label is not None and not isinstance(label, bool):
-            yield Malformed(path, where, f'label must be "True" or "False", not {obj["label"]!r}')
+            yield Malformed(path, where, f'label must be "True" or "False", not {shown(obj["label"])}')
             continue
         left_url, right_url, directory = (_given(obj.get(key)) for key in ("left_url", "right_url", "directory"))
         if left_url is None or right_url is None or directory is None:
@@ -80,9 +83,11 @@ def read_nlvr2(path: Path, urls_required: bool = False) -> Iterator[Union[Nlvr2E
         if urls_required and not (left_url and right_url):
             yield Malformed(path, where, "needs left_url and right_url (the URL release)")
             continue
+        sentence = Skip(pair, DUPLICATE_ID) if identifier in seen else text_or_skip(pair, obj.get("sentence"))
+        seen.add(identifier)
         yield Nlvr2Example(
             identifier,
-            text_or_skip(pair, obj.get("sentence")),
+            sentence,
             f"{pair}-img0",
             f"{pair}-img1",
             left_url,

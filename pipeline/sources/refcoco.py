@@ -17,20 +17,24 @@ image_id, a split and a list of sentences, each an object with an integer sent_i
 ann_id must be an annotation of its image_id in instances.json. Anything else is
 `Malformed` (``refs(unc).p:[12]``), as are instances' images without an integer id,
 file_name, width and height and annotations without an integer id and image_id and a bbox of
-four numbers (``instances.json:annotations[3]``, yielded first). A null or blank ``raw``
-is a `Skip`. A refs file that is not a list is a ConfigError.
+four numbers (``instances.json:annotations[3]``, yielded first), and a ref or an instances
+member holding a non-finite number (NaN or Infinity: a box of them would train on nothing).
+A null or blank ``raw`` is a `Skip`. A refs file that is not a list is a ConfigError.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Union
 
 from pipeline.errors import ConfigError, UnsafePickleError
 from pipeline.safe_pickle import safe_loads
-from pipeline.sources.base import Malformed, Skip, is_int, reading, text_or_skip
+from pipeline.sources.base import NON_FINITE, Malformed, Skip, all_finite, is_int, reading, text_or_skip
 from pipeline.sources.jsonstream import iter_json
+
+_REF_SHAPE = "needs integer ref_id, ann_id and image_id, a split and sentences (objects with an integer sent_id)"
 
 
 @dataclass(frozen=True)
@@ -55,7 +59,8 @@ class _Image:
 
 
 def _number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+    """A finite JSON number (not a boolean)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def load_refs(path: Path) -> list:
@@ -82,6 +87,7 @@ def _well_formed(ref: Any) -> bool:
         and ref["split"] != ""
         and isinstance(ref.get("sentences"), list)
         and all(isinstance(s, dict) and is_int(s.get("sent_id")) for s in ref["sentences"])
+        and all_finite(ref)
     )
 
 
@@ -95,7 +101,9 @@ def _instances(
     """Fill `images` and `boxes` (annotation id -> (image id, x, y, w, h)) with the wanted
     ids' entries of instances.json; yield its malformed rows."""
     for i, img in iter_json(path, member="images", array=True):
-        if (
+        if isinstance(img, Malformed):
+            yield img
+        elif (
             not isinstance(img, dict)
             or not is_int(img.get("id"))
             or not isinstance(img.get("file_name"), str)
@@ -107,7 +115,9 @@ def _instances(
             images[img["id"]] = _Image(img["file_name"].rsplit(".", 1)[0], img["width"], img["height"])
     for i, ann in iter_json(path, member="annotations", array=True):
         bbox = ann.get("bbox") if isinstance(ann, dict) else None
-        if (
+        if isinstance(ann, Malformed):
+            yield ann
+        elif (
             not isinstance(ann, dict)
             or not is_int(ann.get("id"))
             or not is_int(ann.get("image_id"))
@@ -132,11 +142,8 @@ def read_refs(refs: Path, instances: Path) -> Iterator[Union[RefExpression, Skip
     for i, ref in enumerate(rows):
         where = f"[{i}]"
         if not _well_formed(ref):
-            yield Malformed(
-                refs,
-                where,
-                "needs integer ref_id, ann_id and image_id, a split and sentences (objects with an integer sent_id)",
-            )
+            reason = NON_FINITE if isinstance(ref, dict) and not all_finite(ref) else _REF_SHAPE
+            yield Malformed(refs, where, reason)
             continue
         image, found = images.get(ref["image_id"]), boxes.get(ref["ann_id"])
         if image is None or found is None or found[0] != ref["image_id"]:

@@ -24,7 +24,11 @@ Texts are rendered in one of two styles (`Rendering`), the tokens joined with sp
 
 Rows: a line needs annot_id, img_fn, a list of object names, a question and four answer
 and four rationale choices, each a non-empty list of tokens whose tags index ``objects``,
-and labels, when given, in 0-3. Anything else is `Malformed` (``val.jsonl:12``).
+and labels, when given, in 0-3. Anything else is `Malformed` (``val.jsonl:12``), as is a
+line holding a non-finite number or nested too deep. A question or choice whose rendering
+is blank (tokens of whitespace alone) is a `Skip` ("empty text"), and so is a line whose
+annot_id an earlier line of the file has ("duplicate id": the first is kept); both name the
+image.
 """
 
 from __future__ import annotations
@@ -38,7 +42,18 @@ from typing import Any, Callable, Iterator, NamedTuple, Optional, Union
 import numpy as np
 
 from pipeline.errors import ConfigError
-from pipeline.sources.base import Malformed, clean_text, is_int, load_json_file, open_text, reading
+from pipeline.sources.base import (
+    DUPLICATE_ID,
+    EMPTY_TEXT,
+    Malformed,
+    Skip,
+    clean_text,
+    is_int,
+    load_json_file,
+    open_text,
+    reading,
+    shown,
+)
 from pipeline.sources.jsonlines import iter_json_lines
 
 CHOICES = 4
@@ -131,7 +146,7 @@ def read_names_table(path: Path) -> tuple[str, ...]:
 
 def _name(objects: tuple[str, ...], index: Any, style: Rendering) -> str:
     if not is_int(index) or not 0 <= index < len(objects):
-        raise _Bad(f"tag {index!r} is not an index of the {len(objects)} objects")
+        raise _Bad(f"tag {shown(index)} is not an index of the {len(objects)} objects")
     return style.person(index) if objects[index] == "person" else objects[index]
 
 
@@ -148,7 +163,7 @@ def render_tokens(tokens: Any, objects: tuple[str, ...], style: Rendering = R2C)
         elif isinstance(token, list) and token:
             words.append(style.join.join(_name(objects, index, style) for index in token))
         else:
-            raise _Bad(f"token {token!r} is neither a word nor a list of object indices")
+            raise _Bad(f"token {shown(token)} is neither a word nor a list of object indices")
     return clean_text(" ".join(words))
 
 
@@ -156,7 +171,7 @@ def _label(value: Any) -> Optional[int]:
     if value is None:
         return None
     if not is_int(value) or not 0 <= value < CHOICES:
-        raise _Bad(f"label {value!r} is not in 0-{CHOICES - 1}")
+        raise _Bad(f"label {shown(value)} is not in 0-{CHOICES - 1}")
     return value
 
 
@@ -197,18 +212,26 @@ def _question(obj: Any, style: Rendering) -> VcrQuestion:
     )
 
 
-def read_vcr(path: Path, style: Rendering = R2C) -> Iterator[Union[VcrQuestion, Malformed]]:
+def read_vcr(path: Path, style: Rendering = R2C) -> Iterator[Union[VcrQuestion, Skip, Malformed]]:
     """The questions of a VCR file, one a line, in file order, rendered in `style`."""
     path = Path(path)
+    seen: set[str] = set()
     for where, obj in iter_json_lines(path):
         if isinstance(obj, Malformed):
             yield obj
             continue
         try:
-            question: Union[VcrQuestion, Malformed] = _question(obj, style)
+            question = _question(obj, style)
         except _Bad as err:
-            question = Malformed(path, where, str(err))
-        yield question
+            yield Malformed(path, where, str(err))
+            continue
+        if question.annot_id in seen:
+            yield Skip(question.image, DUPLICATE_ID)
+        elif not all((question.question, *question.answers, *question.rationales)):
+            yield Skip(question.image, EMPTY_TEXT)
+        else:
+            yield question
+        seen.add(question.annot_id)
 
 
 def read_vcr_metadata(path: Path) -> VcrMetadata:

@@ -45,6 +45,9 @@ class VgQuestion:
 
 def read_image_data(path: Path) -> Iterator[Union[VgImage, Malformed]]:
     for i, img in iter_json(path, array=True):
+        if isinstance(img, Malformed):
+            yield img
+            continue
         image_id = img.get("image_id", img.get("id")) if isinstance(img, dict) else None
         url, coco_id = (img.get("url"), img.get("coco_id", False)) if isinstance(img, dict) else (None, False)
         if not is_id(image_id) or not isinstance(url, str) or not url or not (coco_id is None or is_int(coco_id)):
@@ -57,6 +60,9 @@ def read_image_data(path: Path) -> Iterator[Union[VgImage, Malformed]]:
 
 def read_region_descriptions(path: Path) -> Iterator[Union[VgText, Skip, Malformed]]:
     for i, entry in iter_json(path, array=True):
+        if isinstance(entry, Malformed):
+            yield entry
+            continue
         if not isinstance(entry, dict) or not isinstance(entry.get("regions"), list):
             yield Malformed(Path(path), f"[{i}]", "needs regions (a list)")
             continue
@@ -71,6 +77,9 @@ def read_region_descriptions(path: Path) -> Iterator[Union[VgText, Skip, Malform
 
 def read_question_answers(path: Path) -> Iterator[Union[VgQuestion, Skip, Malformed]]:
     for i, entry in iter_json(path, array=True):
+        if isinstance(entry, Malformed):
+            yield entry
+            continue
         if not isinstance(entry, dict) or not isinstance(entry.get("qas"), list):
             yield Malformed(Path(path), f"[{i}]", "needs qas (a list)")
             continue

@@ -8,11 +8,13 @@ test-dev2015 and test2015 have questions only (`read_vqa_questions`). The COCO s
 images is read from the questions file's name (test-dev's images are test2015's); images are
 named by their COCO file stem (`coco_stem`).
 
-Rows: an annotation needs a question_id and a list of answers (an answer that is not a
-string is left out: one null among ten annotators' answers is ignored like a blank one); a
-question needs an integer image_id, its question text, an integer question_id and, when read
-with annotations, an annotation. Anything else is `Malformed`; a null or blank question is a
-`Skip`.
+Rows: an annotation needs an integer question_id and a list of answers (an answer that is
+not a string is left out: one null among ten annotators' answers is ignored like a blank
+one); a question needs an integer image_id, its question text, an integer question_id and,
+when read with annotations, an annotation. Anything else is `Malformed`, as is a member
+holding a non-finite number; a null or blank question is a `Skip`, and so is a question (or
+an annotation) whose question_id an earlier one of its file has ("duplicate id": the first
+is kept).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from pathlib import Path
 from typing import Any, Iterator, Optional, Union
 
 from pipeline.errors import ConfigError
-from pipeline.sources.base import Malformed, Skip, is_int, text_or_skip
+from pipeline.sources.base import DUPLICATE_ID, Malformed, Skip, is_int, text_or_skip
 from pipeline.sources.coco import coco_split, coco_stem
 from pipeline.sources.jsonstream import iter_json
 
@@ -72,10 +74,17 @@ def read_vqa(questions: Path, annotations: Path) -> Iterator[Union[VqaQuestion, 
     split = _split(questions)
     found: dict[Any, _Annotation] = {}
     for i, ann in iter_json(annotations, member="annotations", array=True):
-        if not isinstance(ann, dict) or "question_id" not in ann or not isinstance(ann.get("answers"), list):
-            yield Malformed(annotations, f"annotations[{i}]", "needs question_id and answers (a list)")
-            continue
-        found[ann["question_id"]] = _annotation(ann)
+        if isinstance(ann, Malformed):
+            yield ann
+        elif (
+            not isinstance(ann, dict) or not is_int(ann.get("question_id")) or not isinstance(ann.get("answers"), list)
+        ):
+            yield Malformed(annotations, f"annotations[{i}]", "needs an integer question_id and answers (a list)")
+        elif ann["question_id"] in found:
+            image_id = ann.get("image_id")
+            yield Skip(coco_stem(split, image_id) if is_int(image_id) else "", DUPLICATE_ID)
+        else:
+            found[ann["question_id"]] = _annotation(ann)
     yield from _read_questions(questions, split, (annotations, found))
 
 
@@ -102,8 +111,12 @@ def _read_questions(
 ) -> Iterator[Union[VqaQuestion, Skip, Malformed]]:
     """The questions of `path` about images of `split`, each with its annotation from
     (annotations file, its annotations by question_id), or none when that is None."""
+    seen: set[int] = set()
     for i, q in iter_json(path, member="questions", array=True):
         where = f"questions[{i}]"
+        if isinstance(q, Malformed):
+            yield q
+            continue
         if (
             not isinstance(q, dict)
             or not is_int(q.get("image_id"))
@@ -118,6 +131,10 @@ def _read_questions(
             yield Malformed(path, where, f"question {qid!r} has no annotation in {annotations[0].name}")
             continue
         image = coco_stem(split, q["image_id"])
+        if qid in seen:
+            yield Skip(image, DUPLICATE_ID)
+            continue
+        seen.add(qid)
         text = text_or_skip(image, q["question"])
         yield (
             text

@@ -181,13 +181,13 @@ def test_nlvr2_examples_labels_and_image_names(tmp_path):
 
 
 def test_karpathy_splits_and_blank_captions(tmp_path):
-    def image(filename, split, raws, **more):
+    def image(filename, split, raws, first=10, **more):
         return {
             "filename": filename,
             "split": split,
             "imgid": 0,
             "sentids": [],
-            "sentences": [{"raw": r, "tokens": [], "sentid": 10 + j, "imgid": 0} for j, r in enumerate(raws)],
+            "sentences": [{"raw": r, "tokens": [], "sentid": first + j, "imgid": 0} for j, r in enumerate(raws)],
             **more,
         }
 
@@ -203,18 +203,20 @@ def test_karpathy_splits_and_blank_captions(tmp_path):
                     filepath="val2014",
                     cocoid=391895,
                 ),
-                image("COCO_val2014_000000000042.jpg", "restval", ["x"], filepath="val2014"),
-                image("1000092795.jpg", "train", ["Two guys."]),
+                image("COCO_val2014_000000000042.jpg", "restval", ["x"], first=20, filepath="val2014"),
+                image("1000092795.jpg", "train", ["Two guys."], first=30),
                 image("3.jpg", "holdout", ["x"]),
                 {"filename": "4.jpg", "split": "val", "sentences": [{"raw": "no sentid"}]},
             ],
         },
     )
     results = list(read_karpathy(path))
-    assert results[:3] == [
-        KarpathyImage("COCO_val2014_000000391895", "test", ("A man riding.", "A bike."), (10, 13)),
-        KarpathyImage("COCO_val2014_000000000042", "restval", ("x",), (10,)),
-        KarpathyImage("1000092795", "train", ("Two guys.",), (10,)),
+    stem = "COCO_val2014_000000391895"
+    assert results[:2] == [Skip(stem, EMPTY_TEXT), Skip(stem, NULL_TEXT)]  # counted, before their image
+    assert results[2:5] == [
+        KarpathyImage(stem, "test", ("A man riding.", "A bike."), (10, 13)),
+        KarpathyImage("COCO_val2014_000000000042", "restval", ("x",), (20,)),
+        KarpathyImage("1000092795", "train", ("Two guys.",), (30,)),
     ]
     reason = "needs filename, split (train | val | test | restval) and sentences (objects with an integer sentid)"
     assert bad(results) == [f"dataset_coco.json:images[3]: {reason}", f"dataset_coco.json:images[4]: {reason}"]
