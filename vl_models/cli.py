@@ -560,7 +560,7 @@ def evaluate(
     from vl_models.train.checkpoint import resolve
     from vl_models.transfer.evaluate import evaluate_checkpoint
 
-    source = str(resolve(checkpoint, step)) if step else checkpoint
+    source = str(resolve(checkpoint, step, role="--checkpoint")) if step else checkpoint
     columns = [
         TextColumn(f"{task} {split}"),
         BarColumn(),
@@ -633,6 +633,7 @@ def export(
     and `AutoTokenizer.from_pretrained(OUTPUT)`. ViLBERT (no transformers class):
     `vl_models.models.weights.load_exported(OUTPUT)`; its text stream alone (without
     co-attention) loads as `BertModel.from_pretrained(OUTPUT/text_stream, add_pooling_layer=False)`.
+    A fine-tuning run exports its backbone (its task heads have no such format and are left out, said so).
 
     Example: vltrain export --to hf runs/lxmert lxmert-hf --step best
     """
@@ -640,10 +641,11 @@ def export(
 
     if to not in FORMATS:
         raise ConfigError(f"--to {to!r}: known formats: {', '.join(FORMATS)}")
-    if step is not None and step not in ("best", "latest") and not step.isdigit():
-        raise ConfigError(f"--step {step!r}: a step number, best or latest")
-    done = export_run(source, output, int(step) if step and step.isdigit() else step, vocab, overwrite)
-    Console().print(f"exported {done['kind']} step {done['step']} ({done['source']}) -> {output}")
+    done = export_run(source, output, step, vocab, overwrite)
+    left = f"; its task heads ({', '.join(done['heads_not_exported'])}) are not exported" * bool(
+        done["heads_not_exported"]
+    )
+    Console().print(f"exported {done['kind']} step {done['step']} ({done['source']}) -> {output}{left}")
 
 
 @app.command("preview-batch")

@@ -1,13 +1,15 @@
 """`vltrain export --to hf`: a run's checkpoint as a Hugging Face folder (`weights.export_hf`).
 
 The source is a run folder (its `latest` checkpoint, a step, or its `best` one) or one
-checkpoint file; the tokenizer is the run's ``--vocab`` (or `vocab`, which must hold the
-same vocabulary when the run recorded it). One export of an OUT at a time (`output_lock`).
-The folder is built under a temporary name (removed whatever happens) and renamed into
-place; an existing folder is replaced only with ``overwrite`` and only if it is an export
-of ours, and then only the files an export writes (a model card stays), file by file with
-config.json, the mark of an export, last: a replace killed half-way is still an export,
-and rerunning it completes it.
+checkpoint file; of a fine-tuning run its backbone is exported (a pretraining model: the
+task heads have no transformers format; the export's record names them as not exported).
+The tokenizer is the run's ``--vocab`` (or `vocab`, which must hold the same vocabulary when
+the run recorded it). One export of an OUT at a time (`output_lock`); OUT is never a
+symbolic link nor a folder holding the checkpoint or the vocab. The folder is built under a
+temporary name (removed whatever happens) and renamed into place; an existing folder is
+replaced only with ``overwrite`` and only if it is an export of ours, and then only the
+files an export writes (a model card stays), file by file with config.json, the mark of an
+export, last: a replace killed half-way is still an export, and rerunning it completes it.
 """
 
 from __future__ import annotations
@@ -18,12 +20,13 @@ import os
 from pathlib import Path
 from typing import Optional, Union
 
-from pipeline.errors import ConfigError
+from pipeline.errors import CheckpointError, ConfigError
 from pipeline.io import clean_leftovers, commit_path, fsync_dir, fsync_tree, output_lock, remove_path, tmp_path_for
 from vl_models import families
 from vl_models.data.tokenize import WordPiece
 from vl_models.models.weights import EXPORT_FILES, export_hf, exported_record
 from vl_models.train import checkpoint
+from vl_models.transfer.runs import backbone_of, is_finetuned
 
 log = logging.getLogger(__name__)
 
@@ -34,28 +37,51 @@ def export_run(
     source: Path, out: Path, step: Union[int, str, None] = None, vocab: Optional[Path] = None, overwrite: bool = False
 ) -> dict:
     """Export the checkpoint that `source` and `step` name into `out`; returns what was written."""
-    path = checkpoint.resolve(source, step)
-    _check_out(Path(out), overwrite)
-    state = checkpoint.load(path)
+    path = checkpoint.resolve(source, step, role="SOURCE")
+    _check_out(Path(out), overwrite, [path, *([Path(vocab)] if vocab else [])])
+    state = checkpoint.load(path, "SOURCE")
     run = state.get("run") or {"train": state.get("config", {}), "model": state.get("model_config", {})}
     family = families.from_run(run)
     model = family.build(family.config_class.from_json(run["model"]))
-    model.load_state_dict(state["model"], strict=True)
+    weights, provenance = state["model"], {"source": str(path), "step": state["step"]}
+    if is_finetuned(run):  # its backbone, a pretraining model: the task heads have no export format
+        weights = backbone_of(weights)
+        provenance["heads_not_exported"] = list(run["tasks"])
+        log.warning(
+            "%s is a fine-tuning run: its backbone is exported, its task heads (%s) are not",
+            path,
+            ", ".join(run["tasks"]),
+        )
+    try:
+        model.load_state_dict(weights, strict=True)
+    except RuntimeError as err:
+        raise CheckpointError(f"{path}: its tensors do not fit its own model config ({str(err).splitlines()[0]})")
     tokenizer = _tokenizer(run, vocab)
     with output_lock(Path(out), "export"):
         clean_leftovers(Path(out))  # temporary folders of killed exports
         _check_out(Path(out), overwrite)  # again, under the lock
         tmp = tmp_path_for(Path(out))
         try:
-            export_hf(model, tmp, tokenizer, {"source": str(path), "step": state["step"]})
+            export_hf(model, tmp, tokenizer, provenance)
             _commit(tmp, Path(out))
         finally:
             remove_path(tmp)
     log.info("exported %s (step %d) to %s", path, state["step"], out)
-    return {"source": str(path), "step": state["step"], "kind": family.name, "out": str(out)}
+    return {
+        "source": str(path),
+        "step": state["step"],
+        "kind": family.name,
+        "out": str(out),
+        "heads_not_exported": provenance.get("heads_not_exported", []),
+    }
 
 
-def _check_out(out: Path, overwrite: bool) -> None:
+def _check_out(out: Path, overwrite: bool, inputs: tuple = ()) -> None:
+    if out.is_symlink():
+        raise ConfigError(f"{out} is a symbolic link; give the real path of a new or empty folder")
+    for path in inputs:
+        if out.resolve() == path.resolve() or out.resolve() in path.resolve().parents:
+            raise ConfigError(f"{out} holds the input {path}; export elsewhere")
     cwd = Path.cwd().resolve()
     if out.resolve() == cwd or out.resolve() in cwd.parents:
         raise ConfigError(f"{out} is the current folder or a folder above it: export into a new folder")

@@ -50,8 +50,26 @@ def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:
-        raise ConfigError(f"{path}: cannot read as a torch checkpoint: {err}") from err
+        raise ConfigError(f"{path}: cannot read as a torch checkpoint ({describe_load_error(err)})") from err
+    if not isinstance(state, dict):
+        raise ConfigError(f"{path}: a torch file of a {type(state).__name__}, not of a model's tensors")
     return state.get("model", state) if isinstance(state.get("model"), dict) else state
+
+
+def describe_load_error(err: BaseException) -> str:
+    """One line for a failed ``torch.load(..., weights_only=True)``: what is wrong with the
+    file, without torch's advice to load it with ``weights_only=False`` or to allow more
+    globals (either would run the file's code)."""
+    text = str(err)
+    if "WeightsUnpickler error:" in text:
+        text = text.split("WeightsUnpickler error:", 1)[1]
+        text = re.split(r"\. Please use `torch\.serialization|\n\s*Check the documentation", text)[0]
+        text = f"it holds what is no tensor or plain value: {' '.join(text.split()).rstrip('.')}; not loaded"
+    elif "weights_only" in text:
+        text = "not a torch checkpoint of tensors"
+    else:
+        text = " ".join(text.split())
+    return f"{type(err).__name__}: {text}"
 
 
 def _normalize(key: str) -> str:
@@ -351,6 +369,15 @@ def _save_safetensors(model, path: Path) -> None:
         if number is None:
             raise
         raise OSError(int(number.group(1)), os.strerror(int(number.group(1))), str(path)) from err
+    _usual_mode(path)
+
+
+def _usual_mode(path: Path) -> None:
+    """Give a file safetensors wrote (0600, as a temporary file) the mode `open` gives the
+    export's other files: 0666 less the process's umask."""
+    mask = os.umask(0)
+    os.umask(mask)
+    os.chmod(path, 0o666 & ~mask)
 
 
 def export_hf(model, folder: Path, tokenizer: Optional[WordPiece] = None, provenance: Optional[dict] = None) -> None:
@@ -389,6 +416,7 @@ def _export_bert_text_stream(model: ViLBERTModel, folder: Path, tokenizer: Optio
         k: v.contiguous() for k, v in model.state_dict().items() if k.startswith(("embeddings.", "encoder.layer."))
     }
     save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    _usual_mode(folder / "model.safetensors")
     config = {
         "model_type": "bert",
         "architectures": ["BertModel"],

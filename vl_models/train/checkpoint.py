@@ -24,6 +24,7 @@ import torch
 
 from pipeline.errors import CheckpointError, ConfigError, DivergedError
 from pipeline.io import atomic_write_bytes, remove_stale_tmp, sha256_file
+from vl_models.models.weights import describe_load_error
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +85,11 @@ def steps_in(folder: Path) -> list[int]:
     return sorted(s for p in folder.glob("step_*.pt") if (s := step_of(p)) is not None) if folder.is_dir() else []
 
 
+def _recorded_sum(recorded: Path) -> str:
+    """The checksum a ``.sha256`` file records (its first word; any bytes read as text)."""
+    return (recorded.read_bytes().split() or [b""])[0].decode("ascii", "replace")
+
+
 def is_own_file(name: str) -> bool:
     """Whether a name in ``checkpoints/`` is one a save writes (a checkpoint, its checksum,
     a pointer, a temporary file of an interrupted save)."""
@@ -98,7 +104,7 @@ def newest_verified(folder: Path) -> Path:
     for step in reversed(steps_in(folder)):
         path = folder / file_name(step)
         recorded = checksum_path(path)
-        if recorded.exists() and (recorded.read_text().split() or [""])[0] == sha256_file(path):
+        if recorded.exists() and _recorded_sum(recorded) == sha256_file(path):
             return path
     names = ", ".join(file_name(s) for s in steps_in(folder)[-3:])
     raise CheckpointError(
@@ -150,8 +156,8 @@ def prune(folder: Path, keep_last: int) -> list[int]:
     files than `latest` (a resume from an earlier checkpoint) are left to be overwritten."""
     if keep_last <= 0:
         return []
-    keep = {step_of(pointer.read_text().strip()) for pointer in (folder / LATEST, folder / BEST) if pointer.exists()}
-    current = step_of((folder / LATEST).read_text().strip())
+    keep = {step_of(name) for pointer in (LATEST, BEST) if (name := pointer_name(folder, pointer)) is not None}
+    current = step_of(pointer_name(folder, LATEST) or "")
     older = [s for s in steps_in(folder) if current is not None and s <= current]
     gone = [s for s in older[:-keep_last] if s not in keep]
     for s in gone:
@@ -173,10 +179,16 @@ def remove_stale(run: Path) -> list[Path]:
     return stale
 
 
-def _previous(path: Path) -> str:
-    """A hint naming the newest checkpoint before `path`'s step, for error messages."""
+def _previous(path: Path, role: str = "resume") -> str:
+    """A hint naming the newest checkpoint before `path`'s step, for error messages: how to
+    resume from it (`role` "resume"), or for a checkpoint read as an input (`role` a flag such
+    as ``--init``) that it can be named there instead."""
     step = step_of(path)
     earlier = [s for s in steps_in(path.parent) if step is None or s < step]
+    if role != "resume":
+        if not earlier:
+            return f"; give another {role}"
+        return f"; the previous checkpoint is {path.parent / file_name(earlier[-1])}: give it as {role}"
     if not earlier:
         return "; there is no earlier checkpoint: start again with --overwrite"
     name = file_name(earlier[-1])
@@ -186,37 +198,65 @@ def _previous(path: Path) -> str:
     )
 
 
-def load(path: Union[str, Path]) -> dict:
+def load(path: Union[str, Path], role: str = "resume") -> dict:
     """A checkpoint, verified against its checksum file (checkpoints of older versions have
-    none: loaded with a warning). Missing, truncated or corrupt -> CheckpointError."""
+    none: loaded with a warning). Missing, truncated or corrupt -> CheckpointError, whose
+    advice fits `role`: "resume" (the run's own checkpoint) or the flag that named it as an
+    input (``--init``, ``--checkpoint``)."""
     path = Path(path)
     if not path.is_file():
-        raise CheckpointError(f"{path} is missing{_previous(path)}")
+        raise CheckpointError(f"{path} is missing{_previous(path, role)}")
     recorded = checksum_path(path)
     if recorded.exists():
-        expected = (recorded.read_text().split() or [""])[0]
-        if sha256_file(path) != expected:
+        if sha256_file(path) != _recorded_sum(recorded):
             raise CheckpointError(
-                f"{path}: checksum mismatch with {recorded.name}: the file is truncated or corrupt{_previous(path)}"
+                f"{path}: checksum mismatch with {recorded.name}: the file is truncated or corrupt"
+                f"{_previous(path, role)}"
             )
     else:
         log.warning("%s: no checksum file (written by an older vltrain); loading it unverified", path)
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # torch raises RuntimeError, pickle/zip errors, EOFError... for damaged files
-        raise CheckpointError(f"{path}: unreadable checkpoint ({type(err).__name__}: {err}){_previous(path)}") from err
+        raise CheckpointError(
+            f"{path}: unreadable checkpoint ({describe_load_error(err)}){_previous(path, role)}"
+        ) from err
 
 
-def pointed(run: Path, pointer: str = LATEST) -> Optional[Path]:
-    """The checkpoint file that ``checkpoints/latest`` (or ``best``) names; None without
-    the pointer; CheckpointError if it names a missing file."""
-    folder = Path(run) / FOLDER
-    if not (folder / pointer).exists():
+def pointer_name(folder: Path, pointer: str = LATEST) -> Optional[str]:
+    """The text of ``folder/<pointer>`` (a checkpoint's file name), stripped; None without the
+    pointer; CheckpointError when it is no text (not UTF-8) or not a file."""
+    file = Path(folder) / pointer
+    if not (file.exists() or file.is_symlink()):
         return None
-    name = (folder / pointer).read_text().strip()
+    try:
+        return file.read_bytes().decode("utf-8").strip()
+    except UnicodeDecodeError:
+        raise CheckpointError(
+            f"{file} is not a checkpoint's name (not UTF-8 text): write the name of the checkpoint to use into it "
+            f"(checkpoints: {', '.join(file_name(s) for s in steps_in(Path(folder))[-3:]) or 'none'})"
+        ) from None
+    except OSError as err:
+        raise CheckpointError(f"{file}: unreadable pointer ({err.strerror or err})") from err
+
+
+def pointed(run: Path, pointer: str = LATEST, role: str = "resume") -> Optional[Path]:
+    """The checkpoint file that ``checkpoints/latest`` (or ``best``) names; None without
+    the pointer; CheckpointError if it names a missing file or anything but a checkpoint's
+    file name in the run's own ``checkpoints/`` (a path elsewhere is never followed)."""
+    folder = Path(run) / FOLDER
+    name = pointer_name(folder, pointer)
+    if name is None:
+        return None
     path = folder / name
-    if step_of(name) is None or not path.is_file():
-        raise CheckpointError(f"{folder / pointer} names {name or 'nothing'}, which is missing{_previous(path)}")
+    if name and (step_of(name) is None or Path(name).name != name):
+        have = ", ".join(file_name(s) for s in steps_in(folder)[-3:]) or "none"
+        raise CheckpointError(
+            f"{folder / pointer} names {name!r}, which is no checkpoint file name of this run (step_NNNNNNN.pt "
+            f"in {folder}): write the name of one of its checkpoints into it (the newest: {have})"
+        )
+    if not name or not path.is_file():
+        raise CheckpointError(f"{folder / pointer} names {name or 'nothing'}, which is missing{_previous(path, role)}")
     return path
 
 
@@ -226,10 +266,16 @@ def load_latest(run: Path) -> Optional[dict]:
     return None if path is None else load(path)
 
 
-def resolve(source: Union[str, Path], step: Union[int, str, None] = None) -> Path:
+def resolve(source: Union[str, Path], step: Union[int, str, None] = None, role: str = "resume") -> Path:
     """A checkpoint file: `source` itself, or in a run folder the one `latest` names, the
-    one of step `step`, or with ``step="best"`` the one `best` names."""
+    one of step `step` (a number, or its digits), or with ``step="best"`` the one `best`
+    names. ConfigError for a source that does not exist or is no run folder, and for a
+    `step` that is none of these."""
     source = Path(source)
+    if step is not None and step not in (LATEST, BEST) and not str(step).isdigit():
+        raise ConfigError(f"--step {step!r}: a step number, best or latest")
+    if not (source.exists() or source.is_symlink()):
+        raise ConfigError(f"{source} does not exist: name a run folder or a checkpoint file")
     if source.is_file():
         if step is not None:
             raise ConfigError(f"{source} is a checkpoint file: --step applies to a run folder")
@@ -238,9 +284,9 @@ def resolve(source: Union[str, Path], step: Union[int, str, None] = None) -> Pat
     if not folder.is_dir():
         raise ConfigError(f"{source} is neither a checkpoint file nor a run folder (no {FOLDER}/)")
     if step is None or step == LATEST:
-        path = pointed(source)
+        path = pointed(source, role=role)
     elif step == BEST:
-        path = pointed(source, BEST)
+        path = pointed(source, BEST, role)
         if path is None:
             raise ConfigError(f"{source} has no best checkpoint (a run keeps one with --best-metric)")
     else:

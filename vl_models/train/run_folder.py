@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional, Sequence
@@ -78,6 +79,9 @@ RESUME_SAFE = frozenset(
     }
 )
 _NOT_NOTED = frozenset({"out", "resume", "overwrite", "init", "stop_at"})  # they change at every split run
+# Settings that are input paths: recorded absolute (`trainer.absolute_paths`), compared as
+# absolute paths (a run recorded relative paths before: the same inputs seen from here).
+PATH_SETTINGS = ("mixture", "stores", "task_data", "given_stores", "vocab", "init", "hard_negatives", "init_answers")
 
 
 @dataclass
@@ -146,8 +150,10 @@ def plan(out: Path, cfg, resolved: dict) -> Plan:
         log.info("--overwrite: removing %s from %s", ", ".join(_present(out)), out)
         return Plan(overwrite=True)
     if resume == "no":
-        pointer = out / checkpoint.FOLDER / checkpoint.LATEST
-        step = checkpoint.step_of(pointer.read_text().strip()) if pointer.exists() else None
+        try:
+            step = checkpoint.step_of(checkpoint.pointer_name(out / checkpoint.FOLDER) or "")
+        except DataError:  # an unreadable pointer: refused all the same, without its step
+            step = None
         where = f"last checkpoint: step {step}" if step is not None else "no checkpoint yet"
         raise ConfigError(
             f"{out} holds a run ({where}): pass --resume yes (or auto) to continue it, or --overwrite "
@@ -231,7 +237,7 @@ def _fields(resolved: dict) -> dict:
     """{"train.lr": ..., "model.hidden_size": ..., "inputs.mixture": ..., "world_size": ...}
     with JSON values (tuples as lists), one level into each part; the training config's
     sections are opened too (`flat_settings`), so a setting is named by its field alone, as
-    in configs saved before the sections."""
+    in configs saved before the sections; input paths (`PATH_SETTINGS`) made absolute."""
     obj = json.loads(json.dumps(resolved))
     out = {}
     for key, value in obj.items():
@@ -239,6 +245,12 @@ def _fields(resolved: dict) -> dict:
             out.update({f"{key}.{k}": v for k, v in (flat_settings(value) if key == "train" else value).items()})
         else:
             out[key] = value
+    for name in PATH_SETTINGS:
+        value = out.get(f"train.{name}")
+        if isinstance(value, str) and value:
+            out[f"train.{name}"] = os.path.abspath(value)
+        elif isinstance(value, list):
+            out[f"train.{name}"] = [os.path.abspath(v) if isinstance(v, str) else v for v in value]
     return out
 
 

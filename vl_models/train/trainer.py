@@ -40,7 +40,7 @@ from pipeline.io import exclusive_lock
 from pipeline.mixture import Mixture
 from pipeline.store import FeatureStore
 from vl_models import distributed, families
-from vl_models.config import TrainConfig
+from vl_models.config import TrainConfig, flat_settings
 from vl_models.data.dataset import PretrainDataset
 from vl_models.data.sampler import ResumableSampler
 from vl_models.eval.evaluate import evaluate
@@ -135,6 +135,27 @@ def check_out(out: Path) -> None:
         raise ConfigError(f"--out {out} is a file, not a folder")
 
 
+def absolute_paths(cfg):
+    """`cfg` (a TrainConfig or FinetuneConfig) with each input path (`run_folder.PATH_SETTINGS`)
+    that exists from here made absolute: the run folder's config.json then names its inputs
+    for a command started in any folder (`vltrain evaluate` of the run, a fine-tuning --init)."""
+    saved = flat_settings(cfg.to_json())
+    changed = {}
+    for name in run_folder.PATH_SETTINGS:
+        value = saved.get(name)
+        if isinstance(value, str) and value and Path(value).exists():
+            changed[name] = str(Path(value).absolute())
+        elif isinstance(value, (list, tuple)):
+            changed[name] = tuple(str(Path(v).absolute()) if Path(v).exists() else v for v in value)
+    return cfg.with_(**changed) if changed else cfg
+
+
+def check_init(init: Optional[str]) -> None:
+    """ConfigError when --init names nothing that exists (before any other work)."""
+    if init and not (Path(init).exists() or Path(init).is_symlink()):
+        raise ConfigError(f"--init {init} does not exist: name a checkpoint file or folder")
+
+
 def check_vocab(tokenizer, mcfg) -> None:
     """ConfigError when the vocab has more tokens than the model's embeddings."""
     if tokenizer.vocab_size > mcfg.vocab_size:
@@ -153,6 +174,8 @@ def run(cfg: TrainConfig, on_step: Optional[Callable[[int, dict, int], None]] = 
     device = resolve_device(cfg.run.device, local)
     runlog.check_reporters(cfg.run.report_to)
     check_out(Path(cfg.out))
+    check_init(cfg.init)
+    cfg = absolute_paths(cfg)
     mixture = Mixture.open(cfg.mixture)
     family, mcfg = model_config(cfg, len(mixture.answers))
     cfg.task.check(family)
@@ -199,20 +222,21 @@ def launch(
     on_step: Optional[Callable[[int, dict, int], None]],
     init: Optional[Callable[[], str]],
 ) -> dict:
-    """Take the run folder (lock, `run_folder.plan`, `begin`), start the process group,
-    initialize the model (`init`, not on a resume) and train."""
+    """Take the run folder (lock, `run_folder.plan`), initialize the model (`init`, not on a
+    resume: before any write, so a bad --init leaves the folder as it was), start the process
+    group, `begin` the run folder and train."""
     out = Path(cfg.out)
     with contextlib.ExitStack() as held:
         if distributed.is_main():  # a second writer of this folder is turned away at once
             held.enter_context(exclusive_lock(out, "training run"))
         start = run_folder.plan(out, cfg, resolved)
+        if init and start.state is None:  # read before the first write: a bad --init leaves the folder as it was
+            log.info("initialized from %s: %s", cfg.init, init())
         distributed.init(device, cfg.run.dist_timeout)
         distributed.barrier(device)  # every rank has planned (read the folder) before rank 0 writes to it
         if distributed.is_main():
             run_folder.begin(out, start, resolved)
         distributed.barrier(device)
-        if init and start.state is None:
-            log.info("initialized from %s: %s", cfg.init, init())
         return train_loop(cfg, model, job, device, start, resolved, best_metric, on_step)
 
 

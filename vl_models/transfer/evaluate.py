@@ -21,6 +21,7 @@ order, and rank 0 writes the files: no rank waits for another's whole evaluation
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 from typing import Callable, Optional, Sequence
@@ -29,7 +30,7 @@ import numpy as np
 import torch
 
 from pipeline.errors import ConfigError
-from pipeline.io import atomic_write_json
+from pipeline.io import atomic_write_json, check_output, replacing_output
 from pipeline.store import FeatureStore
 from pipeline.task_data import TaskData
 from vl_models import distributed, families, transfer
@@ -46,6 +47,9 @@ from vl_models.transfer.task import Predictions
 log = logging.getLogger(__name__)
 
 Progress = Optional[Callable[[int, int], None]]  # (done, total) in examples or pairs
+EVALUATION = "evaluation"  # the ownership marker's kind of an evaluation folder (`pipeline.io.replacing_output`)
+METRICS = "metrics.json"
+REPORT_KEYS = ("task", "split", "checkpoint", "zero_shot", "rows", "metrics")
 
 
 def _to(batch: dict, device: str) -> dict:
@@ -192,9 +196,28 @@ def evaluate_checkpoint(
     detections (RefCOCO scores on detections alone). Under torchrun the
     ranks share the scoring and rank 0 writes (the other ranks return no files)."""
     device = resolve_device(device, distributed.world()[2])
+    if batch_size < 1:
+        raise ConfigError(f"--batch-size {batch_size}: give 1 or more")
+    if limit < 0:
+        raise ConfigError(f"--limit {limit}: the rows (retrieval: images) to score, 1 or more (0: all)")
     task = transfer.get(task_name)
+    if not (Path(source).exists() or Path(source).is_symlink()):
+        raise ConfigError(f"--checkpoint {source} does not exist")
     data = TaskData.open(data_dir, task=task.name)
-    ckpt, run = our_run(source)
+    ckpt, run = our_run(source, role="--checkpoint")
+    if out is None and ckpt is None:
+        raise ConfigError("--out: where to write the metrics and predictions (the checkpoint is no run folder's)")
+    if out is None:
+        out = ckpt.parent.parent / "eval" / f"{task.name}-{split}{'-zero-shot' if zero_shot else ''}"
+    out = Path(out)
+    inputs = [Path(data_dir), *map(Path, stores), *map(Path, given_stores or ()), ckpt or Path(source)]
+    check_output(
+        out,
+        EVALUATION,
+        inputs=inputs + ([Path(vocab)] if vocab else []),
+        what="vltrain evaluate",
+        also_ours=_earlier_evaluation,
+    )
     if zero_shot:
         if not getattr(task, "pairwise", False):
             raise ConfigError(
@@ -202,7 +225,7 @@ def evaluate_checkpoint(
                 f"({', '.join(n for n in transfer.names() if getattr(transfer.get(n), 'pairwise', False))}) "
                 "score with the pretraining pair head"
             )
-        family, mcfg = model_of(model, None if model else run, (stores or run["train"]["stores"])[0], 1)
+        family, mcfg = model_of(model, None if model else run, (stores or _run_paths(run, "stores", "--shards"))[0], 1)
         tmodel = TransferModel(family, family.build(mcfg), {task.name: RetrievalHead(task.candidates)})
         if is_finetuned(run):
             tmodel.backbone.load_state_dict(backbone_state(ckpt))
@@ -235,12 +258,12 @@ def evaluate_checkpoint(
         tmodel.load_state_dict(backbone_state(ckpt, heads=(task.name,)))
     settings = data_settings(run, task.name) if run else DataSettings()
     if given_stores is None:
-        given_stores = (run and run["train"].get("given_stores")) or ()
+        given_stores = (run and _run_paths(run, "given_stores", "--given-shards", required=False)) or ()
     view = TaskDataset(
         data,
         task,
-        [Path(s) for s in (stores or run["train"]["stores"])],
-        Path(vocab or (run and run["train"].get("vocab")) or ""),
+        [Path(s) for s in (stores or _run_paths(run, "stores", "--shards"))],
+        Path(vocab or (run and _run_paths(run, "vocab", "--vocab", required=False)) or ""),
         family,
         settings,
         split,
@@ -252,19 +275,12 @@ def evaluate_checkpoint(
         raise ConfigError(
             f"{len(missing)} images of {data.path} ({split}) are in no feature store, e.g. {', '.join(missing[:5])}"
         )
-    if out is None:
-        if ckpt is None:
-            raise ConfigError("--out: where to write the metrics and predictions (the checkpoint is no run folder's)")
-        out = ckpt.parent.parent / "eval" / f"{task.name}-{split}{'-zero-shot' if zero_shot else ''}"
     tmodel.to(device)
     distributed.init(device)
     predictions = predict(tmodel, view, device, batch_size, limit, progress)
     metrics = task.score(data, predictions)
     if not distributed.is_main():
         return {"metrics": metrics, "files": [], "examples": int(len(predictions.rows))}
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    files = [task.write_submission(data, predictions, out)]
     report = {
         "task": task.name,
         "split": split,
@@ -273,9 +289,37 @@ def evaluate_checkpoint(
         "rows": int(len(predictions.rows)),
         "metrics": metrics,
     }
-    atomic_write_json(out / "metrics.json", report)
-    return {
-        "metrics": metrics,
-        "files": [str(f) for f in files] + [str(out / "metrics.json")],
-        "examples": int(len(predictions.rows)),
-    }
+    with replacing_output(out, EVALUATION, inputs, what="vltrain evaluate", also_ours=_earlier_evaluation) as tmp:
+        tmp.mkdir()
+        files = [out / task.write_submission(data, predictions, tmp).name, out / METRICS]
+        atomic_write_json(tmp / METRICS, report)
+    return {"metrics": metrics, "files": [str(f) for f in files], "examples": int(len(predictions.rows))}
+
+
+def _earlier_evaluation(folder: Path) -> bool:
+    """Whether `folder` is an evaluation folder of a vltrain before the ownership marker: its
+    files are a metrics.json of ours (`REPORT_KEYS`) and one submission file."""
+    try:
+        report = json.loads((folder / METRICS).read_text())
+    except (OSError, ValueError):
+        return False
+    files = [p for p in folder.iterdir() if p.name != METRICS]
+    return isinstance(report, dict) and set(REPORT_KEYS) <= set(report) and len(files) <= 1
+
+
+def _run_paths(run: Optional[dict], key: str, flag: str, required: bool = True):
+    """A path (or paths) the run recorded under ``train.<key>``, each checked to exist: runs of
+    older versions recorded paths relative to the folder they were started in, so from another
+    folder they are named, with the flag that gives them instead."""
+    value = ((run or {}).get("train") or {}).get(key)
+    if not value:
+        if required:
+            raise ConfigError(f"{flag}: the run records none; name it")
+        return value
+    for path in [value] if isinstance(value, str) else value:
+        if not Path(path).exists():
+            raise ConfigError(
+                f"the run's {key.replace('_', ' ')} {path} is not there (seen from {Path.cwd()}; a run records the "
+                f"paths it was given): name it with {flag}"
+            )
+    return value

@@ -40,7 +40,17 @@ from vl_models.config import FinetuneConfig
 from vl_models.data.sampler import TaskBatchSampler
 from vl_models.models.weights import copy_answer_rows, init_pretraining
 from vl_models.train import run_folder, runlog
-from vl_models.train.trainer import BestMetric, Job, check_out, check_vocab, launch, loader_batches, resolve_device
+from vl_models.train.trainer import (
+    BestMetric,
+    Job,
+    absolute_paths,
+    check_init,
+    check_out,
+    check_vocab,
+    launch,
+    loader_batches,
+    resolve_device,
+)
 from vl_models.transfer.dataset import TaskDataset
 from vl_models.transfer.evaluate import predict
 from vl_models.transfer.heads import TransferModel, build_transfer_model
@@ -66,6 +76,8 @@ def run_finetune(cfg: FinetuneConfig, on_step: Optional[Callable[[int, dict, int
     device = resolve_device(cfg.run.device, local)
     runlog.check_reporters(cfg.run.report_to)
     check_out(Path(cfg.out))
+    check_init(cfg.init)
+    cfg = absolute_paths(cfg)
     tasks = [transfer.get(name) for name in cfg.tasks]
     if cfg.transfer.hard_negatives:
         tasks = with_hard_negatives(tasks, Path(cfg.transfer.hard_negatives))
@@ -81,7 +93,7 @@ def run_finetune(cfg: FinetuneConfig, on_step: Optional[Callable[[int, dict, int
     vocab = cfg.vocab or (run and run["train"].get("vocab")) or (published and str(published.vocab))
     if not vocab:
         raise ConfigError("--vocab: name the vocab (there is no --init run of ours to take it from)")
-    cfg = cfg.with_(vocab=str(vocab))  # recorded: a run fine-tuned from this one finds it
+    cfg = absolute_paths(cfg.with_(vocab=str(vocab)))  # recorded: a run fine-tuned from this one finds it
     stores, given = [Path(s) for s in cfg.stores], [Path(s) for s in cfg.given_stores]
     per_task = cfg.transfer.of_task
     batch_sizes = [per_task("task_batch", t.name, cfg.optim.batch_size) for t in tasks]
@@ -99,6 +111,7 @@ def run_finetune(cfg: FinetuneConfig, on_step: Optional[Callable[[int, dict, int
         )
         for t in tasks
     ]
+    _check_val_splits(cfg, tasks, datas)
     views = [view(t, train, True) for t, (train, _) in enumerate(splits)]
     vals = [view(t, val, False) if val in datas[t].splits else None for t, (_, val) in enumerate(splits)]
     _check_data(cfg, views, vals, batch_sizes, world)
@@ -180,6 +193,20 @@ def _head_lr_scale(model: TransferModel, cfg: FinetuneConfig) -> Optional[Callab
     fast = tuple(f"heads.{name}." for name, head in model.heads.items() if getattr(head, "vil", False))
     scale = cfg.transfer.head_lr / cfg.optim.lr
     return lambda name: scale if name.startswith(fast) else 1.0
+
+
+def _check_val_splits(cfg: FinetuneConfig, tasks, datas) -> None:
+    """ConfigError for a val split named by --val-split, --task-val-split (or a recipe) that
+    the task's data lacks; only a task's own default val split may be missing (no validation)."""
+    for task, data in zip(tasks, datas):
+        own = task.name in cfg.transfer.task_val_split
+        named = cfg.transfer.of_task("task_val_split", task.name, cfg.transfer.val_split)
+        if named and named not in data.splits:
+            flag = f"--task-val-split {task.name}={named}" if own else f"--val-split {named}"
+            raise ConfigError(
+                f"{flag}: {data.path} has no split {named!r} (its splits: {', '.join(data.splits)}); "
+                "name one of them (a --recipe's value can be replaced by the flag)"
+            )
 
 
 def _check_data(cfg: FinetuneConfig, views, vals, batch_sizes: list[int], world: int) -> None:

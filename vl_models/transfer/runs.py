@@ -16,17 +16,18 @@ from vl_models.config import DataSettings, flat_settings
 from vl_models.train import checkpoint
 
 
-def our_run(source: Optional[str]) -> tuple[Optional[Path], Optional[dict]]:
+def our_run(source: Optional[str], role: str = "--init") -> tuple[Optional[Path], Optional[dict]]:
     """(checkpoint file, run record) when `source` is a run folder or checkpoint of ours
     (its ``run``: training config, model config, family); (None, None) for anything else
-    (an HF, vilbert-multi-task or BERT checkpoint) and for no source."""
+    (an HF, vilbert-multi-task or BERT checkpoint) and for no source. A damaged checkpoint
+    is a CheckpointError whose advice names `role`, the flag that gave `source`."""
     if not source:
         return None, None
     path = Path(source)
     if not ((path / checkpoint.FOLDER).is_dir() or (path.is_file() and checkpoint.step_of(path.name) is not None)):
         return None, None
-    ckpt = checkpoint.resolve(path)
-    run = checkpoint.load(ckpt).get("run")
+    ckpt = checkpoint.resolve(path, role=role)
+    run = checkpoint.load(ckpt, role).get("run")
     return (ckpt, run) if run else (None, None)
 
 
@@ -51,13 +52,18 @@ def backbone_state(ckpt: Path, heads: tuple[str, ...] = ()) -> dict:
     """A fine-tuning checkpoint's backbone tensors (``backbone.`` stripped), and with `heads`
     those tasks' head tensors too (keys kept: ``heads.<task>.``)."""
     state = checkpoint.load(ckpt)["model"]
-    own = {k[len("backbone.") :]: v for k, v in state.items() if k.startswith("backbone.")}
+    own = backbone_of(state)
     if not heads:
         return own
     return {
         **{f"backbone.{k}": v for k, v in own.items()},
         **{k: v for k, v in state.items() if any(k.startswith(f"heads.{t}.") for t in heads)},
     }
+
+
+def backbone_of(model_state: dict) -> dict:
+    """The backbone's tensors of a fine-tuning model's state dict (``backbone.`` stripped)."""
+    return {k[len("backbone.") :]: v for k, v in model_state.items() if k.startswith("backbone.")}
 
 
 def data_settings(run: dict, task: Optional[str] = None):
