@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Optional
 
 from pipeline.errors import ConfigError
+from pipeline.items.inputs import file_problem
 from pipeline.sources.base import parse_json
 
 _PUNCT = [";", "/", "[", "]", '"', "{", "}", "(", ")", "=", "+", "\\", "_", "-", ">", "<", "@", "`", ",", "?", "!"]
@@ -259,6 +260,9 @@ def read_answer_file(path: Path) -> list[str]:
     file holds one answer a line (every line is an entry; a final newline ends the last).
     ConfigError naming the file (and the entry) otherwise."""
     path = Path(path)
+    problem = file_problem(path)  # a FIFO would block the read for ever
+    if problem:
+        raise ConfigError(f"{path}: cannot read the answer table: {problem}")
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as err:

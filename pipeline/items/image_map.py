@@ -7,24 +7,28 @@ from __future__ import annotations
 from pathlib import Path
 
 from pipeline.errors import ConfigError
+from pipeline.items.inputs import file_problem
 
 
 def read_image_map(path: Path) -> dict[str, str]:
     """``source id<TAB>store key`` lines (UTF-8). A source id mapped twice to different keys is a
     ConfigError naming both lines; the same line repeated is accepted. A missing, unreadable or
-    non-UTF-8 file (or a folder) is a ConfigError naming it."""
+    non-UTF-8 file (or a folder, or a pipe) is a ConfigError naming it."""
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as err:
+    problem, text = file_problem(path), ""  # a folder or a FIFO is never opened
+    if not problem:
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError as err:
+            raise ConfigError(
+                f"{path}: an image map is UTF-8 text ('source id<TAB>store key' lines); byte {err.start} is not UTF-8"
+            ) from None
+        except OSError as err:
+            problem = err.strerror or str(err)
+    if problem:
         raise ConfigError(
-            f"{path}: an image map is UTF-8 text ('source id<TAB>store key' lines); byte {err.start} is not UTF-8"
-        ) from None
-    except OSError as err:
-        reason = "no such file" if isinstance(err, FileNotFoundError) else "a folder" if path.is_dir() else err.strerror
-        raise ConfigError(
-            f"{path}: cannot read the image map ({reason}); give a file of 'source id<TAB>store key' lines"
-        ) from None
+            f"{path}: cannot read the image map ({problem}); give a file of 'source id<TAB>store key' lines"
+        )
     aliases: dict[str, str] = {}
     first_line: dict[str, int] = {}
     for lineno, line in enumerate(text.splitlines(), 1):

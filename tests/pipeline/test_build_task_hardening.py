@@ -3,7 +3,10 @@ replaces, a second build of the same output, unreadable image maps, GQA files na
 their split, and a task folder damaged after it was written (its files' digests)."""
 
 import json
+import os
 import shutil
+import signal
+from contextlib import contextmanager
 
 import pytest
 from helpers import run_cli, run_vltrain
@@ -12,6 +15,7 @@ from train_helpers import VOCAB
 
 from pipeline.errors import BusyError, ConfigError, DataError
 from pipeline.io import output_lock
+from pipeline.items.answers import read_answer_file
 from pipeline.task_data import TaskData
 from vl_models import transfer
 from vl_models.transfer.build import build_task
@@ -94,19 +98,56 @@ def test_a_second_build_of_one_out_is_refused_at_once_before_reading(files, tmp_
 # --- unreadable inputs: one line, exit 2 --------------------------------------------------------
 
 
-@pytest.mark.parametrize("kind", ["missing", "folder", "not utf-8"])
+@pytest.mark.parametrize("kind", ["missing", "folder", "not utf-8", "pipe"])
 def test_an_unreadable_image_map_is_one_error_line(files, tmp_path, kind):
-    image_map = {"missing": tmp_path / "nope.tsv", "folder": tmp_path / "maps", "not utf-8": tmp_path / "latin1.tsv"}[
-        kind
-    ]
+    image_map = tmp_path / "map.tsv"
     if kind == "folder":
         image_map.mkdir()
     elif kind == "not utf-8":
         image_map.write_bytes("caf\u00e9-0-0-img0\timg_0\n".encode("latin-1"))
+    elif kind == "pipe":
+        os.mkfifo(image_map)  # reading it would block for ever
     out = tmp_path / "t"
-    result = run_cli("build-task", "--task", "nlvr2", "--out", out, *files["nlvr2"], "--image-map", image_map)
-    _one_error_line(result, 2, str(image_map), {"missing": "no such file", "folder": "a folder"}.get(kind, "UTF-8"))
+    with _no_hang():
+        result = run_cli("build-task", "--task", "nlvr2", "--out", out, *files["nlvr2"], "--image-map", image_map)
+    reason = {"missing": "no such file", "folder": "a folder", "pipe": "not a regular file"}.get(kind, "UTF-8")
+    _one_error_line(result, 2, str(image_map), reason)
+    assert not out.exists()
+
+
+def test_official_files_answer_tables_and_minival_must_be_regular_files(files, tmp_path):
+    pipe = tmp_path / "pipe.json"
+    os.mkfifo(pipe)
+    (tmp_path / "folder.json").mkdir()
+    vqa = transfer.get("vqa")
+    with _no_hang():
+        with pytest.raises(
+            ConfigError, match=f"cannot read {pipe} \\(not a regular file\\), {tmp_path}/folder.json \\(a folder\\)"
+        ):
+            build_task(vqa, [*files["vqa"], pipe, tmp_path / "folder.json"], tmp_path / "t")
+        with pytest.raises(ConfigError, match=f"--answers-from {pipe}: not a regular file"):
+            build_task(vqa, files["vqa"], tmp_path / "t", answers_from=pipe)
+        with pytest.raises(ConfigError, match=f"--minival {tmp_path}/folder.json: a folder"):
+            build_task(vqa, files["vqa"], tmp_path / "t", minival=tmp_path / "folder.json")
+        with pytest.raises(ConfigError, match="cannot read the answer table: not a regular file"):
+            read_answer_file(pipe)  # build-mixture's answers_from: reads it through the same function
     assert not (tmp_path / "t").exists()
+
+
+@contextmanager
+def _no_hang(seconds: int = 10):
+    """Turn a read that would block for ever (a FIFO) into a failing test."""
+
+    def hung(*_):
+        raise AssertionError(f"blocked for {seconds} s")
+
+    old = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
 
 
 def test_a_gqa_file_named_without_its_split_says_so(files, tmp_path):

@@ -20,7 +20,10 @@ A task may add files of its own (RefCOCO: ``given_boxes.json``, the ground-truth
 rows (null or blank texts) are counted per reason. The folder is written by
 `pipeline.items.ItemsWriter` (manifest last) under a temporary name and swapped in when
 complete (`pipeline.io.replacing_output`): an earlier task dataset there is replaced, anything
-else is refused.
+else is refused, and so is an output that holds or lies inside any input (the official files,
+the image map, the answer table, minival.json). The output's lock is taken before any input is
+read: a second build of the same folder is refused at once. The manifest records the size and
+sha256 of each file written (``contents``), which `TaskData.open` checks.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from pipeline.io import replacing_output, sha256_file
 from pipeline.items import ItemsWriter
 from pipeline.items.answers import answer_table, fixed_table, read_answer_file
 from pipeline.items.image_map import read_image_map
+from pipeline.items.inputs import check_input_file, file_problem
 from pipeline.sources.base import Malformed, Skip
 from pipeline.sources.lxmert import read_question_ids
 from pipeline.task_data import FORMAT, ITEMS_SCHEMA, TASK_SCHEMA_VERSION, task_manifest
@@ -63,13 +67,16 @@ def build_task(
     ConfigError). Then, holding `out`'s lock (a second build of it gets BusyError at once),
     the inputs are read and the folder is written and swapped in."""
     files = [Path(f) for f in files]
-    missing = [str(f) for f in files if not f.is_file()]
-    if not files or missing:
+    unreadable = [f"{f} ({problem})" for f in files if (problem := file_problem(f))]
+    if not files or unreadable:
         raise ConfigError(
-            f"build-task --task {task.name}: no such file(s): {', '.join(missing)}"
-            if missing
+            f"build-task --task {task.name}: cannot read {', '.join(unreadable)}"
+            if unreadable
             else f"build-task --task {task.name} needs its files: {task.files}"
         )
+    for flag, path in (("--image-map", image_map), ("--answers-from", answers_from), ("--minival", minival)):
+        if path:
+            check_input_file(path, flag)
     if min_count is not None and min_count < 1:
         raise ConfigError(f"--min-count must be at least 1, got {min_count}")
     if task.head != "answers" and (answers_from or min_count):
@@ -178,8 +185,6 @@ def _minival_splits(path: Path, rows: list[Row]) -> tuple[dict[str, set[int]], d
     """LXMERT's ``minival`` (the rows `path` lists by question id) and ``nominival`` (the
     other rows of the splits those rows are in), with the manifest's account of the file;
     ConfigError when the file lists none of the rows."""
-    if not path.is_file():
-        raise ConfigError(f"--minival: no such file: {path}")
     ids, bad = set(), 0
     for read in read_question_ids(path):
         if isinstance(read, Malformed):
