@@ -7,6 +7,7 @@ import fcntl
 import hashlib
 import json
 import logging
+import math
 import os
 import re
 import shutil
@@ -112,8 +113,45 @@ def read_json(path: Path, what: str) -> Any:
         ) from err
 
 
+def _non_finite(obj: Any, where: str = "") -> Optional[tuple[str, float]]:
+    """(where, value) of the first NaN or infinite float inside `obj` (dicts, lists,
+    tuples), as a JSON path such as ``[3]["boxes"][0]``; None if there is none."""
+    if isinstance(obj, float):
+        return None if math.isfinite(obj) else (where or "the top level", obj)
+    if isinstance(obj, dict):
+        items = ((f"{where}[{json.dumps(str(k))}]", v) for k, v in obj.items())
+    elif isinstance(obj, (list, tuple)):
+        items = ((f"{where}[{i}]", v) for i, v in enumerate(obj))
+    else:
+        return None
+    for at, value in items:
+        found = _non_finite(value, at)
+        if found is not None:
+            return found
+    return None
+
+
+def strict_json(obj: Any, what: str, **options) -> str:
+    """`obj` as strict JSON text (`json.dumps` with `options`): a NaN or an infinity, which
+    Python's json would write as the non-JSON tokens ``NaN`` / ``Infinity``, is a
+    ConfigError naming `what` is being written and where in it the number sits."""
+    try:
+        return json.dumps(obj, allow_nan=False, **options)
+    except ValueError:
+        found = _non_finite(obj)
+        if found is None:
+            raise  # another problem (a circular reference): a bug
+        where, value = found
+        raise ConfigError(
+            f"{what}: not written: {where} is {value}, and JSON has no NaN or Infinity "
+            "(a non-finite number in the inputs or a computation)"
+        ) from None
+
+
 def atomic_write_json(path: Path, obj: Any) -> None:
-    atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=False) + "\n").encode())
+    """`obj` as strict, indented JSON (`strict_json`: a NaN is a ConfigError, nothing is
+    written), atomically."""
+    atomic_write_bytes(path, (strict_json(obj, str(path), indent=2, sort_keys=False) + "\n").encode())
 
 
 def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
@@ -137,21 +175,74 @@ def named_config_path(name_or_path: Union[str, Path], folder: Path, suffix: str 
     return path if path.suffix else folder / f"{name_or_path}{suffix}"
 
 
-def read_named_json(name_or_path: Union[str, Path], folder: Path, what: str, suffix: str = ".json") -> dict:
-    """A JSON (or, with `suffix` ``.yaml``, YAML) config given by name (``folder/<name><suffix>``)
-    or by path; a missing or unreadable one is a ConfigError (listing the known names)."""
-    from pipeline.errors import ConfigError
+# Bounds of a config file a user hands us (a recipe, a model or detector config): its size
+# and how deeply its values nest. YAML aliases are refused outright: nested ones ("billion
+# laughs") make a few hundred bytes stand for gigabytes once a value is formatted or walked.
+MAX_CONFIG_BYTES = 1 << 20
+MAX_CONFIG_DEPTH = 32
 
+
+def _one_line(err: Exception) -> str:
+    """A YAML or JSON error as one line: the problem and where (PyYAML's spans several)."""
+    problem = getattr(err, "problem", None)
+    mark = getattr(err, "problem_mark", None)
+    if problem and mark is not None:
+        context = getattr(err, "context", None)
+        return f"{problem} at line {mark.line + 1}, column {mark.column + 1}" + (f" ({context})" if context else "")
+    return " ".join(str(err).split())
+
+
+def load_yaml(text: str, where: str) -> Any:
+    """Safe YAML (plain values only: no tags that build objects) within the bounds above; a
+    ConfigError naming `where` in one line for anything else: invalid YAML, an alias, values
+    nested deeper than MAX_CONFIG_DEPTH (which would overflow the loader's recursion)."""
+    import yaml
+
+    try:
+        depth = 0
+        for event in yaml.parse(text, Loader=yaml.SafeLoader):  # streamed, not recursive
+            if isinstance(event, yaml.AliasEvent):
+                raise ConfigError(
+                    f"{where}: YAML aliases (*{event.anchor}) are not accepted in a config; write the values out"
+                )
+            if isinstance(event, yaml.CollectionStartEvent):
+                depth += 1
+                if depth > MAX_CONFIG_DEPTH:
+                    raise ConfigError(f"{where}: values nested deeper than {MAX_CONFIG_DEPTH} levels")
+            elif isinstance(event, yaml.CollectionEndEvent):
+                depth -= 1
+        return yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{where}: invalid YAML: {_one_line(err)}") from None
+
+
+def _no_constants(name: str) -> None:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def read_named_json(name_or_path: Union[str, Path], folder: Path, what: str, suffix: str = ".json") -> dict:
+    """A JSON (or, with `suffix` ``.yaml``, YAML: `load_yaml`) config given by name
+    (``folder/<name><suffix>``) or by path; a missing, unreadable or oversized one (over
+    MAX_CONFIG_BYTES, or nested deeper than MAX_CONFIG_DEPTH), or one with NaN / Infinity, is
+    a ConfigError in one line (listing the known names when none is found)."""
     path = named_config_path(name_or_path, folder, suffix)
     if not path.exists():
         known = ", ".join(p.stem for p in sorted(folder.glob(f"*{suffix}")))
         raise ConfigError(f"no {what} config {name_or_path!r} (known: {known}, or a {suffix} path)")
-    import yaml
-
     try:
-        obj = yaml.safe_load(path.read_text()) if path.suffix in (".yaml", ".yml") else json.loads(path.read_text())
-    except (ValueError, yaml.YAMLError) as err:
-        raise ConfigError(f"{path}: invalid {path.suffix[1:].upper()}: {err}") from err
+        if not path.is_file():  # a folder, or a FIFO that would block the read
+            raise ConfigError(f"{path}: a {what} config must be a file")
+        if path.stat().st_size > MAX_CONFIG_BYTES:
+            raise ConfigError(f"{path}: a {what} config of over {MAX_CONFIG_BYTES:,} bytes is refused")
+        text = path.read_bytes().decode("utf-8")
+        if path.suffix in (".yaml", ".yml"):
+            obj = load_yaml(text, str(path))
+        else:
+            obj = json.loads(text, parse_constant=_no_constants)
+    except (OSError, ValueError, RecursionError) as err:
+        if isinstance(err, ConfigError):
+            raise
+        raise ConfigError(f"{path}: invalid {path.suffix[1:].upper()}: {_one_line(err)}") from None
     if not isinstance(obj, dict):
         raise ConfigError(f"{path}: a {what} config must be a mapping of names to values")
     return obj

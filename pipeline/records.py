@@ -114,7 +114,13 @@ def validate_record(
         raise InvalidRecordError(iid, "image_id", "must be a non-empty string")
     if any(c in iid for c in _FORBIDDEN_ID_CHARS):
         raise InvalidRecordError(iid, "image_id", "must not contain tab, newline or NUL")
-    if len(iid.encode("utf-8")) > MAX_IMAGE_ID_BYTES:
+    try:
+        encoded = iid.encode("utf-8")
+    except UnicodeEncodeError as err:  # a lone surrogate (from surrogateescape'd bytes, say)
+        raise InvalidRecordError(
+            iid, "image_id", f"is not valid Unicode text: {err.reason} at position {err.start}"
+        ) from None
+    if len(encoded) > MAX_IMAGE_ID_BYTES:
         raise InvalidRecordError(iid, "image_id", f"longer than {MAX_IMAGE_ID_BYTES} bytes")
     for name in ("image_h", "image_w"):
         value = getattr(rec, name)

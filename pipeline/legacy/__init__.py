@@ -6,17 +6,32 @@ and writer. Field specs are in each module's docstring and in docs/store-format.
 
 from pipeline.legacy.base import LegacyFormat
 from pipeline.legacy.mmf_npy import check_mmf_ids, read_mmf_npy, write_mmf_npy
-from pipeline.legacy.tsv import read_butd_tsv, read_lxmert_tsv, write_butd_tsv, write_lxmert_tsv
+from pipeline.legacy.tsv import (
+    check_butd_fields,
+    check_lxmert_fields,
+    read_butd_tsv,
+    read_lxmert_tsv,
+    write_butd_tsv,
+    write_lxmert_tsv,
+)
 from pipeline.legacy.vilbert_lmdb import check_vilbert_ids, read_vilbert_lmdb, write_vilbert_lmdb
 
 FORMATS: dict[str, LegacyFormat] = {
     f.name: f
     for f in (
         LegacyFormat(
-            "lxmert-tsv", "LXMERT obj36 TSV: 10 fields, base64 int64/float32 arrays", read_lxmert_tsv, write_lxmert_tsv
+            "lxmert-tsv",
+            "LXMERT obj36 TSV: 10 fields, base64 int64/float32 arrays",
+            read_lxmert_tsv,
+            write_lxmert_tsv,
+            check=check_lxmert_fields,
         ),
         LegacyFormat(
-            "butd-tsv", "bottom-up-attention TSV: 6 fields, or 7 with cls_prob (ViLBERT)", read_butd_tsv, write_butd_tsv
+            "butd-tsv",
+            "bottom-up-attention TSV: 6 fields, or 7 with cls_prob (ViLBERT)",
+            read_butd_tsv,
+            write_butd_tsv,
+            check=check_butd_fields,
         ),
         LegacyFormat(
             "vilbert-lmdb",
@@ -25,7 +40,7 @@ FORMATS: dict[str, LegacyFormat] = {
             read_vilbert_lmdb,
             write_vilbert_lmdb,
             needs_pickle=True,
-            check_ids=check_vilbert_ids,
+            check=check_vilbert_ids,
         ),
         LegacyFormat(
             "mmf-npy",
@@ -33,7 +48,7 @@ FORMATS: dict[str, LegacyFormat] = {
             read_mmf_npy,
             write_mmf_npy,
             needs_pickle=True,
-            check_ids=check_mmf_ids,
+            check=check_mmf_ids,
         ),
     )
 }

@@ -106,9 +106,9 @@ class LegacyFormat:
     # write(records, dest, store layout) -> number of records written
     write: Optional[Callable[[Iterable[RegionFeatures], Path, "StoreLayout"], int]] = None
     needs_pickle: bool = False
-    # check_ids(store): raise ConfigError naming the ids the format cannot hold; run
-    # before anything is written
-    check_ids: Optional[Callable[["FeatureStore"], None]] = None
+    # check(store): raise ConfigError naming what of the store the format cannot hold (ids,
+    # records lacking a field it needs); run before anything is written
+    check: Optional[Callable[["FeatureStore"], None]] = None
 
 
 def decode_array(field: str, value: Union[str, bytes], dtype, num: int, width: Optional[int] = None) -> np.ndarray:

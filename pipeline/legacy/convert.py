@@ -146,10 +146,10 @@ def run_export(cfg: ExportConfig, progress: Progress = None) -> int:
     storage order. Built under a temporary name and renamed when complete; an existing DEST
     (with --overwrite) is replaced only when it is a file or an earlier export to this format."""
     store = FeatureStore.open(cfg.store, dtype="float32")
-    check_ids = FORMATS[cfg.fmt].check_ids
-    if check_ids is not None:
+    check = FORMATS[cfg.fmt].check
+    if check is not None:
         try:
-            check_ids(store)  # ids the format cannot hold: refused before anything is written
+            check(store)  # what the format cannot hold: refused before anything is written
         except BaseException:
             store.close()
             raise

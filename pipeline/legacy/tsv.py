@@ -15,11 +15,13 @@ Written files end lines with CRLF, as Python's csv writer used by the extractors
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
-from typing import IO, Iterable, Iterator, Sequence
+from typing import IO, TYPE_CHECKING, Iterable, Iterator, Sequence
 
 import numpy as np
 
+from pipeline.errors import ConfigError
 from pipeline.legacy.base import (
     ReadOptions,
     ReadResult,
@@ -34,6 +36,9 @@ from pipeline.legacy.base import (
 )
 from pipeline.records import RegionFeatures
 from pipeline.store.layout import StoreLayout
+
+if TYPE_CHECKING:
+    from pipeline.store import FeatureStore
 
 LXMERT_FIELDS = (
     "img_id",
@@ -127,10 +132,53 @@ def read_butd_tsv(paths: Sequence[Path], opts: ReadOptions) -> Iterator[ReadResu
     return _read(paths, _decode_butd, (len(BUTD_FIELDS), len(BUTD_CLS_FIELDS)))
 
 
+LXMERT_LABELS = ("objects_id", "objects_conf", "attrs_id", "attrs_conf")
+
+
 def _require(rec: RegionFeatures, names: Iterable[str], fmt: str) -> None:
+    """The writers' own guard (the `check_*` functions refuse such a store before writing)."""
     missing = [n for n in names if getattr(rec, n) is None]
     if missing:
-        raise ValueError(f"image {rec.image_id!r} has no {', '.join(missing)}, which {fmt} requires")
+        raise ConfigError(f"image {rec.image_id!r} has no {', '.join(missing)}, which {fmt} requires")
+
+
+def _require_all(store: "FeatureStore", names: Sequence[str], fmt: str, advice: str) -> None:
+    """A ConfigError, before anything is written, when some record of `store` lacks one of
+    the fields `names`: how many lack which, and the first such image."""
+    lacking, first = Counter(), None
+    for rec in store:
+        missing = [n for n in names if getattr(rec, n) is None]
+        lacking.update(missing)
+        if missing and first is None:
+            first = rec.image_id
+    if lacking:
+        which = ", ".join(f"{lacking[n]:,} without {n}" for n in names if lacking[n])
+        raise ConfigError(
+            f"{store.path}: {fmt} needs {', '.join(names)} in every record; of {len(store):,} records {which} "
+            f"(the first: image {first!r}); nothing written. {advice}"
+        )
+
+
+def check_lxmert_fields(store: "FeatureStore") -> None:
+    """Refuse a store whose records lack the object and attribute labels LXMERT's loader
+    reads (a store imported from butd-tsv without cls_prob, say)."""
+    _require_all(store, LXMERT_LABELS, "lxmert-tsv", "Export it --to butd-tsv, which needs no labels.")
+
+
+def butd_with_cls_prob(layout: StoreLayout) -> bool:
+    """Whether a butd-tsv export has the 7th field: when the store keeps cls_prob and some
+    record had one (else the 6 fields of the original extractor, which vilbert_beta's
+    convert_trainval_lmdb.py reads)."""
+    return layout.cls_prob.mode != "none" and layout.cls_dim is not None
+
+
+def check_butd_fields(store: "FeatureStore") -> None:
+    """Refuse a store where some records have cls_prob and others not: one file holds 6 or 7
+    fields a row, never both."""
+    if butd_with_cls_prob(store.layout):
+        _require_all(
+            store, ("cls_prob",), "butd-tsv with cls_prob (7 fields)", "Re-import the records with their cls_prob."
+        )
 
 
 def write_lxmert_tsv(records: Iterable[RegionFeatures], dest: Path, layout: StoreLayout) -> int:
@@ -147,7 +195,7 @@ def _write_lines(records: Iterable[RegionFeatures], out: IO[str], fields_of) -> 
 
 
 def _lxmert_fields(rec: RegionFeatures) -> list[str]:
-    _require(rec, ("objects_id", "objects_conf", "attrs_id", "attrs_conf"), "lxmert-tsv")
+    _require(rec, LXMERT_LABELS, "lxmert-tsv")
     return [
         rec.image_id,
         str(rec.image_h),
@@ -163,8 +211,8 @@ def _lxmert_fields(rec: RegionFeatures) -> list[str]:
 
 
 def write_butd_tsv(records: Iterable[RegionFeatures], dest: Path, layout: StoreLayout) -> int:
-    """6 fields, or 7 (ViLBERT's variant) when the store keeps cls_prob."""
-    with_cls_prob = layout.cls_prob.mode != "none"
+    """6 fields, or 7 (ViLBERT's variant) when the store holds cls_prob (`butd_with_cls_prob`)."""
+    with_cls_prob = butd_with_cls_prob(layout)
 
     def fields_of(rec: RegionFeatures) -> list[str]:
         fields = [

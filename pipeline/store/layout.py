@@ -105,7 +105,15 @@ class StoreLayout(Config):
 
     @classmethod
     def from_json(cls, obj: dict) -> "StoreLayout":
+        """The layout a manifest records; a value of the wrong type is a ValueError naming it."""
         obj = dict(obj)
+        kinds = {"backend": str, "dtype": str, "cls_prob": str, "attr_prob": str, "feature_dim": int}
+        for key, value in obj.items():
+            wanted = kinds.get(key, int if key in ("cls_dim", "attr_dim") else None)
+            if wanted is None:
+                continue  # an unknown key: refused by the constructor
+            if isinstance(value, bool) or not (isinstance(value, wanted) or (value is None and key.endswith("_dim"))):
+                raise ValueError(f"layout {key}: {value!r} is not a {wanted.__name__}")
         obj["cls_prob"] = ProbStorage.parse(obj["cls_prob"])
         obj["attr_prob"] = ProbStorage.parse(obj["attr_prob"])
         return cls(**obj)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
+import stat
 import time
 from dataclasses import dataclass, field
 from operator import itemgetter
@@ -43,6 +45,43 @@ class ShardInfo(NamedTuple):
 
 
 _SHARD_FIELDS = itemgetter(*ShardInfo._fields)  # a shard entry's values, in field order (KeyError if one is missing)
+# What a writer names its shards (`<number><suffix>`, the suffix of the store's backend): a
+# manifest listing any other name (a path, `..`, a name of the other backend) is refused.
+SHARD_NAME = re.compile(r"[0-9]{1,9}\.(arrow|lmdb)")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+def _is_count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _check_shards(entries: object, backend: str) -> list[ShardInfo]:
+    """The manifest's `shards` list as `ShardInfo`s, each checked: a plain shard name of the
+    store's backend (never a path out of `shards/`), counts that are non-negative integers,
+    a sha256 of 64 hex digits; a name listed once. ValueError names the first bad entry."""
+    if not isinstance(entries, list):
+        raise ValueError(f"shards is a {type(entries).__name__}, expected a list")
+    shards = []
+    for position, entry in enumerate(entries):
+        if not isinstance(entry, dict):
+            raise ValueError(f"shard entry {position} is a {type(entry).__name__}, expected an object")
+        info = ShardInfo._make(_SHARD_FIELDS(entry))
+        match = SHARD_NAME.fullmatch(info.name) if isinstance(info.name, str) else None
+        if match is None or match.group(1) != backend:
+            raise ValueError(
+                f"shard entry {position}: name {info.name!r} is not a shard name of this {backend} store "
+                f"(NNNNN.{backend}, a file in {SHARDS_DIR}/)"
+            )
+        if not (_is_count(info.rows) and _is_count(info.bytes)):
+            raise ValueError(f"shard {info.name}: rows and bytes must be non-negative integers")
+        if not (isinstance(info.sha256, str) and _SHA256.fullmatch(info.sha256)) or not isinstance(info.created, str):
+            raise ValueError(f"shard {info.name}: sha256 must be 64 hex digits and created a string")
+        shards.append(info)
+    names = [s.name for s in shards]
+    if len(set(names)) != len(names):
+        twice = next(n for n in names if names.count(n) > 1)
+        raise ValueError(f"shard {twice} is listed twice")
+    return shards
 
 
 @dataclass
@@ -115,26 +154,43 @@ class Manifest:
 
     @classmethod
     def read(cls, directory: Path) -> "Manifest":
+        """The manifest of the store at `directory`. Anything but a manifest this tool could
+        have written is a `StoreError` naming the file: not JSON, a field missing or of the
+        wrong type, a shard entry whose name is not a plain shard name of the store's backend
+        (a path such as ``/etc/passwd`` or ``../x`` is never opened), a newer schema."""
         path = directory / MANIFEST_FILE
         if not path.exists():
             raise StoreError(f"{directory} is not a feature store: no {MANIFEST_FILE}")
         try:
-            obj = json.loads(path.read_text())
+            if not stat.S_ISREG(path.stat().st_mode):  # a FIFO would block the read forever
+                raise ValueError("not a regular file")
+            obj = json.loads(path.read_bytes())
+            if not isinstance(obj, dict):
+                raise ValueError(f"a {type(obj).__name__}, expected an object")
             if obj.get("format") != FORMAT_NAME:
                 raise StoreError(f"{path}: format is {obj.get('format')!r}, expected {FORMAT_NAME!r}")
+            if not _is_count(obj["schema_version"]):
+                raise ValueError(f"schema_version {obj['schema_version']!r} is not a version number")
             if obj["schema_version"] > REGION_SCHEMA_VERSION:
                 raise StoreError(
                     f"{path}: schema version {obj['schema_version']} is newer than this vlprep "
                     f"understands ({REGION_SCHEMA_VERSION}); upgrade vlprep"
                 )
+            if not isinstance(obj["layout"], dict):
+                raise ValueError(f"layout is a {type(obj['layout']).__name__}, expected an object")
+            layout = StoreLayout.from_json(obj["layout"])
+            kinds = {"provenance": dict, "runs": list, "created": str, "updated": str}
+            for key, kind in kinds.items():
+                if key in obj and not isinstance(obj[key], kind):
+                    raise ValueError(f"{key} is a {type(obj[key]).__name__}, expected a {kind.__name__}")
             return cls(
-                layout=StoreLayout.from_json(obj["layout"]),
-                shards=list(map(ShardInfo._make, map(_SHARD_FIELDS, obj["shards"]))),
+                layout=layout,
+                shards=_check_shards(obj["shards"], layout.backend),
                 provenance=obj.get("provenance", {}),
                 runs=obj.get("runs", []),
                 created=obj["created"],
                 updated=obj["updated"],
                 schema_version=obj["schema_version"],
             )
-        except (KeyError, TypeError, ValueError) as err:
+        except (OSError, KeyError, TypeError, ValueError, AttributeError, RecursionError) as err:
             raise StoreError(f"{path}: unreadable manifest: {type(err).__name__}: {err}") from err

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import os
+import stat
 from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -64,7 +65,7 @@ LOCK_WHAT = "feature store"
 def shard_checksum_path(shard_path: Path) -> Path:
     """The file whose sha256 and size the manifest records for a shard (the Arrow file,
     or an LMDB shard's data.mdb: its only file once committed)."""
-    return shard_path / "data.mdb" if shard_path.is_dir() else shard_path
+    return shard_path / "data.mdb" if shard_path.is_dir() and not shard_path.is_symlink() else shard_path
 
 
 def check_shard(directory: Path, info: ShardInfo, *, checksum: bool = False) -> Path:
@@ -76,9 +77,17 @@ def check_shard(directory: Path, info: ShardInfo, *, checksum: bool = False) -> 
     where = f"{directory}: shard {info.name}"
     advice = f"restore the shard, or re-create the store (`vlprep verify {directory}` checks all of it)"
     try:
-        size = data.stat().st_size
+        # lstat: a link is not followed, and anything but a regular file (a FIFO would block
+        # its reader forever, a device read without end) is refused before it is opened
+        mode = path.lstat().st_mode if data != path else None
+        found = data.lstat()
     except FileNotFoundError:
         raise StoreError(f"{where} is missing ({data} not found); {advice}") from None
+    except OSError as err:
+        raise StoreError(f"{where} cannot be read ({err}); {advice}") from None
+    if (mode is not None and not stat.S_ISDIR(mode)) or not stat.S_ISREG(found.st_mode):
+        raise StoreError(f"{where}: {data} is not a regular file (a link, a pipe or a device); {advice}")
+    size = found.st_size
     if size != info.bytes:
         state = "truncated" if size < info.bytes else "changed since it was written"
         raise StoreError(f"{where} is {state}: {size:,} bytes on disk, the manifest says {info.bytes:,}; {advice}")
@@ -135,6 +144,15 @@ def build_index(directory: Path, manifest: Manifest) -> IdIndex:
 
 def verify_from_env() -> bool:
     return os.environ.get(VERIFY_ENV, "").strip() == "1"
+
+
+def _id_key(image_id: object) -> Optional[bytes]:
+    """An image id's UTF-8 bytes, as the index and the shards hold it; None for what no
+    stored id can be (not a string, or a string with a lone surrogate)."""
+    try:
+        return image_id.encode("utf-8") if isinstance(image_id, str) else None
+    except UnicodeEncodeError:
+        return None
 
 
 @contextmanager
@@ -261,9 +279,9 @@ class FeatureStore:
             )
 
     def __contains__(self, image_id: object) -> bool:
-        if not isinstance(image_id, str):
+        key = _id_key(image_id)
+        if key is None:
             return False
-        key = image_id.encode("utf-8")
         for shard, row in self._process().index.candidates(key):
             stored = self._reader(shard).image_id(row)
             if stored == image_id:
@@ -286,8 +304,10 @@ class FeatureStore:
         another id); KeyError naming the id and the store if absent."""
         if not isinstance(image_id, str):
             raise self._not_an_id(image_id)
+        key = _id_key(image_id)
+        if key is None:  # not encodable: no stored id (all valid UTF-8) can equal it
+            raise KeyError(f"image {image_id!r} is not in the feature store {self.path}")
         state = self._process()
-        key = image_id.encode("utf-8")
         for shard, row in state.index.candidates(key):
             reader = state.readers.get(shard) or self._reader(shard)
             found = read(reader, row)
@@ -327,10 +347,12 @@ class FeatureStore:
         (`IdIndex.find`); each shard holding some of them confirms their ids and gives their
         part in one call (a hash collision probes on). KeyError naming the first absent id
         and the store."""
-        try:
-            keys = [image_id.encode("utf-8") for image_id in image_ids]
-        except AttributeError:
-            raise self._not_an_id(next(i for i in image_ids if not isinstance(i, str))) from None
+        keys = [_id_key(image_id) for image_id in image_ids]
+        if None in keys:
+            image_id = image_ids[keys.index(None)]
+            if not isinstance(image_id, str):
+                raise self._not_an_id(image_id)
+            raise KeyError(f"image {image_id!r} is not in the feature store {self.path}")
         index = self._process().index
         hashes = id_hashes(keys)
         slots = index.find(hashes)

@@ -8,7 +8,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from pipeline.errors import InvalidRecordError, StoreError
+from pipeline.errors import ConfigError, InvalidRecordError, StoreError
 from pipeline.io import TMP_PREFIX
 from pipeline.records import RegionFeatures, validate_record
 from pipeline.store.manifest import SHARDS_DIR, Manifest
@@ -101,6 +101,8 @@ def verify_store(
     schema, their sanity, and that the index finds each at its place and nowhere else.
     Checksums are not computed (they read every byte)."""
     report = VerifyReport(path)
+    if sample is not None:
+        check_seed(seed)  # an invocation error, before any work
     try:
         manifest = Manifest.read(path)
     except StoreError as err:
@@ -176,11 +178,13 @@ def _verify_sample(
 ) -> None:
     """`verify_store(sample=...)`: the cheap checks of everything, the full ones on a sample."""
     total = manifest.num_records
-    for info in manifest.shards:
+    bad = set()
+    for number, info in enumerate(manifest.shards):
         try:
             check_shard(path, info)
         except StoreError as err:
-            report.problems.append(str(err))
+            report.problems.append(f"{err}; records not decoded")
+            bad.add(number)
     _check_leftovers(path, manifest, report)
     index = fresh_index(path, manifest)
     if index is None:
@@ -194,7 +198,7 @@ def _verify_sample(
     shards = np.searchsorted(starts, positions, side="right") - 1
     for number in np.unique(shards).tolist():
         info = manifest.shards[number]
-        reader = _open_checked(path, manifest, number, report, checksum=False)
+        reader = None if number in bad else _open_checked(path, manifest, number, report, checksum=False)
         if reader is None:
             continue
         for row in (positions[shards == number] - starts[number]).tolist():
@@ -204,8 +208,10 @@ def _verify_sample(
             if on_record:
                 on_record(1)
         reader.close()
+    listed = len(manifest.shards)
+    shards_line = f"all {listed} shards" if not bad else f"{listed - len(bad)} of {listed} shards ({len(bad)} not)"
     report.checked = [
-        f"manifest; all {len(manifest.shards)} shards: present with the recorded size (sha256 not computed)",
+        f"manifest; {shards_line}: present with the recorded size (sha256 not computed)",
         f"{report.shards_checked} shards holding the sample: schema",
         f"{report.records_checked} of {len(positions)} sampled records (seed {seed}) of {total}: structure, values, "
         "index entry (found at its place, no duplicate id)",
@@ -213,8 +219,17 @@ def _verify_sample(
     ]
 
 
+def check_seed(seed: object) -> int:
+    """`seed` if it can seed --sample's draw (an integer in [0, 2**64)), else a ConfigError."""
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= seed < 2**64:
+        raise ConfigError(f"--seed must be an integer from 0 to 2**64 - 1, got {seed!r}")
+    return int(seed)
+
+
 def sample_positions(total: int, count: int, seed: int) -> np.ndarray:
-    """The global record positions `verify_store(sample=count, seed=seed)` checks, sorted."""
+    """The global record positions `verify_store(sample=count, seed=seed)` checks, sorted;
+    a seed numpy cannot take is a ConfigError (`check_seed`)."""
+    seed = check_seed(seed)
     return np.sort(np.random.default_rng(seed).choice(total, size=min(max(count, 0), total), replace=False))
 
 
