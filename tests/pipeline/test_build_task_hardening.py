@@ -153,7 +153,7 @@ def _no_hang(seconds: int = 10):
 def test_a_gqa_file_named_without_its_split_says_so(files, tmp_path):
     renamed = tmp_path / "questions.json"  # was train_balanced_questions.json
     shutil.copy(files["gqa"][0], renamed)
-    said = r"no gqa row is in split train or val, .*'questions\.json' \(24\).*a file's split is in its name"
+    said = r"questions\.json: a GQA file's name starts with its split and '_' \(train, val, testdev"
     with pytest.raises(ConfigError, match=said):
         build_task(transfer.get("gqa"), [renamed], tmp_path / "t")
     assert not (tmp_path / "t").exists()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from pipeline.errors import ConfigError
 from pipeline.sources.base import Malformed, Skip
 from pipeline.sources.gqa import read_questions
 from vl_models.eval.metrics import gqa_accuracy
@@ -34,7 +35,11 @@ class Gqa(Classifier):
 
     def read(self, files):
         for path in map(Path, files):
-            split = SPLIT_NAMES.get(path.name.split("_", 1)[0], path.name.split("_", 1)[0])
+            split = SPLIT_NAMES.get(path.name.split("_", 1)[0])
+            if split is None:
+                raise ConfigError(
+                    f"{path}: a GQA file's name starts with its split and '_' ({', '.join(SPLIT_NAMES)}): {self.files}"
+                )
             for q in read_questions(path, answers_required=False):
                 if isinstance(q, (Skip, Malformed)):
                     yield q
