@@ -187,7 +187,9 @@ def _one_line(err: Exception) -> str:
     problem = getattr(err, "problem", None)
     mark = getattr(err, "problem_mark", None)
     if problem and mark is not None:
-        context = getattr(err, "context", None)
+        context, begun = getattr(err, "context", None), getattr(err, "context_mark", None)
+        if context and begun is not None:
+            context += f" begun at line {begun.line + 1}, column {begun.column + 1}"
         return f"{problem} at line {mark.line + 1}, column {mark.column + 1}" + (f" ({context})" if context else "")
     return " ".join(str(err).split())
 

@@ -81,7 +81,10 @@ def _with_recipe(ctx: typer.Context, values: dict, folder: Optional[Path] = None
     `folder`, default the pretraining ones, or a YAML path) in place of the defaults of the
     options not given. A recipe names options as the command line does (underscores); each
     value goes through its option's own type check, and a ``{TASK: N}`` mapping is read as
-    repeated ``TASK=N`` (--weight, --task-from, --task-lr, ...)."""
+    repeated ``TASK=N`` (--weight, --task-from, --task-lr, ...). A value of the wrong YAML
+    type is refused first: a flag takes only true/false, another option a number or a text
+    (never a boolean, null or a collection), a repeated option also a list or a mapping of
+    those."""
     from vl_models.train.recipes import RECIPE_DIR, load_recipe
 
     values = dict(values)
@@ -96,10 +99,27 @@ def _with_recipe(ctx: typer.Context, values: dict, folder: Optional[Path] = None
             f"{path}: unknown or not settable by a recipe: {', '.join(unknown)} "
             f"(settable: {', '.join(sorted(settable))})"
         )
+    scalars = (str, int, float)
+
+    def refuse(name: str, value: object, wanted: str) -> ConfigError:
+        return ConfigError(f"{path}: {name}: {wanted}, got {type(value).__name__} {value!r:.80}")
+
     for name, value in obj.items():
         param = options[name]
         if _given(ctx, param.name):
             continue
+        # YAML types first: click would read `steps: true` as 1 and a nested list as its text
+        if param.is_flag:
+            if not isinstance(value, bool):
+                raise refuse(name, value, "expected true or false")
+        elif param.multiple:
+            items = list(value.items()) if isinstance(value, dict) else value if isinstance(value, list) else [value]
+            for item in items:
+                parts = item if isinstance(value, dict) else (item,)
+                if any(isinstance(v, bool) or not isinstance(v, scalars) for v in parts):
+                    raise refuse(name, value, "expected a value, a list of values or a {TASK: value} mapping")
+        elif isinstance(value, bool) or not isinstance(value, scalars):
+            raise refuse(name, value, "expected a number or a text")
         if isinstance(value, dict):
             value = [f"{k}={v}" for k, v in value.items()]
         if param.multiple and not isinstance(value, list):

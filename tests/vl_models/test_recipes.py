@@ -131,3 +131,42 @@ def test_epochs_and_warmup_fraction_resolve_to_steps(data, tmp_path):
         config(data, tmp_path, "lxmert-tiny", warmup=2.5)
     with pytest.raises(ConfigError, match="epochs"):
         config(data, tmp_path, "lxmert-tiny", epochs=0)
+
+
+def _refused_in_one_line(result, *words):
+    assert result.exit_code == 2, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:"), result.output
+    for word in words:
+        assert word in lines[0], lines[0]
+
+
+def test_a_recipe_with_yaml_aliases_is_refused_at_once(data, tmp_path):
+    """Nested aliases ("billion laughs") under a settable key: a few hundred bytes that stand
+    for millions of values once formatted. Refused when read, before anything expands."""
+    levels = ["&l0 [" + ", ".join(["lol"] * 10) + "]"]
+    levels += [f"&l{i} [" + ", ".join([f"*l{i - 1}"] * 10) + "]" for i in range(1, 7)]
+    bad = tmp_path / "laughs.yaml"
+    bad.write_text("model: lxmert-tiny\nweight: [" + ", ".join(levels) + "]\n")
+    _refused_in_one_line(_pretrain(data, tmp_path, "--recipe", str(bad)), "alias")
+
+
+@pytest.mark.parametrize(
+    "text, words",
+    [
+        ("steps: true\n", ["steps", "bool"]),  # click reads True as 1
+        ("steps: null\n", ["steps"]),
+        ("lr: [1.0e-4, 2.0e-4]\n", ["lr", "list"]),
+        ("verify_shards: 1\n", ["verify_shards", "true or false"]),
+        ("weight: [[mlm, 1]]\n", ["weight"]),
+        ("weight: {mlm: [1]}\n", ["weight"]),
+        ("steps: " + "[" * 5000 + "]" * 5000 + "\n", ["nested deeper"]),  # RecursionError in the loader
+        # PyYAML's own message spans several lines
+        ("steps: [1, 2\nlr: 3\n", ["invalid YAML", "at line 3, column 3", "sequence begun at line 2"]),
+    ],
+    ids=["bool", "null", "list", "flag-int", "nested-list", "nested-map", "5000-deep", "invalid"],
+)
+def test_recipe_values_of_the_wrong_yaml_type_are_refused_in_one_line(data, tmp_path, text, words):
+    bad = tmp_path / "mine.yaml"
+    bad.write_text("model: lxmert-tiny\n" + text)
+    _refused_in_one_line(_pretrain(data, tmp_path, "--recipe", str(bad)), *words)
