@@ -239,6 +239,13 @@ def test_a_run_records_absolute_input_paths_and_evaluates_from_anywhere(world, t
     assert proc.returncode == 0, proc.stderr[-2000:]
 
 
+def test_a_pretraining_run_records_absolute_input_paths(data, tmp_path, monkeypatch):
+    monkeypatch.chdir(data)
+    run(config(data, tmp_path, "lxmert-tiny", steps=1, stores=("feats",), mixture="mix"))
+    saved = json.loads((tmp_path / "run" / "config.json").read_text())["train"]
+    assert (saved["stores"], saved["mixture"]) == ([str(data / "feats")], str(data / "mix"))
+
+
 def test_resume_auto_of_a_run_that_recorded_relative_paths_continues(world, tmp_path, monkeypatch):
     monkeypatch.chdir(world)
     out = tmp_path / "ft"

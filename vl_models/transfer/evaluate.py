@@ -191,7 +191,11 @@ def evaluate_checkpoint(
     (a run of ours, or a published fine-tuned checkpoint: `vl_models.transfer.published`; or,
     with `zero_shot`, a pretrained model's pair head on a retrieval task), write
     ``metrics.json`` and the task's submission file into `out` (default: the run folder's
-    ``eval/<task>-<split>/``); returns {"metrics", "files", "examples"}. `given_stores`: the
+    ``eval/<task>-<split>/``); returns {"metrics", "files", "examples"}. `out` follows every
+    command's output rules (`pipeline.io.check_output`, checked before any work: no symbolic
+    link, no file, no folder of someone else's; an evaluation folder of ours is replaced as a
+    whole). The run's recorded stores, given stores and vocab are used unless given here
+    (`stores`, `given_stores`, `vocab`); one that is not there is named. `given_stores`: the
     ground-truth boxes' feature stores (default: the run's), which VCR merges with the
     detections (RefCOCO scores on detections alone). Under torchrun the
     ranks share the scoring and rank 0 writes (the other ranks return no files)."""
