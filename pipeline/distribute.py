@@ -17,8 +17,15 @@ result. The distributor
   none with them joined): the shards committed so far are kept, the same command
   resumes once such nodes are up;
 * retries a job whose work raised ``--shard-retries`` times, then reports it
-  (`shard_failure`: the task's own error, without Ray's wrapper; a full disk is not
-  retried but stops the run);
+  (`shard_failure`: the task's own error in one line, without Ray's wrapper; a full disk
+  is not retried but stops the run);
+* treats work lost with the cluster's capacity (`capacity_lost`: an actor unreachable or
+  restarting, a node or worker process gone) as no failed attempt: it is submitted again
+  until Ray has restarted the work elsewhere, for up to ``--capacity-timeout`` seconds per
+  shard (a real cluster's default health checks take ~15 s to declare a node dead, and
+  each call to an actor on it fails in a few seconds meanwhile);
+* says in one plain line when a node is lost (`Capacity`), instead of Ray's coloured
+  ``(raylet)`` messages (`quiet_ray_messages`);
 * counts done and failed shards in a `Progress` the driver's progress bar reads.
 
 `this_node` is what a shard's stats record about where its work ran (Ray node id and
@@ -32,6 +39,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import socket
 import sys
 import time
@@ -50,6 +58,8 @@ log = logging.getLogger(__name__)
 STATS_SUFFIX = "_stats.json"  # a shard's done-marker: NNNNN_stats.json, written last
 MAX_LISTED_MALFORMED = 100
 BUILTIN_RESOURCES = ("CPU", "GPU", "memory", "object_store_memory")  # Ray's own: not a --download-resource
+ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+RESUBMIT_DELAY = 1.0  # seconds before work lost with the cluster's capacity is submitted again
 T = TypeVar("T")
 
 
@@ -183,6 +193,7 @@ def ray_session(cfg: DistributeConfig) -> Iterator[None]:
         # (the token stays on); its other warnings and ours are left as they are.
         logging.getLogger(RAY_AUTH_NOTICE_LOGGER).setLevel(logging.ERROR)
         ray.init(include_dashboard=False, logging_level=logging.WARNING, log_to_driver=False, **where)
+        quiet_ray_messages()
         log.debug("ray ready after %.2f s", time.time() - started)
     try:
         yield
@@ -190,6 +201,18 @@ def ray_session(cfg: DistributeConfig) -> Iterator[None]:
         if own:
             ray.shutdown()
             log.debug("ray stopped after %.2f s", time.time() - started)
+
+
+def quiet_ray_messages() -> None:
+    """Stop the driver printing the cluster's error messages: Ray prints each as a
+    ``(raylet)`` line in ANSI colours whatever the terminal or ``NO_COLOR`` (one per retry of
+    every task on a lost node, the node's death as a multi-line dump). What they say reaches
+    the user as this run's own lines instead: a lost node once (`Capacity.check`), a shard's
+    failure as its reason. Ray has no public switch for these (its debugger uses the same
+    flag); without the flag, as on another Ray version, the messages stay as they are."""
+    worker = sys.modules.get("ray._private.worker")
+    if worker is not None and hasattr(worker, "_worker_logs_enabled"):
+        worker._worker_logs_enabled = False
 
 
 @dataclass
@@ -202,6 +225,21 @@ class Capacity:
     timeout: float
     short_since: Optional[float] = None
     checked: float = 0.0
+    alive: set = field(default_factory=set)  # ids of the nodes seen alive so far, less those seen lost
+
+    def note_lost_nodes(self, nodes: list[dict]) -> None:
+        """One warning per node that was alive at an earlier look and is dead (or gone) now."""
+        now_alive = {node["NodeID"] for node in nodes if node.get("Alive")}
+        for node in nodes:
+            if node["NodeID"] in self.alive - now_alive:
+                log.warning(
+                    "lost Ray node %s (%s): its shards are redone on the other nodes",
+                    node["NodeID"][:12],
+                    node.get("NodeManagerAddress", "?"),
+                )
+        for gone in self.alive - now_alive - {node["NodeID"] for node in nodes}:
+            log.warning("lost Ray node %s: its shards are redone on the other nodes", gone[:12])
+        self.alive = now_alive
 
     def check(self, progress: Progress) -> None:
         """Look again (at most once a second): are there live nodes for the work?"""
@@ -212,9 +250,11 @@ class Capacity:
             return
         self.checked = now
         offered: Counter = Counter()
-        for node in ray.nodes():
+        nodes = ray.nodes()
+        for node in nodes:
             if node.get("Alive"):
                 offered.update(node.get("Resources", {}))
+        self.note_lost_nodes(nodes)
         short = {name: amount for name, amount in self.needs.items() if offered[name] < amount}
         if not short:
             if self.short_since is not None:
@@ -265,19 +305,58 @@ def run_shards(
     """Run every job of `jobs` (inside a `ray_session`): `submit(job)` starts its Ray work
     and returns the object ref of its result, `commit(job, result)` stores it. At most
     `max_in_flight` jobs run at once; a job whose work raised is submitted again up to
-    `retries` times, then reported. `on_progress` is called about every 0.2 s. While no
-    job finishes, `capacity` (if given) checks that live nodes can run the work (else
-    `NoCapacityError`). Returns shard name -> reason for the shards that failed for good."""
+    `retries` times, then reported. Work lost with the cluster's capacity (`capacity_lost`:
+    its actor unreachable or restarting, its node or worker process gone) is no failed
+    attempt: the job is submitted again after `RESUBMIT_DELAY` s, for up to `capacity`'s
+    timeout since its first such loss in a row (then its losses count as attempts), so a
+    node a real cluster takes a while to declare dead costs no shard. `on_progress` is
+    called about every 0.2 s. While no job finishes, `capacity` (if given) checks that
+    live nodes can run the work (else `NoCapacityError`). Returns shard name -> reason for
+    the shards that failed for good."""
     import ray
 
     failed: dict[str, str] = {}
     in_flight: dict = {}  # ObjectRef -> (job, attempt)
+    waiting: list = []  # (when to submit again, job, attempt): work lost with capacity
+    lost_since: dict[int, float] = {}  # job number -> its first capacity loss in a row
+    patience = capacity.timeout if capacity is not None else 0.0
+    losing = False  # a capacity loss was reported and no shard finished since
 
     def start(job: J, attempt: int) -> None:
         in_flight[submit(job)] = (job, attempt)
 
+    def lost(job: J, attempt: int, reason: str) -> bool:
+        """Wait for capacity instead of counting an attempt (False: patience is spent)."""
+        nonlocal losing
+        now = time.monotonic()
+        since = lost_since.setdefault(job.number, now)
+        if now - since >= patience:
+            return False
+        if not losing:
+            log.warning(
+                "shard %s: its Ray worker is unreachable (a node lost?); waiting up to %g s for Ray to restart "
+                "the work elsewhere (%s)",
+                shard_name(job.number),
+                patience,
+                reason,
+            )
+            losing = True
+        else:
+            log.debug("shard %s lost with capacity (%s); submitted again", shard_name(job.number), reason)
+        waiting.append((now + RESUBMIT_DELAY, job, attempt))
+        return True
+
     def collect() -> None:
-        ready, _ = ray.wait(list(in_flight), num_returns=1, timeout=0.2)
+        nonlocal losing
+        now = time.monotonic()
+        for entry in [w for w in waiting if w[0] <= now]:
+            waiting.remove(entry)
+            start(entry[1], entry[2])
+        if in_flight:
+            ready, _ = ray.wait(list(in_flight), num_returns=1, timeout=0.2)
+        else:
+            ready = []
+            time.sleep(0.2)
         if not ready and capacity is not None:
             capacity.check(progress)
         for ref in ready:
@@ -286,6 +365,8 @@ def run_shards(
                 result = ray.get(ref)
             except Exception as err:  # a shard error: retried, then reported (a full disk stops the run)
                 reason = shard_failure(err)
+                if capacity_lost(err) and lost(job, attempt, reason):
+                    continue
                 if attempt < retries:
                     log.warning("shard %s failed (%s); retrying", shard_name(job.number), reason)
                     start(job, attempt + 1)
@@ -294,28 +375,43 @@ def run_shards(
                     progress.shards_failed += 1
                     log.error("shard %s failed %d times: %s", shard_name(job.number), attempt + 1, reason)
                 continue
+            lost_since.pop(job.number, None)
+            losing = False
             commit(job, result)
             progress.shards_done += 1
         if on_progress:
             on_progress()
 
     for job in jobs:
-        while len(in_flight) >= max_in_flight:
+        while len(in_flight) + len(waiting) >= max_in_flight:
             collect()
         start(job, 0)
-    while in_flight:
+    while in_flight or waiting:
         collect()
     return failed
 
 
+def capacity_lost(err: Exception) -> bool:
+    """Whether Ray raised `err` because the work lost its place in the cluster (its actor
+    unreachable, restarting or dead for a lost process or node; its node or worker process
+    died; an input object lost with its node), not because the work itself failed. An actor
+    whose constructor raised is a failure of the work."""
+    from ray import exceptions
+
+    if isinstance(err, exceptions.RayActorError):
+        return not err.actor_init_failed
+    return isinstance(err, (exceptions.NodeDiedError, exceptions.WorkerCrashedError, exceptions.ObjectLostError))
+
+
 def shard_failure(err: Exception) -> str:
     """The one-line reason a shard task failed, from the exception Ray raised for it (the
-    task's own exception, not Ray's wrapper and remote traceback). A full disk is raised
+    task's own exception, not Ray's wrapper and remote traceback; no ANSI colours). A full disk is raised
     as it is: retrying cannot help, and the CLI turns it into exit 74."""
     cause = getattr(err, "cause", None) or err  # ray.exceptions.RayTaskError keeps the task's exception
     if isinstance(cause, OSError) and cause.errno in DISK_FULL:
         raise cause
-    return f"{type(cause).__name__}: {cause}"[:1000]
+    text = ANSI_ESCAPE.sub("", f"{type(cause).__name__}: {cause}")  # Ray colours names in its messages
+    return " ".join(text.split())[:1000]  # one line: Ray's messages span several
 
 
 def summary(

@@ -153,8 +153,9 @@ class RayNode:
 class RayCluster:
     """A head node and worker nodes on 127.0.0.1, each its own raylet (see the module doc)."""
 
-    def __init__(self, root: Path):
+    def __init__(self, root: Path, fast_failure_detection: bool = True):
         self.root = Path(root)
+        self.fast_failure_detection = fast_failure_detection
         self.port = free_port()
         self.address = f"127.0.0.1:{self.port}"
         token = self.root / "token"
@@ -165,7 +166,7 @@ class RayCluster:
 
     def _start(self, name: str, recipe_key: str, cpus: float, resources: dict, where: list[str]) -> RayNode:
         command = recipe_command(recipe_key)
-        env = {**os.environ, **self.env, **FAST_FAILURE_DETECTION}
+        env = {**os.environ, **self.env, **(FAST_FAILURE_DETECTION if self.fast_failure_detection else {})}
         while command and "=" in command[0] and not command[0].startswith("-"):  # NAME=VALUE before `ray`
             key, value = command.pop(0).split("=", 1)
             env[key] = value
@@ -237,11 +238,15 @@ class RayCluster:
 
 
 @contextmanager
-def ray_cluster(workers: dict[str, tuple[float, dict]], head_cpus: float = 0) -> Iterator[RayCluster]:
+def ray_cluster(
+    workers: dict[str, tuple[float, dict]], head_cpus: float = 0, fast_failure_detection: bool = True
+) -> Iterator[RayCluster]:
     """A started cluster (head with `head_cpus` CPUs, and `workers`: name -> (CPUs,
-    resources)), stopped by PID and its folder removed at the end, however the block ends."""
+    resources)), stopped by PID and its folder removed at the end, however the block ends.
+    `fast_failure_detection`: the GCS's short health checks (`FAST_FAILURE_DETECTION`), or
+    Ray's defaults as a real cluster has them."""
     root = Path(tempfile.mkdtemp(prefix="rc", dir="/tmp"))  # short: Ray's unix socket paths must be
-    cluster = RayCluster(root)
+    cluster = RayCluster(root, fast_failure_detection)
     try:
         cluster.start_head(head_cpus)
         cluster.add_nodes(workers)
