@@ -139,7 +139,10 @@ def verify(
     readers must rebuild, leftovers of a killed writer; the write lock file is neither."""
     from pipeline.store import verify_store
     from pipeline.store.manifest import Manifest
+    from pipeline.store.verify import check_seed
 
+    if sample is not None:
+        check_seed(seed)  # before the store is read: an invocation error is exit 2
     total = Manifest.read(store).num_records
     count = None if sample is None else _sample_size(sample, total)
     with _progress("verifying", total if count is None else count) as advance:

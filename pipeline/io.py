@@ -222,6 +222,12 @@ def _no_constants(name: str) -> None:
     raise ValueError(f"{name} is not a JSON number")
 
 
+def loads_strict(text: Union[str, bytes]) -> Any:
+    """`json.loads` of strict JSON: the tokens ``NaN`` / ``Infinity`` that Python's json
+    writes and reads are a ValueError, as any other invalid JSON is."""
+    return json.loads(text, parse_constant=_no_constants)
+
+
 def read_named_json(name_or_path: Union[str, Path], folder: Path, what: str, suffix: str = ".json") -> dict:
     """A JSON (or, with `suffix` ``.yaml``, YAML: `load_yaml`) config given by name
     (``folder/<name><suffix>``) or by path; a missing, unreadable or oversized one (over
@@ -240,7 +246,7 @@ def read_named_json(name_or_path: Union[str, Path], folder: Path, what: str, suf
         if path.suffix in (".yaml", ".yml"):
             obj = load_yaml(text, str(path))
         else:
-            obj = json.loads(text, parse_constant=_no_constants)
+            obj = loads_strict(text)
     except (OSError, ValueError, RecursionError) as err:
         if isinstance(err, ConfigError):
             raise

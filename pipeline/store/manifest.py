@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from pipeline.errors import StoreError
-from pipeline.io import atomic_write_json
+from pipeline.io import atomic_write_json, loads_strict
 from pipeline.records import REGION_SCHEMA_VERSION
 from pipeline.store.layout import StoreLayout
 
@@ -164,7 +164,7 @@ class Manifest:
         try:
             if not stat.S_ISREG(path.stat().st_mode):  # a FIFO would block the read forever
                 raise ValueError("not a regular file")
-            obj = json.loads(path.read_bytes())
+            obj = loads_strict(path.read_bytes())  # strict, as written
             if not isinstance(obj, dict):
                 raise ValueError(f"a {type(obj).__name__}, expected an object")
             if obj.get("format") != FORMAT_NAME:

@@ -90,7 +90,8 @@ def test_manifest_fields_of_the_wrong_type_are_a_store_error(tmp_path, edit):
 
 def test_a_manifest_that_is_no_object_or_too_deep_is_a_store_error(tmp_path):
     store = _store(tmp_path)
-    for text in ("[1, 2]", "null", "[" * 100_000 + "]" * 100_000, "\xff"):
+    good = (store / "manifest.json").read_text()
+    for text in ("[1, 2]", "null", "[" * 100_000 + "]" * 100_000, "\xff", good.replace('"rows": 2', '"rows": NaN', 1)):
         (store / "manifest.json").write_bytes(text.encode("latin-1"))
         with pytest.raises(StoreError, match="unreadable manifest"):
             Manifest.read(store)
@@ -143,6 +144,8 @@ def test_verify_sample_refuses_a_bad_seed_in_one_line(tmp_path):
         _one_error_line(run_cli("verify", store, "--sample", "3", "--seed", seed), 2, "--seed")
     with pytest.raises(ConfigError, match="--seed"):
         verify_store(store, sample=3, seed=-1)
+    (store / "manifest.json").unlink()  # the invocation is checked before the store is read
+    _one_error_line(run_cli("verify", store, "--sample", "3", "--seed", "-1"), 2, "--seed")
 
 
 def test_verify_sample_says_how_many_shards_are_present(tmp_path):
