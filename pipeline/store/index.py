@@ -148,9 +148,10 @@ class IdIndex:
 
     @classmethod
     def read(cls, directory: Path) -> Optional["IdIndex"]:
-        """The index file, or None when it is missing, unreadable or of another hash."""
+        """The index file, or None when it is missing, unreadable, of another hash or not a
+        regular file (mapping a FIFO would block forever)."""
         path = directory / INDEX_FILE
-        if not path.exists():
+        if not path.is_file():
             return None
         try:
             source = pa.memory_map(str(path), "r")

@@ -131,6 +131,14 @@ def test_a_shard_that_is_a_pipe_or_a_link_is_refused_not_opened(tmp_path, backen
             FeatureStore.open(store).check_shards()
 
 
+def test_an_index_that_is_a_pipe_is_rebuilt_not_read(tmp_path):
+    store = _store(tmp_path)
+    os.unlink(store / "index.arrow")
+    os.mkfifo(store / "index.arrow")
+    result = run_cli("verify", store, fresh=True, timeout=20)
+    assert result.returncode == 0 and "index.arrow is missing or stale" in " ".join(result.stdout.split()), result
+
+
 def test_a_manifest_that_is_a_pipe_is_a_store_error_not_a_hang(tmp_path):
     store = _store(tmp_path)
     os.unlink(store / "manifest.json")
