@@ -69,9 +69,10 @@ def shard_checksum_path(shard_path: Path) -> Path:
 
 
 def check_shard(directory: Path, info: ShardInfo, *, checksum: bool = False) -> Path:
-    """The shard's path, once its data file is present with the size the manifest records
-    (one stat: mapping a truncated file would crash its reader with SIGBUS) and, with
-    `checksum`, the recorded sha256 (reads the whole file). A `StoreError` names the shard."""
+    """The shard's path, once its data file is present, a regular file (not a link, a pipe
+    or a device: never followed or opened) with the size the manifest records (one lstat:
+    mapping a truncated file would crash its reader with SIGBUS) and, with `checksum`, the
+    recorded sha256 (reads the whole file). A `StoreError` names the shard."""
     path = directory / SHARDS_DIR / info.name
     data = shard_checksum_path(path)
     where = f"{directory}: shard {info.name}"
@@ -79,13 +80,12 @@ def check_shard(directory: Path, info: ShardInfo, *, checksum: bool = False) -> 
     try:
         # lstat: a link is not followed, and anything but a regular file (a FIFO would block
         # its reader forever, a device read without end) is refused before it is opened
-        mode = path.lstat().st_mode if data != path else None
         found = data.lstat()
     except FileNotFoundError:
         raise StoreError(f"{where} is missing ({data} not found); {advice}") from None
     except OSError as err:
         raise StoreError(f"{where} cannot be read ({err}); {advice}") from None
-    if (mode is not None and not stat.S_ISDIR(mode)) or not stat.S_ISREG(found.st_mode):
+    if not stat.S_ISREG(found.st_mode):
         raise StoreError(f"{where}: {data} is not a regular file (a link, a pipe or a device); {advice}")
     size = found.st_size
     if size != info.bytes:
