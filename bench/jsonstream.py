@@ -6,7 +6,9 @@ that size (a Karpathy image or GQA question grown huge: a long list of small obj
 one holding ordinary members of ~200 bytes. Each is read by the current reader and by the
 reader as it was before the fix (its source taken from git, `OLD_COMMIT`: it decoded a
 member from its start again after every 1 MiB read, quadratic in the member's size), and
-the seconds and the ratios are printed.
+the seconds and the ratios are printed: huge/many (the cost of one huge member over ordinary
+ones, new reader), old/new for the huge file and for the ordinary one (the strict-JSON
+checks' cost).
 
     python bench/jsonstream.py                   # 8, 16 and 32 MB
     python bench/jsonstream.py --sizes 23 44 87  # the sizes of issue 25
@@ -76,7 +78,7 @@ def main() -> None:
         print(f"(git cannot show {OLD_COMMIT}: timing the current reader alone)", file=sys.stderr)
     print(
         f"{'MB':>6} {'new huge':>9} {'new many':>9} {'huge/many':>9}"
-        + (" {:>9} {:>9}".format("old huge", "old/new") if old else "")
+        + (" {:>9} {:>9} {:>9} {:>9}".format("old huge", "old/new", "old many", "old/new") if old else "")
     )
     with tempfile.TemporaryDirectory() as tmp:
         for size in args.sizes:
@@ -84,8 +86,8 @@ def main() -> None:
             new_huge, new_many = seconds(jsonstream, huge), seconds(jsonstream, many)
             line = f"{huge.stat().st_size / 1e6:6.1f} {new_huge:8.2f}s {new_many:8.2f}s {new_huge / new_many:9.2f}"
             if old:
-                old_huge = seconds(old, huge)
-                line += f" {old_huge:8.2f}s {old_huge / new_huge:9.1f}"
+                old_huge, old_many = seconds(old, huge), seconds(old, many)
+                line += f" {old_huge:8.2f}s {old_huge / new_huge:9.1f} {old_many:8.2f}s {old_many / new_many:9.2f}"
             print(line, flush=True)
             huge.unlink()
             many.unlink()

@@ -9,10 +9,12 @@
   it, why), yielded in file order; a reader never stops at one. What to do with it is the
   caller's choice: `vlprep download` / `extract` count and list them, `vlprep
   build-mixture` refuses the input (ConfigError naming the first).
-* JSON is read strictly: a non-finite number (``NaN``, ``Infinity``, or one too large for a
-  float, which Python's json would accept) or nesting too deep for the decoder makes the
-  value `UnusableJson` (a `json.JSONDecodeError`), so a JSON line or streamed member holding
-  one is a `Malformed` and a whole-file format holding one is a ConfigError.
+* JSON is read strictly: ``NaN``, ``Infinity`` and ``-Infinity`` (which Python's json
+  accepts) and nesting too deep for the decoder are a `json.JSONDecodeError` whose msg is
+  `NON_FINITE` / `TOO_DEEP` (`UNUSABLE`), so a JSON line or streamed member holding one is a
+  `Malformed` and a whole-file format holding one is a ConfigError. A number too large for
+  a float (``1e400``: valid JSON, read as infinity) is refused by the readers that use
+  floats (boxes, scores: `all_finite`), where it is a value; elsewhere it is never read.
 * A row whose id (question_id, identifier, annot_id, file name) repeats an earlier row's of
   the same file is skipped as "duplicate id" (`Skip`): the first is kept.
 * Texts (captions, region descriptions, questions, statements) are cleaned by `clean_text`:
@@ -47,6 +49,7 @@ NULL_ANSWER = "null answer"
 DUPLICATE_ID = "duplicate id"
 NON_FINITE = "a non-finite number (NaN or Infinity), which JSON does not allow"
 TOO_DEEP = "nested too deeply"
+UNUSABLE = (NON_FINITE, TOO_DEEP)  # the msg of a JSONDecodeError for JSON Python reads but that is no data
 
 
 @dataclass(frozen=True)
@@ -123,16 +126,6 @@ def replace_surrogates(value: Any) -> Any:
     return value
 
 
-class UnusableJson(json.JSONDecodeError):
-    """JSON that Python's decoder reads but that is no data: a non-finite number
-    (`NON_FINITE`) or nesting too deep (`TOO_DEEP`); `msg` says which."""
-
-
-# A number Python's float() may overflow to infinity: an exponent of 3+ digits or a run of
-# 100+ digits (a float needs over 300 digits, or 200 before a 2-digit exponent, to overflow).
-_RISKY_NUMBER = re.compile(r"[eE][+-]?[0-9]{3}|[0-9]{100}")
-
-
 def all_finite(value: Any) -> bool:
     """Whether no float in `value` (lists and dicts of any depth, walked without recursion)
     is NaN or infinite."""
@@ -151,24 +144,21 @@ def all_finite(value: Any) -> bool:
 
 def finished_json(value: Any, text: str, start: int, end: int, constant: bool) -> Any:
     """`value`, decoded from ``text[start:end]``, made data: lone surrogates replaced
-    (`replace_surrogates`); `UnusableJson` when the decoder met a NaN / Infinity constant
-    (`constant`), a number overflowed to infinity or the value is nested too deep."""
+    (`replace_surrogates`); a `json.JSONDecodeError` of msg `NON_FINITE` when the decoder
+    met a NaN / Infinity constant (`constant`), of msg `TOO_DEEP` when the value is nested
+    too deep to walk."""
+    if constant:
+        raise json.JSONDecodeError(NON_FINITE, text, start)
     try:
         if SURROGATE_ESCAPE.search(text, start, end):
             value = replace_surrogates(value)
-        if constant or (_RISKY_NUMBER.search(text, start, end) and not all_finite(value)):
-            raise UnusableJson(NON_FINITE, text, start)
     except RecursionError:
-        raise UnusableJson(TOO_DEEP, text, start) from None
+        raise json.JSONDecodeError(TOO_DEEP, text, start) from None
     return value
 
 
 def _refuse_constant(name: str) -> Any:
-    raise _Constant(name)
-
-
-class _Constant(Exception):
-    """A NaN / Infinity constant met by `_STRICT` (`load_json` names it)."""
+    raise json.JSONDecodeError(NON_FINITE, name, 0)
 
 
 _STRICT = json.JSONDecoder(parse_constant=_refuse_constant)
@@ -176,14 +166,12 @@ _STRICT = json.JSONDecoder(parse_constant=_refuse_constant)
 
 def load_json(text: str) -> Any:
     """The JSON value of `text`, read strictly: lone surrogates (``\\ud800`` escapes)
-    replaced by U+FFFD, as undecodable bytes are (`open_text`); `UnusableJson` (a
-    `json.JSONDecodeError`) for a non-finite number or nesting too deep."""
+    replaced by U+FFFD, as undecodable bytes are (`open_text`); a `json.JSONDecodeError`,
+    of msg `NON_FINITE` / `TOO_DEEP` for a non-finite number or nesting too deep."""
     try:
         value = _STRICT.decode(text)
-    except _Constant:
-        raise UnusableJson(NON_FINITE, text, 0) from None
     except RecursionError:
-        raise UnusableJson(TOO_DEEP, text, 0) from None
+        raise json.JSONDecodeError(TOO_DEEP, text, 0) from None
     return finished_json(value, text, 0, len(text), False)
 
 
@@ -192,9 +180,9 @@ def parse_json(text: str, path: Path) -> Any:
     column where it goes wrong) when it is not strict JSON."""
     try:
         return load_json(text)
-    except UnusableJson as err:
-        raise ConfigError(f"{path}: not usable JSON: {err.msg}") from err
     except json.JSONDecodeError as err:
+        if err.msg in UNUSABLE:
+            raise ConfigError(f"{path}: not usable JSON: {err.msg}") from err
         raise ConfigError(f"{path}: invalid JSON at line {err.lineno} column {err.colno}: {err.msg}") from err
 
 

@@ -6,8 +6,8 @@ top-level array; `iter_json(path, member="questions")` streams the array (or obj
 stored under that key of a top-level object; `array=True` requires the streamed container
 to be an array, `mapping=True` an object. Each member is decoded with the standard library, under the rules of
 `pipeline.sources.base` (bad bytes and lone surrogates become U+FFFD; .gz files are
-gunzipped; JSON is read strictly): a member holding a non-finite number or nested too deep
-to decode is yielded as a `Malformed` value named as the readers name rows
+gunzipped; JSON is read strictly): a member holding NaN / Infinity or nested too deep to
+decode is yielded as a `Malformed` value named as the readers name rows
 (``questions[3]``, ``[5]``, ``["q1"]``) and the stream goes on. Memory stays at one member
 plus a read buffer; time is linear in the file, however large one member is (a member that
 does not fit the buffer is read on in reads as large as what is already buffered, so it is
@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Iterator, Optional
 
 from pipeline.errors import ConfigError
-from pipeline.sources.base import TOO_DEEP, Malformed, UnusableJson, finished_json, open_text
+from pipeline.sources.base import TOO_DEEP, Malformed, finished_json, open_text
 
 _CHUNK = 1 << 20
 _WS = " \t\r\n"
@@ -34,7 +34,7 @@ _STRING_REST = re.compile(r'[^"\\]*(?:\\.[^"\\]*)*"', re.S)  # after the opening
 
 
 class _Unusable:
-    """A member that is JSON but no data (`pipeline.sources.base.UnusableJson`): why."""
+    """A member that is JSON but no data (`pipeline.sources.base.UNUSABLE`): why."""
 
     def __init__(self, reason: str):
         self.reason = reason
@@ -111,7 +111,7 @@ class _Reader:
             start, self.pos = self.pos, end
             try:
                 return finished_json(obj, self.buf, start, end, self.constant)
-            except UnusableJson as err:
+            except json.JSONDecodeError as err:  # NON_FINITE or TOO_DEEP
                 return _Unusable(err.msg)
 
     def skip(self) -> None:

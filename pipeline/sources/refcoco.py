@@ -24,7 +24,6 @@ A null or blank ``raw`` is a `Skip`. A refs file that is not a list is a ConfigE
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Union
@@ -59,8 +58,8 @@ class _Image:
 
 
 def _number(value: Any) -> bool:
-    """A finite JSON number (not a boolean)."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    """A JSON number (not a boolean)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def load_refs(path: Path) -> list:
@@ -126,6 +125,8 @@ def _instances(
             or not all(_number(v) for v in bbox)
         ):
             yield Malformed(path, f"annotations[{i}]", "needs an integer id and image_id and a bbox [x, y, w, h]")
+        elif not all_finite(bbox):  # 1e400: valid JSON, read as infinity
+            yield Malformed(path, f"annotations[{i}]", NON_FINITE)
         elif ann["id"] in ann_ids:
             boxes[ann["id"]] = (ann["image_id"], tuple(float(v) for v in bbox))
 
@@ -186,7 +187,13 @@ def annotation_boxes(instances: Path, images: set[str]) -> dict[str, list[list[f
     out: dict[str, list[list[float]]] = {}
     for _, ann in iter_json(instances, member="annotations", array=True):
         bbox = ann.get("bbox") if isinstance(ann, dict) else None
-        if isinstance(bbox, list) and len(bbox) == 4 and all(_number(v) for v in bbox) and ann.get("image_id") in ids:
+        if (
+            isinstance(bbox, list)
+            and len(bbox) == 4
+            and all(_number(v) for v in bbox)
+            and all_finite(bbox)
+            and ann.get("image_id") in ids
+        ):
             x, y, w, h = (float(v) for v in bbox)
             out.setdefault(ids[ann["image_id"]], []).append([x, y, x + w, y + h])
     return out

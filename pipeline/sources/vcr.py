@@ -47,6 +47,7 @@ from pipeline.sources.base import (
     EMPTY_TEXT,
     Malformed,
     Skip,
+    all_finite,
     clean_text,
     is_int,
     load_json_file,
@@ -248,11 +249,12 @@ def read_vcr_metadata(path: Path) -> VcrMetadata:
         or not all(
             isinstance(b, list) and len(b) in (4, 5) and all(isinstance(v, (int, float)) for v in b) for b in boxes
         )
+        or not all_finite(boxes)  # 1e400: valid JSON, read as infinity
         or not is_int(data.get("width"))
         or not is_int(data.get("height"))
     ):
         raise ConfigError(
-            f"{path}: not a VCR metadata file (needs boxes [[x1, y1, x2, y2, score]], as many names, "
+            f"{path}: not a VCR metadata file (needs boxes [[x1, y1, x2, y2, score]] of finite numbers, as many names, "
             "an integer width and height)"
         )
     array = np.array([b[:4] for b in boxes], dtype=np.float32).reshape(len(boxes), 4)

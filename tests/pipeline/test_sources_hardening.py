@@ -14,9 +14,10 @@ from pipeline.sources.base import DUPLICATE_ID, EMPTY_TEXT, NON_FINITE, NULL_TEX
 from pipeline.sources.gqa import read_questions
 from pipeline.sources.jsonstream import iter_json
 from pipeline.sources.karpathy import KarpathyImage, read_karpathy
+from pipeline.sources.lxmert import read_lxmert
 from pipeline.sources.nlvr2 import read_nlvr2
 from pipeline.sources.refcoco import annotation_boxes, read_refs
-from pipeline.sources.vcr import VcrQuestion, read_vcr
+from pipeline.sources.vcr import VcrQuestion, read_vcr, read_vcr_metadata
 from pipeline.sources.vqa import VqaQuestion, read_vqa
 from vl_models import transfer
 from vl_models.transfer.build import build_task
@@ -45,7 +46,7 @@ def skips(results):
 # -- the JSON every reader reads: strict
 
 
-@pytest.mark.parametrize("number", ["NaN", "Infinity", "-Infinity", "1e400", "-2.5E+999", "1" * 400 + ".0"])
+@pytest.mark.parametrize("number", ["NaN", "Infinity", "-Infinity"])
 def test_a_streamed_member_with_a_non_finite_number_is_malformed_and_the_stream_goes_on(tmp_path, number):
     path = write(tmp_path / "a.json", f'{{"x": [1, {{"v": [0, {number}]}}, 3.5e2], "y": 2}}')
     assert list(iter_json(path, member="x")) == [
@@ -111,7 +112,6 @@ def test_one_huge_member_is_decoded_in_linear_time(tmp_path, monkeypatch):
         ("val.jsonl", [DEEP], TOO_DEEP),
         ("val.jsonl", ['{"annot_id": "val-1", "x": NaN}'], NON_FINITE),
         ("dev.json", ['{"identifier": "dev-1-0-0", "x": [Infinity]}'], NON_FINITE),
-        ("dev.json", ['{"identifier": "dev-1-0-0", "x": 1e999}'], NON_FINITE),
     ],
 )
 def test_a_json_line_too_deep_or_with_a_non_finite_number_is_malformed(tmp_path, name, rows, reason):
@@ -125,6 +125,24 @@ def test_a_hostile_value_is_shown_short_in_a_message(tmp_path):
     path = lines(tmp_path / "dev.json", ['{"identifier": "dev-1-0-0", "label": ' + nested + "}"])
     (message,) = bad(read_nlvr2(path))
     assert message.startswith('dev.json:1: label must be "True" or "False", not [[') and len(message) < 120
+
+
+@pytest.mark.parametrize("number", ["NaN", "-Infinity", "1e400"])
+def test_vcr_metadata_with_a_non_finite_number_is_refused_by_name(tmp_path, number):
+    path = write(
+        tmp_path / "meta.json", f'{{"boxes": [[1, 2, {number}, 4, 0.9]], "names": ["a"], "width": 9, "height": 9}}'
+    )
+    with pytest.raises(ConfigError, match=r"meta.json: not (usable JSON|a VCR metadata file)"):
+        read_vcr_metadata(path)
+
+
+def test_lxmert_scores_that_overflow_are_a_null_answer(tmp_path):
+    path = write(
+        tmp_path / "mscoco_minival.json",
+        '[{"img_id": "1", "sentf": {"vqa": ["Q?", "R?"]}, "labelf": {"vqa": [{"yes": 1e400}, {"no": 0.5}]}}]',
+    )
+    results = list(read_lxmert(path))
+    assert [type(r).__name__ for r in results] == ["Skip", "LxmertSentence"]
 
 
 # -- each reader
