@@ -15,8 +15,9 @@
   `Malformed` and a whole-file format holding one is a ConfigError. A number too large for
   a float (``1e400``: valid JSON, read as infinity) is refused by the readers that use
   floats (boxes, scores: `all_finite`), where it is a value; elsewhere it is never read.
-* A row whose id (question_id, identifier, annot_id, file name) repeats an earlier row's of
-  the same file is skipped as "duplicate id" (`Skip`): the first is kept.
+* A row whose id (VQA's question_id, NLVR2's identifier, VCR's annot_id, Karpathy's file
+  name and sentid) repeats an earlier row's of the same file is skipped as "duplicate id"
+  (`Skip`): the first is kept.
 * Texts (captions, region descriptions, questions, statements) are cleaned by `clean_text`:
   outer whitespace stripped, inner runs of whitespace made one space. A null or non-string
   text is skipped as "null text", a blank one as "empty text", a question whose answer is
@@ -167,7 +168,7 @@ _STRICT = json.JSONDecoder(parse_constant=_refuse_constant)
 def load_json(text: str) -> Any:
     """The JSON value of `text`, read strictly: lone surrogates (``\\ud800`` escapes)
     replaced by U+FFFD, as undecodable bytes are (`open_text`); a `json.JSONDecodeError`,
-    of msg `NON_FINITE` / `TOO_DEEP` for a non-finite number or nesting too deep."""
+    of msg `NON_FINITE` / `TOO_DEEP` for NaN / Infinity or nesting too deep."""
     try:
         value = _STRICT.decode(text)
     except RecursionError:

@@ -4,8 +4,8 @@
 
 A file that is not a JSON object (a list, say) is not a GQA questions file: a ConfigError
 naming it. Rows: a question needs imageId and question; anything else is `Malformed`
-(``train_balanced_questions.json:["02930152"]``), as is a member holding a non-finite
-number; a null or blank question is a `Skip`. The
+(``train_balanced_questions.json:["02930152"]``), as is a member holding NaN or
+Infinity; a null or blank question is a `Skip`. The
 test and submission files give no "answer": such a question is kept with answer None. A
 null answer is a `Skip` by default (a training question whose answer is lost: what
 `vlprep build-mixture` reads); a task reading files without answers asks

@@ -1,7 +1,8 @@
 """JSON-lines files (NLVR2's ``dev.json``, VCR's ``val.jsonl``): one JSON value a line,
 streamed under the rules of `pipeline.sources.base` (.gz read through gzip, bad bytes and
-lone surrogates become U+FFFD). Blank lines are passed over; a line that is not JSON is a
-`Malformed` naming its line number.
+lone surrogates become U+FFFD, JSON read strictly). Blank lines are passed over; a line that
+is not JSON, holds NaN / Infinity or is nested too deep is a `Malformed` naming its line
+number ("invalid JSON: ...").
 """
 
 from __future__ import annotations

@@ -4,8 +4,8 @@ loading the file (Visual Genome's region descriptions and GQA's questions are GB
 `iter_json(path)` yields (key, value) for a top-level object, (index, value) for a
 top-level array; `iter_json(path, member="questions")` streams the array (or object)
 stored under that key of a top-level object; `array=True` requires the streamed container
-to be an array, `mapping=True` an object. Each member is decoded with the standard library, under the rules of
-`pipeline.sources.base` (bad bytes and lone surrogates become U+FFFD; .gz files are
+to be an array, `mapping=True` an object. Each member is decoded with the standard
+library, under the rules of `pipeline.sources.base` (bad bytes and lone surrogates become U+FFFD; .gz files are
 gunzipped; JSON is read strictly): a member holding NaN / Infinity or nested too deep to
 decode is yielded as a `Malformed` value named as the readers name rows
 (``questions[3]``, ``[5]``, ``["q1"]``) and the stream goes on. Memory stays at one member
@@ -87,8 +87,8 @@ class _Reader:
         return c
 
     def value(self) -> Any:
-        """The next value, or `_Unusable` (the stream positioned after it) when it holds a
-        non-finite number or is nested too deep; ConfigError when it is not JSON."""
+        """The next value, or `_Unusable` (the stream positioned after it) when it holds NaN /
+        Infinity or is nested too deep; ConfigError when it is not JSON."""
         self.peek()
         while True:
             self.constant = False

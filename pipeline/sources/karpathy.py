@@ -14,7 +14,7 @@ is not yielded).
 
 Rows: an image needs a filename, a split of `SPLITS` and a list of sentences, each an object
 with an integer sentid; anything else is `Malformed` (``dataset_coco.json:images[3]``), as
-is an image holding a non-finite number.
+is an image holding NaN or Infinity or nested too deep.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ One file holds several sources: ``mscoco`` and ``vg`` sentences are captions, ``
 ``gqa`` and ``visual7w`` ones questions, whose j-th label (when given) is the j-th
 sentence's. Rows: a datum needs img_id and sentf (sources to lists of sentences), labelf
 (when given) sources to lists; anything else is `Malformed`. A label that is not an object
-of numeric scores is a null answer, and a null or blank sentence a null or empty text:
+of finite numeric scores is a null answer, and a null or blank sentence a null or empty text:
 `Skip`s naming their source.
 
 LXMERT's VQA / GQA split files (``data/vqa/minival.json``, ``nominival.json``, ...) are

@@ -10,7 +10,7 @@ the released image folders by the identifier up to its last dash: ``dev-850-0-im
 Rows: a line needs a JSON object with an identifier holding a dash; a label, when given,
 is "True" / "False" (or a JSON boolean); urls and directory, when given, are strings (the
 directory may be a number); read with ``urls_required``, both urls are needed. Anything else
-is `Malformed` (``dev.json:12``), as is a line holding a non-finite number or nested too
+is `Malformed` (``dev.json:12``), as is a line holding NaN or Infinity or nested too
 deep. A null or blank sentence is a `Skip` in the example's `sentence`, and so is the
 sentence of a line whose identifier an earlier line of the file has ("duplicate id": the
 first is kept): the pair's images are still images.

@@ -18,7 +18,8 @@ ann_id must be an annotation of its image_id in instances.json. Anything else is
 `Malformed` (``refs(unc).p:[12]``), as are instances' images without an integer id,
 file_name, width and height and annotations without an integer id and image_id and a bbox of
 four numbers (``instances.json:annotations[3]``, yielded first), and a ref or an instances
-member holding a non-finite number (NaN or Infinity: a box of them would train on nothing).
+member holding a non-finite number (NaN, Infinity, or a box number too large for a float:
+a box of them would train on nothing).
 A null or blank ``raw`` is a `Skip`. A refs file that is not a list is a ConfigError.
 """
 

@@ -25,7 +25,7 @@ Texts are rendered in one of two styles (`Rendering`), the tokens joined with sp
 Rows: a line needs annot_id, img_fn, a list of object names, a question and four answer
 and four rationale choices, each a non-empty list of tokens whose tags index ``objects``,
 and labels, when given, in 0-3. Anything else is `Malformed` (``val.jsonl:12``), as is a
-line holding a non-finite number or nested too deep. A question or choice whose rendering
+line holding NaN or Infinity or nested too deep. A question or choice whose rendering
 is blank (tokens of whitespace alone) is a `Skip` ("empty text"), and so is a line whose
 annot_id an earlier line of the file has ("duplicate id": the first is kept); both name the
 image.

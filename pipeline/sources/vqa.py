@@ -12,7 +12,7 @@ Rows: an annotation needs an integer question_id and a list of answers (an answe
 not a string is left out: one null among ten annotators' answers is ignored like a blank
 one); a question needs an integer image_id, its question text, an integer question_id and,
 when read with annotations, an annotation. Anything else is `Malformed`, as is a member
-holding a non-finite number; a null or blank question is a `Skip`, and so is a question (or
+holding NaN or Infinity; a null or blank question is a `Skip`, and so is a question (or
 an annotation) whose question_id an earlier one of its file has ("duplicate id": the first
 is kept).
 """
