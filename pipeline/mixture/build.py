@@ -55,11 +55,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
-import yaml
-
 from pipeline import __version__
 from pipeline.errors import ConfigError
-from pipeline.io import replacing_output, sha256_file
+from pipeline.io import load_yaml, replacing_output, sha256_file
 from pipeline.items import ItemsWriter
 from pipeline.items.answers import answer_table, fixed_table, read_answer_file
 from pipeline.mixture.mixture import ANSWER_SCORES, FORMAT, ITEMS_SCHEMA, MIXTURE_SCHEMA_VERSION, mixture_manifest
@@ -126,9 +124,10 @@ class MixtureSpec:
     @classmethod
     def load(cls, path: Path, root: Optional[Path] = None, top_k: Optional[int] = None) -> "MixtureSpec":
         try:
-            raw = yaml.safe_load(Path(path).read_text())
-        except (OSError, yaml.YAMLError) as err:
+            text = Path(path).read_text()
+        except (OSError, UnicodeDecodeError) as err:
             raise ConfigError(f"{path}: cannot read the mixture spec: {err}") from err
+        raw = load_yaml(text, str(path))  # no aliases, bounded depth, one-line errors
         spec = SPEC_SCHEMA.validate(raw, str(path))
         if top_k is not None and top_k < 0:
             raise ConfigError(f"--top-k must be >= 0 (got {top_k})")

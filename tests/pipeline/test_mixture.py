@@ -1025,3 +1025,17 @@ def test_the_item_folder_format_has_one_owner():
     for path in builders:
         text = path.read_text()
         assert "ItemsWriter(" in text and "pa.ipc.new_file" not in text and "atomic_write_json" not in text, path
+
+
+def test_a_spec_with_yaml_aliases_or_deep_nesting_is_refused_at_once(tmp_path):
+    """A "billion laughs" spec (aliases of aliases) would expand to gigabytes; it is refused
+    before anything is expanded, as is nesting that would overflow the loader, in one line."""
+    laughs = ["a: &a [lol, lol, lol, lol, lol, lol, lol, lol, lol]"]
+    laughs += [f"{c}: &{c} [{', '.join(['*' + p] * 9)}]" for p, c in zip("abcdefgh", "bcdefghi")]
+    (tmp_path / "laughs.yaml").write_text("\n".join(laughs) + "\nname: x\nsources: *i\n")
+    with pytest.raises(ConfigError, match="alias") as err:
+        MixtureSpec.load(tmp_path / "laughs.yaml")
+    assert "\n" not in str(err.value)
+    (tmp_path / "deep.yaml").write_text("name: " + "[" * 5000 + "]" * 5000 + "\n")
+    with pytest.raises(ConfigError, match="deep"):
+        MixtureSpec.load(tmp_path / "deep.yaml")

@@ -19,14 +19,13 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 from pathlib import Path
 from typing import Optional, Sequence
 
 import numpy as np
 
 from pipeline.errors import DataError
-from pipeline.io import atomic_write_bytes
+from pipeline.io import atomic_write_bytes, strict_json
 
 VCR_COLUMNS = (
     "annot_id",
@@ -45,14 +44,14 @@ def _check(kind: str, ids: Sequence, predictions: Sequence) -> None:
 def write_vqa_results(path: Path, question_ids: Sequence[int], answers: Sequence[str]) -> Path:
     _check("VQA", question_ids, answers)
     rows = [{"question_id": int(q), "answer": str(a)} for q, a in zip(question_ids, answers)]
-    atomic_write_bytes(Path(path), json.dumps(rows).encode())
+    atomic_write_bytes(Path(path), strict_json(rows, str(path)).encode())
     return Path(path)
 
 
 def write_gqa_predictions(path: Path, question_ids: Sequence[str], predictions: Sequence[str]) -> Path:
     _check("GQA", question_ids, predictions)
     rows = [{"questionId": str(q), "prediction": str(p)} for q, p in zip(question_ids, predictions)]
-    atomic_write_bytes(Path(path), json.dumps(rows).encode())
+    atomic_write_bytes(Path(path), strict_json(rows, str(path)).encode())
     return Path(path)
 
 
@@ -102,5 +101,5 @@ def write_vcr_probabilities(
     if conditioned_on is not None:
         for row, c in zip(rows, conditioned_on):
             row["conditioned_on"] = int(c)
-    atomic_write_bytes(Path(path), json.dumps(rows).encode())
+    atomic_write_bytes(Path(path), strict_json(rows, str(path)).encode())
     return Path(path)
