@@ -7,6 +7,7 @@ import json
 import pickle
 
 import pytest
+from helpers import run_cli
 
 from pipeline.errors import ConfigError
 from pipeline.sources import jsonstream
@@ -306,9 +307,29 @@ def test_a_ref_holding_a_non_finite_number_is_malformed(tmp_path):
 def test_build_task_counts_duplicates_and_blank_texts_per_reason(tmp_path):
     path = lines(
         tmp_path / "val.jsonl",
-        [vcr_row(), vcr_row("val-1"), vcr_row("val-2", (" ",)), vcr_row("val-0"), '{"annot_id": "val-3", "x": NaN}'],
+        [
+            vcr_row(),
+            vcr_row("val-1"),
+            vcr_row("val-2", (" ",)),
+            vcr_row("val-0"),
+            '{"annot_id": "val-3", "x": NaN}',
+            DEEP,
+        ],
     )
     manifest = build_task(transfer.get("vcr-q2a"), [path], tmp_path / "task")
     assert manifest["rows"] == 2
     assert manifest["skipped"] == {EMPTY_TEXT: 1, DUPLICATE_ID: 1}
-    assert manifest["malformed"] == {"count": 1, "examples": [f"val.jsonl:5: invalid JSON: {NON_FINITE}"]}
+    assert manifest["malformed"] == {
+        "count": 2,
+        "examples": [f"val.jsonl:5: invalid JSON: {NON_FINITE}", f"val.jsonl:6: invalid JSON: {TOO_DEEP}"],
+    }
+
+
+def test_build_task_refuses_a_gqa_list_in_one_line(tmp_path):
+    path = write(
+        tmp_path / "val_balanced_questions.json", json.dumps([{"imageId": "1", "question": "Q?", "answer": "a"}])
+    )
+    proc = run_cli("build-task", "--task", "gqa", "--out", tmp_path / "task", path)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith("error:") and "not its format" in proc.stderr and "Traceback" not in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
