@@ -219,7 +219,9 @@ def quiet_ray_messages() -> None:
 class Capacity:
     """What a run needs of the cluster's live nodes, summed (resource -> amount, e.g. the
     detector actors' CPUs or GPUs plus one download task's), and how long it waits for it.
-    `check` raises `NoCapacityError` once the live nodes have offered less for `timeout` s."""
+    `check` raises `NoCapacityError` once the live nodes have offered less for `timeout` s,
+    and says once of each node it saw alive that it was lost (`note_lost_nodes`); `timeout`
+    is also how long `run_shards` waits for work lost with the cluster's capacity."""
 
     needs: dict[str, float]
     timeout: float
@@ -405,8 +407,8 @@ def capacity_lost(err: Exception) -> bool:
 
 def shard_failure(err: Exception) -> str:
     """The one-line reason a shard task failed, from the exception Ray raised for it (the
-    task's own exception, not Ray's wrapper and remote traceback; no ANSI colours). A full disk is raised
-    as it is: retrying cannot help, and the CLI turns it into exit 74."""
+    task's own exception, not Ray's wrapper and remote traceback; no ANSI colours). A full
+    disk is raised as it is: retrying cannot help, and the CLI turns it into exit 74."""
     cause = getattr(err, "cause", None) or err  # ray.exceptions.RayTaskError keeps the task's exception
     if isinstance(cause, OSError) and cause.errno in DISK_FULL:
         raise cause

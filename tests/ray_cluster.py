@@ -5,6 +5,9 @@ worker processes, started from the ``ray start`` commands of
 workflows/cluster/ray-cluster.yaml (the recipe's head and worker commands) with this
 host's port, CPUs, resources and a short temporary folder substituted (Ray's socket paths
 must be short). The nodes share a fresh auth token (`env`: what a driver needs to join).
+Nothing else is changed: the GCS checks the nodes' health as Ray does by default (every
+3 s, a node dead after 5 misses, so ~15 s after it is lost), as on a real cluster, whose
+recipe sets no health-check options either.
 
 A node's processes are found by PID: its ``ray start`` process and that one's
 descendants in /proc (the raylet, GCS, agents and every worker the raylet starts), so
@@ -38,14 +41,6 @@ START_TIMEOUT = 90  # seconds for one node to come up (a loaded 2-core box)
 # Options of the recipe's commands this host sets itself, and those only the cluster launcher knows.
 SET_HERE = ("--port", "--address", "--num-cpus", "--resources", "--temp-dir")
 LAUNCHER_ONLY = ("--autoscaling-config",)
-# GCS health checks every 0.5 s, a node dead after 10 misses (defaults: 3 s x 5): a killed node is seen in ~5 s,
-# and a live one survives a few seconds' stall of a loaded machine (3 misses marked live nodes dead in CI).
-FAST_FAILURE_DETECTION = {
-    "RAY_health_check_initial_delay_ms": "0",
-    "RAY_health_check_period_ms": "500",
-    "RAY_health_check_timeout_ms": "1000",
-    "RAY_health_check_failure_threshold": "10",
-}
 
 
 def recipe_command(key: str) -> list[str]:
@@ -153,9 +148,8 @@ class RayNode:
 class RayCluster:
     """A head node and worker nodes on 127.0.0.1, each its own raylet (see the module doc)."""
 
-    def __init__(self, root: Path, fast_failure_detection: bool = True):
+    def __init__(self, root: Path):
         self.root = Path(root)
-        self.fast_failure_detection = fast_failure_detection
         self.port = free_port()
         self.address = f"127.0.0.1:{self.port}"
         token = self.root / "token"
@@ -166,7 +160,7 @@ class RayCluster:
 
     def _start(self, name: str, recipe_key: str, cpus: float, resources: dict, where: list[str]) -> RayNode:
         command = recipe_command(recipe_key)
-        env = {**os.environ, **self.env, **(FAST_FAILURE_DETECTION if self.fast_failure_detection else {})}
+        env = {**os.environ, **self.env}
         while command and "=" in command[0] and not command[0].startswith("-"):  # NAME=VALUE before `ray`
             key, value = command.pop(0).split("=", 1)
             env[key] = value
@@ -238,15 +232,11 @@ class RayCluster:
 
 
 @contextmanager
-def ray_cluster(
-    workers: dict[str, tuple[float, dict]], head_cpus: float = 0, fast_failure_detection: bool = True
-) -> Iterator[RayCluster]:
+def ray_cluster(workers: dict[str, tuple[float, dict]], head_cpus: float = 0) -> Iterator[RayCluster]:
     """A started cluster (head with `head_cpus` CPUs, and `workers`: name -> (CPUs,
-    resources)), stopped by PID and its folder removed at the end, however the block ends.
-    `fast_failure_detection`: the GCS's short health checks (`FAST_FAILURE_DETECTION`), or
-    Ray's defaults as a real cluster has them."""
+    resources)), stopped by PID and its folder removed at the end, however the block ends."""
     root = Path(tempfile.mkdtemp(prefix="rc", dir="/tmp"))  # short: Ray's unix socket paths must be
-    cluster = RayCluster(root, fast_failure_detection)
+    cluster = RayCluster(root)
     try:
         cluster.start_head(head_cpus)
         cluster.add_nodes(workers)
