@@ -25,7 +25,7 @@ result. The distributor
   shard (a real cluster's default health checks take ~15 s to declare a node dead, and
   each call to an actor on it fails in a few seconds meanwhile);
 * says in one plain line when a node is lost (`Capacity`), instead of Ray's coloured
-  ``(raylet)`` messages (`quiet_ray_messages`);
+  ``(raylet)`` messages (`print_ray_messages`);
 * counts done and failed shards in a `Progress` the driver's progress bar reads.
 
 `this_node` is what a shard's stats record about where its work ran (Ray node id and
@@ -179,8 +179,9 @@ def ray_session(cfg: DistributeConfig) -> Iterator[None]:
     ``cfg.workers`` CPUs, shut down afterwards. Without an address the run never joins a
     cluster it finds on the machine (Ray's own ``ray.init()`` would attach to the latest
     ``ray start`` cluster, and refuse it for the CPU count): a cluster is named with
-    ``--ray-address``. A Ray already initialized in this process is used as it is (and
-    left running)."""
+    ``--ray-address``. While the session lasts the driver prints none of Ray's coloured
+    error messages (`print_ray_messages`). A Ray already initialized in this process is
+    used as it is (and left running)."""
     import ray
 
     started = time.time()
@@ -193,26 +194,28 @@ def ray_session(cfg: DistributeConfig) -> Iterator[None]:
         # (the token stays on); its other warnings and ours are left as they are.
         logging.getLogger(RAY_AUTH_NOTICE_LOGGER).setLevel(logging.ERROR)
         ray.init(include_dashboard=False, logging_level=logging.WARNING, log_to_driver=False, **where)
-        quiet_ray_messages()
+        print_ray_messages(False)
         log.debug("ray ready after %.2f s", time.time() - started)
     try:
         yield
     finally:
         if own:
             ray.shutdown()
+            print_ray_messages(True)
             log.debug("ray stopped after %.2f s", time.time() - started)
 
 
-def quiet_ray_messages() -> None:
-    """Stop the driver printing the cluster's error messages: Ray prints each as a
-    ``(raylet)`` line in ANSI colours whatever the terminal or ``NO_COLOR`` (one per retry of
-    every task on a lost node, the node's death as a multi-line dump). What they say reaches
-    the user as this run's own lines instead: a lost node once (`Capacity.check`), a shard's
-    failure as its reason. Ray has no public switch for these (its debugger uses the same
-    flag); without the flag, as on another Ray version, the messages stay as they are."""
+def print_ray_messages(enabled: bool) -> None:
+    """Whether the driver prints the cluster's error messages (off while a run's own Ray
+    session lasts): Ray prints each as a ``(raylet)`` line in ANSI colours whatever the
+    terminal or ``NO_COLOR`` (one per retry of every task on a lost node, the node's death
+    as a multi-line dump). What they say reaches the user as the run's own lines instead: a
+    lost node once (`Capacity.note_lost_nodes`), a shard's failure as its reason. Ray has no
+    public switch for these (its debugger uses the same flag); a Ray without the flag keeps
+    printing them."""
     worker = sys.modules.get("ray._private.worker")
     if worker is not None and hasattr(worker, "_worker_logs_enabled"):
-        worker._worker_logs_enabled = False
+        worker._worker_logs_enabled = enabled
 
 
 @dataclass

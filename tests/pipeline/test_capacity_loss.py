@@ -9,9 +9,17 @@ import re
 import time
 from pathlib import Path
 
-from helpers import shared_ray
+from helpers import no_shared_ray, shared_ray
 
-from pipeline.distribute import Capacity, Progress, capacity_lost, run_shards, shard_failure
+from pipeline.distribute import (
+    Capacity,
+    DistributeConfig,
+    Progress,
+    capacity_lost,
+    ray_session,
+    run_shards,
+    shard_failure,
+)
 
 
 class Job:
@@ -41,7 +49,6 @@ def run_with_a_dying_actor(tmp_path: Path, patience: float) -> tuple[dict, dict]
     no task itself), with no retries of our own; the failed shards and those committed."""
     import ray
 
-    shared_ray()
     actor = ray.remote(num_cpus=1, max_restarts=-1, max_task_retries=0)(dies_once()).remote(str(tmp_path / "marker"))
     committed = {}
     failed = run_shards(
@@ -57,12 +64,19 @@ def run_with_a_dying_actor(tmp_path: Path, patience: float) -> tuple[dict, dict]
     return failed, committed
 
 
-def test_an_actor_lost_with_its_process_costs_no_attempt_while_the_capacity_timeout_lasts(tmp_path):
-    failed, committed = run_with_a_dying_actor(tmp_path, patience=60)
+def test_an_actor_lost_with_its_process_costs_no_attempt_while_the_capacity_timeout_lasts(tmp_path, capfd):
+    """In a run's own Ray session, and without Ray's coloured ``(raylet)`` message about the
+    dead worker (printed to the driver's stdout, ANSI colours and all, before)."""
+    no_shared_ray()  # this test is of a run's own Ray
+    with ray_session(DistributeConfig(workers=1)):
+        failed, committed = run_with_a_dying_actor(tmp_path, patience=60)
     assert failed == {} and committed == {0: 0, 1: 10, 2: 20}
+    out, err = capfd.readouterr()
+    assert "(raylet)" not in out + err and "\x1b" not in out + err, out + err
 
 
 def test_once_the_capacity_timeout_is_spent_a_lost_actor_is_a_failed_attempt_in_one_line(tmp_path):
+    shared_ray()
     failed, committed = run_with_a_dying_actor(tmp_path, patience=0)  # a local cluster: no nodes to wait for
     assert list(failed) == ["00000"] and committed == {1: 10, 2: 20}
     assert re.match(r"Actor(Died|Unavailable)Error: ", failed["00000"]) and "\n" not in failed["00000"]
