@@ -17,6 +17,7 @@ ConfigError naming the file and the character where it goes wrong.
 
 from __future__ import annotations
 
+import gc
 import json
 import math
 import re
@@ -38,6 +39,20 @@ class _Unusable:
 
     def __init__(self, reason: str):
         self.reason = reason
+
+
+def _decode_uncollected(decoder: json.JSONDecoder, text: str, pos: int) -> tuple[Any, int]:
+    """`decoder.raw_decode(text, pos)` with the cyclic garbage collector off (on again after,
+    unless it was off before): a member larger than a read builds many objects at once,
+    several times over, and the collector would walk them all again and again (JSON makes no
+    cycles)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return decoder.raw_decode(text, pos)
+    finally:
+        if enabled:
+            gc.enable()
 
 
 class _Reader:
@@ -90,10 +105,14 @@ class _Reader:
         """The next value, or `_Unusable` (the stream positioned after it) when it holds NaN /
         Infinity or is nested too deep; ConfigError when it is not JSON."""
         self.peek()
+        refilled = False
         while True:
             self.constant = False
             try:
-                obj, end = self.decoder.raw_decode(self.buf, self.pos)
+                if refilled:
+                    obj, end = _decode_uncollected(self.decoder, self.buf, self.pos)
+                else:
+                    obj, end = self.decoder.raw_decode(self.buf, self.pos)
             except RecursionError:
                 self.skip()
                 return _Unusable(TOO_DEEP)
@@ -102,11 +121,13 @@ class _Reader:
                 # length of it), or as a string left open: read on; anything else is an error.
                 if err.pos >= len(self.buf) - _CUT or err.msg.startswith("Unterminated"):
                     if self.fill_more():
+                        refilled = True
                         continue
                 self.pos = err.pos
                 self.fail(f"invalid JSON: {err.msg}")
             # A number near the buffer's end may go on in the next chunk ("1" of "1.5", "1e-3").
             if end > len(self.buf) - _CUT and self.buf[end - 1] not in ']}"' and self.fill_more():
+                refilled = True
                 continue
             start, self.pos = self.pos, end
             try:

@@ -3,6 +3,7 @@ JSON does not allow (NaN, Infinity, overflowing floats), nesting too deep to dec
 the wrong type or repeated, blank texts, a file of the wrong shape, and one huge streamed
 member (linear time)."""
 
+import gc
 import json
 import pickle
 
@@ -105,6 +106,7 @@ def test_one_huge_member_is_decoded_in_linear_time(tmp_path, monkeypatch):
     assert reader.value() == member
     reader.close()
     assert size > 200 * 1024 and Counting.chars < 4 * size
+    assert gc.isenabled()  # paused while a member of many reads is decoded, on again after
 
 
 @pytest.mark.parametrize(
