@@ -13,8 +13,9 @@
   accepts) and nesting too deep for the decoder are a `json.JSONDecodeError` whose msg is
   `NON_FINITE` / `TOO_DEEP` (`UNUSABLE`), so a JSON line or streamed member holding one is a
   `Malformed` and a whole-file format holding one is a ConfigError. A number too large for
-  a float (``1e400``: valid JSON, read as infinity) is refused by the readers that use
-  floats (boxes, scores: `all_finite`), where it is a value; elsewhere it is never read.
+  a float (``1e400``: valid JSON, read as infinity; an integer of 400 digits) is refused by
+  the readers that use numbers as floats (boxes, scores: `finite_numbers`); elsewhere it is
+  never read.
 * A row whose id (VQA's question_id, NLVR2's identifier, VCR's annot_id, Karpathy's file
   name and sentid) repeats an earlier row's of the same file is skipped as "duplicate id"
   (`Skip`): the first is kept.
@@ -36,7 +37,7 @@ import zlib
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, Iterator, TypeVar, Union
+from typing import IO, Any, Iterable, Iterator, TypeVar, Union
 
 from pyarrow import ArrowException
 
@@ -140,6 +141,20 @@ def all_finite(value: Any) -> bool:
             stack.extend(v)
         elif isinstance(v, dict):
             stack.extend(v.values())
+    return True
+
+
+def finite_numbers(values: Iterable[Any]) -> bool:
+    """Whether every value is a number (not a boolean) that a float holds: not NaN or
+    infinite (``1e400`` reads as infinity), nor an integer too large for a float."""
+    for v in values:
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            return False
+        try:
+            if not math.isfinite(v):  # an int is converted to float here
+                return False
+        except OverflowError:
+            return False
     return True
 
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Optional, Union
 
-from pipeline.sources.base import NULL_ANSWER, Malformed, Skip, all_finite, is_id, text_or_skip
+from pipeline.sources.base import NULL_ANSWER, Malformed, Skip, finite_numbers, is_id, text_or_skip
 from pipeline.sources.jsonstream import iter_json
 
 CAPTION_SOURCES = frozenset({"mscoco", "vg"})
@@ -39,11 +39,7 @@ def _lists(value) -> bool:
 
 
 def _scores(label) -> bool:
-    return (
-        isinstance(label, dict)
-        and all(isinstance(v, (int, float)) for v in label.values())
-        and all_finite(label)  # 1e400: valid JSON, read as infinity
-    )
+    return isinstance(label, dict) and finite_numbers(label.values())
 
 
 def read_lxmert(path: Path) -> Iterator[Union[LxmertSentence, Skip, Malformed]]:

@@ -31,7 +31,16 @@ from typing import Any, Iterator, Union
 
 from pipeline.errors import ConfigError, UnsafePickleError
 from pipeline.safe_pickle import safe_loads
-from pipeline.sources.base import NON_FINITE, Malformed, Skip, all_finite, is_int, reading, text_or_skip
+from pipeline.sources.base import (
+    NON_FINITE,
+    Malformed,
+    Skip,
+    all_finite,
+    finite_numbers,
+    is_int,
+    reading,
+    text_or_skip,
+)
 from pipeline.sources.jsonstream import iter_json
 
 _REF_SHAPE = "needs integer ref_id, ann_id and image_id, a split and sentences (objects with an integer sent_id)"
@@ -126,7 +135,7 @@ def _instances(
             or not all(_number(v) for v in bbox)
         ):
             yield Malformed(path, f"annotations[{i}]", "needs an integer id and image_id and a bbox [x, y, w, h]")
-        elif not all_finite(bbox):  # 1e400: valid JSON, read as infinity
+        elif not finite_numbers(bbox):  # 1e400: valid JSON, read as infinity
             yield Malformed(path, f"annotations[{i}]", NON_FINITE)
         elif ann["id"] in ann_ids:
             boxes[ann["id"]] = (ann["image_id"], tuple(float(v) for v in bbox))
@@ -188,13 +197,7 @@ def annotation_boxes(instances: Path, images: set[str]) -> dict[str, list[list[f
     out: dict[str, list[list[float]]] = {}
     for _, ann in iter_json(instances, member="annotations", array=True):
         bbox = ann.get("bbox") if isinstance(ann, dict) else None
-        if (
-            isinstance(bbox, list)
-            and len(bbox) == 4
-            and all(_number(v) for v in bbox)
-            and all_finite(bbox)
-            and ann.get("image_id") in ids
-        ):
+        if isinstance(bbox, list) and len(bbox) == 4 and finite_numbers(bbox) and ann.get("image_id") in ids:
             x, y, w, h = (float(v) for v in bbox)
             out.setdefault(ids[ann["image_id"]], []).append([x, y, x + w, y + h])
     return out

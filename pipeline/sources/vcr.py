@@ -47,8 +47,8 @@ from pipeline.sources.base import (
     EMPTY_TEXT,
     Malformed,
     Skip,
-    all_finite,
     clean_text,
+    finite_numbers,
     is_int,
     load_json_file,
     open_text,
@@ -246,10 +246,7 @@ def read_vcr_metadata(path: Path) -> VcrMetadata:
         or not isinstance(names, list)
         or len(boxes) != len(names)
         or not all(isinstance(n, str) for n in names)
-        or not all(
-            isinstance(b, list) and len(b) in (4, 5) and all(isinstance(v, (int, float)) for v in b) for b in boxes
-        )
-        or not all_finite(boxes)  # 1e400: valid JSON, read as infinity
+        or not all(isinstance(b, list) and len(b) in (4, 5) and finite_numbers(b) for b in boxes)
         or not is_int(data.get("width"))
         or not is_int(data.get("height"))
     ):

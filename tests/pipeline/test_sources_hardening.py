@@ -130,7 +130,7 @@ def test_a_hostile_value_is_shown_short_in_a_message(tmp_path):
     assert message.startswith('dev.json:1: label must be "True" or "False", not [[') and len(message) < 120
 
 
-@pytest.mark.parametrize("number", ["NaN", "-Infinity", "1e400"])
+@pytest.mark.parametrize("number", ["NaN", "-Infinity", "1e400", "9" * 400])
 def test_vcr_metadata_with_a_non_finite_number_is_refused_by_name(tmp_path, number):
     path = write(
         tmp_path / "meta.json", f'{{"boxes": [[1, 2, {number}, 4, 0.9]], "names": ["a"], "width": 9, "height": 9}}'
@@ -142,10 +142,11 @@ def test_vcr_metadata_with_a_non_finite_number_is_refused_by_name(tmp_path, numb
 def test_lxmert_scores_that_overflow_are_a_null_answer(tmp_path):
     path = write(
         tmp_path / "mscoco_minival.json",
-        '[{"img_id": "1", "sentf": {"vqa": ["Q?", "R?"]}, "labelf": {"vqa": [{"yes": 1e400}, {"no": 0.5}]}}]',
+        '[{"img_id": "1", "sentf": {"vqa": ["Q?", "R?"]}, "labelf": {"vqa": [{"yes": 1e400}, {"no": 0.5}]}}, '
+        '{"img_id": "2", "sentf": {"vqa": ["Q?"]}, "labelf": {"vqa": [{"yes": ' + "9" * 400 + "}]}}]",
     )
     results = list(read_lxmert(path))
-    assert [type(r).__name__ for r in results] == ["Skip", "LxmertSentence"]
+    assert [type(r).__name__ for r in results] == ["Skip", "LxmertSentence", "Skip"]
 
 
 # -- each reader
@@ -282,7 +283,9 @@ def refcoco_files(tmp_path, box, ref_extra=None):
     return path, instances
 
 
-@pytest.mark.parametrize("box", ["[NaN, 0, 10, 10]", "[0, 0, Infinity, 10]", "[0, 0, 1e400, 10]"])
+@pytest.mark.parametrize(
+    "box", ["[NaN, 0, 10, 10]", "[0, 0, Infinity, 10]", "[0, 0, 1e400, 10]", f"[0, 0, {'9' * 400}, 1]"]
+)
 def test_refcoco_non_finite_boxes_are_malformed_rows_and_never_given_boxes(tmp_path, box):
     refs, instances = refcoco_files(tmp_path, box)
     results = list(read_refs(refs, instances))
