@@ -10,8 +10,9 @@
   caller's choice: `vlprep download` / `extract` count and list them, `vlprep
   build-mixture` refuses the input (ConfigError naming the first).
 * JSON is read strictly: ``NaN``, ``Infinity`` and ``-Infinity`` (which Python's json
-  accepts) and nesting too deep for the decoder are a `json.JSONDecodeError` whose msg is
-  `NON_FINITE` / `TOO_DEEP` (`UNUSABLE`), so a JSON line or streamed member holding one is a
+  accepts), nesting too deep for the decoder and an integer of more digits than Python
+  converts are a `json.JSONDecodeError` whose msg is `NON_FINITE` / `TOO_DEEP` / `TOO_LONG`
+  (`UNUSABLE`), so a JSON line or streamed member holding one is a
   `Malformed` and a whole-file format holding one is a ConfigError. A number too large for
   a float (``1e400``: valid JSON, read as infinity; an integer of 400 digits) is refused by
   the readers that use numbers as floats (boxes, scores: `finite_numbers`); elsewhere it is
@@ -51,7 +52,8 @@ NULL_ANSWER = "null answer"
 DUPLICATE_ID = "duplicate id"
 NON_FINITE = "a non-finite number (NaN or Infinity), which JSON does not allow"
 TOO_DEEP = "nested too deeply"
-UNUSABLE = (NON_FINITE, TOO_DEEP)  # the msg of a JSONDecodeError for JSON Python reads but that is no data
+TOO_LONG = "an integer with too many digits"  # more than Python converts (sys.get_int_max_str_digits)
+UNUSABLE = (NON_FINITE, TOO_DEEP, TOO_LONG)  # the msg of a JSONDecodeError for JSON Python reads but that is no data
 
 
 @dataclass(frozen=True)
@@ -183,11 +185,16 @@ _STRICT = json.JSONDecoder(parse_constant=_refuse_constant)
 def load_json(text: str) -> Any:
     """The JSON value of `text`, read strictly: lone surrogates (``\\ud800`` escapes)
     replaced by U+FFFD, as undecodable bytes are (`open_text`); a `json.JSONDecodeError`,
-    of msg `NON_FINITE` / `TOO_DEEP` for NaN / Infinity or nesting too deep."""
+    of msg `NON_FINITE` / `TOO_DEEP` / `TOO_LONG` for NaN / Infinity, nesting too deep or
+    an integer of too many digits."""
     try:
         value = _STRICT.decode(text)
     except RecursionError:
         raise json.JSONDecodeError(TOO_DEEP, text, 0) from None
+    except json.JSONDecodeError:
+        raise
+    except ValueError:  # "Exceeds the limit (4300 digits) for integer string conversion"
+        raise json.JSONDecodeError(TOO_LONG, text, 0) from None
     return finished_json(value, text, 0, len(text), False)
 
 

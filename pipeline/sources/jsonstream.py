@@ -6,8 +6,8 @@ top-level array; `iter_json(path, member="questions")` streams the array (or obj
 stored under that key of a top-level object; `array=True` requires the streamed container
 to be an array, `mapping=True` an object. Each member is decoded with the standard
 library, under the rules of `pipeline.sources.base` (bad bytes and lone surrogates become U+FFFD; .gz files are
-gunzipped; JSON is read strictly): a member holding NaN / Infinity or nested too deep to
-decode is yielded as a `Malformed` value named as the readers name rows
+gunzipped; JSON is read strictly): a member holding NaN / Infinity or an integer of too
+many digits, or nested too deep to decode, is yielded as a `Malformed` value named as the readers name rows
 (``questions[3]``, ``[5]``, ``["q1"]``) and the stream goes on. Memory stays at one member
 plus a read buffer; time is linear in the file, however large one member is (a member that
 does not fit the buffer is read on in reads as large as what is already buffered, so it is
@@ -25,12 +25,13 @@ from pathlib import Path
 from typing import Any, Iterator, Optional
 
 from pipeline.errors import ConfigError
-from pipeline.sources.base import TOO_DEEP, Malformed, finished_json, open_text
+from pipeline.sources.base import TOO_DEEP, TOO_LONG, Malformed, finished_json, open_text
 
 _CHUNK = 1 << 20
 _WS = " \t\r\n"
 _CUT = 16  # longer than any JSON literal ("-Infinity") or escape ("\\uXXXX")
 _BRACKET_OR_QUOTE = re.compile(r'[\[\]{}"]')
+_NUMBER_CHARS = re.compile(r"[-+0-9.eE]*")
 _STRING_REST = re.compile(r'[^"\\]*(?:\\.[^"\\]*)*"', re.S)  # after the opening quote, through the closing one
 
 
@@ -103,7 +104,8 @@ class _Reader:
 
     def value(self) -> Any:
         """The next value, or `_Unusable` (the stream positioned after it) when it holds NaN /
-        Infinity or is nested too deep; ConfigError when it is not JSON."""
+        Infinity or an integer of too many digits or is nested too deep; ConfigError when it
+        is not JSON."""
         self.peek()
         refilled = False
         while True:
@@ -125,6 +127,9 @@ class _Reader:
                         continue
                 self.pos = err.pos
                 self.fail(f"invalid JSON: {err.msg}")
+            except ValueError:  # "Exceeds the limit (4300 digits) for integer string conversion"
+                self.skip()
+                return _Unusable(TOO_LONG)
             # A number near the buffer's end may go on in the next chunk ("1" of "1.5", "1e-3").
             if end > len(self.buf) - _CUT and self.buf[end - 1] not in ']}"' and self.fill_more():
                 refilled = True
@@ -132,12 +137,19 @@ class _Reader:
             start, self.pos = self.pos, end
             try:
                 return finished_json(obj, self.buf, start, end, self.constant)
-            except json.JSONDecodeError as err:  # NON_FINITE or TOO_DEEP
+            except json.JSONDecodeError as err:  # NON_FINITE or TOO_DEEP (`finished_json`)
                 return _Unusable(err.msg)
 
     def skip(self) -> None:
-        """Move past the container at `pos` without decoding it (too deep for the decoder),
+        """Move past the value at `pos` without decoding it (one the decoder refuses: nested
+        too deep, an integer of too many digits): a number by its characters, a container by
         matching brackets outside strings; ConfigError when the file ends inside it."""
+        if self.buf[self.pos] not in "[{":
+            while True:
+                end = _NUMBER_CHARS.match(self.buf, self.pos).end()
+                if end < len(self.buf) or not self.fill_more():
+                    self.pos = end
+                    return
         depth = 0
         while True:
             m = _BRACKET_OR_QUOTE.search(self.buf, self.pos)

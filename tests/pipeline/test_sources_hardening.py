@@ -12,7 +12,7 @@ from helpers import run_cli
 
 from pipeline.errors import ConfigError
 from pipeline.sources import jsonstream
-from pipeline.sources.base import DUPLICATE_ID, EMPTY_TEXT, NON_FINITE, NULL_TEXT, TOO_DEEP, Malformed, Skip
+from pipeline.sources.base import DUPLICATE_ID, EMPTY_TEXT, NON_FINITE, NULL_TEXT, TOO_DEEP, TOO_LONG, Malformed, Skip
 from pipeline.sources.gqa import read_questions
 from pipeline.sources.jsonstream import iter_json
 from pipeline.sources.karpathy import KarpathyImage, read_karpathy
@@ -75,6 +75,22 @@ def test_a_member_nested_too_deep_is_malformed_and_the_stream_goes_on(tmp_path, 
     write(path, '{"images": [1, ' + "[" * 5000 + "]")  # never closed
     with pytest.raises(ConfigError, match="a.json: invalid JSON: unterminated value at character"):
         list(iter_json(path, member="images"))
+
+
+@pytest.mark.parametrize("chunk", [1, 1024])
+def test_an_integer_of_too_many_digits_is_malformed_and_the_stream_goes_on(tmp_path, monkeypatch, chunk):
+    monkeypatch.setattr(jsonstream, "_CHUNK", chunk)
+    long = "7" * 5000  # Python refuses to convert more than 4,300 digits
+    path = write(tmp_path / "a.json", f'[{long}, {{"a": [1, -{long}]}}, 2, {long}.5, 3]')
+    assert list(iter_json(path)) == [
+        (0, Malformed(path, "[0]", TOO_LONG)),
+        (1, Malformed(path, "[1]", TOO_LONG)),
+        (2, 2),
+        (3, float(long + ".5")),
+        (4, 3),
+    ]
+    lines_path = lines(tmp_path / "dev.json", ['{"identifier": "dev-1-0-0", "directory": ' + long + "}"])
+    assert bad(read_nlvr2(lines_path)) == [f"dev.json:1: invalid JSON: {TOO_LONG}"]
 
 
 @pytest.mark.parametrize("chunk", [1, 2, 3, 5, 8])
