@@ -205,3 +205,13 @@ def test_finetune_on_a_damaged_task_folder_fails_before_writing(files, tmp_path)
     )
     _one_error_line(result, 3, "answers.json has changed since it was written")
     assert not (tmp_path / "run").exists()
+
+
+def test_the_same_file_given_twice_is_refused(files, tmp_path):
+    """Twice the same file (or a link to it) would double every row: refused by name."""
+    link = tmp_path / "again.json"
+    link.symlink_to(files["nlvr2"][0])
+    for twice in ([files["nlvr2"][0], files["nlvr2"][0]], [files["nlvr2"][0], link]):
+        with pytest.raises(ConfigError, match="is given twice"):
+            build_task(transfer.get("nlvr2"), twice, tmp_path / "t")
+    assert not (tmp_path / "t").exists()

@@ -74,6 +74,15 @@ def build_task(
             if unreadable
             else f"build-task --task {task.name} needs its files: {task.files}"
         )
+    seen: dict = {}
+    for f in files:  # the same file twice (also through a link) would double its rows
+        st = f.stat()
+        if (st.st_dev, st.st_ino) in seen:
+            raise ConfigError(
+                f"build-task --task {task.name}: {f} is given twice (also as {seen[st.st_dev, st.st_ino]}): "
+                "give each file once"
+            )
+        seen[st.st_dev, st.st_ino] = f
     for flag, path in (("--image-map", image_map), ("--answers-from", answers_from), ("--minival", minival)):
         if path:
             check_input_file(path, flag)
