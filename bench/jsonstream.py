@@ -11,7 +11,7 @@ ones, new reader), old/new for the huge file and for the ordinary one (the stric
 checks' cost).
 
     python bench/jsonstream.py                   # 8, 16 and 32 MB
-    python bench/jsonstream.py --sizes 23 44 87  # the sizes of issue 25
+    python bench/jsonstream.py --sizes 23 44 87  # the sizes measured in docs/benchmarks.md
     python bench/jsonstream.py --no-old          # the current reader alone
 """
 
