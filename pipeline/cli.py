@@ -320,8 +320,9 @@ DISTRIBUTE_FLAGS = Flags(
         "the nodes whose `ray start --resources` offer it (e.g. download, as the CPU nodes of "
         "workflows/cluster/ray-cluster.yaml do).",
         "capacity_timeout": "With --ray-address: seconds to wait while the cluster's live nodes lack the resources the "
-        "run needs (a node was lost, or has not joined yet) before exiting 75 (a local cluster "
-        "exits at once); finished shards are kept: rerun the same command to resume.",
+        "run needs (a node was lost, or has not joined yet) before exiting 75, and how long a shard whose node or "
+        "detector actor was lost waits for Ray to restart its work elsewhere before the loss counts as a failed "
+        "attempt (a local cluster: at once); finished shards are kept: rerun the same command to resume.",
     },
 )
 READER_FLAGS = Flags(
