@@ -1,12 +1,13 @@
-"""Helpers of the trainer tests: the real BERT vocab and a tiny run's config (importable
-from any test folder: a `conftest` module name is shared by every folder)."""
+"""Helpers of the trainer tests: the real BERT vocab, a tiny pretraining run's config and a
+tiny fine-tuning run's (importable from any test folder: a `conftest` module name is shared
+by every folder)."""
 
 import json
 
 import torch
 from helpers import REPO
 
-from vl_models.config import TrainConfig
+from vl_models.config import FinetuneConfig, TrainConfig
 from vl_models.data.tokenize import bundled_bert_vocab
 
 VOCAB = bundled_bert_vocab()
@@ -30,6 +31,28 @@ def config(data, tmp_path, model, **kw) -> TrainConfig:
         max_text=12,
     )
     return TrainConfig.of(**{**base, **kw})
+
+
+def finetune_config(world, out, tasks=("vqa",), **kw) -> FinetuneConfig:
+    """A tiny fine-tuning run of lxmert-tiny on the task datasets `world/<task>` (over the store
+    `world/feats`, `tests/task_files.py`'s world) into `out` (4 steps, batch 4)."""
+    base = dict(
+        tasks=tuple(tasks),
+        task_data=tuple(str(world / t) for t in tasks),
+        stores=(str(world / "feats"),),
+        out=str(out),
+        model="lxmert-tiny",
+        vocab=str(VOCAB),
+        epochs=None,
+        steps=4,
+        batch_size=4,
+        max_regions=8,
+        max_text=12,
+        lr=1e-3,
+        log_every=1,
+        checkpoint_every=2,
+    )
+    return FinetuneConfig.of(**{**base, **kw})
 
 
 def assert_pretraining_logits_match(ours, hf, ids, feats, pos, mask, vmask, tol: float = 1e-4) -> None:

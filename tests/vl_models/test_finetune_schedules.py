@@ -9,7 +9,7 @@ import pytest
 import torch
 from helpers import run_vltrain
 from task_files import write_task_world
-from train_helpers import VOCAB
+from train_helpers import VOCAB, finetune_config
 
 from pipeline.errors import ConfigError
 from pipeline.task_data import TaskData
@@ -124,26 +124,8 @@ def test_recipe_per_task_values_must_name_a_task_of_the_run(world, tmp_path):
 
 def _one_step(world, out, **kw) -> dict:
     """The vqa head's output weights after one plain SGD step (no warmup, no decay)."""
-    settings = dict(
-        tasks=("vqa",),
-        task_data=(str(world / "vqa"),),
-        stores=(str(world / "feats"),),
-        out=str(out),
-        model="lxmert-tiny",
-        vocab=str(VOCAB),
-        epochs=None,
-        steps=1,
-        batch_size=4,
-        max_regions=8,
-        max_text=12,
-        lr=0.1,
-        optimizer="sgd",
-        warmup=0,
-        weight_decay=0.0,
-        clip=0,
-        checkpoint_every=1,
-    )
-    run_finetune(FinetuneConfig.of(**{**settings, **kw}))
+    plain_sgd = dict(steps=1, lr=0.1, optimizer="sgd", warmup=0, weight_decay=0.0, clip=0, checkpoint_every=1)
+    run_finetune(finetune_config(world, out, **{**plain_sgd, **kw}))
     return checkpoint.load(checkpoint.pointed(out, checkpoint.LATEST))["model"]
 
 

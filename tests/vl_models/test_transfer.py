@@ -13,7 +13,7 @@ import pytest
 import torch
 from helpers import REPO, free_port, run_cli, run_vltrain
 from task_files import COLORS, IMAGES, write_task_world
-from train_helpers import VOCAB, no_dropout_config
+from train_helpers import VOCAB, finetune_config, no_dropout_config
 
 from pipeline.errors import ConfigError
 from pipeline.task_data import TaskData
@@ -41,24 +41,7 @@ def world(tmp_path_factory):
 
 
 def settings(world, tmp_path, tasks, model="lxmert-tiny", **kw):
-    base = dict(
-        tasks=tasks,
-        task_data=[str(world / t) for t in tasks],
-        stores=[str(world / "feats")],
-        out=str(tmp_path / "ft"),
-        model=model,
-        vocab=str(VOCAB),
-        epochs=None,
-        steps=4,
-        batch_size=4,
-        max_regions=8,
-        max_text=12,
-        lr=1e-3,
-        warmup=2,
-        log_every=1,
-        checkpoint_every=2,
-    )
-    return FinetuneConfig.of(**{**base, **kw})
+    return finetune_config(world, kw.pop("out", tmp_path / "ft"), tasks, model=model, **{"warmup": 2, **kw})
 
 
 # --- task datasets -------------------------------------------------------------------------

@@ -11,7 +11,7 @@ import pytest
 import torch
 from helpers import run_vltrain
 from task_files import write_task_world
-from train_helpers import VOCAB, config
+from train_helpers import VOCAB, config, finetune_config
 
 from pipeline.errors import EXIT_CONFIG, EXIT_DATA, CheckpointError, ConfigError
 from pipeline.io import OUTPUT_MARKER
@@ -34,24 +34,7 @@ def world(tmp_path_factory):
 
 
 def settings(world, out, **kw) -> FinetuneConfig:
-    base = dict(
-        tasks=("vqa",),
-        task_data=(str(world / "vqa"),),
-        stores=(str(world / "feats"),),
-        out=str(out),
-        model="lxmert-tiny",
-        vocab=str(VOCAB),
-        epochs=None,
-        steps=2,
-        batch_size=4,
-        max_regions=8,
-        max_text=12,
-        lr=1e-3,
-        log_every=1,
-        checkpoint_every=2,
-        eval_items=4,
-    )
-    return FinetuneConfig.of(**{**base, **kw})
+    return finetune_config(world, out, **{"steps": 2, "eval_items": 4, **kw})
 
 
 @pytest.fixture(scope="module")
