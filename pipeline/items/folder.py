@@ -10,7 +10,7 @@ from typing import Iterable, Optional
 import pyarrow as pa
 
 from pipeline.errors import DataError
-from pipeline.io import sha256_file
+from pipeline.io import sha256_file, sha256_mismatch
 
 ITEMS_FILE, ANSWERS_FILE, MANIFEST_FILE, REPORT_FILE = "items.arrow", "answers.json", "manifest.json", "report.md"
 CONTENTS = "contents"  # manifest.json: {file name: {"bytes": n, "sha256": hex}} of the data files written
@@ -21,12 +21,6 @@ def content_digests(folder: Path, names: Iterable[str]) -> dict[str, dict]:
     size and sha256."""
     folder = Path(folder)
     return {name: {"bytes": (folder / name).stat().st_size, "sha256": sha256_file(folder / name)} for name in names}
-
-
-# Files whose recorded size and sha256 this process (or the parent it was forked from) has
-# checked, as (path, sha256, size, mtime): the task dataset of a run, its views and forked
-# DataLoader workers hash each file once, not once each.
-_VERIFIED: set[tuple] = set()
 
 
 def folder_manifest(folder: Path, kind: str) -> Optional[dict]:
@@ -86,16 +80,12 @@ class ItemsFolder:
                     f"{path} {state}: {stat.st_size:,} bytes on disk, the manifest says {entry['bytes']:,}; "
                     f"{self.rebuild}"
                 )
-            seen = (str(path.resolve()), entry["sha256"], stat.st_size, stat.st_mtime_ns)
-            if seen in _VERIFIED:
-                continue
-            digest = sha256_file(path)
-            if digest != entry["sha256"]:
+            digest = sha256_mismatch(path, entry["sha256"])
+            if digest:
                 raise DataError(
                     f"{path} is corrupt: sha256 mismatch (file {digest[:12]}…, manifest {entry['sha256'][:12]}…); "
                     f"{self.rebuild}"
                 )
-            _VERIFIED.add(seen)
 
     def _read_answers(self) -> list[str]:
         path = self.file(ANSWERS_FILE)

@@ -42,6 +42,7 @@ from pipeline.io import (
     remove_path,
     remove_stale_tmp,
     sha256_file,
+    sha256_mismatch,
     tmp_path_for,
 )
 from pipeline.records import RegionBuffer, RegionFeatures, validate_record
@@ -91,22 +92,11 @@ def check_shard(directory: Path, info: ShardInfo, *, checksum: bool = False) -> 
     if size != info.bytes:
         state = "truncated" if size < info.bytes else "changed since it was written"
         raise StoreError(f"{where} is {state}: {size:,} bytes on disk, the manifest says {info.bytes:,}; {advice}")
-    if checksum:
-        seen = (str(data.resolve()), info.sha256, size, data.stat().st_mtime_ns)
-        if seen not in _VERIFIED:
-            digest = sha256_file(data)
-            if digest != info.sha256:
-                raise StoreError(
-                    f"{where} is corrupt: sha256 mismatch (file {digest[:12]}…, manifest {info.sha256[:12]}…); {advice}"
-                )
-            _VERIFIED.add(seen)
+    if checksum and (digest := sha256_mismatch(data, info.sha256)):
+        raise StoreError(
+            f"{where} is corrupt: sha256 mismatch (file {digest[:12]}…, manifest {info.sha256[:12]}…); {advice}"
+        )
     return path
-
-
-# Shard files whose sha256 this process (or the parent it was forked from) has checked, as
-# (path, sha256, size, mtime): every store object over them, the train and val datasets and
-# forked DataLoader workers check each file once, not once each.
-_VERIFIED: set[tuple] = set()
 
 
 def open_shard_reader(directory: Path, manifest: Manifest, index: int, out_dtype=None, *, checksum: bool = False):
