@@ -131,9 +131,9 @@ class Retrieval(Task):
 
     def _index(self, view) -> _SplitIndex:
         """The view's `_SplitIndex` (built once per view)."""
-        index = view.__dict__.get("_retrieval_index")
-        if index is not None:
-            return index
+        return view.memo("retrieval_index", lambda: self._build_index(view))
+
+    def _build_index(self, view) -> _SplitIndex:
         groups = [view.value("group", i) for i in range(len(view.rows))]
         position = {g: k for k, g in enumerate(dict.fromkeys(groups))}
         image_of = np.array([position[g] for g in groups], np.int64)
@@ -143,9 +143,7 @@ class Retrieval(Task):
         if len(position) < 2:
             raise ConfigError(f"{view.data.path}: retrieval training needs at least 2 images in split {view.split!r}")
         hard = self._hard_rows(view, list(position)) if self.hard_negatives is not None and view.train else None
-        index = _SplitIndex(list(position), image_of, [np.array(c) for c in captions], hard)
-        view.__dict__["_retrieval_index"] = index
-        return index
+        return _SplitIndex(list(position), image_of, [np.array(c) for c in captions], hard)
 
     def _hard_rows(self, view, images: list) -> np.ndarray:
         """Each image's pool row, as image indices of this split; ConfigError when an image
