@@ -1,4 +1,4 @@
-"""Hostile and careless inputs to feature stores and what we write (issue 25): manifests that
+"""Hostile and careless inputs to feature stores and what we write: manifests that
 name files outside the store or a pipe, fields of the wrong type, `verify --sample` seeds and
 its summary, exports a format cannot hold, ids that are not Unicode text, strict JSON."""
 

@@ -1,4 +1,4 @@
-"""Task inputs and splits as the references build them (issue 24, section 2): VQA's answer
+"""Task inputs and splits as the references build them: VQA's answer
 tables normalized as the official evaluator normalizes (grey and gray are two answers),
 ViLBERT's minval by question id, split specs with set difference (train + (val - minval)),
 LXMERT's minival / nominival from its published minival.json, and retrieval validated on

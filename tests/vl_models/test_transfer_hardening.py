@@ -1,4 +1,4 @@
-"""`vltrain finetune` / `evaluate` / `export` as a careless or hostile user runs them (issue 25):
+"""`vltrain finetune` / `evaluate` / `export` as a careless or hostile user runs them:
 every input checked before the first write, the output rules of every other command, one
 `error:` line and the documented exit code instead of a traceback."""
 
