@@ -621,6 +621,155 @@ def evaluate(
 
 @app.command()
 @named_errors
+def predict(
+    checkpoint: str = typer.Option(
+        ...,
+        help="A fine-tuning or pretraining run folder (its latest checkpoint; --step best: the best) or checkpoint.",
+    ),
+    image: List[str] = typer.Option([], "--image", help="An image: a file or an http(s) URL (twice for --statement)."),
+    images: List[str] = typer.Option(
+        [], "--images", help="Images to rank for --caption: files, folders (their images) or URLs; repeatable."
+    ),
+    image_id: List[str] = typer.Option(
+        [], "--image-id", help="An image of the feature store (--store, default the run's) by id, instead of --image."
+    ),
+    question: str = typer.Option(None, help="A question (VQA, GQA; with 4 --choice: VCR)."),
+    statement: str = typer.Option(None, help="A statement about two images, true or false (NLVR2)."),
+    expression: str = typer.Option(None, help="A referring expression: the box it names (RefCOCO+)."),
+    caption: List[str] = typer.Option(
+        [], "--caption", help="With --images: rank them for it; with one --image, several: rank them for the image."
+    ),
+    text: str = typer.Option(None, help="The pair head's probability that this text describes --image."),
+    choice: List[str] = typer.Option([], "--choice", help="VCR: an answer choice (4 times)."),
+    rationale: List[str] = typer.Option([], "--rationale", help="VCR: a rationale (4 times)."),
+    answer: int = typer.Option(None, help="VCR QA->R: the answer (0-3) the rationales are conditioned on."),
+    task: str = typer.Option(None, help="The head to ask where the run has several of a kind (e.g. vqa or gqa)."),
+    top_k: int = typer.Option(None, "--top-k", help="Answers (default 5) or ranked images / captions (default all)."),
+    queries: Path = typer.Option(
+        None, help="A JSON-lines file of queries (fields as the flags: image, images, image_id, question, ...)."
+    ),
+    out: Path = typer.Option(None, help="Write the results here as JSON lines (default: standard output)."),
+    show: Path = typer.Option(None, help="Draw the image, its regions and the answer into this PNG (one query)."),
+    step: str = typer.Option(None, help="In a run folder: the checkpoint of this step, or best."),
+    store: Path = typer.Option(None, help="The feature store whose detector runs on new images (default: the run's)."),
+    weights: Path = typer.Option(
+        None, help="The detector weights file, where the store's recorded one is not here (checked by its sha256)."
+    ),
+    detector: str = typer.Option(
+        None, help="The detector config (a name or JSON), where the recorded one is not here."
+    ),
+    vocab: Path = typer.Option(None, help="Vocab (default: the run's)."),
+    task_data: List[str] = typer.Option(
+        [], "--task-data", help="TASK=FOLDER: a task dataset with the head's answer table, where the run's is not here."
+    ),
+    allow_private_network: bool = typer.Option(
+        False, "--allow-private-network", help="Fetch image URLs on private networks too (refused by default)."
+    ),
+    device: Literal[DEVICES] = typer.Option("cpu", help="cpu or cuda."),
+    batch_size: int = typer.Option(16, help="Examples per forward (queries of one task share them)."),
+) -> None:
+    """Ask a trained model about your own images: an answer, a verdict, a box, a ranking, a choice.
+
+    New images go through the detector of the store the model was trained on, exactly as
+    `vlprep extract` extracted that store (same weights, preprocessing and box policy).
+
+    Examples:
+      vltrain predict --checkpoint runs/vqa --image photo.jpg --question "what is on the table?"
+      vltrain predict --checkpoint runs/nlvr2 --image left.jpg --image right.jpg --statement "..."
+      vltrain predict --checkpoint runs/refcoco+ --image photo.jpg --expression "the man on the left" --show box.png
+      vltrain predict --checkpoint runs/f30k --caption "a dog in the snow" --images photos/ --top-k 10
+      vltrain predict --checkpoint runs/vqa --queries queries.jsonl --out predictions.jsonl
+    """
+    import json
+
+    from pipeline.download.fetch import FetchConfig
+    from pipeline.io import atomic_write_bytes, check_output
+    from vl_models.predict import (
+        PredictError,
+        StoreImage,
+        load_predictor,
+        picture,
+        query_from_json,
+        query_of,
+    )
+
+    flagged = bool(caption) or any(v is not None for v in (question, statement, expression, text))
+    if (queries is None) != flagged:
+        raise ConfigError("ask with the flags (--question, --statement, ...) or with --queries FILE, one of them")
+    if show is not None and queries is not None:
+        raise ConfigError("--show draws one query: leave out --queries")
+    for path, flag in ((out, "--out"), (show, "--show")):
+        if path is not None:
+            check_output(path, "predictions", inputs=[Path(checkpoint)], flag=flag, folder=False)
+    folders = {}
+    for entry in task_data:
+        name, sep, folder = entry.partition("=")
+        if not sep or not name or not folder:
+            raise ConfigError(f"--task-data {entry!r}: TASK=FOLDER")
+        folders[name] = folder
+    if queries is not None:
+        try:
+            lines = [line for line in queries.read_text(encoding="utf-8").splitlines() if line.strip()]
+        except (OSError, UnicodeDecodeError) as err:
+            raise ConfigError(f"--queries {queries}: cannot read it: {err}") from err
+        asked = []
+        for number, line in enumerate(lines, 1):
+            try:
+                asked.append(query_from_json(json.loads(line)))
+            except ValueError as err:
+                asked.append({"id": f"line {number}", "_bad": str(err)})
+    else:
+        asked = [
+            query_of(
+                [*image, *(StoreImage(i) for i in image_id)],
+                images,
+                question,
+                statement,
+                expression,
+                caption,
+                text,
+                choice,
+                rationale,
+                answer,
+                task,
+            )
+        ]
+    predictor = load_predictor(
+        checkpoint,
+        device,
+        step,
+        weights,
+        detector,
+        store,
+        vocab,
+        folders,
+        FetchConfig(allow_private_network=allow_private_network),
+        batch_size,
+    )
+    k = top_k if top_k is not None else (0 if any(q.get("caption") or q.get("captions") for q in asked) else 5)
+    good = [q for q in asked if "_bad" not in q]
+    answered = iter(predictor.ask(good, k))
+    results = [
+        {"id": q["id"], "error": "bad query", "detail": f"not JSON: {q['_bad']}"} if "_bad" in q else next(answered)
+        for q in asked
+    ]
+    if queries is None and "error" in results[0]:
+        raise PredictError(results[0]["error"], results[0]["detail"])
+    text_out = "".join(json.dumps(r) + "\n" for r in results)
+    if out is not None:
+        atomic_write_bytes(out, text_out.encode())
+    else:
+        sys.stdout.write(text_out)
+    if show is not None:
+        picture(predictor, asked[0], results[0]).save(show)
+    failed = sum("error" in r for r in results)
+    if failed:
+        Console(stderr=True).print(f"{failed} of {len(results)} queries failed (their lines name the reason)")
+        raise typer.Exit(2)
+
+
+@app.command()
+@named_errors
 def plot(
     run_dir: Path = typer.Argument(..., help="Run folder with metrics.jsonl."),
     output: Path = typer.Option(None, "-o", "--output", help="PNG to write (default RUN/curves.png)."),

@@ -137,6 +137,14 @@ class SelectionConfig(Config):
         one_of("policy", self.policy, POLICIES)
         at_least(self, {"conf_thresh": 0, "nms_thresh": 0})
 
+    @classmethod
+    def from_json(cls, obj: dict) -> "SelectionConfig":
+        """The selection as `to_json` (a store's recorded run config) writes it: ``boxes`` as text."""
+        fields = dict(obj)
+        if "boxes" in fields:
+            fields["boxes"] = BoxCount.parse(fields["boxes"])
+        return from_json(cls, fields, "selection")
+
     def describe(self) -> str:
         """The store's ``box_policy`` provenance (an identity key: a store is appended to only
         under the same one). "+1px" marks Caffe's NMS rule: stores of the earlier rule differ."""

@@ -125,3 +125,15 @@ class Assembler:
 
 
 _RECORD_ARRAYS = ("boxes", "features", "objects_id", "objects_conf", "attrs_id", "attrs_conf", "cls_prob", "attr_prob")
+
+
+def as_stored(rec: RegionFeatures, layout: StoreLayout, out_dtype: Optional[np.dtype] = None) -> RegionFeatures:
+    """`rec` as a store of `layout` gives it back once written (`encode`: each column in its
+    stored dtype, probabilities top-k'd where the layout says so; float columns read back as
+    `out_dtype`), without writing it: new images extracted for a model trained on a store."""
+    encoded = encode(rec, layout)
+    values = [
+        None if encoded[c.name] is None else encoded[c.name].reshape(-1) if c.width == 1 else encoded[c.name]
+        for c in columns(layout)
+    ]
+    return Assembler(layout, out_dtype)(rec.image_id, rec.image_h, rec.image_w, values)

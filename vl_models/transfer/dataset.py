@@ -38,16 +38,24 @@ def _mean(features: np.ndarray) -> np.ndarray:
     return features.sum(axis=0, dtype=np.float64) / max(len(features), 1)
 
 
+def _opened(store, verify: Optional[bool]):
+    """A feature store path opened for float32 reads; an opened store (anything with ``in`` and
+    ``get``: `vltrain predict`'s new images) as it is."""
+    return FeatureStore.open(store, dtype="float32", verify=verify) if isinstance(store, (str, Path)) else store
+
+
 class TaskDataset(torch.utils.data.Dataset):
     """Split `split` (comma-separated: a union) of `data` for `task` and `family`;
-    `given_stores`: the ground-truth boxes' feature stores (see the module's docstring)."""
+    `given_stores`: the ground-truth boxes' feature stores (see the module's docstring).
+    `data` is a `TaskData` or anything with its reading methods (`vltrain predict`'s queries);
+    `stores` are paths or opened stores; `vocab` a vocab path or a `WordPiece`."""
 
     def __init__(
         self,
         data: TaskData,
         task,
-        stores: Sequence[Path],
-        vocab: Path,
+        stores: Sequence[Union[Path, object]],
+        vocab: Union[Path, WordPiece],
         family,
         settings: DataSettings,
         split: str,
@@ -65,15 +73,15 @@ class TaskDataset(torch.utils.data.Dataset):
             )
         self.max_text = settings.max_text or task.max_text or family.max_text
         verify = True if settings.verify_shards else None
-        self.stores = [FeatureStore.open(p, dtype="float32", verify=verify) for p in stores]
-        self.given_stores = [FeatureStore.open(p, dtype="float32", verify=verify) for p in given_stores]
+        self.stores = [_opened(p, verify) for p in stores]
+        self.given_stores = [_opened(p, verify) for p in given_stores]
         dims = {s.layout.feature_dim for s in self.stores + self.given_stores}
         if self.given_stores and len(dims) > 1:
             raise ConfigError(
                 f"the feature stores have features of different widths ({', '.join(map(str, sorted(dims)))}): "
                 "ground-truth boxes must come from the detections' detector"
             )
-        self.tokenizer = WordPiece(vocab)
+        self.tokenizer = vocab if isinstance(vocab, WordPiece) else WordPiece(vocab)
         self.epoch = 0
         self._memo: dict = {}
 

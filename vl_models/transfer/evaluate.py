@@ -65,8 +65,11 @@ def predict(
     limit: int = 0,
     progress: Progress = None,
     workers: int = 0,
+    readout: Optional[Callable[[torch.Tensor, dict], dict]] = None,
 ) -> Predictions:
-    """The task's predictions on the view's examples (the first `limit` rows' when > 0)."""
+    """The task's predictions on the view's examples (the first `limit` rows' when > 0);
+    `readout(logits, batch)`: further per-example arrays to keep beside them (`vltrain
+    predict`'s scores)."""
     task = view.task
     was_training = model.training
     model.eval()
@@ -86,10 +89,11 @@ def predict(
         for batch in loader:
             batch = _to(batch, device)
             logits = model(task.name, batch)
+            extra = readout(logits, batch) if readout else {}
             scored.append(
                 {
                     k: np.asarray(v)
-                    for k, v in {**task.predict(logits, batch), "index": batch["index"].cpu().numpy()}.items()
+                    for k, v in {**task.predict(logits, batch), **extra, "index": batch["index"].cpu().numpy()}.items()
                 }
             )
             done += len(batch["index"])
@@ -124,6 +128,25 @@ def score_pairs(
     chosen = set(images)
     captions = [i for i in range(len(view.rows)) if view.value("images", i)[0] in chosen]
     image_of_caption = np.array([images.index(view.value("images", i)[0]) for i in captions])
+    scores = pair_scores(model, view, captions, images, device, batch_size, progress)
+    return Predictions(
+        rows=view.rows[captions], values={"scores": scores, "image_of_caption": image_of_caption, "images": images}
+    )
+
+
+@torch.no_grad()
+def pair_scores(
+    model,
+    view: TaskDataset,
+    captions: Sequence[int],
+    images: Sequence[str],
+    device: str,
+    batch_size: int,
+    progress: Progress = None,
+) -> np.ndarray:
+    """(captions, images) pair scores of the view's rows `captions` (their texts) against the
+    images `images` (store keys), as the module's docstring says: under torchrun each rank
+    scores its share of the images, gathered on every rank."""
     texts = _to(torch.utils.data.default_collate([view.text(view.value("text", i)) for i in captions]), device)
     family = model.family
     base = family.backbone(model.backbone)
@@ -165,10 +188,7 @@ def score_pairs(
         return out
 
     columns = distributed.gather_shards([column(images[j]) for j in mine])
-    scores = np.stack(columns, axis=1) if columns else np.zeros((len(captions), 0), np.float32)
-    return Predictions(
-        rows=view.rows[captions], values={"scores": scores, "image_of_caption": image_of_caption, "images": images}
-    )
+    return np.stack(columns, axis=1) if columns else np.zeros((len(captions), 0), np.float32)
 
 
 def evaluate_checkpoint(

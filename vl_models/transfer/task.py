@@ -103,6 +103,11 @@ class Task:
         """Examples in a `TaskDataset` view (one per row unless a task says otherwise)."""
         return len(view.rows)
 
+    def example_of(self, view, i: int) -> tuple[int, int]:
+        """(the view position of example `i`'s row, the answer its rationales are conditioned on:
+        VCR's QA->R examples; -1 for none)."""
+        return i, -1
+
     def example(self, view, i: int, rng: np.random.Generator) -> dict:
         """Example `i` of `view`: its C candidates (`view.candidates`) and its targets."""
         raise NotImplementedError

@@ -165,7 +165,7 @@ class QA2R(VcrTask):
     def length(self, view):
         return len(view.rows) * self._per_row(view)
 
-    def _split(self, view, i: int) -> tuple[int, int]:
+    def example_of(self, view, i: int) -> tuple[int, int]:
         """(question, the answer its rationales are conditioned on)."""
         n = len(view.rows)
         if self._per_row(view) == 1:
@@ -175,7 +175,7 @@ class QA2R(VcrTask):
         return (i, 0) if i < n else ((i - n) // (CHOICES - 1), (i - n) % (CHOICES - 1) + 1)
 
     def example(self, view, i, rng):
-        row, answer = self._split(view, i)
+        row, answer = self.example_of(view, i)
         return {**self._example(view, row, answer), "question": np.int64(row), "answer": np.int64(answer)}
 
     def predict(self, logits, batch):
@@ -216,7 +216,7 @@ class Vcr(VcrTask):
     def length(self, view):
         return len(view.rows) * (2 if view.train else 1 + CHOICES)
 
-    def _split(self, view, i: int) -> tuple[int, int]:
+    def example_of(self, view, i: int) -> tuple[int, int]:
         """(row, answer the rationales are conditioned on; -1: a Q->A example)."""
         n = len(view.rows)
         if i < n:
@@ -226,7 +226,7 @@ class Vcr(VcrTask):
         return (i - n) // CHOICES, (i - n) % CHOICES
 
     def example(self, view, i, rng):
-        row, answer = self._split(view, i)
+        row, answer = self.example_of(view, i)
         limit = Q2A_TEXT if answer < 0 and view.cfg.max_text is None else None
         return self._example(view, row, answer, limit)
 

@@ -1,0 +1,243 @@
+"""New images extracted exactly as a feature store's images were: `StoreDetector`.
+
+A model trained on a store has only ever seen that store's features, so a new image must go
+through the same detector, weights, preprocessing and box policy, and come back as the store
+would give it back. `StoreDetector.of(store)` reads what the store records (its manifest's
+``provenance``: detector name, preprocessing, box policy, weights sha256 and file name; and
+the creating run's resolved ``config``: detector config, weights path, selection, batch size,
+image options, dtype), loads that detector, and refuses one whose provenance differs
+(`ProvenanceError`: another weights file, detector config, preprocessing or box policy).
+
+Images are read as `vlprep extract` reads them (`read_images`): a file, a folder (its image
+files, as ``--images`` lists them) or an ``http(s)`` URL, fetched under the downloader's
+rules (`pipeline.download.fetch`: size cap, private-network refusal, redirects, deadline).
+What happens to the bytes then is the store's own path: a store extracted from a dataset
+(``--dataset``) had each downloaded image normalized by `pipeline.images.process_image` under
+its image options (downscale, re-encode) before decoding; one extracted from ``--images``
+decoded the bytes as they were. The regions come back through the store's column encoding
+(features in its dtype, read back as float32), so for the same image they equal what
+`FeatureStore.get` returns for it (bitwise: `tests/pipeline/test_like_store.py`), batched as
+the store's run batched (its ``--batch-size``: the detector's backbone stacks images of one
+size) and, on CPU, with its actors' threads (``--actor-cpus``, 1 by default: a convolution's
+sums run in an order that depends on the thread count; measured, 2 threads differ from 1 in
+the last bits).
+
+Every bad input is an `ImageInputError` naming the image and the reason (the downloader's and
+the decoder's reason names: ``too large``, ``private address``, ``decode error``,
+``decompression bomb``, ``file not found``, ...).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Optional, Sequence, Union
+
+import numpy as np
+import torch
+
+from pipeline.config import from_json
+from pipeline.datasets.folder import image_files
+from pipeline.detect.config import DetectorConfig, SelectionConfig
+from pipeline.detect.extractor import RegionFeatureExtractor
+from pipeline.detect.model import VGDetector
+from pipeline.detect.weights import load_detector
+from pipeline.download.fetch import FetchConfig, FetchError, HostLimiter, fetch, redact_url
+from pipeline.errors import EXIT_CONFIG, ConfigError, VlprepError
+from pipeline.images import ImageConfig, ImageError, load_rgb, process_image
+from pipeline.records import RegionFeatures
+from pipeline.store import FeatureStore
+from pipeline.store.columns import as_stored
+
+log = logging.getLogger(__name__)
+
+URL_SCHEMES = ("http://", "https://")
+
+
+class ImageInputError(VlprepError, ValueError):
+    """An image that cannot be used: `image` names it (a path or a URL without credentials),
+    `kind` the reason (the downloader's and the decoder's names)."""
+
+    exit_code = EXIT_CONFIG
+
+    def __init__(self, image: str, kind: str, detail: str):
+        self.image, self.kind, self.detail = image, kind, detail
+        super().__init__(f"image {image}: {kind}: {detail}")
+
+
+class ProvenanceError(ConfigError):
+    """A detector that is not the one a store's features came from."""
+
+
+@dataclass(frozen=True)
+class Image:
+    """An image to extract: `image_id` (its path or URL, credentials removed), its bytes as
+    read, and `rgb` as the store's run would have decoded it (after its normalization)."""
+
+    image_id: str
+    data: bytes
+    rgb: np.ndarray
+
+
+def image_sources(sources: Iterable[Union[str, Path]]) -> list[str]:
+    """`sources` with each folder replaced by its image files (sorted, as ``--images`` lists
+    them); files and URLs as given. A path that does not exist is an `ImageInputError`."""
+    out = []
+    for source in sources:
+        text = str(source)
+        if text.lower().startswith(URL_SCHEMES):
+            out.append(text)
+            continue
+        path = Path(text)
+        if path.is_dir():
+            files = [str(p) for p in image_files(path)]
+            if not files:
+                raise ImageInputError(text, "no images", "the folder holds no image files")
+            out += files
+        elif path.exists():
+            out.append(text)
+        else:
+            raise ImageInputError(text, "file not found", "no such file or folder")
+    return out
+
+
+def read_bytes(source: str, fetch_cfg: FetchConfig = FetchConfig()) -> bytes:
+    """The bytes of one image file or ``http(s)`` URL, under the downloader's rules (at most
+    ``fetch_cfg.max_bytes``; URLs: private networks refused unless allowed, redirects,
+    deadline); `ImageInputError` otherwise."""
+    if source.lower().startswith(URL_SCHEMES):
+        try:
+            return fetch(source, fetch_cfg, HostLimiter(1)).data
+        except FetchError as err:
+            raise ImageInputError(redact_url(source), err.kind, err.detail) from err
+    if Path(source).is_dir():
+        raise ImageInputError(source, "a folder", "one image is asked for here, not a folder of them")
+    try:
+        with open(source, "rb") as f:
+            data = f.read(fetch_cfg.max_bytes + 1)
+    except FileNotFoundError as err:
+        raise ImageInputError(source, "file not found", "no such file") from err
+    except (OSError, ValueError) as err:
+        raise ImageInputError(source, "file error", str(getattr(err, "strerror", None) or err)) from err
+    if len(data) > fetch_cfg.max_bytes:
+        raise ImageInputError(source, "too large", f"larger than {fetch_cfg.max_bytes:,} bytes")
+    return data
+
+
+class StoreDetector:
+    """The detector of a feature store, extracting new images as the store's run did."""
+
+    def __init__(
+        self,
+        extractor: RegionFeatureExtractor,
+        store: FeatureStore,
+        normalize: Optional[ImageConfig],
+        batch_size: int,
+        threads: int,
+        fetch_cfg: FetchConfig,
+    ):
+        self.extractor, self.store, self.normalize = extractor, store, normalize
+        self.batch_size, self.threads, self.fetch_cfg = batch_size, threads, fetch_cfg
+
+    @classmethod
+    def of(
+        cls,
+        store: Union[str, Path],
+        weights: Optional[Union[str, Path]] = None,
+        detector: Optional[str] = None,
+        device: str = "cpu",
+        fetch_cfg: FetchConfig = FetchConfig(),
+    ) -> "StoreDetector":
+        """The detector `store`'s features came from: its recorded weights file (or `weights`,
+        checked against the recorded sha256) and detector config (or `detector`), preprocessing
+        and box policy. ConfigError when the store records no extraction (imported features,
+        ground-truth boxes) or the weights are not there; `ProvenanceError` on a mismatch."""
+        opened = FeatureStore.open(store, dtype="float32")
+        provenance = opened.manifest.provenance
+        run = provenance.get("config")
+        if not isinstance(run, dict) or not provenance.get("detector") or "preprocess" not in run:
+            raise ConfigError(
+                f"{store}: its features were not extracted by vlprep extract (no detector in its provenance): "
+                "there is no detector to run on new images; use a store's image ids instead"
+            )
+        if run.get("given_boxes"):
+            raise ConfigError(
+                f"{store} holds features of given (ground-truth) boxes: new images need the detections' store"
+            )
+        det_cfg = DetectorConfig.load(detector or run.get("detector") or provenance["detector"])
+        if det_cfg.name != provenance["detector"]:
+            raise ProvenanceError(
+                f"--detector {detector}: config {det_cfg.name!r}, but {store} was extracted with "
+                f"{provenance['detector']!r}"
+            )
+        recorded = provenance.get("weights_sha256", "")
+        if provenance.get("random_weights") or str(recorded).startswith("random-seed-"):
+            if weights is not None:
+                raise ProvenanceError(
+                    f"{store} was extracted with random weights (seed {run.get('seed')}), not {weights}"
+                )
+            torch.manual_seed(int(run.get("seed", 0)))
+            model = VGDetector(det_cfg)
+        else:
+            path = Path(weights or run.get("weights") or "")
+            if not path.is_file():
+                raise ConfigError(
+                    f"--weights: {store} was extracted with {provenance.get('weights_file') or 'a weights file'} "
+                    f"(sha256 {str(recorded)[:16]}...), which is not at {path}: name it"
+                )
+            model, report = load_detector(path, det_cfg)
+            if report.sha256 != recorded:
+                raise ProvenanceError(
+                    f"--weights {path}: sha256 {report.sha256[:16]}..., but {store} was extracted with "
+                    f"{provenance.get('weights_file')} (sha256 {str(recorded)[:16]}...): not the same detector"
+                )
+        selection = SelectionConfig.from_json(run.get("selection") or {})
+        if selection.describe() != provenance.get("box_policy"):
+            raise ProvenanceError(
+                f"{store}: its box policy {provenance.get('box_policy')!r} is not its run's selection "
+                f"({selection.describe()!r})"
+            )
+        if provenance.get("fp16") and str(device).startswith("cuda"):
+            log.info("%s was extracted in fp16 on a GPU: so are the new images", store)
+        if str(device).split(":")[0] != str(provenance.get("device", "cpu")).split(":")[0]:
+            log.warning(
+                "%s was extracted on %s, these images run on %s: their features match the store's to float "
+                "precision, not bitwise",
+                store,
+                provenance.get("device"),
+                device,
+            )
+        extractor = RegionFeatureExtractor(
+            model, selection, device=device, fp16=bool(provenance.get("fp16")), preprocess=provenance["preprocess"]
+        )
+        normalize = from_json(ImageConfig, run.get("image") or {}, "image options") if run.get("dataset") else None
+        threads = max(1, int(run.get("actor_cpus") or 1))
+        return cls(extractor, opened, normalize, int(run.get("batch_size") or 1), threads, fetch_cfg)
+
+    def load(self, source: str) -> Image:
+        """One image (a file or URL) read and decoded as the store's run would have."""
+        data = read_bytes(source, self.fetch_cfg)
+        image_id = redact_url(source)
+        try:
+            if self.normalize is not None:
+                data = process_image(data, self.normalize).data
+            return Image(image_id, data, load_rgb(data, (self.normalize or ImageConfig()).max_pixels))
+        except ImageError as err:
+            raise ImageInputError(image_id, err.kind, err.detail) from err
+
+    def extract(self, images: Sequence[Image]) -> list[RegionFeatures]:
+        """Each image's regions as the store returns its own (float32), in `images`' order."""
+        out, threads = [], torch.get_num_threads()
+        cpu = self.extractor.device.type == "cpu"
+        if cpu:  # the actor's threads: CPU kernels sum in an order that depends on the thread count
+            torch.set_num_threads(self.threads)
+        try:
+            for start in range(0, len(images), self.batch_size):
+                batch = images[start : start + self.batch_size]
+                records = self.extractor([im.rgb for im in batch], [im.image_id for im in batch])
+                out += [as_stored(rec, self.store.layout, np.float32) for rec in records]
+        finally:
+            if cpu:
+                torch.set_num_threads(threads)
+        return out

@@ -1,0 +1,293 @@
+"""Asking a model about raw images (`vltrain predict`, `load_predictor`), on the shapes world:
+features bitwise equal to the store `vlprep extract` wrote, every task's prediction equal to
+`vltrain evaluate` on the same split, zero-shot heads of a pretraining run, named errors with
+exit 2, the command line's JSON lines and picture."""
+
+import csv
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from helpers import run_vltrain, shared_ray
+from train_helpers import VOCAB
+
+from pipeline.detect.config import BoxCount, DetectorConfig, ExtractConfig, SelectionConfig
+from pipeline.detect.like_store import ImageInputError, ProvenanceError, StoreDetector
+from pipeline.detect.model import VGDetector
+from pipeline.detect.run import run_extract
+from pipeline.detect.weights import save_detector, shapes_tiny_weights
+from pipeline.distribute import DistributeConfig
+from pipeline.download.fetch import FetchConfig
+from pipeline.mixture import Mixture
+from pipeline.store import FeatureStore
+from pipeline.synthetic import write_cc_tsvs, write_world
+from pipeline.task_data import TaskData
+from vl_models import transfer
+from vl_models.config import FinetuneConfig, TrainConfig
+from vl_models.demo import _mixture, _task_datasets, serve
+from vl_models.predict import PredictError, StoreImage, load_predictor
+from vl_models.train.trainer import run as run_pretraining
+from vl_models.transfer.evaluate import evaluate_checkpoint
+from vl_models.transfer.finetune import run_finetune
+from vl_models.transfer.task import Predictions
+
+TASKS = ("vqa", "nlvr2", "flickr30k", "refcoco+", "vcr")
+
+
+def image_file(world: Path, key: str) -> str:
+    """The world's image file of a store key (``cc3m-val-00000003`` -> images/shapes_val_00000003.jpg)."""
+    _, split, number = key.split("-")
+    return str(world / "images" / f"shapes_{split}_{number}.jpg")
+
+
+@pytest.fixture(scope="module")
+def shapes(tmp_path_factory):
+    """A 16-scene world extracted with the shapes detector (as the demo: through the download
+    path), its task datasets, a fine-tuning run of every task and a pretraining run."""
+    root = tmp_path_factory.mktemp("predict")
+    world = root / "world"
+    write_world(world, 16, 0, val_fraction=0.25)
+    shared_ray()
+    server, url = serve(world)
+    try:
+        write_cc_tsvs(world, url)
+        run_extract(
+            ExtractConfig(
+                out=root / "features",
+                dataset="conceptual_captions",
+                inputs=(world / "Train_GCC-training.tsv", world / "Validation_GCC-1.1.0-Validation.tsv"),
+                weights=shapes_tiny_weights(),
+                detector="shapes-tiny",
+                selection=SelectionConfig("butd", BoxCount.parse("10-20")),
+                batch_size=4,
+                device="cpu",
+                distribute=DistributeConfig(shard_size=8, workers=2),
+                fetch=FetchConfig(allow_private_network=True),
+            )
+        )
+    finally:
+        server.shutdown()
+    _task_datasets(root)
+    run_finetune(
+        FinetuneConfig.of(
+            tasks=TASKS,
+            task_data=tuple(str(root / "tasks" / t) for t in TASKS),
+            stores=(str(root / "features"),),
+            out=str(root / "finetuned"),
+            model="lxmert-tiny",
+            vocab=str(VOCAB),
+            epochs=None,
+            steps=3,
+            batch_size=4,
+            max_regions=20,
+            max_text=24,
+            lr=1e-3,
+            log_every=1,
+            checkpoint_every=3,
+        )
+    )
+    _mixture(world, root / "features", root / "mixture", ("coco_captions", "vqa"))
+    run_pretraining(
+        TrainConfig.of(
+            model="lxmert-tiny",
+            stores=(str(root / "features"),),
+            mixture=str(root / "mixture"),
+            out=str(root / "pretrained"),
+            vocab=str(VOCAB),
+            steps=2,
+            batch_size=4,
+            lr=1e-3,
+            warmup=1,
+            checkpoint_every=2,
+            log_every=1,
+            max_regions=20,
+            max_text=24,
+        )
+    )
+    return root
+
+
+@pytest.fixture(scope="module")
+def predictor(shapes):
+    return load_predictor(shapes / "finetuned")
+
+
+def val_rows(shapes: Path, task: str, split: str = "val") -> tuple[TaskData, np.ndarray]:
+    data = TaskData.open(shapes / "tasks" / task, task=task)
+    return data, data.rows(split)
+
+
+def test_new_images_get_the_stores_own_features_bitwise(shapes):
+    detector = StoreDetector.of(shapes / "features")
+    store = FeatureStore.open(shapes / "features", dtype="float32")
+    keys = [f"cc3m-val-{i:08d}" for i in range(3)] + ["cc3m-train-00000005"]
+    images = [detector.load(image_file(shapes / "world", k)) for k in keys]
+    for key, record in zip(keys, detector.extract(images)):
+        stored = store.get(key)
+        assert record.num_boxes == stored.num_boxes
+        for field in ("boxes", "features", "objects_id", "objects_conf", "cls_prob"):
+            assert np.array_equal(getattr(record, field), getattr(stored, field)), (key, field)
+        assert (record.image_h, record.image_w) == (stored.image_h, stored.image_w)
+
+
+def test_every_task_predicts_what_evaluate_scores(shapes, predictor, tmp_path):
+    world, run = shapes / "world", shapes / "finetuned"
+
+    def evaluated(task: str, split: str) -> Path:
+        out = tmp_path / task
+        evaluate_checkpoint(task, str(run), shapes / "tasks" / task, split, out=out, given_stores=[])
+        return out
+
+    # VQA: the answers of the official results file
+    data, rows = val_rows(shapes, "vqa")
+    results = json.loads((evaluated("vqa", "val") / "vqa_results.json").read_text())
+    asked = predictor.ask(
+        [{"image": image_file(world, data.images(r)[0]), "question": data.column("text")[r]} for r in rows], k=3
+    )
+    assert [a["answer"] for a in asked] == [r["answer"] for r in results]
+    assert all(len(a["top_k"]) == 3 and a["top_k"][0]["score"] >= a["top_k"][1]["score"] for a in asked)
+    # NLVR2: the verdicts of lil-lab's CSV
+    data, rows = val_rows(shapes, "nlvr2", "dev")
+    with open(evaluated("nlvr2", "dev") / "nlvr2_predictions.csv") as f:
+        verdicts = {line[0]: line[1] == "True" for line in csv.reader(f)}
+    for r in rows:
+        left, right = (image_file(world, k) for k in data.images(r))
+        label, probability = predictor.verify(left, right, data.column("text")[r])
+        assert label == verdicts[data.column("uid")[r]] and (probability > 0.5) == label
+    # RefCOCO+: the chosen boxes
+    data, rows = val_rows(shapes, "refcoco+")
+    chosen = json.loads((evaluated("refcoco+", "val") / "refcoco+_predictions.json").read_text())
+    for r, expected in zip(rows, chosen):
+        box, score = predictor.ground(image_file(world, data.images(r)[0]), data.column("text")[r])
+        assert np.allclose(box, expected["box"]) and 0 < score < 1
+    # VCR: the leaderboard CSV's answer and rationale probabilities
+    data, rows = val_rows(shapes, "vcr")
+    with open(evaluated("vcr", "val") / "vcr_submission.csv") as f:
+        submitted = list(csv.DictReader(f))
+    for r, line in zip(rows, submitted):
+        got = predictor.choose(
+            image_file(world, data.images(r)[0]),
+            data.column("text")[r],
+            data.column("choices")[r],
+            data.column("rationales")[r],
+        )
+        assert np.allclose(got["answer_probabilities"], [float(line[f"answer_{a}"]) for a in range(4)], atol=1e-6)
+        for a in range(4):
+            expect = [float(line[f"rationale_conditioned_on_a{a}_{k}"]) for k in range(4)]
+            assert np.allclose(got["rationale_probabilities"][a], expect, atol=1e-6)
+    # Flickr30k: every caption ranks the split's images; the metrics are evaluate's
+    data, rows = val_rows(shapes, "flickr30k")
+    metrics = json.loads((evaluated("flickr30k", "val") / "metrics.json").read_text())["metrics"]
+    keys = list(dict.fromkeys(data.images(r)[0] for r in rows))
+    files = [image_file(world, k) for k in keys]
+    scores = np.stack([[dict(predictor.rank(data.column("text")[r], files))[f] for f in files] for r in rows])
+    truth = np.array([keys.index(data.images(r)[0]) for r in rows])
+    ours = transfer.get("flickr30k").score(
+        data, Predictions(rows, {"scores": scores, "image_of_caption": truth, "images": keys})
+    )
+    assert ours == pytest.approx(metrics, abs=1e-9)
+
+
+def test_store_ids_answer_as_their_images_do(shapes, predictor):
+    world = shapes / "world"
+    key = "cc3m-val-00000001"
+    assert predictor.answer(StoreImage(key), "what color is the cube?") == predictor.answer(
+        image_file(world, key), "what color is the cube?"
+    )
+
+
+def test_a_pretraining_run_answers_zero_shot(shapes):
+    p = load_predictor(shapes / "pretrained")
+    image = image_file(shapes / "world", "cc3m-val-00000000")
+    answers = p.answer(image, "what color is the ball?", k=4)
+    table = set(Mixture.open(shapes / "mixture").answers)
+    assert len(answers) == 4 and {a for a, _ in answers} <= table
+    every = p.ask([{"image": image, "question": "what?"}], k=len(table))[0]
+    assert every["zero_shot"] and abs(sum(a["score"] for a in every["top_k"]) - 1) < 1e-4  # softmax over the table
+    probability = p.match(image, "a red ball")
+    assert 0 < probability < 1
+    ranked = p.rank("a red ball", [image, image_file(shapes / "world", "cc3m-val-00000001")])
+    assert [s for _, s in ranked] == sorted((s for _, s in ranked), reverse=True)
+    with pytest.raises(PredictError, match="no head"):
+        p.ground(image, "the red ball")
+
+
+def test_bad_input_is_a_named_error_that_costs_only_its_query(shapes, predictor, tmp_path):
+    world = shapes / "world"
+    good = image_file(world, "cc3m-val-00000000")
+    garbage = tmp_path / "garbage.jpg"
+    garbage.write_bytes(b"\xff\xd8\xff" + b"not a jpeg" * 10)
+    (tmp_path / "empty").mkdir()
+    results = predictor.ask(
+        [
+            {"id": 1, "image": str(garbage), "question": "what?"},
+            {"id": 2, "image": good, "question": "  "},
+            {"id": 3, "image": "http://127.0.0.1:9/x.jpg", "question": "what?"},
+            {"id": 4, "image": good, "question": "what color is the cube?"},
+            {"id": 5, "image": str(tmp_path / "missing.jpg"), "question": "what?"},
+            {"id": 6, "image": good, "text": "a ball"},
+            {"id": 7, "images": [good], "statement": "there is a ball"},
+            {"id": 8, "image": str(tmp_path / "empty"), "question": "what?"},
+        ]
+    )
+    assert [r.get("error") for r in results] == [
+        "decode error",
+        "empty text",
+        "private address",
+        None,
+        "file not found",
+        None,  # the retrieval head scores a text against an image
+        "bad query",
+        "a folder",
+    ]
+    assert results[3]["task"] == "vqa" and results[3]["id"] == 4
+    small = load_predictor(shapes / "finetuned", fetch=FetchConfig(max_bytes=100))
+    with pytest.raises(PredictError, match="too large"):
+        small.answer(good, "what?")
+
+
+def test_a_detector_other_than_the_stores_is_refused(shapes, tmp_path):
+    other = tmp_path / "other.pkl"
+    save_detector(VGDetector(DetectorConfig.load("shapes-tiny")), other)
+    with pytest.raises(ProvenanceError, match="not the same detector"):
+        StoreDetector.of(shapes / "features", weights=other)
+    with pytest.raises(ProvenanceError, match="was extracted with 'shapes-tiny'"):
+        StoreDetector.of(shapes / "features", detector="vg-r101")
+    with pytest.raises(ImageInputError, match="file not found"):
+        StoreDetector.of(shapes / "features").load(str(tmp_path / "nothing.jpg"))
+
+
+def test_the_command_line_writes_json_lines_a_picture_and_exits_2_on_bad_input(shapes, tmp_path):
+    world, run = shapes / "world", shapes / "finetuned"
+    image = image_file(world, "cc3m-val-00000002")
+    proc = run_vltrain(
+        "predict", "--checkpoint", run, "--image", image, "--question", "what color is the cube?", "--top-k", "2"
+    )
+    assert proc.returncode == 0, proc.stderr
+    line = json.loads(proc.stdout)
+    assert line["task"] == "vqa" and len(line["top_k"]) == 2
+    proc = run_vltrain(
+        "predict", "--checkpoint", run, "--image", image, "--expression", "the red ball", "--show", tmp_path / "box.png"
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "box.png").read_bytes()[:4] == b"\x89PNG"
+    queries = tmp_path / "queries.jsonl"
+    queries.write_text(
+        json.dumps({"id": "a", "image": image, "question": "what shape is red?"})
+        + "\n{not json\n"
+        + json.dumps({"id": "b", "image_id": "cc3m-val-00000003", "question": "how many balls?"})
+        + "\n"
+        + json.dumps({"id": "c", "caption": "a red ball", "images": [str(world / "images")]})
+        + "\n"
+    )
+    proc = run_vltrain("predict", "--checkpoint", run, "--queries", queries, "--out", tmp_path / "out.jsonl")
+    assert proc.returncode == 2 and "1 of 4 queries failed" in proc.stderr
+    lines = [json.loads(x) for x in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert [x.get("id") for x in lines] == ["a", "line 2", "b", "c"]
+    assert lines[1]["error"] == "bad query" and "answer" in lines[2]
+    assert len(lines[3]["ranking"]) == 16  # every image of the folder
+    proc = run_vltrain("predict", "--checkpoint", run, "--image", image, "--question", "")
+    assert proc.returncode == 2 and "empty text" in proc.stderr
+    proc = run_vltrain("predict", "--checkpoint", run, "--image", str(tmp_path / "x.jpg"), "--question", "what?")
+    assert proc.returncode == 2 and "file not found" in proc.stderr
