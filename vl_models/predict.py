@@ -258,18 +258,29 @@ class Predictor:
         queries of one task share forward passes (`batch_size` examples each); a query that
         cannot be answered gets ``error`` and ``detail`` and costs nothing else."""
         results: list[Optional[dict]] = [None] * len(queries)
-        groups: dict[str, list[int]] = {}
-        ready: dict[int, dict] = {}
+        self._trim()
+        asked: dict[int, tuple[str, list]] = {}
         for i, query in enumerate(queries):
             try:
                 task = self._task_of(query)
                 self._check_texts(query, self.heads[task].task)
-                ready[i] = {**query, "_keys": self.keys_of(query)}  # each image extracted once
-                groups.setdefault(task, []).append(i)
+                asked[i] = (task, self.sources_of(query))
             except (PredictError, ImageInputError) as err:
                 results[i] = self._error(query, getattr(err, "kind", "bad query"), getattr(err, "detail", str(err)))
             except ConfigError as err:
                 results[i] = self._error(query, "bad query", str(err))
+        failed = self.extract([s for _, sources in asked.values() for s in sources])  # the detector's batches
+        groups: dict[str, list[int]] = {}
+        ready: dict[int, dict] = {}
+        for i, (task, sources) in asked.items():
+            try:
+                bad = next((failed[str(s)] for s in sources if str(s) in failed), None)
+                if bad is not None:
+                    raise bad
+                ready[i] = {**queries[i], "_keys": [self._image(s) for s in sources]}
+                groups.setdefault(task, []).append(i)
+            except ImageInputError as err:
+                results[i] = self._error(queries[i], err.kind, err.detail)
         for name, members in groups.items():
             answered = self._run(name, [ready[i] for i in members], k)
             for i, result in zip(members, answered):
@@ -357,11 +368,7 @@ class Predictor:
 
     def keys_of(self, query: dict) -> list[str]:
         """The store keys of the query's images (each extracted once, then kept)."""
-        keys = []
-        for source in self.sources_of(query):
-            key = self._image(source)
-            keys.append(key)
-        return keys
+        return [self._image(source) for source in self.sources_of(query)]
 
     def _image(self, source) -> str:
         cache_key = ("store", source.image_id) if isinstance(source, StoreImage) else ("image", str(source))
@@ -370,31 +377,44 @@ class Predictor:
             return self._images[cache_key][0]
         if isinstance(source, StoreImage):
             if self.store is None or source.image_id not in self.store:
-                raise ImageInputError(
-                    source.image_id, "not in the store", f"{self.store and self.store.path} has no such id"
-                )
-            entry = (source.image_id, self.store.get(source.image_id), None)
+                where = self.store.path if self.store is not None else "no store"
+                raise ImageInputError(source.image_id, "not in the store", f"{where} has no such id")
+            self._images[cache_key] = (source.image_id, self.store.get(source.image_id), None)
         else:
-            if self._detector is None:
-                self._detector = self._detector_of()
-            image = self._detector.load(str(source))
-            entry = (image.image_id, self._detector.extract([image])[0], image.data)
-        self._images[cache_key] = entry
+            error = self.extract([source]).get(str(source))
+            if error is not None:
+                raise error
+        return self._images[cache_key][0]
+
+    def _trim(self) -> None:
+        """Forget the images asked about longest ago beyond `KEPT_IMAGES` (between batches only:
+        a batch's images stay until it is answered)."""
         while len(self._images) > KEPT_IMAGES:
             self._images.popitem(last=False)
-        return entry[0]
 
-    def extract(self, sources: Sequence) -> None:
-        """Read and extract several images at once (the detector's batches): later queries
-        about them find them ready."""
-        todo = [s for s in sources if not isinstance(s, StoreImage) and ("image", str(s)) not in self._images]
+    def extract(self, sources: Sequence) -> dict[str, ImageInputError]:
+        """Read and extract the new images among `sources` at once (the detector's batches), so
+        that questions about them find them ready; returns the ones that could not be used, by
+        source, with their errors."""
+        todo = list(
+            dict.fromkeys(
+                str(s) for s in sources if not isinstance(s, StoreImage) and ("image", str(s)) not in self._images
+            )
+        )
         if not todo:
-            return
+            return {}
         if self._detector is None:
             self._detector = self._detector_of()
-        images = [self._detector.load(str(s)) for s in todo]
-        for source, image, record in zip(todo, images, self._detector.extract(images)):
-            self._images[("image", str(source))] = (image.image_id, record, image.data)
+        loaded, failed = [], {}
+        for source in todo:
+            try:
+                loaded.append((source, self._detector.load(source)))
+            except ImageInputError as err:
+                failed[source] = err
+        records = self._detector.extract([image for _, image in loaded])
+        for (source, image), record in zip(loaded, records):
+            self._images[("image", source)] = (image.image_id, record, image.data)
+        return failed
 
     def image(self, source) -> tuple[str, RegionFeatures, Optional[bytes]]:
         """(id, regions, bytes as decoded) of an image asked about (`--show`)."""
