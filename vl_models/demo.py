@@ -203,8 +203,14 @@ def run_demo(cfg: DemoConfig, say: Callable[[str], None] = log.info) -> dict:
             "scores": {kind: r["transfer"] for kind, r in families.items()},
         }
 
-    entry = stage("report", "pictures and report")
+    entry = stage(
+        "report",
+        "pictures and report" + (": asking the fine-tuned models about a held-out scene" if cfg.transfer else ""),
+    )
     report["pictures"] = _pictures(world, out, cfg.models)
+    if cfg.transfer:
+        report["predict"] = _ask(cfg, out)
+        report["pictures"]["predict"] = report["predict"]["picture"]
     done(entry)
     report["total_seconds"] = round(sum(s["seconds"] for s in report["stages"].values()), 1)
     (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
@@ -561,6 +567,69 @@ def _pictures(world: Path, out: Path, models: tuple[str, ...]) -> dict:
     return {"scenes": "scenes.png", **{f"{k}_curves": v for k, v in curves.items()}}
 
 
+PREDICT_TASKS = ("vqa", "refcoco+")  # what the demo asks its fine-tuned models about a held-out scene
+
+
+def _ask(cfg: DemoConfig, out: Path) -> dict:
+    """`vltrain predict` as a user tries it after the demo: each family's fine-tuned (from
+    pretraining) VQA and RefCOCO+ models asked about one held-out scene, from its JPEG — a
+    question and a referring expression the world has for it, with their true answer and box —
+    and the answers drawn into ``predict.png``."""
+    from collections import Counter
+
+    import numpy as np
+    from PIL import Image
+
+    from pipeline.task_data import TaskData
+    from vl_models.eval.metrics import box_iou_pairs
+    from vl_models.predict import load_predictor, picture
+
+    refs = TaskData.open(out / "tasks" / "refcoco+")
+    ref = int(refs.rows("val")[0])
+    key = refs.images(ref)[0]  # cc3m-val-NNNNNNNN: the held-out scene images/shapes_val_NNNNNNNN.jpg
+    scene = out / "world" / "images" / f"shapes_val_{key.rsplit('-', 1)[1]}.jpg"
+    vqa = TaskData.open(out / "tasks" / "vqa")
+    question = next(int(r) for r in vqa.rows("val") if vqa.images(int(r))[0] == key)
+    queries = {
+        "vqa": {"image": str(scene), "question": vqa.column("text")[question]},
+        "refcoco+": {"image": str(scene), "expression": refs.column("text")[ref]},
+    }
+    truth_box = np.asarray(refs.column("box")[ref], np.float64)
+    asked, tiles = {}, []
+    for kind in cfg.models:
+        asked[kind] = {}
+        for task in PREDICT_TASKS:
+            run = out / "transfer" / kind / f"{task}-pretrained-seed{cfg.seed}"
+            predictor = load_predictor(run, step="best")
+            result = predictor.ask([queries[task]])[0]
+            if task == "vqa":
+                truth = Counter(vqa.column("answers")[question]).most_common(1)[0][0]  # the annotators' choice
+                asked[kind][task] = {"answer": result["answer"], "score": round(result["score"], 3), "truth": truth}
+            else:
+                iou = float(box_iou_pairs(np.asarray([result["box"]]), truth_box[None])[0])
+                asked[kind][task] = {"box": [round(v, 1) for v in result["box"]], "iou": round(iou, 3)}
+            tiles.append(picture(predictor, queries[task], result, f"{MODELS[kind]}, fine-tuned on {task}"))
+    grid = Image.new("RGB", (sum(t.width for t in tiles) + 8 * len(tiles), max(t.height for t in tiles)), "white")
+    x = 0
+    for tile in tiles:
+        grid.paste(tile, (x, 0))
+        x += tile.width + 8
+    grid.save(out / "predict.png")
+    command = (
+        f"vltrain predict --checkpoint {out / 'transfer' / cfg.models[-1] / f'vqa-pretrained-seed{cfg.seed}'} "
+        f'--step best --image {scene} --question "{queries["vqa"]["question"]}"'
+    )
+    return {
+        "scene": str(scene.relative_to(out)),
+        "question": queries["vqa"]["question"],
+        "expression": queries["refcoco+"]["expression"],
+        "truth_box": [float(v) for v in truth_box],
+        "answers": asked,
+        "picture": "predict.png",
+        "command": command,
+    }
+
+
 def markdown(report: dict) -> str:
     cfg, ev = report["config"], report["evaluation"]
     n = next(iter(ev.values()))["retrieval_images"]
@@ -607,10 +676,30 @@ def markdown(report: dict) -> str:
             )
     if "transfer" in report:
         lines += [""] + transfer_table(report["transfer"])
+    if "predict" in report:
+        lines += [""] + predict_lines(report["predict"])
     lines += ["", "![detections](scenes.png)", ""] + [
-        f"![{k}]({v})" for k, v in report["pictures"].items() if k != "scenes"
+        f"![{k}]({v})" for k, v in report["pictures"].items() if k not in ("scenes", "predict")
     ]
     return "\n".join(lines) + "\n"
+
+
+def predict_lines(p: dict) -> list[str]:
+    """The demo's last step as Markdown lines: what the fine-tuned models said about a held-out scene."""
+    lines = [
+        f"Asked about the held-out scene `{p['scene']}` (`vltrain predict`, from the JPEG): "
+        f'"{p["question"]}" (truth: {next(iter(p["answers"].values()))["vqa"]["truth"]}) and '
+        f'"{p["expression"]}":',
+        "",
+        "| model (fine-tuned from pretraining) | VQA answer (score) | grounded box (IoU with the truth) |",
+        "|---|---|---|",
+    ]
+    for kind, a in p["answers"].items():
+        lines.append(
+            f"| {MODELS[kind]} | {a['vqa']['answer']} ({a['vqa']['score']:.2f}) | "
+            f"{', '.join(f'{v:.0f}' for v in a['refcoco+']['box'])} ({a['refcoco+']['iou']:.2f}) |"
+        )
+    return lines + ["", f"![predictions]({p['picture']})", "", "Try it yourself:", "", f"    {p['command']}"]
 
 
 def transfer_table(t: dict) -> list[str]:

@@ -719,9 +719,9 @@ def query_from_json(obj) -> dict:
     return query
 
 
-def picture(predictor: Predictor, query: dict, result: dict):
-    """The image(s) of a query with their regions (thin grey), what was asked on top and the
-    answer: the grounded box (thick), the verdict, the ranking's best images with their
+def picture(predictor: Predictor, query: dict, result: dict, title: str = ""):
+    """The image(s) of a query with their regions (thin grey), `title`, what was asked and the
+    answer on top: the grounded box (thick), the verdict, the ranking's best images with their
     scores. A PIL image."""
     from PIL import Image, ImageDraw, ImageFont
 
@@ -769,8 +769,9 @@ def picture(predictor: Predictor, query: dict, result: dict):
     else:
         lines = [asked, f"p = {result['probability']:.2f}"]
         tiles = [tile(query["image"])]
+    lines = [title, *lines] if title else lines
     font = ImageFont.load_default(size=16)
-    width = max([sum(t.width for t in tiles) + 4 * len(tiles), 480])
+    width = int(max([sum(t.width for t in tiles) + 4 * len(tiles), *(font.getlength(str(x)) + 12 for x in lines)]))
     top = 8 + 22 * len(lines)
     canvas = Image.new("RGB", (width, top + max([t.height for t in tiles] or [0]) + 4), "white")
     draw = ImageDraw.Draw(canvas)

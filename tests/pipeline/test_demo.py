@@ -6,6 +6,7 @@ from scratch); then a resumed rerun with the model families side by side."""
 
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -93,7 +94,7 @@ def _run_quick_demo(out: Path, bin_dir: Path) -> dict:
             <= set(scores["untrained"])
         )
         assert set(report["models"][model]) == {"pretrain", "evaluate", "transfer"}
-    assert set(report["pictures"]) == {"scenes", "vilbert_curves", "lxmert_curves"}
+    assert set(report["pictures"]) == {"scenes", "vilbert_curves", "lxmert_curves", "predict"}
     for picture in report["pictures"].values():
         assert (out / picture).stat().st_size > 10_000
     transfer = report["transfer"]
@@ -104,11 +105,27 @@ def _run_quick_demo(out: Path, bin_dir: Path) -> dict:
         "scratch": 1,
         "pretrained": 1,
     }
+    _check_the_predict_line(report, out, bin_dir)
     text = (out / "report.md").read_text()
     for model in ("vilbert-small", "lxmert-small"):
         assert f"| {model}, pretrained |" in text and f"{model} pretrained" in text
     assert "| vqa (" in text and "Seconds per model family: vilbert-small pretrain" in text
     return report
+
+
+def _check_the_predict_line(report: dict, out: Path, bin_dir: Path) -> None:
+    """The demo ends by asking its fine-tuned models about a held-out scene; the `vltrain predict`
+    line it prints (the README's, for the default --out) gives the answer the demo reported."""
+    asked = report["predict"]
+    assert {kind: set(a) for kind, a in asked["answers"].items()} == {
+        k: {"vqa", "refcoco+"} for k in ("vilbert", "lxmert")
+    }
+    readme = next(line.strip() for line in (REPO / "README.md").read_text().splitlines() if "vltrain predict" in line)
+    assert readme == asked["command"].replace(str(out), "vlprep_demo"), "the README's predict line is the demo's"
+    args = shlex.split(asked["command"])
+    proc = run_cli(*args[1:], exe=bin_dir / "vltrain", tool="vltrain", cwd=out.parent, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads(proc.stdout)["answer"] == asked["answers"]["lxmert"]["vqa"]["answer"]
 
 
 def _gain(report: dict, model: str, task: str) -> float:

@@ -23,10 +23,10 @@ from pipeline.mixture import Mixture
 from pipeline.store import FeatureStore
 from pipeline.synthetic import write_cc_tsvs, write_world
 from pipeline.task_data import TaskData
-from vl_models import transfer
+from vl_models import load_predictor, transfer
 from vl_models.config import FinetuneConfig, TrainConfig
 from vl_models.demo import _mixture, _task_datasets, serve
-from vl_models.predict import PredictError, StoreImage, load_predictor
+from vl_models.predict import PredictError, StoreImage
 from vl_models.train.trainer import run as run_pretraining
 from vl_models.transfer.evaluate import evaluate_checkpoint
 from vl_models.transfer.finetune import run_finetune
@@ -88,23 +88,25 @@ def shapes(tmp_path_factory):
         )
     )
     _mixture(world, root / "features", root / "mixture", ("coco_captions", "vqa"))
-    run_pretraining(
-        TrainConfig.of(
-            model="lxmert-tiny",
-            stores=(str(root / "features"),),
-            mixture=str(root / "mixture"),
-            out=str(root / "pretrained"),
-            vocab=str(VOCAB),
-            steps=2,
-            batch_size=4,
-            lr=1e-3,
-            warmup=1,
-            checkpoint_every=2,
-            log_every=1,
-            max_regions=20,
-            max_text=24,
+    _mixture(world, root / "features", root / "captions", ("coco_captions",))
+    for model, mixture, out in (("lxmert-tiny", "mixture", "pretrained"), ("vilbert-tiny", "captions", "vilbert")):
+        run_pretraining(
+            TrainConfig.of(
+                model=model,
+                stores=(str(root / "features"),),
+                mixture=str(root / mixture),
+                out=str(root / out),
+                vocab=str(VOCAB),
+                steps=2,
+                batch_size=4,
+                lr=1e-3,
+                warmup=1,
+                checkpoint_every=2,
+                log_every=1,
+                max_regions=20,
+                max_text=24,
+            )
         )
-    )
     return root
 
 
@@ -177,16 +179,20 @@ def test_every_task_predicts_what_evaluate_scores(shapes, predictor, tmp_path):
             expect = [float(line[f"rationale_conditioned_on_a{a}_{k}"]) for k in range(4)]
             assert np.allclose(got["rationale_probabilities"][a], expect, atol=1e-6)
     # Flickr30k: every caption ranks the split's images; the metrics are evaluate's
-    data, rows = val_rows(shapes, "flickr30k")
     metrics = json.loads((evaluated("flickr30k", "val") / "metrics.json").read_text())["metrics"]
+    assert ranked(shapes, predictor) == pytest.approx(metrics, abs=1e-9)
+
+
+def ranked(shapes: Path, predictor) -> dict:
+    """Flickr30k's metrics on its val split from `predictor.rank`: each caption ranks the images."""
+    data, rows = val_rows(shapes, "flickr30k")
     keys = list(dict.fromkeys(data.images(r)[0] for r in rows))
-    files = [image_file(world, k) for k in keys]
+    files = [image_file(shapes / "world", k) for k in keys]
     scores = np.stack([[dict(predictor.rank(data.column("text")[r], files))[f] for f in files] for r in rows])
     truth = np.array([keys.index(data.images(r)[0]) for r in rows])
-    ours = transfer.get("flickr30k").score(
+    return transfer.get("flickr30k").score(
         data, Predictions(rows, {"scores": scores, "image_of_caption": truth, "images": keys})
     )
-    assert ours == pytest.approx(metrics, abs=1e-9)
 
 
 def test_store_ids_answer_as_their_images_do(shapes, predictor):
@@ -197,7 +203,7 @@ def test_store_ids_answer_as_their_images_do(shapes, predictor):
     )
 
 
-def test_a_pretraining_run_answers_zero_shot(shapes):
+def test_a_pretraining_run_answers_zero_shot(shapes, tmp_path):
     p = load_predictor(shapes / "pretrained")
     image = image_file(shapes / "world", "cc3m-val-00000000")
     answers = p.answer(image, "what color is the ball?", k=4)
@@ -207,10 +213,16 @@ def test_a_pretraining_run_answers_zero_shot(shapes):
     assert every["zero_shot"] and abs(sum(a["score"] for a in every["top_k"]) - 1) < 1e-4  # softmax over the table
     probability = p.match(image, "a red ball")
     assert 0 < probability < 1
-    ranked = p.rank("a red ball", [image, image_file(shapes / "world", "cc3m-val-00000001")])
-    assert [s for _, s in ranked] == sorted((s for _, s in ranked), reverse=True)
+    zero_shot = evaluate_checkpoint(
+        "flickr30k", str(shapes / "pretrained"), shapes / "tasks" / "flickr30k", "val", out=tmp_path, zero_shot=True
+    )
+    assert ranked(shapes, p) == pytest.approx(zero_shot["metrics"], abs=1e-9)  # the pair head, as --zero-shot
     with pytest.raises(PredictError, match="no head"):
         p.ground(image, "the red ball")
+    vilbert = load_predictor(shapes / "vilbert")  # ViLBERT's alignment head; no QA head
+    assert vilbert.tasks == ["pair-head"] and 0 < vilbert.match(image, "a red ball") < 1
+    with pytest.raises(PredictError, match="no head for a question"):
+        vilbert.answer(image, "what color is the ball?")
 
 
 def test_bad_input_is_a_named_error_that_costs_only_its_query(shapes, predictor, tmp_path):
