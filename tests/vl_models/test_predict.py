@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from helpers import run_vltrain, shared_ray
-from train_helpers import VOCAB
+from train_helpers import config, finetune_config
 
 from pipeline.detect.config import BoxCount, DetectorConfig, ExtractConfig, SelectionConfig
 from pipeline.detect.like_store import ImageInputError, ProvenanceError, StoreDetector
@@ -24,7 +24,6 @@ from pipeline.store import FeatureStore
 from pipeline.synthetic import write_cc_tsvs, write_world
 from pipeline.task_data import TaskData
 from vl_models import load_predictor, transfer
-from vl_models.config import FinetuneConfig, TrainConfig
 from vl_models.demo import _mixture, _task_datasets, serve
 from vl_models.predict import PredictError, StoreImage
 from vl_models.train.trainer import run as run_pretraining
@@ -70,20 +69,14 @@ def shapes(tmp_path_factory):
         server.shutdown()
     _task_datasets(root)
     run_finetune(
-        FinetuneConfig.of(
-            tasks=TASKS,
-            task_data=tuple(str(root / "tasks" / t) for t in TASKS),
+        finetune_config(
+            root / "tasks",
+            root / "finetuned",
+            TASKS,
             stores=(str(root / "features"),),
-            out=str(root / "finetuned"),
-            model="lxmert-tiny",
-            vocab=str(VOCAB),
-            epochs=None,
             steps=3,
-            batch_size=4,
             max_regions=20,
             max_text=24,
-            lr=1e-3,
-            log_every=1,
             checkpoint_every=3,
         )
     )
@@ -91,18 +84,14 @@ def shapes(tmp_path_factory):
     _mixture(world, root / "features", root / "captions", ("coco_captions",))
     for model, mixture, out in (("lxmert-tiny", "mixture", "pretrained"), ("vilbert-tiny", "captions", "vilbert")):
         run_pretraining(
-            TrainConfig.of(
-                model=model,
+            config(
+                root,
+                root,
+                model,
                 stores=(str(root / "features"),),
                 mixture=str(root / mixture),
                 out=str(root / out),
-                vocab=str(VOCAB),
                 steps=2,
-                batch_size=4,
-                lr=1e-3,
-                warmup=1,
-                checkpoint_every=2,
-                log_every=1,
                 max_regions=20,
                 max_text=24,
             )
