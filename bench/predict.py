@@ -22,7 +22,7 @@ batch `ask` builds (same tokens, same regions), the bare forward of our model an
 runnable anchor for the detector: the HF FRCNN port is a research example, not a package).
 
 The model runs with `--threads` torch threads (2); the detector with the store's actor
-threads (`--actor-cpus` of its extract run, 1 by default: `StoreDetector` sets them itself, so
+threads (``--actor-cpus`` of its extract run, 1 by default: `StoreDetector` sets them itself, so
 that features are bitwise the store's).
 
     python bench/predict.py                 # shapes-tiny (lxmert-small, lxmert-base) and vg-r101 (lxmert-base)
@@ -83,7 +83,9 @@ def make_store(root: Path, detector: str, images: list[Path], args) -> Path:
         (folder / p.name).write_bytes(p.read_bytes())
     out = root / f"{detector}-store"
     weights = {"weights": shapes_tiny_weights()} if detector == "shapes-tiny" else {"random_weights": True, "seed": 0}
-    selection = SelectionConfig("butd", BoxCount.parse("10-20")) if detector == "shapes-tiny" else SelectionConfig()
+    # shapes-tiny: the demo's 10-20 boxes; vg-r101: LXMERT's fixed 36 (random weights would give BUTD's minimum, 10)
+    boxes = "10-20" if detector == "shapes-tiny" else "36"
+    selection = SelectionConfig("butd", BoxCount.parse(boxes))
     run_extract(
         ExtractConfig(
             out=out,
@@ -213,7 +215,7 @@ def main() -> None:
     parser.add_argument("--batches", default="1,16")
     parser.add_argument("--reps", type=int, default=3, help="cleared-cache asks per shapes-tiny configuration")
     parser.add_argument("--r101-reps", type=int, default=1, help="cleared-cache asks per vg-r101 configuration")
-    parser.add_argument("--model-reps", type=int, default=5, help="cached-image asks and forwards per configuration")
+    parser.add_argument("--model-reps", type=int, default=10, help="cached-image asks and forwards per configuration")
     parser.add_argument("--extract-batch", type=int, default=1, help="the stores' --batch-size (the detector's)")
     parser.add_argument("--actor-cpus", type=int, default=1, help="the stores' --actor-cpus (the detector's threads)")
     parser.add_argument("--quick", action="store_true", help="smoke run: shapes-tiny with lxmert-small only")

@@ -50,12 +50,13 @@ import numpy as np
 import torch
 from torch import nn
 
-from pipeline.detect.like_store import ImageInputError, StoreDetector, image_sources
+from pipeline.detect.like_store import ImageInputError, ProvenanceError, StoreDetector, image_sources
 from pipeline.download.fetch import FetchConfig
 from pipeline.errors import ConfigError, VlprepError
 from pipeline.mixture import Mixture
 from pipeline.records import RegionFeatures
 from pipeline.store import FeatureStore
+from pipeline.store.manifest import IDENTITY_KEYS
 from pipeline.task_data import TaskData
 from vl_models import distributed, families, transfer
 from vl_models.config import DataSettings
@@ -569,6 +570,8 @@ def load_predictor(
     mcfg = family.config_class.from_json(run["model"])
     train = run["train"]
     store_path = Path(store or _recorded(train.get("stores"), "feature store", "--store"))
+    if store:
+        _check_same_detector(store_path, train.get("stores") or ())
     vocab_path = Path(vocab or _recorded(train.get("vocab"), "vocab", "--vocab"))
     heads: dict[str, _Head] = {}
     if is_finetuned(run):
@@ -628,6 +631,25 @@ def _answer_table(task, folder: Optional[str], run: dict) -> list:
     if answers_digest(data) != run["answers"][task.name]:
         raise ConfigError(f"{folder}: its answer table is not the one the {task.name} head was trained on")
     return list(data.answers)
+
+
+def _check_same_detector(store: Path, recorded: Sequence[str]) -> None:
+    """`--store`'s detector is the one the run's recorded store was extracted with (its
+    provenance's detector, weights, box policy and preprocessing); unknown when that store is
+    not on this machine (said in the log)."""
+    here = [Path(p) for p in recorded if Path(p).exists()]
+    if not here:
+        log.warning("--store %s: the run's own store is not here to check that the detector is the same", store)
+        return
+    keys = (*IDENTITY_KEYS, "preprocess")
+    theirs = {k: FeatureStore.open(here[0]).manifest.provenance.get(k) for k in keys}
+    ours = {k: FeatureStore.open(store).manifest.provenance.get(k) for k in keys}
+    differ = [k for k in keys if theirs[k] != ours[k]]
+    if differ:
+        raise ProvenanceError(
+            f"--store {store}: its features come from another detector than the run's store {here[0]} "
+            f"({', '.join(f'{k} {ours[k]!r}, not {theirs[k]!r}' for k in differ)})"
+        )
 
 
 def _recorded(value, what: str, flag: str) -> str:

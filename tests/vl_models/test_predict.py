@@ -122,6 +122,23 @@ def test_new_images_get_the_stores_own_features_bitwise(shapes):
         assert (record.image_h, record.image_w) == (stored.image_h, stored.image_w)
 
 
+def test_a_folder_store_of_random_weights_is_rebuilt_bitwise_and_is_not_the_runs_detector(shapes, tmp_path):
+    folder = tmp_path / "photos"
+    folder.mkdir()
+    for i in range(3):
+        (folder / f"p{i}.jpg").write_bytes(Path(image_file(shapes / "world", f"cc3m-val-{i:08d}")).read_bytes())
+    run_extract(
+        ExtractConfig(out=tmp_path / "store", images=folder, random_weights=True, seed=3, detector="shapes-tiny")
+    )
+    detector = StoreDetector.of(tmp_path / "store")  # the untrained detector rebuilt from its seed
+    store = FeatureStore.open(tmp_path / "store", dtype="float32")
+    for i, record in enumerate(detector.extract([detector.load(str(folder / f"p{i}.jpg")) for i in range(3)])):
+        assert np.array_equal(record.features, store.get(f"p{i}").features)
+        assert np.array_equal(record.boxes, store.get(f"p{i}").boxes)
+    with pytest.raises(ProvenanceError, match="weights_sha256 'random-seed-3'"):
+        load_predictor(shapes / "finetuned", store=tmp_path / "store")
+
+
 def test_every_task_predicts_what_evaluate_scores(shapes, predictor, tmp_path):
     world, run = shapes / "world", shapes / "finetuned"
 
