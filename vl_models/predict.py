@@ -109,12 +109,15 @@ class _Rows:
 
     def __init__(self, rows: list[dict], answers: Sequence[str], path: Optional[Path]):
         self._rows, self.answers, self.path = rows, list(answers), Path(path or ".")
+        self._columns: dict[str, list] = {}
 
     def rows(self, split: str) -> np.ndarray:
         return np.arange(len(self._rows))
 
     def column(self, name: str) -> list:
-        return [r.get(name) for r in self._rows]
+        if name not in self._columns:
+            self._columns[name] = [r.get(name) for r in self._rows]
+        return self._columns[name]
 
     def store_keys(self, rows) -> set:
         return {k for r in rows for k in self._rows[int(r)]["images"]}
