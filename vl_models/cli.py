@@ -619,6 +619,9 @@ def evaluate(
     out_console.print("wrote " + ", ".join(result["files"]))
 
 
+PREDICT_CHUNK = 256  # --queries lines answered at a time (their images held in memory meanwhile)
+
+
 @app.command()
 @named_errors
 def predict(
@@ -681,6 +684,15 @@ def predict(
       vltrain predict --checkpoint runs/vqa --queries queries.jsonl --out predictions.jsonl
     """
     import json
+
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
 
     from pipeline.download.fetch import FetchConfig
     from pipeline.io import atomic_write_bytes, check_output
@@ -747,12 +759,28 @@ def predict(
         batch_size,
     )
     k = top_k if top_k is not None else (0 if any(q.get("caption") or q.get("captions") for q in asked) else 5)
-    good = [q for q in asked if "_bad" not in q]
-    answered = iter(predictor.ask(good, k))
-    results = [
-        {"id": q["id"], "error": "bad query", "detail": f"not JSON: {q['_bad']}"} if "_bad" in q else next(answered)
-        for q in asked
-    ]
+    results = []
+    with Progress(
+        TextColumn("predict"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        console=Console(stderr=True),
+        transient=True,
+        disable=queries is None,
+    ) as bar:
+        job = bar.add_task("queries", total=len(asked))
+        for start in range(0, len(asked), PREDICT_CHUNK):  # the images of a chunk are kept, not all of them
+            chunk = asked[start : start + PREDICT_CHUNK]
+            answered = iter(predictor.ask([q for q in chunk if "_bad" not in q], k))
+            results += [
+                {"id": q["id"], "error": "bad query", "detail": f"not JSON: {q['_bad']}"}
+                if "_bad" in q
+                else next(answered)
+                for q in chunk
+            ]
+            bar.update(job, completed=len(results))
     if queries is None and "error" in results[0]:
         raise PredictError(results[0]["error"], results[0]["detail"])
     text_out = "".join(json.dumps(r) + "\n" for r in results)
