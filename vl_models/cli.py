@@ -670,6 +670,11 @@ def predict(
     ),
     device: Literal[DEVICES] = typer.Option("cpu", help="cpu or cuda."),
     batch_size: int = typer.Option(16, help="Examples per forward (queries of one task share them)."),
+    detector_threads: int = typer.Option(
+        None,
+        help="CPU threads for the detector (default: the store's extract actors', for features bitwise equal to the "
+        "store's; more is faster, equal to the last bits).",
+    ),
 ) -> None:
     """Ask a trained model about your own images: an answer, a verdict, a box, a ranking, a choice.
 
@@ -757,6 +762,7 @@ def predict(
         folders,
         FetchConfig(allow_private_network=allow_private_network),
         batch_size,
+        detector_threads,
     )
     k = top_k if top_k is not None else (0 if any(q.get("caption") or q.get("captions") for q in asked) else 5)
     results = []

@@ -553,12 +553,14 @@ def load_predictor(
     task_data: Optional[dict] = None,
     fetch: FetchConfig = FetchConfig(),
     batch_size: int = 16,
+    detector_threads: Optional[int] = None,
 ) -> Predictor:
     """A `Predictor` for a run of ours (its ``latest`` checkpoint, or `step`: a number, ``best``):
     a fine-tuning run's task heads, or a pretraining run's zero-shot heads (the pair head;
     LXMERT's QA head over its mixture's answers). New images go through the detector of the
     run's store (or `store`'s) as `StoreDetector` finds it (`weights` / `detector` where the
-    recorded ones are not at hand). `task_data`: task name -> task dataset folder, where the
+    recorded ones are not at hand; `detector_threads`: CPU threads for it, default the store's
+    run's, for bitwise-equal features). `task_data`: task name -> task dataset folder, where the
     run's recorded one is not there (its answer table)."""
     device = resolve_device(device, distributed.world()[2])
     path = Path(source)
@@ -606,7 +608,7 @@ def load_predictor(
         heads,
         WordPiece(vocab_path),
         opened,
-        lambda: StoreDetector.of(store_path, weights, detector, device, fetch),
+        lambda: StoreDetector.of(store_path, weights, detector, device, fetch, detector_threads),
         device,
         batch_size,
         str(source),

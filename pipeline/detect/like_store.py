@@ -148,11 +148,16 @@ class StoreDetector:
         detector: Optional[str] = None,
         device: str = "cpu",
         fetch_cfg: FetchConfig = FetchConfig(),
+        threads: Optional[int] = None,
     ) -> "StoreDetector":
         """The detector `store`'s features came from: its recorded weights file (or `weights`,
         checked against the recorded sha256) and detector config (or `detector`), preprocessing
-        and box policy. ConfigError when the store records no extraction (imported features,
-        ground-truth boxes) or the weights are not there; `ProvenanceError` on a mismatch."""
+        and box policy; on CPU with the store's actors' thread count unless `threads` says
+        otherwise (faster on more cores; the features then differ from the store's in the last
+        bits). The thread count is set for the process around each `extract`: one predictor
+        per process, not shared between threads. ConfigError when the store records no
+        extraction (imported features, ground-truth boxes) or the weights are not there;
+        `ProvenanceError` on a mismatch."""
         opened = FeatureStore.open(store, dtype="float32")
         provenance = opened.manifest.provenance
         run = provenance.get("config")
@@ -177,8 +182,9 @@ class StoreDetector:
                 raise ProvenanceError(
                     f"{store} was extracted with random weights (seed {run.get('seed')}), not {weights}"
                 )
-            torch.manual_seed(int(run.get("seed", 0)))
-            model = VGDetector(det_cfg)
+            with torch.random.fork_rng(devices=[]):  # the caller's random stream is left as it was
+                torch.manual_seed(int(run.get("seed", 0)))
+                model = VGDetector(det_cfg)
         else:
             path = Path(weights or run.get("weights") or "")
             if not path.is_file():
@@ -212,7 +218,7 @@ class StoreDetector:
             model, selection, device=device, fp16=bool(provenance.get("fp16")), preprocess=provenance["preprocess"]
         )
         normalize = from_json(ImageConfig, run.get("image") or {}, "image options") if run.get("dataset") else None
-        threads = max(1, int(run.get("actor_cpus") or 1))
+        threads = threads or max(1, int(run.get("actor_cpus") or 1))
         return cls(extractor, opened, normalize, int(run.get("batch_size") or 1), threads, fetch_cfg)
 
     def load(self, source: str) -> Image:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from helpers import run_vltrain, shared_ray
 from train_helpers import config, finetune_config
 
@@ -130,7 +131,11 @@ def test_a_folder_store_of_random_weights_is_rebuilt_bitwise_and_is_not_the_runs
     run_extract(
         ExtractConfig(out=tmp_path / "store", images=folder, random_weights=True, seed=3, detector="shapes-tiny")
     )
+    torch.manual_seed(7)
+    before = torch.rand(3)
+    torch.manual_seed(7)
     detector = StoreDetector.of(tmp_path / "store")  # the untrained detector rebuilt from its seed
+    assert torch.equal(torch.rand(3), before)  # ... without touching the caller's random stream
     store = FeatureStore.open(tmp_path / "store", dtype="float32")
     for i, record in enumerate(detector.extract([detector.load(str(folder / f"p{i}.jpg")) for i in range(3)])):
         assert np.array_equal(record.features, store.get(f"p{i}").features)
