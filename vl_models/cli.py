@@ -633,6 +633,9 @@ def predict(
     images: List[str] = typer.Option(
         [], "--images", help="Images to rank for --caption: files, folders (their images) or URLs; repeatable."
     ),
+    more_images: List[str] = typer.Argument(
+        None, metavar="IMAGES", help="More images to rank for --caption (a shell glob: --images photos/*.jpg)."
+    ),
     image_id: List[str] = typer.Option(
         [], "--image-id", help="An image of the feature store (--store, default the run's) by id, instead of --image."
     ),
@@ -682,11 +685,16 @@ def predict(
     `vlprep extract` extracted that store (same weights, preprocessing and box policy).
 
     Examples:
-      vltrain predict --checkpoint runs/vqa --image photo.jpg --question "what is on the table?"
-      vltrain predict --checkpoint runs/nlvr2 --image left.jpg --image right.jpg --statement "..."
-      vltrain predict --checkpoint runs/refcoco+ --image photo.jpg --expression "the man on the left" --show box.png
-      vltrain predict --checkpoint runs/f30k --caption "a dog in the snow" --images photos/ --top-k 10
-      vltrain predict --checkpoint runs/vqa --queries queries.jsonl --out predictions.jsonl
+
+    vltrain predict --checkpoint runs/vqa --image photo.jpg --question "what is on the table?"
+
+    vltrain predict --checkpoint runs/nlvr2 --image left.jpg --image right.jpg --statement "..."
+
+    vltrain predict --checkpoint runs/refcoco+ --image photo.jpg --expression "the man on the left" --show box.png
+
+    vltrain predict --checkpoint runs/f30k --caption "a dog in the snow" --images photos/*.jpg --top-k 10
+
+    vltrain predict --checkpoint runs/vqa --queries queries.jsonl --out predictions.jsonl
     """
     import json
 
@@ -711,6 +719,9 @@ def predict(
     )
 
     flagged = bool(caption) or any(v is not None for v in (question, statement, expression, text))
+    images = [*images, *(more_images or [])]
+    if more_images and not caption:
+        raise ConfigError(f"{more_images[0]}: images after the flags are ranked for a --caption; there is none")
     if (queries is None) != flagged:
         raise ConfigError("ask with the flags (--question, --statement, ...) or with --queries FILE, one of them")
     if show is not None and queries is not None:

@@ -310,6 +310,12 @@ def test_the_command_line_writes_json_lines_a_picture_and_exits_2_on_bad_input(s
     assert [x.get("id") for x in lines] == ["a", "line 2", "b", "c"]
     assert lines[1]["error"] == "bad query" and "answer" in lines[2]
     assert len(lines[3]["ranking"]) == 16  # every image of the folder
+    second = image_file(world, "cc3m-val-00000003")
+    proc = run_vltrain("predict", "--checkpoint", run, "--caption", "a red ball", "--images", image, second)  # a glob
+    assert proc.returncode == 0, proc.stderr
+    assert {r["image"] for r in json.loads(proc.stdout)["ranking"]} == {image, second}
+    proc = run_vltrain("predict", "--checkpoint", run, "--image", image, "--question", "what?", second)
+    assert proc.returncode == 2 and "ranked for a --caption" in proc.stderr
     proc = run_vltrain("predict", "--checkpoint", run, "--image", image, "--question", "")
     assert proc.returncode == 2 and "empty text" in proc.stderr
     proc = run_vltrain("predict", "--checkpoint", run, "--image", str(tmp_path / "x.jpg"), "--question", "what?")
