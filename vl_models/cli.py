@@ -513,6 +513,24 @@ def finetune(cfg: FinetuneConfig) -> None:
     _train_with_progress(run_finetune, cfg, "fine-tuning")
 
 
+def _bar(label: str, disable: bool = False, info: bool = False):
+    """A progress bar on stderr (done of total, elapsed, time left) that goes away when done;
+    `info`: a text column the task's ``info`` field fills (training's loss and speed)."""
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    columns = [TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn()]
+    if info:
+        columns.insert(3, TextColumn("{task.fields[info]}"))
+    return Progress(*columns, console=Console(stderr=True), transient=True, disable=disable)
+
+
 @app.command()
 @named_errors
 def evaluate(
@@ -567,29 +585,13 @@ def evaluate(
     vltrain evaluate --task vqa --checkpoint lxmert-vqa-uncased/ --data tasks/vqa --split minival --shards coco_feats
     --out eval/lxmert-vqa
     """
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-        TimeRemainingColumn,
-    )
-
     from vl_models import distributed
     from vl_models.train.checkpoint import resolve
     from vl_models.transfer.evaluate import evaluate_checkpoint
 
     source = str(resolve(checkpoint, step, role="--checkpoint")) if step else checkpoint
-    columns = [
-        TextColumn(f"{task} {split}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        TimeRemainingColumn(),
-    ]
     main = distributed.is_main()  # under torchrun: the ranks share the scoring, rank 0 reports
-    with Progress(*columns, console=Console(stderr=True), transient=True, disable=not main) as bar:
+    with _bar(f"{task} {split}", disable=not main) as bar:
         job = bar.add_task("scoring", total=None)
         result = evaluate_checkpoint(
             task,
@@ -698,15 +700,6 @@ def predict(
     """
     import json
 
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-        TimeRemainingColumn,
-    )
-
     from pipeline.download.fetch import FetchConfig
     from pipeline.io import atomic_write_bytes, check_output
     from vl_models.predict import (
@@ -777,16 +770,7 @@ def predict(
     )
     k = top_k if top_k is not None else (0 if any(q.get("caption") or q.get("captions") for q in asked) else 5)
     results = []
-    with Progress(
-        TextColumn("predict"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        TimeRemainingColumn(),
-        console=Console(stderr=True),
-        transient=True,
-        disable=queries is None,
-    ) as bar:
+    with _bar("predict", disable=queries is None) as bar:
         job = bar.add_task("queries", total=len(asked))
         for start in range(0, len(asked), PREDICT_CHUNK):  # the images of a chunk are kept, not all of them
             chunk = asked[start : start + PREDICT_CHUNK]
@@ -907,15 +891,6 @@ def preview_batch(
 def _train_with_progress(run, cfg, label: str) -> None:
     """Call ``run(cfg, on_step)`` with a progress bar on a terminal (a log line per logged step
     in a batch job), then print the last losses and validation scores (under torchrun: rank 0)."""
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-        TimeRemainingColumn,
-    )
-
     from vl_models import distributed
     from vl_models.train.runlog import progress_line
 
@@ -925,15 +900,7 @@ def _train_with_progress(run, cfg, label: str) -> None:
             cfg, on_step=lambda step, metrics, total: logging.getLogger("vltrain").info(progress_line(metrics, total))
         )
     else:
-        columns = [
-            TextColumn(label),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TextColumn("{task.fields[info]}"),
-            TimeElapsedColumn(),
-            TimeRemainingColumn(),
-        ]
-        with Progress(*columns, console=stderr, transient=True) as bar:
+        with _bar(label, info=True) as bar:
             task = bar.add_task("steps", total=None, info="")  # the total comes with the first step
 
             def update(step: int, metrics: dict, total: int) -> None:
