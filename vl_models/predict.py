@@ -9,8 +9,9 @@
     p.match("photo.jpg", "a dog in the snow")         # the pair head's probability
     p.ask([{"image": ..., "question": ...}, ...])      # a batch: one JSON-ready dict per query
 
-An image is a file, a folder (its image files), an ``http(s)`` URL (fetched under the
-downloader's rules), or a `StoreImage` (an id of a feature store: no detector runs). New
+An image is a file, an ``http(s)`` URL (fetched under the downloader's rules), or a
+`StoreImage` (an id of a feature store: no detector runs); the images a caption ranks may be
+folders too (their image files). New
 images go through the detector of the store the model was trained on, as that store's run
 extracted its own (`pipeline.detect.like_store.StoreDetector`: same weights, preprocessing,
 box policy; the same features, bitwise, as `vlprep extract` writes), once per image (kept
@@ -28,7 +29,8 @@ logit (and its sigmoid: the probability that the text describes the image).
 Which head answers: the query's fields say the kind (a question: an answer classifier, or
 with choices a 4-way choice; a statement and two images: the pair classifier; an expression:
 the region scorer; a caption and images, or an image and captions: the retrieval head, else
-the pretraining pair head; an image and a text: the pair head); ``task`` picks one where the
+the pretraining pair head; an image and a text: the pretraining pair head, or a fine-tuned
+run's retrieval head); ``task`` picks one where the
 run has several of that kind. A pretraining run answers zero-shot: LXMERT's pretraining QA
 head over its mixture's answer table, either family's pair head.
 
