@@ -1,0 +1,319 @@
+"""Why does LXMERT's matching loss stay at ln 2 in `vlprep demo`? Variants side by side on one world.
+
+Builds a shapes world as the demo does (`pipeline.synthetic.write_world`, features from the
+committed tiny detector via `run_extract`, both of the demo's mixtures), then per variant a short
+`vltrain pretrain`-equivalent run (`vl_models.train.trainer.run`) of lxmert-small, and scores it
+as the demo's `_evaluate` does: held-out matching accuracy and zero-shot caption -> image R@1 /
+R@10. Variants (``--variants``, comma separated):
+
+* ``demo``: the demo's setting: every task on, captions + questions, matching at weight 3;
+* ``match_only``: matching alone (every other task at weight 0), captions + questions;
+* ``match_only_cap``: matching alone on the captions-only mixture;
+* ``captions``: every task on, the captions-only mixture;
+* ``init0.1``: as ``demo`` with initializer_range 0.1 (lxmert-small's JSON says 0.069);
+* ``init0.1_cap``: as ``captions`` with initializer_range 0.1;
+* ``lr3e-4`` / ``lr3e-3``: as ``demo`` with a lower / higher peak learning rate;
+* ``warmup25``: as ``demo`` with a quarter of the steps as warm-up.
+
+It also counts how often a negative (mismatched) pair's text describes its image by chance,
+drawing the negatives as `PretrainDataset._example` does (`mismatch`, then another row of a
+different image): an exact text of the paired image, or all its colour + shape mentions among
+the mentions in the paired image's own texts.
+
+    python bench/lxmert_matching.py                # 400 images, 500 steps per variant
+    python bench/lxmert_matching.py --quick        # 200 images, 150 steps per variant
+    python bench/lxmert_matching.py --variants demo,match_only --steps 300
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+MODEL = "lxmert-small"
+RETRIEVAL_IMAGES, RETRIEVAL_CAPTIONS = 40, 5  # as the demo
+OTHER_TASKS = ("mlm", "obj", "attr", "feat", "qa")
+
+
+def variants(steps: int) -> dict:
+    """name -> (mixture folder, TrainConfig overrides, model config overrides)."""
+    off = {t: 0.0 for t in OTHER_TASKS}
+    return {
+        "demo": ("mixture_captions_qa", {}, {}),
+        "match_only": ("mixture_captions_qa", {"weights": {"matching": 3.0, **off}}, {}),
+        "match_only_cap": ("mixture_captions", {"weights": {"matching": 3.0, **off}}, {}),
+        "captions": ("mixture_captions", {}, {}),
+        "init0.1": ("mixture_captions_qa", {}, {"initializer_range": 0.1}),
+        "init0.1_cap": ("mixture_captions", {}, {"initializer_range": 0.1}),
+        "lr3e-4": ("mixture_captions_qa", {"lr": 3e-4}, {}),
+        "lr3e-3": ("mixture_captions_qa", {"lr": 3e-3}, {}),
+        "warmup25": ("mixture_captions_qa", {"warmup": max(1, steps // 4)}, {}),
+    }
+
+
+def prepare(out: Path, n_images: int, seed: int) -> None:
+    """World, features and both mixtures into `out`, as `vlprep demo` makes them (kept when there)."""
+    from pipeline.synthetic import write_cc_tsvs, write_world
+    from vl_models.demo import MIXTURE_KINDS, DemoConfig, _extract, _mixture, serve
+
+    out.mkdir(parents=True, exist_ok=True)
+    world = out / "world"
+    if not (world / "summary.json").exists():
+        write_world(world, n_images, seed)
+    if not (out / "features").exists():
+        server, url = serve(world)
+        try:
+            write_cc_tsvs(world, url)
+            print("extract:", _extract(DemoConfig(out=out, n_images=n_images, seed=seed), world, out / "features"))
+        finally:
+            server.shutdown()
+    for name, kinds in MIXTURE_KINDS.items():
+        if not (out / name).exists():
+            print(name, _mixture(world, out / "features", out / name, kinds))
+
+
+def model_json(overrides: dict, folder: Path) -> str:
+    """lxmert-small, or a temp JSON of it with `overrides`."""
+    if not overrides:
+        return MODEL
+    from vl_models.families import CONFIG_DIR
+
+    obj = json.loads((Path(CONFIG_DIR) / f"{MODEL}.json").read_text())
+    obj.update(overrides)
+    obj["name"] = MODEL + "-" + "-".join(f"{k}{v}" for k, v in overrides.items())
+    path = folder / f"{obj['name']}.json"
+    path.write_text(json.dumps(obj, indent=2))
+    return str(path)
+
+
+def train_config(out: Path, run: Path, mixture: str, model: str, steps: int, seed: int, **overrides):
+    """The demo's `_train_config` for LXMERT, with this budget and `overrides`."""
+    from vl_models.config import TrainConfig
+    from vl_models.data.tokenize import bundled_bert_vocab
+
+    settings = dict(
+        model=model,
+        stores=(str(out / "features"),),
+        mixture=str(out / mixture),
+        out=str(run),
+        vocab=str(bundled_bert_vocab()),
+        steps=steps,
+        batch_size=32,
+        lr=1e-3,
+        warmup=max(1, steps // 20),
+        checkpoint_every=steps,
+        eval_every=steps,
+        log_every=max(1, steps // 60),
+        max_text=24,
+        max_regions=20,
+        seed=seed,
+        overwrite=True,
+        weights={"matching": 3.0},
+    )
+    settings.update(overrides)
+    return TrainConfig.of(**settings)
+
+
+def evaluate_run(tcfg, trained: bool, seed: int) -> dict:
+    """The demo's `_evaluate` for one model: held-out matching accuracy, retrieval R@k."""
+    import torch
+
+    from pipeline.mixture import Mixture
+    from vl_models import families
+    from vl_models.eval.evaluate import evaluate
+    from vl_models.train import checkpoint
+    from vl_models.train.trainer import build_model, split_data
+
+    mixture = Mixture.open(tcfg.mixture)
+    family = families.get("lxmert")
+    val = split_data(tcfg, mixture, family, "val")
+    torch.manual_seed(seed)
+    _, _, model = build_model(tcfg, len(mixture.answers))
+    if trained:
+        model.load_state_dict(checkpoint.load_latest(Path(tcfg.out))["model"])
+    scores = evaluate(family, model, val, retrieval_images=RETRIEVAL_IMAGES, captions_per_image=RETRIEVAL_CAPTIONS)
+    return {k[5:]: v for k, v in scores.items() if k.startswith("eval_")}
+
+
+def train_variant(name: str, out: Path, steps: int, seed: int, tmp: Path) -> dict:
+    from vl_models.train.trainer import run
+
+    mixture, overrides, model_overrides = variants(steps)[name]
+    tcfg = train_config(out, out / "runs" / name, mixture, model_json(model_overrides, tmp), steps, seed, **overrides)
+    logged: list[tuple[int, float, float]] = []
+    prints = {max(1, round(steps * f)) for f in (0.1, 0.25, 0.5, 0.75, 1.0)}
+    shown: set[int] = set()
+
+    def on_step(step: int, m: dict, total: int) -> None:
+        logged.append((step, m.get("loss_matching", math.nan), m.get("matching_acc", math.nan)))
+        due = [p for p in prints if p <= step and p not in shown]
+        if due:
+            shown.update(due)
+            parts = ", ".join(f"{k[5:]} {v:.3f}" for k, v in m.items() if k.startswith("loss_"))
+            print(f"  {name} step {step}/{total}: {parts}", flush=True)
+
+    started = time.perf_counter()
+    run(tcfg, on_step=on_step)
+    seconds = time.perf_counter() - started
+    tail = logged[-max(1, len(logged) // 10) :]  # the last tenth of the logged steps
+    scores = evaluate_run(tcfg, True, seed)
+    return {
+        "variant": name,
+        "seconds": round(seconds, 1),
+        "loss_matching_last": logged[-1][1] if logged else math.nan,
+        "loss_matching_tail": float(np.nanmean([r[1] for r in tail])) if tail else math.nan,
+        "train_matching_acc_tail": float(np.nanmean([r[2] for r in tail])) if tail else math.nan,
+        "matching_acc": scores.get("matching_acc", math.nan),
+        "r1": scores.get("retrieval_R@1", math.nan),
+        "r10": scores.get("retrieval_R@10", math.nan),
+        "scores": scores,
+    }
+
+
+COLOR_SHAPE = None
+
+
+def mentions(text: str) -> set[tuple[str, str]]:
+    """(colour, shape) pairs named in `text` ("the striped red circle" -> (red, circle))."""
+    global COLOR_SHAPE
+    if COLOR_SHAPE is None:
+        from pipeline.synthetic.scenes import COLORS, SHAPES, SIZES, TEXTURES
+
+        mods = "|".join(SIZES + TEXTURES)
+        COLOR_SHAPE = re.compile(
+            rf"\b({'|'.join(COLORS)})\s+(?:(?:{mods})\s+)*({'|'.join(SHAPES)})s?\b",
+        )
+    return {(c, s) for c, s in COLOR_SHAPE.findall(text.lower())}
+
+
+def negatives_by_chance(out: Path, mixture_name: str, seed: int, mismatch_prob: float = 0.5, epochs: int = 3) -> dict:
+    """Negatives as `PretrainDataset._example` draws them (rng [seed, epoch, i]; `mismatch`;
+    up to 10 tries for a row of another image) over the train split: how many exist and how
+    many describe their paired image anyway."""
+    from pipeline.mixture import Mixture
+    from vl_models.data.masking import mismatch
+
+    mix = Mixture.open(out / mixture_name)
+    rows = mix.rows("train")
+    images = mix.store_keys
+    kinds = mix.kinds
+    texts = {int(r): mix.text(int(r)) for r in rows}
+    own_texts: dict[str, set[str]] = {}
+    own_mentions: dict[str, set] = {}
+    for r in rows:
+        key = images[r]
+        own_texts.setdefault(key, set()).add(texts[int(r)].strip().lower())
+        own_mentions.setdefault(key, set()).update(mentions(texts[int(r)]))
+    counts = {"items": 0, "negatives": 0, "neg_question": 0, "exact": 0, "mentions_all_in_image": 0, "no_mention": 0}
+    for epoch in range(epochs):
+        for i in range(len(rows)):
+            rng = np.random.default_rng([seed, epoch, i])
+            row = int(rows[i])
+            image = images[row]
+            counts["items"] += 1
+            if not mismatch(rng, mismatch_prob):
+                continue
+            for _ in range(10):
+                other = int(rows[rng.integers(len(rows))])
+                if images[other] != image:
+                    break
+            else:
+                continue
+            counts["negatives"] += 1
+            text = texts[other]
+            counts["neg_question"] += kinds[other] == "question"
+            counts["exact"] += text.strip().lower() in own_texts[image]
+            named = mentions(text)
+            if not named:
+                counts["no_mention"] += 1
+            elif named <= own_mentions[image]:
+                counts["mentions_all_in_image"] += 1
+    n = max(1, counts["negatives"])
+    counts["share_negatives_of_items"] = counts["negatives"] / max(1, counts["items"])
+    for k in ("neg_question", "exact", "mentions_all_in_image", "no_mention"):
+        counts[f"share_{k}"] = counts[k] / n
+    return counts
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", type=Path, default=Path(tempfile.gettempdir()) / "lxmert_matching")
+    p.add_argument("--quick", action="store_true", help="200 images, 150 steps per variant")
+    p.add_argument("--n-images", type=int)
+    p.add_argument("--steps", type=int)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    p.add_argument("--variants", default="demo,match_only,captions,init0.1,match_only_cap,init0.1_cap,lr3e-4,lr3e-3")
+    a = p.parse_args()
+    n_images = a.n_images or (200 if a.quick else 400)
+    steps = a.steps or (150 if a.quick else 500)
+    names = [v for v in a.variants.split(",") if v]
+    unknown = set(names) - set(variants(steps))
+    if unknown:
+        p.error(f"unknown variants {sorted(unknown)}; known: {', '.join(variants(steps))}")
+    if a.threads:
+        import torch
+
+        torch.set_num_threads(a.threads)
+    out = a.out / f"w{n_images}-s{a.seed}"
+    print(f"world: {n_images} images, {steps} steps per variant, into {out}", flush=True)
+    prepare(out, n_images, a.seed)
+
+    print("\nnegatives drawn as the LXMERT data path draws them (train split, 3 epochs):")
+    for mixture in ("mixture_captions_qa", "mixture_captions"):
+        c = negatives_by_chance(out, mixture, a.seed)
+        print(
+            f"  {mixture}: {c['negatives']} negatives of {c['items']} items ({c['share_negatives_of_items']:.1%});"
+            f" text a question {c['share_neg_question']:.1%}; exact text of the paired image {c['share_exact']:.1%};"
+            f" every colour+shape it names is named in the paired image's texts {c['share_mentions_all_in_image']:.1%};"
+            f" names no colour+shape {c['share_no_mention']:.1%}",
+            flush=True,
+        )
+
+    with tempfile.TemporaryDirectory() as tmp:
+        base = train_config(out, out / "runs" / "untrained", "mixture_captions_qa", MODEL, steps, a.seed)
+        untrained = evaluate_run(base, False, a.seed)
+        rows = [
+            {
+                "variant": "untrained",
+                "seconds": 0.0,
+                "loss_matching_last": math.nan,
+                "loss_matching_tail": math.nan,
+                "train_matching_acc_tail": math.nan,
+                "matching_acc": untrained.get("matching_acc", math.nan),
+                "r1": untrained.get("retrieval_R@1", math.nan),
+                "r10": untrained.get("retrieval_R@10", math.nan),
+                "scores": untrained,
+            }
+        ]
+        print(f"\nuntrained: {json.dumps({k: round(v, 4) for k, v in untrained.items()})}", flush=True)
+        for name in names:
+            print(f"\n== {name}", flush=True)
+            rows.append(train_variant(name, out, steps, a.seed, Path(tmp)))
+            print(f"  eval: {json.dumps({k: round(v, 4) for k, v in rows[-1]['scores'].items()})}", flush=True)
+
+    print(f"\n{n_images} images, {steps} steps, seed {a.seed}; loss: last logged / mean of the last tenth")
+    header = (
+        f"{'variant':<16} {'loss_match last':>15} {'tail':>6} {'train acc':>9} {'val acc':>8}"
+        f" {'R@1':>6} {'R@10':>6} {'s':>6}"
+    )
+    print(header)
+    print("-" * len(header))
+    for r in rows:
+        print(
+            f"{r['variant']:<16} {r['loss_matching_last']:>15.3f} {r['loss_matching_tail']:>6.3f}"
+            f" {r['train_matching_acc_tail']:>9.3f} {r['matching_acc']:>8.3f} {r['r1']:>6.3f} {r['r10']:>6.3f}"
+            f" {r['seconds']:>6.0f}"
+        )
+    (out / "lxmert_matching.json").write_text(json.dumps(rows, indent=2, default=float) + "\n")
+
+
+if __name__ == "__main__":
+    main()
