@@ -13,7 +13,10 @@ R@10. Variants (``--variants``, comma separated):
 * ``init0.1``: as ``demo`` with initializer_range 0.1 (lxmert-small's JSON says 0.069);
 * ``init0.1_cap``: as ``captions`` with initializer_range 0.1;
 * ``lr3e-4`` / ``lr3e-3``: as ``demo`` with a lower / higher peak learning rate;
-* ``warmup25``: as ``demo`` with a quarter of the steps as warm-up.
+* ``warmup25``: as ``demo`` with a quarter of the steps as warm-up;
+* ``x3`` / ``x3_match_only``: as ``demo`` / ``match_only`` with 3 cross-modality layers (lxmert-small
+  has 1; the reference 5);
+* ``dropout0_match_only``: as ``match_only`` without dropout.
 
 It also counts how often a negative (mismatched) pair's text describes its image by chance,
 drawing the negatives as `PretrainDataset._example` does (`mismatch`, then another row of a
@@ -55,6 +58,13 @@ def variants(steps: int) -> dict:
         "lr3e-4": ("mixture_captions_qa", {"lr": 3e-4}, {}),
         "lr3e-3": ("mixture_captions_qa", {"lr": 3e-3}, {}),
         "warmup25": ("mixture_captions_qa", {"warmup": max(1, steps // 4)}, {}),
+        "x3": ("mixture_captions_qa", {}, {"x_layers": 3}),
+        "x3_match_only": ("mixture_captions_qa", {"weights": {"matching": 3.0, **off}}, {"x_layers": 3}),
+        "dropout0_match_only": (
+            "mixture_captions_qa",
+            {"weights": {"matching": 3.0, **off}},
+            {"hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0},
+        ),
     }
 
 
