@@ -26,6 +26,7 @@ the mentions in the paired image's own texts.
     python bench/lxmert_matching.py                # 400 images, 500 steps per variant
     python bench/lxmert_matching.py --quick        # 200 images, 150 steps per variant
     python bench/lxmert_matching.py --variants demo,match_only --steps 300
+    python bench/lxmert_matching.py --separable 8 --steps 300   # can the model learn matching at all?
 """
 
 from __future__ import annotations
@@ -252,6 +253,56 @@ def negatives_by_chance(out: Path, mixture_name: str, seed: int, mismatch_prob: 
     return counts
 
 
+def separable(out: Path, images: int, steps: int, seed: int, real: bool) -> list[tuple[int, float, float]]:
+    """Matching alone on a pairing the model can only solve from the image: text ``[CLS] wK
+    [SEP]`` names image K of `images`, half the pairs mismatched. The images are the store's
+    first `images` records (`real`: the world's own features, boxes and masks, 10 slots) or
+    random prototypes with noise. Returns (step, loss, accuracy) every 50 steps: whether the
+    model and its loss learn matching at all, and how long they sit on the plateau."""
+    import torch
+    import torch.nn.functional as F
+
+    from pipeline.records import pad_regions
+    from pipeline.store import FeatureStore
+    from vl_models import families
+
+    torch.manual_seed(seed)
+    store = FeatureStore.open(out / "features", dtype="float32")
+    family = families.of_config(families.load_config(MODEL))
+    mcfg = family.fit(families.load_config(MODEL), store.layout, 16, str(out / "features"))
+    model = family.build(mcfg)
+    for module in model.modules():  # a dense gradient for AdamW
+        if isinstance(module, torch.nn.Embedding):
+            module.sparse = False
+    slots, batch, length = 10, 32, 8
+    regions = pad_regions([store.get(k) for k in list(store.ids())[:images]], slots, position=family.position)
+    feats, pos = torch.tensor(regions.features), torch.tensor(regions.positions)
+    mask = torch.tensor(regions.mask).long()
+    if not real:
+        feats = torch.randn_like(feats)
+        pos, mask = torch.rand_like(pos), torch.ones_like(mask)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    log = []
+    for step in range(steps + 1):
+        img, matched = torch.randint(0, images, (batch,)), torch.randint(0, 2, (batch,))
+        said = torch.where(matched.bool(), img, (img + torch.randint(1, images, (batch,))) % images)
+        ids = torch.zeros(batch, length, dtype=torch.long)
+        ids[:, 0], ids[:, 1], ids[:, 2] = 101, 2000 + said, 102
+        text_mask = (ids != 0).long()
+        noise = 0.0 if real else 0.1 * torch.randn(batch, slots, feats.shape[-1])
+        none = torch.zeros(batch, slots, dtype=torch.bool)
+        logits = model(
+            ids, feats[img] + noise, pos[img], text_mask, mask[img], lm_positions=ids == -1, feat_positions=none
+        ).matched_logits
+        loss = F.cross_entropy(logits, matched)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if step % 50 == 0:
+            log.append((step, round(loss.item(), 3), (logits.argmax(-1) == matched).float().mean().item()))
+    return log
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, default=Path(tempfile.gettempdir()) / "lxmert_matching")
@@ -261,6 +312,7 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     p.add_argument("--variants", default="demo,match_only,captions,init0.1,match_only_cap,init0.1_cap,lr3e-4,lr3e-3")
+    p.add_argument("--separable", type=int, default=0, help="only the separable pairing, over this many images")
     a = p.parse_args()
     n_images = a.n_images or (200 if a.quick else 400)
     steps = a.steps or (150 if a.quick else 500)
@@ -275,6 +327,12 @@ def main() -> None:
     out = a.out / f"w{n_images}-s{a.seed}"
     print(f"world: {n_images} images, {steps} steps per variant, into {out}", flush=True)
     prepare(out, n_images, a.seed)
+    if a.separable:
+        for real in (False, True):
+            print(f"\nseparable pairing over {a.separable} images, {'the world' if real else 'random'}'s features:")
+            for step, loss, acc in separable(out, a.separable, steps, a.seed, real):
+                print(f"  step {step:4d}: matching loss {loss:.3f}, accuracy {acc:.2f}", flush=True)
+        return
 
     print("\nnegatives drawn as the LXMERT data path draws them (train split, 3 epochs):")
     for mixture in ("mixture_captions_qa", "mixture_captions"):
