@@ -542,9 +542,7 @@ def _finetune(cfg: DemoConfig, kind: str, task_name: str, init: str, seed: int, 
 
 
 def _pictures(world: Path, out: Path, models: tuple[str, ...]) -> dict:
-    from PIL import Image
-
-    from pipeline.detect.show import render
+    from pipeline.detect.show import render, side_by_side
     from pipeline.store import FeatureStore
     from pipeline.synthetic import attribute_names, object_names
     from vl_models.train.plot import plot_run
@@ -557,12 +555,7 @@ def _pictures(world: Path, out: Path, models: tuple[str, ...]) -> dict:
         tiles.append(
             render(rec, image, max_regions=6, min_conf=0.3, objects=object_names(), attributes=attribute_names())
         )
-    grid = Image.new("RGB", (sum(t.width for t in tiles), max(t.height for t in tiles)), "white")
-    x = 0
-    for tile in tiles:
-        grid.paste(tile, (x, 0))
-        x += tile.width
-    grid.save(out / "scenes.png")
+    side_by_side(tiles).save(out / "scenes.png")
     curves = {kind: str(plot_run(out / "runs" / kind, out / f"{kind}_curves.png").relative_to(out)) for kind in models}
     return {"scenes": "scenes.png", **{f"{k}_curves": v for k, v in curves.items()}}
 
@@ -578,8 +571,8 @@ def _ask(cfg: DemoConfig, out: Path) -> dict:
     from collections import Counter
 
     import numpy as np
-    from PIL import Image
 
+    from pipeline.detect.show import side_by_side
     from pipeline.task_data import TaskData
     from vl_models.eval.metrics import box_iou_pairs
     from vl_models.predict import load_predictor, picture
@@ -609,12 +602,7 @@ def _ask(cfg: DemoConfig, out: Path) -> dict:
                 iou = float(box_iou_pairs(np.asarray([result["box"]]), truth_box[None])[0])
                 asked[kind][task] = {"box": [round(v, 1) for v in result["box"]], "iou": round(iou, 3)}
             tiles.append(picture(predictor, queries[task], result, f"{MODELS[kind]}, fine-tuned on {task}"))
-    grid = Image.new("RGB", (sum(t.width for t in tiles) + 8 * len(tiles), max(t.height for t in tiles)), "white")
-    x = 0
-    for tile in tiles:
-        grid.paste(tile, (x, 0))
-        x += tile.width + 8
-    grid.save(out / "predict.png")
+    side_by_side(tiles, gap=8).save(out / "predict.png")
     command = (
         f"vltrain predict --checkpoint {out / 'transfer' / cfg.models[-1] / f'vqa-pretrained-seed{cfg.seed}'} "
         f'--step best --image {scene} --question "{queries["vqa"]["question"]}"'

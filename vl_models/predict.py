@@ -163,6 +163,16 @@ class _Head:
     zero_shot: bool = False
 
 
+def _id_of(query) -> dict:
+    """A result's ``id``: the query's, when it has one."""
+    return {"id": query["id"]} if isinstance(query, dict) and "id" in query else {}
+
+
+def _cached(source) -> tuple[str, str]:
+    """The key an image is kept under: a store id, or a file or URL as given."""
+    return ("store", source.image_id) if isinstance(source, StoreImage) else ("image", str(source))
+
+
 def _kind(query: dict) -> str:
     """The head kind a query asks for (`heads` kinds, plus ``match``)."""
     if query.get("question") is not None:
@@ -259,7 +269,7 @@ class Predictor:
 
     # -- a batch ------------------------------------------------------------------------------
 
-    def ask(self, queries: Sequence[dict], k: int = 5, progress=None) -> list[dict]:
+    def ask(self, queries: Sequence[dict], k: int = 5) -> list[dict]:
         """One result per query (JSON-ready, ``task`` and the query's ``id`` when it has one):
         queries of one task share forward passes (`batch_size` examples each); a query that
         cannot be answered gets ``error`` and ``detail`` and costs nothing else."""
@@ -272,7 +282,7 @@ class Predictor:
                 self._check_texts(query, self.heads[task].task)
                 asked[i] = (task, self.sources_of(query))
             except (PredictError, ImageInputError) as err:
-                results[i] = self._error(query, getattr(err, "kind", "bad query"), getattr(err, "detail", str(err)))
+                results[i] = self._error(query, err.kind, err.detail)
             except ConfigError as err:
                 results[i] = self._error(query, "bad query", str(err))
         failed = self.extract([s for _, sources in asked.values() for s in sources])  # the detector's batches
@@ -290,15 +300,12 @@ class Predictor:
         for name, members in groups.items():
             answered = self._run(name, [ready[i] for i in members], k)
             for i, result in zip(members, answered):
-                results[i] = {**({"id": queries[i]["id"]} if "id" in queries[i] else {}), "task": name, **result}
-            if progress:
-                progress(len(members))
+                results[i] = {**_id_of(queries[i]), "task": name, **result}
         return results
 
     @staticmethod
     def _error(query: dict, kind: str, detail: str) -> dict:
-        named = {"id": query["id"]} if isinstance(query, dict) and "id" in query else {}
-        return {**named, "error": kind, "detail": detail}
+        return {**_id_of(query), "error": kind, "detail": detail}
 
     def _task_of(self, query: dict) -> str:
         if not isinstance(query, dict):
@@ -377,7 +384,7 @@ class Predictor:
         return [self._image(source) for source in self.sources_of(query)]
 
     def _image(self, source) -> str:
-        cache_key = ("store", source.image_id) if isinstance(source, StoreImage) else ("image", str(source))
+        cache_key = _cached(source)
         if cache_key in self._images:
             self._images.move_to_end(cache_key)
             return self._images[cache_key][0]
@@ -402,11 +409,8 @@ class Predictor:
         """Read and extract the new images among `sources` at once (the detector's batches), so
         that questions about them find them ready; returns the ones that could not be used, by
         source, with their errors."""
-        todo = list(
-            dict.fromkeys(
-                str(s) for s in sources if not isinstance(s, StoreImage) and ("image", str(s)) not in self._images
-            )
-        )
+        new = (str(s) for s in sources if not isinstance(s, StoreImage) and _cached(s) not in self._images)
+        todo = list(dict.fromkeys(new))
         if not todo:
             return {}
         if self._detector is None:
@@ -419,14 +423,13 @@ class Predictor:
                 failed[source] = err
         records = self._detector.extract([image for _, image in loaded])
         for (source, image), record in zip(loaded, records):
-            self._images[("image", source)] = (image.image_id, record, image.data)
+            self._images[_cached(source)] = (image.image_id, record, image.data)
         return failed
 
     def image(self, source) -> tuple[str, RegionFeatures, Optional[bytes]]:
         """(id, regions, bytes as decoded) of an image asked about (`--show`)."""
         self._image(source)
-        key = ("store", source.image_id) if isinstance(source, StoreImage) else ("image", str(source))
-        return self._images[key]
+        return self._images[_cached(source)]
 
     def _records(self) -> _Records:
         layout = self.store.layout if self.store is not None else None
@@ -668,9 +671,6 @@ def _recorded(value, what: str, flag: str) -> str:
     return str(value)
 
 
-IMAGE_FIELDS = ("image", "images", "image_id", "image_ids")
-
-
 def query_of(
     images: Sequence[ImageLike] = (),
     rank_images: Sequence[ImageLike] = (),
@@ -754,6 +754,7 @@ def picture(predictor: Predictor, query: dict, result: dict, title: str = ""):
     scores. A PIL image."""
     from PIL import Image, ImageDraw, ImageFont
 
+    from pipeline.detect.show import side_by_side
     from pipeline.images import load_rgb
 
     def tile(source, highlight=None, note: str = "") -> Image.Image:
@@ -800,14 +801,13 @@ def picture(predictor: Predictor, query: dict, result: dict, title: str = ""):
         tiles = [tile(query["image"])]
     lines = [title, *lines] if title else lines
     font = ImageFont.load_default(size=16)
-    width = int(max([sum(t.width for t in tiles) + 4 * len(tiles), *(font.getlength(str(x)) + 12 for x in lines)]))
+    row = side_by_side(tiles, gap=4) if tiles else None
+    width = int(max([row.width if row else 0, *(font.getlength(str(x)) + 12 for x in lines)]))
     top = 8 + 22 * len(lines)
-    canvas = Image.new("RGB", (width, top + max([t.height for t in tiles] or [0]) + 4), "white")
+    canvas = Image.new("RGB", (width, top + (row.height if row else 0) + 4), "white")
     draw = ImageDraw.Draw(canvas)
     for n, line in enumerate(lines):
         draw.text((6, 4 + 22 * n), str(line), fill=(0, 0, 0), font=font)
-    x = 0
-    for t in tiles:
-        canvas.paste(t, (x, top))
-        x += t.width + 4
+    if row:
+        canvas.paste(row, (0, top))
     return canvas

@@ -43,7 +43,7 @@ from pipeline.detect.config import DetectorConfig, SelectionConfig
 from pipeline.detect.extractor import RegionFeatureExtractor
 from pipeline.detect.model import VGDetector
 from pipeline.detect.weights import load_detector
-from pipeline.download.fetch import FetchConfig, FetchError, HostLimiter, fetch, redact_url
+from pipeline.download.fetch import FetchConfig, FetchError, HostLimiter, fetch, read_local, redact_url
 from pipeline.errors import EXIT_CONFIG, ConfigError, VlprepError
 from pipeline.images import ImageConfig, ImageError, load_rgb, process_image
 from pipeline.records import RegionFeatures
@@ -105,24 +105,14 @@ def image_sources(sources: Iterable[Union[str, Path]]) -> list[str]:
 def read_bytes(source: str, fetch_cfg: FetchConfig = FetchConfig()) -> bytes:
     """The bytes of one image file or ``http(s)`` URL, under the downloader's rules (at most
     ``fetch_cfg.max_bytes``; URLs: private networks refused unless allowed, redirects,
-    deadline); `ImageInputError` otherwise."""
-    if source.lower().startswith(URL_SCHEMES):
-        try:
-            return fetch(source, fetch_cfg, HostLimiter(1)).data
-        except FetchError as err:
-            raise ImageInputError(redact_url(source), err.kind, err.detail) from err
-    if Path(source).is_dir():
+    deadline); `ImageInputError` with the downloader's reason otherwise."""
+    url = source.lower().startswith(URL_SCHEMES)
+    if not url and Path(source).is_dir():
         raise ImageInputError(source, "a folder", "one image is asked for here, not a folder of them")
     try:
-        with open(source, "rb") as f:
-            data = f.read(fetch_cfg.max_bytes + 1)
-    except FileNotFoundError as err:
-        raise ImageInputError(source, "file not found", "no such file") from err
-    except (OSError, ValueError) as err:
-        raise ImageInputError(source, "file error", str(getattr(err, "strerror", None) or err)) from err
-    if len(data) > fetch_cfg.max_bytes:
-        raise ImageInputError(source, "too large", f"larger than {fetch_cfg.max_bytes:,} bytes")
-    return data
+        return (fetch(source, fetch_cfg, HostLimiter(1)) if url else read_local(source, fetch_cfg.max_bytes)).data
+    except FetchError as err:
+        raise ImageInputError(redact_url(source), err.kind, err.detail) from err
 
 
 class StoreDetector:

@@ -1,5 +1,6 @@
 """`vlprep show`: draw a stored image's regions with their labels on the image (decoded by
-`pipeline.images.load_rgb`, as the detector saw it)."""
+`pipeline.images.load_rgb`, as the detector saw it); `side_by_side` puts such pictures in a row
+(the demo's, `vltrain predict --show`'s)."""
 
 from __future__ import annotations
 
@@ -79,3 +80,15 @@ def render(
         draw.rectangle([box[0] - 2, box[1] - 2, box[2] + 2, box[3] + 2], fill=color)
         draw.text((tx, ty), text, fill=(0, 0, 0) if sum(color) > 400 else (255, 255, 255), font=font)
     return im
+
+
+def side_by_side(tiles: list[Image.Image], gap: int = 0) -> Image.Image:
+    """`tiles` in one row, left to right, `gap` white pixels apart, top-aligned on white."""
+    row = Image.new(
+        "RGB", (sum(t.width for t in tiles) + gap * max(len(tiles) - 1, 0), max(t.height for t in tiles)), "white"
+    )
+    x = 0
+    for tile in tiles:
+        row.paste(tile, (x, 0))
+        x += tile.width + gap
+    return row

@@ -360,6 +360,23 @@ def _retry_after(value: Optional[str]) -> Optional[float]:
     return None
 
 
+def read_local(path: str, max_bytes: int) -> Fetched:
+    """A local image file read under the same size cap as a download; `FetchError` with the
+    same reason names (``file not found``, ``file error``, ``too large``)."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read(max_bytes + 1)
+    except FileNotFoundError as err:
+        raise FetchError("file not found", path) from err
+    except OSError as err:
+        raise FetchError("file error", f"{path}: {err.strerror}") from err
+    except ValueError as err:  # a NUL byte in the path
+        raise FetchError("file error", f"{path!r}: {err}") from err
+    if len(data) > max_bytes:
+        raise FetchError("too large", f"{path} is larger than {max_bytes:,} bytes")
+    return Fetched(data, path, 0, "", 1)
+
+
 def fetch(url: str, cfg: FetchConfig, limiter: HostLimiter) -> Fetched:
     """GET `url`, retrying transient failures; raises `FetchError` with the last reason."""
     for attempt in range(cfg.retries + 1):

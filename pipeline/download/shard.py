@@ -23,7 +23,7 @@ from typing import Callable, Iterator, Optional, Sequence
 
 from pipeline.datasets import Malformed, ReaderOptions, read_items
 from pipeline.distribute import MalformedRows, chunks, shard_name, this_node
-from pipeline.download.fetch import FetchConfig, Fetched, FetchError, HostLimiter, fetch, redact_url
+from pipeline.download.fetch import FetchConfig, Fetched, FetchError, HostLimiter, fetch, read_local, redact_url
 from pipeline.failures import Policy, should_retry
 from pipeline.image_shards import item_row, read_shard_rows, row_item, write_shard
 from pipeline.images import ImageConfig, ImageError, process_image
@@ -71,21 +71,6 @@ def shard_jobs(
 
     for number, batch in chunks(items(), shard_size):
         yield ShardJob(number, tuple(batch))
-
-
-def _read_local(path: str, max_bytes: int) -> Fetched:
-    try:
-        with open(path, "rb") as f:
-            data = f.read(max_bytes + 1)
-    except FileNotFoundError as err:
-        raise FetchError("file not found", path) from err
-    except OSError as err:
-        raise FetchError("file error", f"{path}: {err.strerror}") from err
-    except ValueError as err:  # a NUL byte in the path
-        raise FetchError("file error", f"{path!r}: {err}") from err
-    if len(data) > max_bytes:
-        raise FetchError("too large", f"{path} is larger than {max_bytes:,} bytes")
-    return Fetched(data, path, 0, "", 1)
 
 
 def _failure(kind: str, detail: str, transient: bool, attempts: Optional[int] = None) -> dict:
@@ -143,9 +128,7 @@ def fetch_rows(
 
     def fetch_one(item: SourceItem) -> Fetched:
         return (
-            _read_local(item.path, fetch_cfg.max_bytes)
-            if item.path is not None
-            else fetch(item.url, fetch_cfg, limiter)
+            read_local(item.path, fetch_cfg.max_bytes) if item.path is not None else fetch(item.url, fetch_cfg, limiter)
         )
 
     # Items sharing a location are fetched once.
