@@ -6,17 +6,31 @@ committed tiny detector via `run_extract`, both of the demo's mixtures), then pe
 as the demo's `_evaluate` does: held-out matching accuracy and zero-shot caption -> image R@1 /
 R@10. Variants (``--variants``, comma separated):
 
-* ``demo``: the demo's setting: every task on, captions + questions, matching at weight 3;
+* ``demo``: the demo's setting: every task on, captions + VG region descriptions + questions,
+  matching at weight 3;
+* ``demo_match_only``: as ``demo``, matching alone;
+* ``demo_lr3e-4`` / ``demo_lr3e-4_match_only``: as ``demo`` / ``demo_match_only`` at a peak
+  learning rate of 3e-4 (the demo's is 1e-3);
+* ``demo_pair_captions`` / ``demo_lr3e-4_pair_captions`` / ``demo_lr6e-4_pair_captions``: as
+  ``demo`` at 1e-3 / 3e-4 / 6e-4 with matching on the captions and region descriptions alone
+  (``--pair-texts captions``); ``lr3e-4_pair_captions_match_only``: that at 3e-4, matching alone;
+* ``demo_init0.1`` / ``demo_init0.1_lr5e-4_pair_captions``: as ``demo`` at initializer range
+  0.1 / that at lr 5e-4 with ``--pair-texts captions``;
+* ``matching_first`` / ``matching_first_1e-3``: matching alone (captions and region
+  descriptions) for the first half, then every task; initializer range 0.1; lr 3e-4 / 1e-3;
+* ``no_regions``: as ``demo`` without the region descriptions (the demo's mixture before the
+  world had them); every variant below is on this mixture or the captions-only one;
 * ``match_only``: matching alone (every other task at weight 0), captions + questions;
 * ``match_only_cap``: matching alone on the captions-only mixture;
 * ``captions``: every task on, the captions-only mixture;
-* ``init0.1``: as ``demo`` with initializer_range 0.1 (lxmert-small's JSON says 0.069);
+* ``init0.1``: as ``no_regions`` with initializer_range 0.1 (lxmert-small's JSON says 0.069);
 * ``init0.1_cap``: as ``captions`` with initializer_range 0.1;
-* ``lr3e-4`` / ``lr3e-3``: as ``demo`` with a lower / higher peak learning rate;
-* ``warmup25``: as ``demo`` with a quarter of the steps as warm-up;
-* ``x3`` / ``x3_match_only``: as ``demo`` / ``match_only`` with 3 cross-modality layers (lxmert-small
+* ``lr3e-4`` / ``lr3e-3``: as ``no_regions`` with a lower / higher peak learning rate;
+* ``warmup25``: as ``no_regions`` with a quarter of the steps as warm-up;
+* ``x3`` / ``x3_match_only``: as ``no_regions`` / ``match_only`` with 3 cross-modality layers (lxmert-small
   has 1; the reference 5);
-* ``dropout0_match_only``: as ``match_only`` without dropout.
+* ``dropout0_match_only``: as ``match_only`` without dropout;
+* ``h128``: as ``no_regions`` at twice the width (hidden 128, intermediate 256).
 
 It also counts how often a negative (mismatched) pair's text describes its image by chance,
 drawing the negatives as `PretrainDataset._example` does (`mismatch`, then another row of a
@@ -27,6 +41,8 @@ the mentions in the paired image's own texts.
     python bench/lxmert_matching.py --quick        # 200 images, 150 steps per variant
     python bench/lxmert_matching.py --variants demo,match_only --steps 300
     python bench/lxmert_matching.py --separable 8 --steps 300   # can the model learn matching at all?
+    python bench/lxmert_matching.py --plain presence --steps 1000 --lr 1e-3   # without the trainer's schedule
+    python bench/lxmert_matching.py --plain mixture_captions --steps 1200 --lr 3e-4
 """
 
 from __future__ import annotations
@@ -50,7 +66,35 @@ def variants(steps: int) -> dict:
     """name -> (mixture folder, TrainConfig overrides, model config overrides)."""
     off = {t: 0.0 for t in OTHER_TASKS}
     return {
-        "demo": ("mixture_captions_qa", {}, {}),
+        "demo": ("mixture_lxmert", {}, {}),
+        "demo_match_only": ("mixture_lxmert", {"weights": {"matching": 3.0, **off}}, {}),
+        "demo_lr3e-4": ("mixture_lxmert", {"lr": 3e-4}, {}),
+        "demo_lr3e-4_match_only": ("mixture_lxmert", {"lr": 3e-4, "weights": {"matching": 3.0, **off}}, {}),
+        "demo_pair_captions": ("mixture_lxmert", {"pair_texts": "captions"}, {}),
+        "demo_lr3e-4_pair_captions": ("mixture_lxmert", {"lr": 3e-4, "pair_texts": "captions"}, {}),
+        "lr3e-4_pair_captions_match_only": (
+            "mixture_lxmert",
+            {"lr": 3e-4, "pair_texts": "captions", "weights": {"matching": 3.0, **off}},
+            {},
+        ),
+        "demo_lr6e-4_pair_captions": ("mixture_lxmert", {"lr": 6e-4, "pair_texts": "captions"}, {}),
+        "matching_first": (
+            "mixture_lxmert",
+            {"lr": 3e-4, "pair_texts": "captions", "from_step": {t: steps // 2 for t in OTHER_TASKS}},
+            {"initializer_range": 0.1},
+        ),
+        "matching_first_1e-3": (
+            "mixture_lxmert",
+            {"pair_texts": "captions", "from_step": {t: steps // 2 for t in OTHER_TASKS}},
+            {"initializer_range": 0.1},
+        ),
+        "demo_init0.1": ("mixture_lxmert", {}, {"initializer_range": 0.1}),
+        "demo_init0.1_lr5e-4_pair_captions": (
+            "mixture_lxmert",
+            {"lr": 5e-4, "pair_texts": "captions"},
+            {"initializer_range": 0.1},
+        ),
+        "no_regions": ("mixture_captions_qa", {}, {}),
         "match_only": ("mixture_captions_qa", {"weights": {"matching": 3.0, **off}}, {}),
         "match_only_cap": ("mixture_captions", {"weights": {"matching": 3.0, **off}}, {}),
         "captions": ("mixture_captions", {}, {}),
@@ -66,6 +110,7 @@ def variants(steps: int) -> dict:
             {"weights": {"matching": 3.0, **off}},
             {"hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0},
         ),
+        "h128": ("mixture_captions_qa", {}, {"hidden_size": 128, "intermediate_size": 256}),
     }
 
 
@@ -76,7 +121,7 @@ def prepare(out: Path, n_images: int, seed: int) -> None:
 
     out.mkdir(parents=True, exist_ok=True)
     world = out / "world"
-    if not (world / "summary.json").exists():
+    if not (world / "vg" / "region_descriptions.json").exists():  # absent, or older than the VG files
         write_world(world, n_images, seed)
     if not (out / "features").exists():
         server, url = serve(world)
@@ -85,7 +130,7 @@ def prepare(out: Path, n_images: int, seed: int) -> None:
             print("extract:", _extract(DemoConfig(out=out, n_images=n_images, seed=seed), world, out / "features"))
         finally:
             server.shutdown()
-    for name, kinds in MIXTURE_KINDS.items():
+    for name, kinds in {**MIXTURE_KINDS, "mixture_captions_qa": ("coco_captions", "vqa")}.items():
         if not (out / name).exists():
             print(name, _mixture(world, out / "features", out / name, kinds))
 
@@ -303,6 +348,99 @@ def separable(out: Path, images: int, steps: int, seed: int, real: bool) -> list
     return log
 
 
+def plain_loop(
+    out: Path, steps: int, seed: int, lr: float, texts: str, model_name: str = MODEL
+) -> list[tuple[int, float, float]]:
+    """Matching alone in a plain loop (AdamW at a constant `lr`, no warm-up, decay or clipping;
+    batches of 32 drawn with replacement), to tell the task from the trainer's schedule:
+
+    * ``presence``: the text is "<colour> <shape>" of an object of the image (matched) or a
+      colour + shape the image does not have (mismatched), over the world's train scenes;
+    * ``mixture`` / ``mixture_captions``: the pretraining examples of the demo's LXMERT mixture
+      (`PretrainDataset`: masked text and regions, negatives as the trainer draws them), every
+      text or captions and region descriptions alone.
+
+    Returns (step, mean loss, mean accuracy) over each 100 steps."""
+    import torch
+    import torch.nn.functional as F
+
+    from pipeline.mixture import Mixture
+    from pipeline.records import pad_regions
+    from pipeline.store import FeatureStore
+    from pipeline.synthetic.scenes import COLORS, SHAPES
+    from pipeline.synthetic.world import load_scenes
+    from vl_models import families
+    from vl_models.data.tokenize import WordPiece, bundled_bert_vocab
+    from vl_models.train.trainer import split_data
+
+    torch.manual_seed(seed)
+    rng = np.random.default_rng(seed)
+    family = families.of_config(families.load_config(model_name))
+    store = FeatureStore.open(out / "features", dtype="float32")
+    model = family.build(family.fit(families.load_config(model_name), store.layout, 16, str(out / "features")))
+    for module in model.modules():  # a dense gradient for AdamW
+        if isinstance(module, torch.nn.Embedding):
+            module.sparse = False
+    batch, slots = 32, 20
+    if texts == "presence":
+        scenes = list(load_scenes(out / "world", "train").values())
+        records = [store.get(f"cc3m-train-{i:08d}") for i in range(len(scenes))]
+        regions = pad_regions(records, slots, position=family.position, img_token=family.img_token)
+        feats, pos = torch.tensor(regions.features), torch.tensor(regions.positions)
+        vmask = torch.tensor(regions.mask).long()
+        names = sorted(f"{c} {s}" for c in COLORS for s in SHAPES)
+        present = [sorted({f"{o.color} {o.shape}" for o in scene.objects}) for scene in scenes]
+        tokenizer = WordPiece(bundled_bert_vocab())
+
+        def draw():
+            img = rng.integers(0, len(scenes), batch)
+            matched = rng.integers(0, 2, batch)
+            said = [
+                str(rng.choice(present[i])) if m else str(rng.choice([n for n in names if n not in present[i]]))
+                for i, m in zip(img, matched)
+            ]
+            enc = [tokenizer.encode(t, 8) for t in said]
+            ids = torch.tensor(np.stack([e.ids for e in enc]))
+            tmask = torch.tensor(np.stack([e.mask for e in enc]))
+            return ids, feats[img], pos[img], tmask, vmask[img], torch.tensor(matched)
+    else:
+        tcfg = train_config(out, out / "runs" / "plain", "mixture_lxmert", MODEL, steps, seed)
+        data = split_data(tcfg, Mixture.open(tcfg.mixture), family, "train")
+        if texts == "mixture_captions":
+            data.rows = data.rows[data.mixture.kinds[data.rows] == "caption"]
+
+        def draw():
+            ex = data.collate(data.__getitems__([int(i) for i in rng.integers(0, len(data), batch)]))
+            return (
+                ex["input_ids"],
+                ex["visual_feats"],
+                ex["visual_pos"],
+                ex["attention_mask"],
+                ex["visual_mask"],
+                ex["matched"],
+            )
+
+    opt = torch.optim.AdamW(model.parameters(), lr=lr)
+    log, window = [], []
+    for step in range(1, steps + 1):
+        ids, vf, vp, tm, vm, matched = draw()
+        none = torch.zeros(vm.shape, dtype=torch.bool)
+        heads = {"feat_positions": none} if family.pair_output == "matched_logits" else {"region_positions": none}
+        out_ = model(ids, vf, vp, tm, vm, lm_positions=torch.zeros(ids.shape, dtype=torch.bool), **heads)
+        logits = getattr(out_, family.pair_output)
+        target = matched if family.pair_positive == 1 else 1 - matched
+        loss = F.cross_entropy(logits, target)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        window.append((loss.item(), (logits.argmax(-1) == target).float().mean().item()))
+        if step % 100 == 0:
+            mean = np.mean(window, axis=0)
+            log.append((step, round(float(mean[0]), 3), round(float(mean[1]), 2)))
+            window = []
+    return log
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, default=Path(tempfile.gettempdir()) / "lxmert_matching")
@@ -311,8 +449,15 @@ def main() -> None:
     p.add_argument("--steps", type=int)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
-    p.add_argument("--variants", default="demo,match_only,captions,init0.1,match_only_cap,init0.1_cap,lr3e-4,lr3e-3")
+    p.add_argument("--variants", default="demo,demo_match_only,no_regions,match_only,captions,match_only_cap")
     p.add_argument("--separable", type=int, default=0, help="only the separable pairing, over this many images")
+    p.add_argument(
+        "--plain",
+        default="",
+        help="only matching alone in a plain loop (constant lr, no schedule): presence, mixture or mixture_captions",
+    )
+    p.add_argument("--lr", type=float, default=3e-4, help="--plain's learning rate")
+    p.add_argument("--model", default=MODEL, help="--plain's model config")
     a = p.parse_args()
     n_images = a.n_images or (200 if a.quick else 400)
     steps = a.steps or (150 if a.quick else 500)
@@ -327,6 +472,11 @@ def main() -> None:
     out = a.out / f"w{n_images}-s{a.seed}"
     print(f"world: {n_images} images, {steps} steps per variant, into {out}", flush=True)
     prepare(out, n_images, a.seed)
+    if a.plain:
+        print(f"\nmatching alone, plain loop, {a.plain} texts, {a.model}, lr {a.lr:g}:")
+        for step, loss, acc in plain_loop(out, steps, a.seed, a.lr, a.plain, a.model):
+            print(f"  step {step:4d}: matching loss {loss:.3f}, accuracy {acc:.2f}", flush=True)
+        return
     if a.separable:
         for real in (False, True):
             print(f"\nseparable pairing over {a.separable} images, {'the world' if real else 'random'}'s features:")
@@ -335,7 +485,7 @@ def main() -> None:
         return
 
     print("\nnegatives drawn as the LXMERT data path draws them (train split, 3 epochs):")
-    for mixture in ("mixture_captions_qa", "mixture_captions"):
+    for mixture in ("mixture_lxmert", "mixture_captions_qa", "mixture_captions"):
         c = negatives_by_chance(out, mixture, a.seed)
         print(
             f"  {mixture}: {c['negatives']} negatives of {c['items']} items ({c['share_negatives_of_items']:.1%});"

@@ -689,6 +689,9 @@ def make_shapes(
       5 captions per image; val = test)
     - `annotations/refcoco+/refs(unc).p`, `instances.json`: RefCOCO+ refs and boxes
     - `annotations/vcr/{train,val}.jsonl`, `vcr/metadata/*.json`: VCR-format 4-choice questions
+    - `vg/region_descriptions.json`, `vg/image_data.json`: Visual Genome files of the train split's
+      images (per object a phrase, per object with a clearly placed neighbour a relation phrase,
+      each with its region's box); `vg/image_map.tsv`: their VG ids to `cc3m-train-<i>`
     - `annotations/scenes_{train,val}.json`, `objects.txt`, `attributes.txt`: detector ground truth and vocabularies
     - `summary.json`: counts per split and text kind, written last (marks a complete world)
 

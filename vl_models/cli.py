@@ -20,6 +20,7 @@ from vl_models.config import (
     AMP,
     DEVICES,
     OPTIMIZERS,
+    PAIR_TEXTS,
     REGION_OVERLAP,
     RESUME,
     TASK_SAMPLING,
@@ -245,6 +246,12 @@ PRETRAIN_FLAGS = (
             "region_prob": "Share of regions selected for masked-region modelling (both papers: 0.15).",
             "mismatch_prob": "Share of items whose text is swapped for another image's: the negatives of the "
             "alignment / matching task (both papers: 0.5).",
+            "pair_texts": Flag(
+                "The alignment / matching task's texts: all (both references: a question is a matching sentence "
+                "too) or captions (a question keeps its text and has no pair label; swapped-in texts are "
+                "captions).",
+                choices=PAIR_TEXTS,
+            ),
         },
         section="data",
     ),

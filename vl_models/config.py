@@ -29,6 +29,7 @@ OPTIMIZERS = ("adamw", "bertadam", "adamw-uncorrected", "sgd")
 AMP = ("none", "bf16", "fp16")
 DEVICES = ("cpu", "cuda")
 REGION_OVERLAP = ("keep", "zero")
+PAIR_TEXTS = ("all", "captions")
 RESUME = ("no", "yes", "auto")  # what `run_folder.plan` does with a run already in --out
 VISUAL_WEIGHTING = ("confidence", "masked")
 
@@ -108,6 +109,10 @@ class DataSettings(Config):
     mlm_prob: float = 0.15  # words selected for masked LM (both papers)
     region_prob: float = 0.15  # regions selected for masked-region modelling (both papers)
     mismatch_prob: float = 0.5  # texts swapped for another image's (the pair task's negatives)
+    # The pair task's texts: "all" items (both references: a question is a matching sentence
+    # too) or "captions" only (a question item keeps its text and has no pair label; swapped-in
+    # texts are captions).
+    pair_texts: str = "all"
     workers: int = 0
     verify_shards: bool = False  # check each store shard's sha256 on first use
 
@@ -116,6 +121,7 @@ class DataSettings(Config):
         if self.max_text is not None:
             at_least(self, {"max_text": 3})  # [CLS], one word, [SEP]
         one_of("region_overlap", self.region_overlap, REGION_OVERLAP)
+        one_of("pair_texts", self.pair_texts, PAIR_TEXTS)
         for name in ("mlm_prob", "region_prob", "mismatch_prob"):
             value = getattr(self, name)
             if not 0 <= value <= 1:

@@ -57,8 +57,12 @@ PRESETS = {  # images in the world, optimizer steps per model
     "quick": {"n_images": 400, "steps": 1200},
 }
 MODELS = {"vilbert": "vilbert-small", "lxmert": "lxmert-small"}
-MIXTURE_KINDS = {"mixture_captions": ("coco_captions",), "mixture_captions_qa": ("coco_captions", "vqa")}
-MIXTURES = {"vilbert": "mixture_captions", "lxmert": "mixture_captions_qa"}  # ViLBERT: captions alone, as CC
+MIXTURE_KINDS = {  # mixture folder -> the world's text sources in it
+    "mixture_captions": ("coco_captions",),
+    "mixture_lxmert": ("coco_captions", "vg_regions", "vqa"),
+}
+# ViLBERT: captions alone, as Conceptual Captions; LXMERT: COCO captions, VG region descriptions and questions
+MIXTURES = {"vilbert": "mixture_captions", "lxmert": "mixture_lxmert"}
 RETRIEVAL_IMAGES = 40
 RETRIEVAL_CAPTIONS = 5  # queries per image: up to this many of its captions
 TRANSFER_FILES = {  # task -> its files in the world's annotations/, in the order build-task reads them
@@ -243,14 +247,16 @@ def _extract(cfg: DemoConfig, world: Path, store: Path) -> dict:
 
 
 def mixture_spec(world: Path, kinds: tuple[str, ...] = ("coco_captions", "vqa")) -> dict:
-    """Captions (COCO-style JSON) and questions (VQA-style JSON) of the world, the sources of
-    the given kinds; val2014 = held out. File paths are absolute: the spec loads wherever it is
-    written (relative ones would be taken relative to the spec's folder)."""
+    """Captions (COCO-style JSON), region descriptions (Visual Genome JSON, train images only)
+    and questions (VQA-style JSON) of the world, the sources of the given kinds; val2014 = held
+    out. File paths are absolute: the spec loads wherever it is written (relative ones would be
+    taken relative to the spec's folder)."""
     world = Path(world).absolute()
     a = world / "annotations"
     spec = {
         "name": "shapes-demo",
-        "image_map": str(world / "image_map.tsv"),
+        "image_map": [str(world / "image_map.tsv")]
+        + ([str(world / "vg" / "image_map.tsv")] if "vg_regions" in kinds else []),
         "answers": {"top_k": 100},
         "sources": [
             {"name": "captions", "kind": "coco_captions", "files": [str(a / "captions_train2014.json")]},
@@ -260,6 +266,7 @@ def mixture_spec(world: Path, kinds: tuple[str, ...] = ("coco_captions", "vqa"))
                 "files": [str(a / "captions_val2014.json")],
                 "split": "val",
             },
+            {"name": "vg", "kind": "vg_regions", "files": [str(world / "vg" / "region_descriptions.json")]},
             {
                 "name": "vqa",
                 "kind": "vqa",

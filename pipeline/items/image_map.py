@@ -1,13 +1,30 @@
 """Image maps: ``source id<TAB>store key`` lines that rename the images the annotation files
-name to the keys of the feature stores (`vlprep build-mixture`'s ``image_map:``, `vlprep
-build-task --image-map`)."""
+name to the keys of the feature stores (`vlprep build-mixture`'s ``image_map:``, one file or
+several, `vlprep build-task --image-map`)."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Sequence
 
 from pipeline.errors import ConfigError
 from pipeline.items.inputs import file_problem
+
+
+def read_image_maps(paths: Sequence[Path]) -> dict[str, str]:
+    """Several image maps as one (`read_image_map` of each): a source id mapped to different
+    keys by two files is a ConfigError naming both files."""
+    aliases: dict[str, str] = {}
+    where: dict[str, Path] = {}
+    for path in paths:
+        for source, key in read_image_map(path).items():
+            if aliases.setdefault(source, key) != key:
+                raise ConfigError(
+                    f"{path}: source id {source!r} maps to {key!r}, but {where[source]} maps it to "
+                    f"{aliases[source]!r}; an image id maps to one store key"
+                )
+            where.setdefault(source, Path(path))
+    return aliases
 
 
 def read_image_map(path: Path) -> dict[str, str]:

@@ -5,6 +5,7 @@ Spec (YAML, see data_manifests/mixtures/):
     name: lxmert
     root: /data            # relative file paths are under it (default: the spec's folder)
     image_data: vg/image_data.json      # VG -> COCO identity (optional)
+    image_map: image_map.tsv            # annotation id <TAB> store key (optional; one file or a list)
     sources:
       - {name: mscoco, kind: coco_captions, files: [coco/captions_train2014.json, ...]}
       - {name: vg, kind: vg_regions, files: [vg/region_descriptions.json]}
@@ -86,7 +87,7 @@ SPEC_SCHEMA = Schema(
         "name": Field(str),  # default: the spec file's stem
         "root": Field(str),
         "image_data": Field(str),
-        "image_map": Field(str),
+        "image_map": Field(str, many=True, default=()),  # one file, or a list of them
         "sources": Field(SOURCE_SCHEMA, many=True, required=True),
         "heldout": Field(str, many=True, default=()),
         "drop": Field(str, many=True, default=()),
@@ -112,7 +113,7 @@ class MixtureSpec:
     name: str
     sources: tuple[SourceSpec, ...]
     image_data: Optional[Path] = None
-    image_map: Optional[Path] = None  # TSV: image id in the annotation files <TAB> id in the feature stores
+    image_map: tuple[Path, ...] = ()  # TSVs: image id in the annotation files <TAB> id in the feature stores
     heldout: tuple[Path, ...] = ()
     drop: tuple[Path, ...] = ()
     drop_coco_test: bool = True
@@ -128,7 +129,8 @@ class MixtureSpec:
         except (OSError, UnicodeDecodeError) as err:
             raise ConfigError(f"{path}: cannot read the mixture spec: {err}") from err
         raw = load_yaml(text, str(path))  # no aliases, bounded depth, one-line errors
-        spec = SPEC_SCHEMA.validate(raw, str(path))
+        one_map = isinstance(raw, dict) and isinstance(raw.get("image_map"), str)
+        spec = SPEC_SCHEMA.validate({**raw, "image_map": [raw["image_map"]]} if one_map else raw, str(path))
         if top_k is not None and top_k < 0:
             raise ConfigError(f"--top-k must be >= 0 (got {top_k})")
         top_k = top_k if top_k is not None else spec["answers"]["top_k"]
@@ -158,7 +160,7 @@ class MixtureSpec:
             name=spec["name"] or Path(path).stem,
             sources=tuple(sources),
             image_data=resolve(spec["image_data"]) if spec["image_data"] else None,
-            image_map=resolve(spec["image_map"]) if spec["image_map"] else None,
+            image_map=tuple(resolve(p) for p in spec["image_map"]),
             heldout=tuple(resolve(p) for p in spec["heldout"]),
             drop=tuple(resolve(p) for p in spec["drop"]),
             drop_coco_test=spec["drop_coco_test"],
@@ -174,7 +176,7 @@ class MixtureSpec:
 
     def all_files(self) -> list[Path]:
         files = [f for s in self.sources for f in s.files] + list(self.heldout) + list(self.drop)
-        return files + [p for p in (self.image_data, self.image_map, self.answers_from) if p]
+        return files + list(self.image_map) + [p for p in (self.image_data, self.answers_from) if p]
 
 
 def _read_id_list(path: Path, ids: ImageIds) -> dict[str, str]:

@@ -21,7 +21,7 @@ from typing import Callable, Iterable, Iterator, Optional, Sequence, TypeVar, Un
 
 from pipeline.errors import ConfigError
 from pipeline.items.answers import normalize_answer, soft_scores
-from pipeline.items.image_map import read_image_map
+from pipeline.items.image_map import read_image_maps
 from pipeline.sources import coco, conceptual_captions, gqa, lxmert, visual_genome, vqa
 from pipeline.sources.base import Malformed, Skip, named_read_errors, reading
 
@@ -162,8 +162,8 @@ class ImageIds:
     (``source id <TAB> store key`` lines), annotation ids -> the ids the feature stores use
     (e.g. COCO-style question files over images extracted from a Conceptual-Captions TSV)."""
 
-    def __init__(self, image_data: Optional[Path], coco_files: list[Path], image_map: Optional[Path] = None):
-        self.aliases = read_image_map(image_map) if image_map else {}
+    def __init__(self, image_data: Optional[Path], coco_files: list[Path], image_maps: Sequence[Path] = ()):
+        self.aliases = read_image_maps(image_maps)
         stems: dict[int, str] = {}
         for path in coco_files:
             stems.update((img.id, img.stem) for img in _coco_captions(path).images)

@@ -21,12 +21,18 @@ is 0-based within s):
                                                     VCR: one 4-choice colour question per image
     image_map.tsv                                   COCO_<s>2014_<i+1:012d><TAB>cc3m-<s>-<i:08d>, then
                                                     <train|dev>-<p>-0-img<0|1><TAB>the pair's image
+    vg/image_data.json, vg/region_descriptions.json Visual Genome files of the train split's images (VG id
+                                                    VG_ID_BASE + i + 1; coco_id null: the world's COCO ids
+                                                    repeat across splits): per object a phrase, per object
+                                                    with a clearly placed neighbour a relation phrase
+    vg/image_map.tsv                                <VG id><TAB>cc3m-train-<i:08d>
     objects.txt, attributes.txt                     detector vocabularies
     summary.json                                    counts, seed, vocab; written last
     .vlprep-output.json                             ownership marker: a later run may replace this folder
 
 The task files (Flickr30k, RefCOCO+, VCR) are made by `pipeline.synthetic.tasks` from what the
-splits drew; their own draws come from streams of their own, so the other files stay as they were.
+splits drew, the Visual Genome files by `pipeline.synthetic.regions`; their own draws come from
+streams of their own, so the other files stay as they were.
 """
 
 from __future__ import annotations
@@ -43,6 +49,7 @@ from pipeline.io import atomic_write_json, replacing_output
 from pipeline.synthetic.captions import captions
 from pipeline.synthetic.questions import annotator_answers, questions
 from pipeline.synthetic.referring import referring_expressions
+from pipeline.synthetic.regions import region_descriptions
 from pipeline.synthetic.render import render
 from pipeline.synthetic.scenes import (
     IMAGE_SIZE,
@@ -75,6 +82,8 @@ SPLITS = (
 WORLD_KIND = "shapes world"  # the ownership marker's kind (pipeline.io.replacing_output)
 STREAM_SCENE, STREAM_TEXT, STREAM_PAIR = 0, 1, 2
 STREAM_RETRIEVAL, STREAM_VCR = 3, 4  # the task files' own draws (retrieval's extra captions, VCR)
+STREAM_REGIONS = 5  # the Visual Genome region descriptions
+VG_ID_BASE = 1_000_000  # VG ids of the train split's images: VG_ID_BASE + i + 1
 
 
 def image_name(split: str, i: int) -> str:
@@ -120,6 +129,50 @@ def write_cc_tsvs(world_dir: Path, base_url: str) -> None:
             for i in range(len(captions_json["images"]))
         ]
         (world_dir / split.tsv).write_text("".join(rows), encoding="utf-8")
+
+
+def _write_vg(out: Path, split: _Split, scenes: list[Scene], seed: int, base_url: str) -> None:
+    """Visual Genome's image_data.json and region_descriptions.json for a split's images, and the
+    image map from their VG ids to store keys (summary.json, older than these files, does not
+    count them)."""
+    images, regions, lines = [], [], []
+    for i, scene in enumerate(scenes):
+        vg_id = VG_ID_BASE + i + 1
+        url = _image_url(base_url, image_name(split.name, i))
+        images.append(
+            {
+                "image_id": vg_id,
+                "url": url,
+                "width": scene.width,
+                "height": scene.height,
+                "coco_id": None,
+                "flickr_id": None,
+            }
+        )
+        described = region_descriptions(scene, _rng(seed, split, i, STREAM_REGIONS))
+        regions.append(
+            {
+                "id": vg_id,
+                "regions": [
+                    {
+                        "region_id": vg_id * 100 + j,
+                        "image_id": vg_id,
+                        "phrase": text,
+                        "x": round(box[0]),
+                        "y": round(box[1]),
+                        "width": round(box[2] - box[0]),
+                        "height": round(box[3] - box[1]),
+                    }
+                    for j, (box, text) in enumerate(described)
+                ],
+            }
+        )
+        lines.append(f"{vg_id}\t{store_key(split.name, i)}\n")
+    vg = out / "vg"
+    vg.mkdir()
+    _dump(vg / "image_data.json", images)
+    _dump(vg / "region_descriptions.json", regions)
+    (vg / "image_map.tsv").write_text("".join(lines))
 
 
 def _is_world(path: Path) -> bool:
@@ -276,6 +329,7 @@ def write_world(
         sizes = _split_sizes(n_images, val_fraction)
         written = {s.name: _write_split(tmp, s, sizes[s.name], seed, base_url, textures, progress) for s in SPLITS}
         splits = {name: counts for name, (counts, _, _) in written.items()}
+        _write_vg(tmp, SPLITS[0], written[SPLITS[0].name][1].scenes, seed, base_url)
         for path, data in task_files([draws for _, draws, _ in written.values()]).items():
             (tmp / "annotations" / path).parent.mkdir(parents=True, exist_ok=True)
             (tmp / "annotations" / path).write_bytes(data)

@@ -80,11 +80,13 @@ def _run_quick_demo(out: Path, bin_dir: Path) -> dict:
     assert report["config"]["models"] == ["vilbert", "lxmert"] and report["config"]["jobs_used"] == 1
     assert report["extract"]["extracted"] == report["extract"]["images"] == report["config"]["n_images"]
     assert report["extract"]["failures"] == {}
-    both, captions = (
-        report["mixtures"]["mixture_captions_qa"]["totals"],
+    lxmert, captions = (
+        report["mixtures"]["mixture_lxmert"]["totals"],
         report["mixtures"]["mixture_captions"]["totals"],
     )
-    assert both["train/caption"] == captions["train/caption"] > 0 and both["val/question"] > 0
+    # LXMERT's: COCO captions + VG region descriptions (train scenes only) + questions
+    assert lxmert["train/caption"] > 2 * captions["train/caption"] > 0 and lxmert["val/question"] > 0
+    assert lxmert["val/caption"] == captions["val/caption"]
     assert "train/question" not in captions  # ViLBERT pretrains on captions alone, as on CC
     assert set(report["evaluation"]) == set(report["models"]) == {"vilbert", "lxmert"}
     for model, scores in report["evaluation"].items():
@@ -134,12 +136,12 @@ def _gain(report: dict, model: str, task: str) -> float:
     return scores["pretrained"][0] - scores["scratch"][0]
 
 
-# Where pretraining reliably helps in the quick budget (docs/demo.md, "Transfer"): LXMERT's VQA
-# accuracy, its answer head started from the pretraining QA head (measured: 34.7 -> 50.3;
-# fine-tuning seeds 0-2 on earlier quick pretraining runs: +13.0, +13.0, +13.7), and
-# ViLBERT's Flickr30k text -> image R@1 over 20 held-out scenes, scored by its pretrained
-# alignment head (measured: 5 -> 17; seeds 0-2 as above: +13, +11, +11). NLVR2 (80 dev
-# pairs), RefCOCO+, VCR and ViLBERT's VQA move within a seed's spread or not at all.
+# Where pretraining helps on every one of three quick demos (seeds 0, 1, 2: docs/demo.md,
+# "Transfer"): LXMERT's VQA accuracy, its answer head started from the pretraining QA head
+# (+12.6, +12.2, +14.1), and ViLBERT's Flickr30k text -> image R@1 over 20 held-out scenes,
+# scored by its pretrained alignment head (+12, +11, +13). NLVR2, RefCOCO+, VCR and ViLBERT's
+# VQA do not gain on every seed. Asserted with a margin below the smallest gain.
+LXMERT_VQA_GAIN, VILBERT_FLICKR_GAIN = 7.0, 6.0
 
 
 class TestQuickDemo:
@@ -173,17 +175,18 @@ def _check_vilbert(report: dict) -> None:
     assert n == 40 and vilbert["pretrained"]["retrieval_queries"] > 150  # up to 5 captions per scene
     before, after = vilbert["untrained"], vilbert["pretrained"]
     # Zero-shot caption -> image retrieval by ViLBERT's alignment head: pretraining lifts R@1
-    # (measured: 0.020 -> 0.086; chance 0.025) and R@10 (0.244 -> 0.482).
+    # (measured, seeds 0-2: 0.020 -> 0.086, 0.061, 0.046; chance 0.025) and R@10 (0.244 ->
+    # 0.482, 0.455, 0.467).
     assert after["retrieval_R@1"] >= 1.5 * max(before["retrieval_R@1"], 1 / n), report["evaluation"]
     assert after["retrieval_R@10"] > before["retrieval_R@10"] + 0.1, report["evaluation"]
-    assert _gain(report, "vilbert", "flickr30k") > 3, report["transfer"]["scores"]
+    assert _gain(report, "vilbert", "flickr30k") > VILBERT_FLICKR_GAIN, report["transfer"]["scores"]
 
 
 def _check_lxmert(report: dict) -> None:
     lxmert = report["evaluation"]["lxmert"]
-    # LXMERT's held-out QA score (measured: 0.039 -> 0.487).
+    # LXMERT's held-out QA score (measured, seeds 0-2: 0.039 -> 0.533, 0.511, 0.429).
     assert lxmert["pretrained"]["qa_score"] > lxmert["untrained"]["qa_score"] + 0.3, report["evaluation"]
-    assert _gain(report, "lxmert", "vqa") > 5, report["transfer"]["scores"]
+    assert _gain(report, "lxmert", "vqa") > LXMERT_VQA_GAIN, report["transfer"]["scores"]
 
 
 def test_demo_refuses_unknown_models(tmp_path):

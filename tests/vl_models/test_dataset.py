@@ -155,3 +155,45 @@ def test_vilbert_12in1_variant_zeroes_overlapping_regions_too(data):
         PretrainDataset(
             data / "mix", [data / "feats"], VOCAB, DataSettings(region_overlap="zero"), families.get("lxmert")
         )
+
+
+@pytest.mark.parametrize("model", ["lxmert", "vilbert"])
+def test_pair_texts_captions_leaves_questions_out_of_the_pair_task(data, model):
+    """--pair-texts captions: a question keeps its own text and has no pair label (-1, ignored
+    by the loss, so ViLBERT's 0 = aligned flip keeps it -1); a caption's negatives are captions
+    of other images. The default (all) is both references': questions are pair texts too."""
+    from vl_models.tasks.losses import pair_classification
+
+    settings = DataSettings(max_text=12, max_regions=10, pair_texts="captions")
+    ds = PretrainDataset(data / "mix", [data / "feats"], VOCAB, settings, families.get(model), seed=1)
+    kinds = ds.mixture.kinds
+    ref = PretrainDataset(
+        data / "mix", [data / "feats"], VOCAB, DataSettings(max_text=12, max_regions=10), families.get(model), seed=1
+    )
+    assert any(int(ref[i]["matched"]) == 0 and kinds[ref.rows[i]] == "question" for i in range(len(ref)))
+    encoded = {int(r): ds.tokenizer.encode(ds.mixture.text(int(r)), 12).ids for r in ds.rows}
+    captions = [ids for r, ids in encoded.items() if kinds[r] == "caption"]
+    seen = {}
+    for epoch in range(4):
+        ds.set_epoch(epoch)
+        for i in range(len(ds)):
+            ex, kind = ds[i], kinds[ds.rows[i]]
+            seen.setdefault(kind, set()).add(int(ex["matched"]))
+            if kind == "question":
+                own = encoded[int(ds.rows[i])]
+                keep = ex["lm_labels"] >= 0
+                assert np.array_equal(np.where(keep, ex["lm_labels"], ex["input_ids"]), own)  # its own text
+                assert int(ex["qa_label"]) >= 0  # and its answer
+            elif int(ex["matched"]) == 0:
+                shown = np.where(ex["lm_labels"] >= 0, ex["lm_labels"], ex["input_ids"])
+                assert any(np.array_equal(shown, c) for c in captions)  # a caption swapped in
+    assert seen == {"question": {-1}, "caption": {0, 1}}
+    batch = torch.utils.data.default_collate([ds[i] for i in range(len(ds))])
+    family = families.get(model)
+    mcfg = family.fit(families.load_config(f"{model}-tiny"), ds.stores[0].layout, 3, "feats")
+    loss = family.losses(family.build(mcfg), batch, True, "none")[0]
+    pair = "matching" if model == "lxmert" else "alignment"
+    assert torch.isfinite(loss[pair])
+    logits = torch.zeros(3, 2, requires_grad=True)
+    _, metrics = pair_classification(logits, torch.tensor([-1, 1, 0]), pair)
+    assert metrics[f"{pair}_acc"] == 0.5  # the -1 row is not counted

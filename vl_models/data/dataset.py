@@ -207,10 +207,12 @@ class PretrainDataset(torch.utils.data.Dataset):
         row = int(self.rows[i])
         image = self.images[row]
         text_row, matched = row, 1
-        if mismatch(rng, cfg.mismatch_prob):
+        captions_only = cfg.pair_texts == "captions"
+        kinds = self.mixture.kinds
+        if mismatch(rng, cfg.mismatch_prob) and (not captions_only or kinds[row] == "caption"):
             for _ in range(10):  # a sentence of a different image
                 other = int(self.rows[rng.integers(len(self.rows))])
-                if self.images[other] != image:
+                if self.images[other] != image and (not captions_only or kinds[other] == "caption"):
                     text_row, matched = other, 0
                     break
         text = self.mixture.text(text_row)
@@ -246,7 +248,7 @@ class PretrainDataset(torch.utils.data.Dataset):
             "visual_pos": batch.positions[0],
             "visual_mask": visual_mask,
             "region_selected": selected,
-            "matched": np.int64(matched),
+            "matched": np.int64(-1 if captions_only and kinds[row] != "caption" else matched),  # -1: no pair label
         }
         example.update(family.visual_targets(batch, original, image))
         answer_ids, scores = self.mixture.labels(row)

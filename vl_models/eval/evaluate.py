@@ -41,16 +41,18 @@ def evaluate(
         [_score_batch(family, model, data, batches[b], device) for b in distributed.shard(len(batches))]
     )
     sums: dict = {}
+    counts: dict = {}  # a metric's batches that have it (NaN: none of the batch's items has that target)
     qa_pred, qa_ids, qa_scores = [], [], []
     for metrics, answers in scored:
         for k, v in metrics.items():
             if v == v:  # not NaN
                 sums[k] = sums.get(k, 0.0) + v
+                counts[k] = counts.get(k, 0) + 1
         for pred, ids, scores in answers:
             qa_pred.append(pred)
             qa_ids.append(ids)
             qa_scores.append(scores)
-    result = {f"eval_{k}": v / len(batches) for k, v in sums.items()}
+    result = {f"eval_{k}": v / counts[k] for k, v in sums.items()}
     if qa_pred:
         result["eval_qa_score"] = vqa_score(np.array(qa_pred), qa_ids, qa_scores)
     result.update(retrieval(family, model, data, device, retrieval_images, captions_per_image))
@@ -70,7 +72,7 @@ def _score_batch(family, model, data: PretrainDataset, idx: list[int], device: s
         logits = family.answer_logits(family.forward(model, batch, decode=False))
         for j, i in enumerate(idx):
             ids, scores = data.labels(i)
-            if ids and int(batch["matched"][j]) == 1:
+            if ids and int(batch["matched"][j]) != 0:  # its own text (-1: an item without a pair label)
                 answers.append((int(logits[j].argmax()), ids, scores))
     return metrics, answers
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import torch
+
 from pipeline.errors import ConfigError
 from vl_models.data.masking import RegionMasking
 from vl_models.families.base import RETRIEVAL_METRICS, ModelFamily
@@ -55,7 +57,10 @@ class ViLBERT(ModelFamily):
         out = self.forward(model, batch)
         mlm, m1 = L.masked_lm(out.lm_logits, batch["lm_labels"][batch["lm_labels"] != -1])
         region, m2 = L.region_kl(out.region_logits, batch["region_prob"][batch["region_selected"].bool()])
-        align, m3 = L.pair_classification(out.alignment_logits, 1 - batch["matched"], "alignment")
+        matched = batch["matched"]  # 1 matched, 0 not, -1 no pair label
+        align, m3 = L.pair_classification(
+            out.alignment_logits, torch.where(matched < 0, matched, 1 - matched), "alignment"
+        )
         return {"mlm": mlm, "region": region, "alignment": align}, {**m1, **m2, **m3}
 
     pair_output, pair_positive = "alignment_logits", 0  # class 0 = aligned
