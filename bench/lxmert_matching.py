@@ -16,6 +16,9 @@ R@10. Variants (``--variants``, comma separated):
   (``--pair-texts captions``); ``lr3e-4_pair_captions_match_only``: that at 3e-4, matching alone;
 * ``demo_init0.1`` / ``demo_init0.1_lr5e-4_pair_captions``: as ``demo`` at initializer range
   0.1 / that at lr 5e-4 with ``--pair-texts captions``;
+* ``demo_b64`` / ``demo_b128`` / ``demo_b256``: as ``demo`` in batches of 64 / 128 / 256 (the
+  demo's are 32; LXMERT's own, 256); ``demo_b128_match_only`` / ``demo_b128_match10``: in
+  batches of 128, matching alone / at weight 10;
 * ``matching_first`` / ``matching_first_1e-3``: matching alone (captions and region
   descriptions) for the first half, then every task; initializer range 0.1; lr 3e-4 / 1e-3;
 * ``no_regions``: as ``demo`` without the region descriptions (the demo's mixture before the
@@ -94,6 +97,11 @@ def variants(steps: int) -> dict:
             {"lr": 5e-4, "pair_texts": "captions"},
             {"initializer_range": 0.1},
         ),
+        "demo_b64": ("mixture_lxmert", {"batch_size": 64}, {}),
+        "demo_b128": ("mixture_lxmert", {"batch_size": 128}, {}),
+        "demo_b256": ("mixture_lxmert", {"batch_size": 256}, {}),
+        "demo_b128_match_only": ("mixture_lxmert", {"batch_size": 128, "weights": {"matching": 3.0, **off}}, {}),
+        "demo_b128_match10": ("mixture_lxmert", {"batch_size": 128, "weights": {"matching": 10.0}}, {}),
         "no_regions": ("mixture_captions_qa", {}, {}),
         "match_only": ("mixture_captions_qa", {"weights": {"matching": 3.0, **off}}, {}),
         "match_only_cap": ("mixture_captions", {"weights": {"matching": 3.0, **off}}, {}),
@@ -202,7 +210,8 @@ def train_variant(name: str, out: Path, steps: int, seed: int, tmp: Path) -> dic
     from vl_models.train.trainer import run
 
     mixture, overrides, model_overrides = variants(steps)[name]
-    tcfg = train_config(out, out / "runs" / name, mixture, model_json(model_overrides, tmp), steps, seed, **overrides)
+    run_dir = out / "runs" / f"{name}-{steps}"
+    tcfg = train_config(out, run_dir, mixture, model_json(model_overrides, tmp), steps, seed, **overrides)
     logged: list[tuple[int, float, float]] = []
     prints = {max(1, round(steps * f)) for f in (0.1, 0.25, 0.5, 0.75, 1.0)}
     shown: set[int] = set()
@@ -348,17 +357,37 @@ def separable(out: Path, images: int, steps: int, seed: int, real: bool) -> list
     return log
 
 
+def object_phrase() -> re.Pattern:
+    """The world's one-object region descriptions (`pipeline.synthetic.regions`)."""
+    from pipeline.synthetic.scenes import COLORS, SHAPES, SIZES, TEXTURES
+
+    color, shape, mods = "|".join(COLORS), "|".join(SHAPES), "|".join(SIZES + TEXTURES)
+    return re.compile(
+        rf"(?:an? )?(?:(?:{mods}) )*(?:{color}) (?:{shape})(?: in the picture)?|the (?:{shape}) is (?:{color})"
+    )
+
+
 def plain_loop(
-    out: Path, steps: int, seed: int, lr: float, texts: str, model_name: str = MODEL
+    out: Path,
+    steps: int,
+    seed: int,
+    lr: float,
+    texts: str,
+    model_name: str = MODEL,
+    batch: int = 32,
+    masked: bool = True,
 ) -> list[tuple[int, float, float]]:
     """Matching alone in a plain loop (AdamW at a constant `lr`, no warm-up, decay or clipping;
-    batches of 32 drawn with replacement), to tell the task from the trainer's schedule:
+    batches of `batch` drawn with replacement), to tell the task from the trainer's schedule:
 
     * ``presence``: the text is "<colour> <shape>" of an object of the image (matched) or a
       colour + shape the image does not have (mismatched), over the world's train scenes;
     * ``mixture`` / ``mixture_captions``: the pretraining examples of the demo's LXMERT mixture
-      (`PretrainDataset`: masked text and regions, negatives as the trainer draws them), every
-      text or captions and region descriptions alone.
+      (`PretrainDataset`: masked text and regions, negatives as the trainer draws them, drawn
+      afresh for every batch), every text or captions and region descriptions alone. (With the
+      same negative for an item at every draw, the model memorizes the fixed pairs instead.)
+      ``object_phrases``: the region descriptions that name one object. `masked` False: no
+      word or region masking.
 
     Returns (step, mean loss, mean accuracy) over each 100 steps."""
     import torch
@@ -381,7 +410,7 @@ def plain_loop(
     for module in model.modules():  # a dense gradient for AdamW
         if isinstance(module, torch.nn.Embedding):
             module.sparse = False
-    batch, slots = 32, 20
+    slots = 20
     if texts == "presence":
         scenes = list(load_scenes(out / "world", "train").values())
         records = [store.get(f"cc3m-train-{i:08d}") for i in range(len(scenes))]
@@ -404,12 +433,18 @@ def plain_loop(
             tmask = torch.tensor(np.stack([e.mask for e in enc]))
             return ids, feats[img], pos[img], tmask, vmask[img], torch.tensor(matched)
     else:
-        tcfg = train_config(out, out / "runs" / "plain", "mixture_lxmert", MODEL, steps, seed)
+        masking = {} if masked else {"mlm_prob": 0.0, "region_prob": 0.0}
+        tcfg = train_config(out, out / "runs" / "plain", "mixture_lxmert", MODEL, steps, seed, **masking)
         data = split_data(tcfg, Mixture.open(tcfg.mixture), family, "train")
+        kinds, text = data.mixture.kinds, data.mixture.text
         if texts == "mixture_captions":
-            data.rows = data.rows[data.mixture.kinds[data.rows] == "caption"]
+            data.rows = data.rows[kinds[data.rows] == "caption"]
+        elif texts == "object_phrases":  # the region descriptions that name one object
+            pattern = object_phrase()
+            data.rows = np.array([r for r in data.rows if pattern.fullmatch(text(int(r)))])
 
         def draw():
+            data.set_epoch(int(rng.integers(1 << 30)))  # fresh masks and negatives, as epochs give the trainer
             ex = data.collate(data.__getitems__([int(i) for i in rng.integers(0, len(data), batch)]))
             return (
                 ex["input_ids"],
@@ -454,9 +489,12 @@ def main() -> None:
     p.add_argument(
         "--plain",
         default="",
-        help="only matching alone in a plain loop (constant lr, no schedule): presence, mixture or mixture_captions",
+        help="only matching alone in a plain loop (constant lr, no schedule): presence, mixture, mixture_captions "
+        "or object_phrases",
     )
     p.add_argument("--lr", type=float, default=3e-4, help="--plain's learning rate")
+    p.add_argument("--batch", type=int, default=32, help="--plain's batch size")
+    p.add_argument("--no-masking", action="store_true", help="--plain on the mixture without word or region masking")
     p.add_argument("--model", default=MODEL, help="--plain's model config")
     a = p.parse_args()
     n_images = a.n_images or (200 if a.quick else 400)
@@ -473,8 +511,8 @@ def main() -> None:
     print(f"world: {n_images} images, {steps} steps per variant, into {out}", flush=True)
     prepare(out, n_images, a.seed)
     if a.plain:
-        print(f"\nmatching alone, plain loop, {a.plain} texts, {a.model}, lr {a.lr:g}:")
-        for step, loss, acc in plain_loop(out, steps, a.seed, a.lr, a.plain, a.model):
+        print(f"\nmatching alone, plain loop, {a.plain} texts, {a.model}, lr {a.lr:g}, batches of {a.batch}:")
+        for step, loss, acc in plain_loop(out, steps, a.seed, a.lr, a.plain, a.model, a.batch, not a.no_masking):
             print(f"  step {step:4d}: matching loss {loss:.3f}, accuracy {acc:.2f}", flush=True)
         return
     if a.separable:
