@@ -45,7 +45,7 @@ the mentions in the paired image's own texts.
     python bench/lxmert_matching.py --variants demo,match_only --steps 300
     python bench/lxmert_matching.py --separable 8 --steps 300   # can the model learn matching at all?
     python bench/lxmert_matching.py --plain presence --steps 1000 --lr 1e-3   # without the trainer's schedule
-    python bench/lxmert_matching.py --plain mixture_captions --steps 1200 --lr 3e-4
+    python bench/lxmert_matching.py --plain mixture_captions --steps 800 --lr 1e-3 --batch 128 --masking none
 """
 
 from __future__ import annotations
@@ -375,7 +375,7 @@ def plain_loop(
     texts: str,
     model_name: str = MODEL,
     batch: int = 32,
-    masked: bool = True,
+    masking: str = "both",
 ) -> list[tuple[int, float, float]]:
     """Matching alone in a plain loop (AdamW at a constant `lr`, no warm-up, decay or clipping;
     batches of `batch` drawn with replacement), to tell the task from the trainer's schedule:
@@ -386,8 +386,8 @@ def plain_loop(
       (`PretrainDataset`: masked text and regions, negatives as the trainer draws them, drawn
       afresh for every batch), every text or captions and region descriptions alone. (With the
       same negative for an item at every draw, the model memorizes the fixed pairs instead.)
-      ``object_phrases``: the region descriptions that name one object. `masked` False: no
-      word or region masking.
+      ``object_phrases``: the region descriptions that name one object. `masking`: which of
+      the pretraining masks are on (both, words, regions or none).
 
     Returns (step, mean loss, mean accuracy) over each 100 steps."""
     import torch
@@ -433,8 +433,9 @@ def plain_loop(
             tmask = torch.tensor(np.stack([e.mask for e in enc]))
             return ids, feats[img], pos[img], tmask, vmask[img], torch.tensor(matched)
     else:
-        masking = {} if masked else {"mlm_prob": 0.0, "region_prob": 0.0}
-        tcfg = train_config(out, out / "runs" / "plain", "mixture_lxmert", MODEL, steps, seed, **masking)
+        off = {"mlm_prob": 0.0} if masking in ("regions", "none") else {}
+        off |= {"region_prob": 0.0} if masking in ("words", "none") else {}
+        tcfg = train_config(out, out / "runs" / "plain", "mixture_lxmert", MODEL, steps, seed, **off)
         data = split_data(tcfg, Mixture.open(tcfg.mixture), family, "train")
         kinds, text = data.mixture.kinds, data.mixture.text
         if texts == "mixture_captions":
@@ -494,7 +495,12 @@ def main() -> None:
     )
     p.add_argument("--lr", type=float, default=3e-4, help="--plain's learning rate")
     p.add_argument("--batch", type=int, default=32, help="--plain's batch size")
-    p.add_argument("--no-masking", action="store_true", help="--plain on the mixture without word or region masking")
+    p.add_argument(
+        "--masking",
+        choices=("both", "words", "regions", "none"),
+        default="both",
+        help="--plain on the mixture: which pretraining masks are on",
+    )
     p.add_argument("--model", default=MODEL, help="--plain's model config")
     a = p.parse_args()
     n_images = a.n_images or (200 if a.quick else 400)
@@ -512,7 +518,7 @@ def main() -> None:
     prepare(out, n_images, a.seed)
     if a.plain:
         print(f"\nmatching alone, plain loop, {a.plain} texts, {a.model}, lr {a.lr:g}, batches of {a.batch}:")
-        for step, loss, acc in plain_loop(out, steps, a.seed, a.lr, a.plain, a.model, a.batch, not a.no_masking):
+        for step, loss, acc in plain_loop(out, steps, a.seed, a.lr, a.plain, a.model, a.batch, a.masking):
             print(f"  step {step:4d}: matching loss {loss:.3f}, accuracy {acc:.2f}", flush=True)
         return
     if a.separable:
