@@ -2,9 +2,10 @@
 
 Scenes of 1-6 coloured shapes on varied backgrounds, drawn with PIL, and language that is
 true of each scene, generated from templates: captions, VQA-style question-answer pairs with
-10 annotator answers, unambiguous referring expressions with their boxes, and NLVR2-style
-statements about pairs of scenes. `write_world` writes it all in the official file formats
-our readers take (Conceptual Captions TSVs, COCO captions, VQA v2, NLVR2) plus detector
+10 annotator answers, unambiguous referring expressions with their boxes, NLVR2-style
+statements about pairs of scenes and Visual Genome-style region descriptions. `write_world`
+writes it all in the official file formats our readers take (Conceptual Captions TSVs, COCO
+captions, VQA v2, NLVR2, VG region descriptions) plus detector
 ground truth, and the transfer tasks' files (Flickr30k retrieval in the Karpathy format,
 RefCOCO+, VCR). The same seed gives byte-identical files. `vlprep make-shapes` writes one.
 
@@ -13,9 +14,10 @@ One module per concern, each importing only those above it:
     scenes       the vocabulary, scene types, scene sampling, scenes as JSON
     render       a scene as an RGB image
     words        what the language templates share (phrases, relations, sampling)
-    captions, questions, referring, statements
+    captions, questions, referring, statements, regions
                  the template families: captions; VQA questions and annotator answers;
-                 referring expressions; NLVR2 statements about scene pairs
+                 referring expressions; NLVR2 statements about scene pairs; VG region
+                 descriptions
     tasks        the transfer tasks' files (Flickr30k, RefCOCO+, VCR) from what the splits drew
     world        the files on disk (`write_world`, `write_cc_tsvs`, `load_scenes`; layout there)
 
