@@ -510,8 +510,18 @@ def _mean(values: list) -> float:
     return sum(values) / len(values)
 
 
-def _finetune(cfg: DemoConfig, kind: str, task_name: str, init: str, seed: int, out: Path, vocab: Path) -> float:
-    """One fine-tuning run; returns its best validation score (the trainer's best checkpoint)."""
+def _finetune(
+    cfg: DemoConfig,
+    kind: str,
+    task_name: str,
+    init: str,
+    seed: int,
+    out: Path,
+    vocab: Path,
+    steps: int = TRANSFER_STEPS,
+) -> float:
+    """One fine-tuning run; returns its best validation score (the trainer's best checkpoint).
+    Another budget than the demo's (`bench/demo_transfer_budget.py`) runs into a folder of its own."""
     from vl_models import transfer
     from vl_models.config import FinetuneConfig
     from vl_models.train import checkpoint
@@ -519,6 +529,8 @@ def _finetune(cfg: DemoConfig, kind: str, task_name: str, init: str, seed: int, 
 
     pairwise = getattr(transfer.get(task_name), "pairwise", False)
     run = out / "transfer" / kind / f"{task_name}-{init}-seed{seed}"
+    if steps != TRANSFER_STEPS:
+        run = run.with_name(f"{run.name}-steps{steps}")
     pretrained = init == "pretrained"
     run_finetune(
         FinetuneConfig.of(
@@ -530,17 +542,17 @@ def _finetune(cfg: DemoConfig, kind: str, task_name: str, init: str, seed: int, 
             model=None if pretrained else MODELS[kind],
             vocab=str(vocab),
             epochs=None,
-            steps=TRANSFER_STEPS,
+            steps=steps,
             batch_size=TRANSFER_BATCH,
             lr=TRANSFER_LR,
             warmup=0.1,
             max_text=24,
             max_regions=20,
             seed=seed,
-            eval_every=TRANSFER_STEPS // TRANSFER_EVALS,
+            eval_every=steps // TRANSFER_EVALS,
             keep_last=1,
-            checkpoint_every=TRANSFER_STEPS,
-            log_every=TRANSFER_STEPS,
+            checkpoint_every=steps,
+            log_every=steps,
             resume="yes",
             eval_items=TRANSFER_RETRIEVAL_IMAGES if pairwise else 0,
         )
