@@ -197,3 +197,17 @@ def test_pair_texts_captions_leaves_questions_out_of_the_pair_task(data, model):
     logits = torch.zeros(3, 2, requires_grad=True)
     _, metrics = pair_classification(logits, torch.tensor([-1, 1, 0]), pair)
     assert metrics[f"{pair}_acc"] == 0.5  # the -1 row is not counted
+
+
+def test_evaluation_scores_questions_that_have_no_pair_label(data):
+    """With --pair-texts captions a question's pair label is -1, yet it is its own text: the
+    QA score counts it (only swapped texts, label 0, are left out)."""
+    from vl_models.eval.evaluate import evaluate
+
+    family = families.get("lxmert")
+    settings = DataSettings(max_text=12, max_regions=10, pair_texts="captions")
+    ds = PretrainDataset(data / "mix", [data / "feats"], VOCAB, settings, family, seed=1)
+    torch.manual_seed(0)
+    model = family.build(family.fit(families.load_config("lxmert-tiny"), ds.stores[0].layout, 3, "feats"))
+    result = evaluate(family, model, ds, batch_size=4, retrieval_images=2)
+    assert 0.0 <= result["eval_qa_score"] <= 1.0 and 0.0 <= result["eval_matching_acc"] <= 1.0

@@ -243,3 +243,14 @@ def test_retrieval_hands_the_model_contiguous_query_batches():
     scores = retrieval(Family(), None, Split(), "cpu", limit=3, captions_per_image=2)
     assert scores["eval_retrieval_queries"] == 6 and scores["eval_retrieval_R@1"] == 1.0
     assert len(seen) == 6 and all(all(c.values()) for c in seen), seen
+
+
+def test_a_metric_is_averaged_over_the_batches_that_have_it():
+    """A batch with no item for a metric (NaN: e.g. QA accuracy on a batch of captions) leaves
+    that metric's mean as it is instead of pulling it towards 0."""
+    from vl_models.eval.evaluate import batch_means
+
+    nan = float("nan")
+    means = batch_means([{"qa_acc": 1.0, "mlm_acc": 0.2}, {"qa_acc": nan, "mlm_acc": 0.4}, {"qa_acc": 0.5}])
+    assert means == {"qa_acc": 0.75, "mlm_acc": pytest.approx(0.3)}
+    assert batch_means([{"qa_acc": nan}]) == {}

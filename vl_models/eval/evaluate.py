@@ -40,25 +40,30 @@ def evaluate(
     scored = distributed.gather_shards(
         [_score_batch(family, model, data, batches[b], device) for b in distributed.shard(len(batches))]
     )
-    sums: dict = {}
-    counts: dict = {}  # a metric's batches that have it (NaN: none of the batch's items has that target)
     qa_pred, qa_ids, qa_scores = [], [], []
-    for metrics, answers in scored:
-        for k, v in metrics.items():
-            if v == v:  # not NaN
-                sums[k] = sums.get(k, 0.0) + v
-                counts[k] = counts.get(k, 0) + 1
+    for _, answers in scored:
         for pred, ids, scores in answers:
             qa_pred.append(pred)
             qa_ids.append(ids)
             qa_scores.append(scores)
-    result = {f"eval_{k}": v / counts[k] for k, v in sums.items()}
+    result = {f"eval_{k}": v for k, v in batch_means([metrics for metrics, _ in scored]).items()}
     if qa_pred:
         result["eval_qa_score"] = vqa_score(np.array(qa_pred), qa_ids, qa_scores)
     result.update(retrieval(family, model, data, device, retrieval_images, captions_per_image))
     if was_training:
         model.train()
     return result
+
+
+def batch_means(per_batch: list[dict]) -> dict:
+    """Each metric's mean over the batches that have it: a batch without that metric's target
+    (NaN: e.g. ``qa_acc`` on a batch of captions) is left out, not counted as 0."""
+    values: dict = {}
+    for metrics in per_batch:
+        for k, v in metrics.items():
+            if v == v:  # not NaN
+                values.setdefault(k, []).append(v)
+    return {k: sum(v) / len(v) for k, v in values.items()}
 
 
 def _score_batch(family, model, data: PretrainDataset, idx: list[int], device: str) -> tuple[dict, list]:
