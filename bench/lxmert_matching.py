@@ -307,6 +307,23 @@ def negatives_by_chance(out: Path, mixture_name: str, seed: int, mismatch_prob: 
     return counts
 
 
+def bare_model(out: Path, model_name: str):
+    """(the world's store, the model's family, a fresh model of `model_name` fitted to the store
+    with dense embedding gradients for a plain AdamW) for the hand-written loops below."""
+    import torch
+
+    from pipeline.store import FeatureStore
+    from vl_models import families
+
+    store = FeatureStore.open(out / "features", dtype="float32")
+    family = families.of_config(families.load_config(model_name))
+    model = family.build(family.fit(families.load_config(model_name), store.layout, 16, str(out / "features")))
+    for module in model.modules():
+        if isinstance(module, torch.nn.Embedding):
+            module.sparse = False
+    return store, family, model
+
+
 def separable(out: Path, images: int, steps: int, seed: int, real: bool) -> list[tuple[int, float, float]]:
     """Matching alone on a pairing the model can only solve from the image: text ``[CLS] wK
     [SEP]`` names image K of `images`, half the pairs mismatched. The images are the store's
@@ -317,17 +334,9 @@ def separable(out: Path, images: int, steps: int, seed: int, real: bool) -> list
     import torch.nn.functional as F
 
     from pipeline.records import pad_regions
-    from pipeline.store import FeatureStore
-    from vl_models import families
 
     torch.manual_seed(seed)
-    store = FeatureStore.open(out / "features", dtype="float32")
-    family = families.of_config(families.load_config(MODEL))
-    mcfg = family.fit(families.load_config(MODEL), store.layout, 16, str(out / "features"))
-    model = family.build(mcfg)
-    for module in model.modules():  # a dense gradient for AdamW
-        if isinstance(module, torch.nn.Embedding):
-            module.sparse = False
+    store, family, model = bare_model(out, MODEL)
     slots, batch, length = 10, 32, 8
     regions = pad_regions([store.get(k) for k in list(store.ids())[:images]], slots, position=family.position)
     feats, pos = torch.tensor(regions.features), torch.tensor(regions.positions)
@@ -395,21 +404,14 @@ def plain_loop(
 
     from pipeline.mixture import Mixture
     from pipeline.records import pad_regions
-    from pipeline.store import FeatureStore
     from pipeline.synthetic.scenes import COLORS, SHAPES
     from pipeline.synthetic.world import load_scenes
-    from vl_models import families
     from vl_models.data.tokenize import WordPiece, bundled_bert_vocab
     from vl_models.train.trainer import split_data
 
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
-    family = families.of_config(families.load_config(model_name))
-    store = FeatureStore.open(out / "features", dtype="float32")
-    model = family.build(family.fit(families.load_config(model_name), store.layout, 16, str(out / "features")))
-    for module in model.modules():  # a dense gradient for AdamW
-        if isinstance(module, torch.nn.Embedding):
-            module.sparse = False
+    store, family, model = bare_model(out, model_name)
     slots = 20
     if texts == "presence":
         scenes = list(load_scenes(out / "world", "train").values())
@@ -461,8 +463,15 @@ def plain_loop(
     for step in range(1, steps + 1):
         ids, vf, vp, tm, vm, matched = draw()
         none = torch.zeros(vm.shape, dtype=torch.bool)
-        heads = {"feat_positions": none} if family.pair_output == "matched_logits" else {"region_positions": none}
-        out_ = model(ids, vf, vp, tm, vm, lm_positions=torch.zeros(ids.shape, dtype=torch.bool), **heads)
+        out_ = model(
+            ids,
+            vf,
+            vp,
+            tm,
+            vm,
+            lm_positions=torch.zeros(ids.shape, dtype=torch.bool),
+            **{family.region_positions: none},
+        )
         logits = getattr(out_, family.pair_output)
         target = matched if family.pair_positive == 1 else 1 - matched
         loss = F.cross_entropy(logits, target)
