@@ -2,7 +2,10 @@
 a split against every image: each caption's and each image's single-modality states once, the
 layers where the streams meet per pair) in pairs/s, for both model families at a small and at
 the base width, and how it scales with the caption batch size and with the number of images N
-(pairs/s flat or rising in N = time linear in the N x 5N pairs).
+(pairs/s flat or rising in N = time linear in the N x 5N pairs), each point with the
+captions and images padded to the maximum (``--padding max``: 30 tokens, 36 regions) and cut
+to what each batch uses (``batch``, the default: `vl_models.data.padding`), side by side with
+the ratio.
 
 The split is synthetic but goes through the real path: a Karpathy-format
 ``dataset_flickr30k.json`` (N test images x 5 captions) built into a task dataset by
@@ -28,8 +31,10 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 from common import vg_like_record
+from dynamic_padding import CAPTION_WORDS, word_counts
 
 from pipeline.store import write_records
 from pipeline.task_data import TaskData
@@ -48,11 +53,14 @@ WORDS = "a man woman dog cat red blue small large table street sitting standing 
 
 
 def write_split(root: Path, images: int) -> tuple[Path, Path]:
-    """(task dataset, feature store) of `images` test images x 5 captions."""
+    """(task dataset, feature store) of `images` test images x 5 captions, of lengths drawn as
+    `dynamic_padding.word_counts` draws Conceptual Captions' (mean 10.3 words; Flickr30k's and
+    COCO's captions are of about that length too)."""
     rng = torch.Generator().manual_seed(0)
+    lengths = iter(word_counts(np.random.default_rng(0), images * CAPTIONS, *CAPTION_WORDS).tolist())
 
     def caption() -> str:
-        n = int(torch.randint(8, 16, (1,), generator=rng))
+        n = next(lengths)
         return " ".join(WORDS[int(j)] for j in torch.randint(0, len(WORDS), (n,), generator=rng))
 
     records = [vg_like_record(i) for i in range(images)]
@@ -104,6 +112,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=20, help="caption batch size of the N sweeps")
     parser.add_argument("--repeats", type=int, default=3, help="calls per measurement (the median is kept)")
     parser.add_argument("--no-base", action="store_true", help="small width only")
+    parser.add_argument("--padding", default="max,batch", help="paddings to compare (DataSettings.padding)")
     parser.add_argument("--quick", action="store_true", help="smoke run: small width, N 4,8, batches 8,40, once")
     args = parser.parse_args()
     if args.quick:
@@ -123,29 +132,39 @@ def main() -> None:
                 torch.manual_seed(0)
                 family, mcfg = model_of(f"{name}-{width}", None, str(store), 1)
                 model = build_transfer_model(family, mcfg, [task], [data]).to(args.device).eval()
-                view = TaskDataset(data, task, [store], vocab, family, DataSettings(), "test", train=False)
-                measure(model, view, args.device, 8, 1)  # warm-up: 5 captions x 1 image
+                views = {
+                    padding: TaskDataset(
+                        data, task, [store], vocab, family, DataSettings(padding=padding), "test", train=False
+                    )
+                    for padding in args.padding.split(",")
+                }
+                for view in views.values():
+                    measure(model, view, args.device, 8, 1)  # warm-up: 5 captions x 1 image
                 sweeps = [(n, args.batch) for n in ns] + [(max(ns), b) for b in batches if b != args.batch]
                 for n, b in sweeps:
-                    pairs, seconds = measure(model, view, args.device, b, n, args.repeats)
-                    rows.append((name, width, n, min(b, CAPTIONS * n), pairs, seconds))  # batch as run
-                    print(f"  {name}-{width}: N {n}, batch {b}: {pairs} pairs in {seconds:.2f} s", flush=True)
+                    for padding, view in views.items():
+                        pairs, seconds = measure(model, view, args.device, b, n, args.repeats)
+                        rows.append((name, width, n, min(b, CAPTIONS * n), padding, pairs, seconds))  # batch as run
+                        print(f"  {name}-{width} ({padding}): N {n}, batch {b}: {pairs} pairs in {seconds:.2f} s")
                 del model
 
     where = torch.cuda.get_device_name() if args.device.startswith("cuda") else f"CPU, {os.cpu_count()} cores"
     print(
         f"\ndevice: {where}; torch {torch.__version__} ({torch.get_num_threads()} threads), float32; "
-        f"{task.max_text} tokens per caption, 36 regions x 2048 per image; median of {args.repeats} calls\n"
+        f"up to {task.max_text} tokens per caption, 36 regions x 2048 per image; median of {args.repeats} calls; "
+        f"load average {os.getloadavg()[0]:.2f}\n"
     )
     print(
-        f"{'family':<8} {'width':<6} {'N images':>8} {'captions':>8} {'batch':>6} {'pairs':>8} {'seconds':>8} "
-        f"{'pairs/s':>9} {'Flickr30k 1k x 5k':>18}"
+        f"{'family':<8} {'width':<6} {'N images':>8} {'captions':>8} {'batch':>6} {'padding':>8} {'pairs':>8} "
+        f"{'seconds':>8} {'pairs/s':>9} {'vs first':>8} {'Flickr30k 1k x 5k':>18}"
     )
-    for name, width, n, b, pairs, seconds in rows:
+    first: dict = {}
+    for name, width, n, b, padding, pairs, seconds in rows:
         rate = pairs / seconds
+        base = first.setdefault((name, width, n, b), rate)
         print(
-            f"{name:<8} {width:<6} {n:8d} {CAPTIONS * n:8d} {b:6d} {pairs:8d} {seconds:8.2f} {rate:9.1f} "
-            f"{FLICKR30K_PAIRS / rate / 3600:16.1f} h"
+            f"{name:<8} {width:<6} {n:8d} {CAPTIONS * n:8d} {b:6d} {padding:>8} {pairs:8d} {seconds:8.2f} "
+            f"{rate:9.1f} {rate / base:7.2f}x {FLICKR30K_PAIRS / rate / 3600:16.1f} h"
         )
 
 

@@ -129,26 +129,37 @@ def time_steps(runs: list, x, steps: int, device: str, amp: str) -> list[tuple[f
     return [(statistics.median(fb), statistics.median(whole)) for fb, whole in times]
 
 
-def build_data(root: Path, images: int, vocab: Path) -> None:
-    """A store of `images` VG-like records and a COCO captions + VQA mixture over them."""
+def build_data(root: Path, images: int, vocab: Path, caption_words=None, question_words=None) -> None:
+    """A store of `images` VG-like records and a COCO captions + VQA mixture over them (5
+    captions and one question per image); `caption_words` / `question_words`: their lengths
+    in words, in order (default: 12 and 8 each)."""
     write_records(root / "feats", (vg_like_record(i) for i in range(images)), feature_dim=2048, dtype="float16")
     words = "a man woman dog cat red blue small large table street sitting standing next to on the with".split()
     g = torch.Generator().manual_seed(0)
+    captions = iter(caption_words if caption_words is not None else [12] * (5 * images))
+    questions = iter(question_words if question_words is not None else [8] * images)
 
     def sentence(n):
-        return " ".join(words[int(j)] for j in torch.randint(0, len(words), (n,), generator=g))
+        return " ".join(words[int(j)] for j in torch.randint(0, len(words), (int(n),), generator=g))
 
     (root / "captions_train2014.json").write_text(
         json.dumps(
             {
                 "images": [{"id": i, "file_name": f"COCO_train2014_{i:012d}.jpg"} for i in range(images)],
-                "annotations": [{"image_id": i, "caption": sentence(12)} for i in range(images) for _ in range(5)],
+                "annotations": [
+                    {"image_id": i, "caption": sentence(next(captions))} for i in range(images) for _ in range(5)
+                ],
             }
         )
     )
     (root / "v2_OpenEnded_mscoco_train2014_questions.json").write_text(
         json.dumps(
-            {"questions": [{"image_id": i, "question": sentence(8) + "?", "question_id": i} for i in range(images)]}
+            {
+                "questions": [
+                    {"image_id": i, "question": sentence(next(questions)) + "?", "question_id": i}
+                    for i in range(images)
+                ]
+            }
         )
     )
     (root / "v2_mscoco_train2014_annotations.json").write_text(

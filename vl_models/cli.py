@@ -20,6 +20,7 @@ from vl_models.config import (
     AMP,
     DEVICES,
     OPTIMIZERS,
+    PADDINGS,
     PAIR_TEXTS,
     REGION_OVERLAP,
     RESUME,
@@ -182,6 +183,13 @@ OPTIM_FLAGS = {
 DATA_FLAGS = {
     "max_text": Flag("Text tokens per item (0: the model's default, ViLBERT 36, LXMERT 20).", **_zero_is_none(int)),
     "max_regions": "Regions per image (ViLBERT adds its IMG token).",
+    "padding": Flag(
+        "batch: each batch padded to its own longest text and largest region count (the same outputs, less "
+        "arithmetic); max: every batch padded to the text length and region slots above (fixed shapes).",
+        choices=PADDINGS,
+    ),
+    "group_by_length": "Batches of items of similar text length (less padding; the order stays seeded and "
+    "resumable, the same on every rank).",
     "workers": "DataLoader worker processes.",
     "verify_shards": "Check each feature-store shard's sha256 on first use (also: VLPREP_VERIFY_SHARDS=1).",
 }

@@ -30,6 +30,7 @@ AMP = ("none", "bf16", "fp16")
 DEVICES = ("cpu", "cuda")
 REGION_OVERLAP = ("keep", "zero")
 PAIR_TEXTS = ("all", "captions")
+PADDINGS = ("batch", "max")  # DataSettings.padding (`vl_models.data.padding`)
 RESUME = ("no", "yes", "auto")  # what `run_folder.plan` does with a run already in --out
 VISUAL_WEIGHTING = ("confidence", "masked")
 
@@ -113,6 +114,11 @@ class DataSettings(Config):
     # too) or "captions" only (a question item keeps its text and has no pair label; swapped-in
     # texts are captions).
     pair_texts: str = "all"
+    # "batch": each batch padded to its own longest text and region count (`vl_models.data.padding`);
+    # "max": to max_text / max_regions (fixed shapes).
+    padding: str = "batch"
+    # Batches of similar text length (`vl_models.data.sampler`, transformers' --group_by_length).
+    group_by_length: bool = False
     workers: int = 0
     verify_shards: bool = False  # check each store shard's sha256 on first use
 
@@ -122,6 +128,7 @@ class DataSettings(Config):
             at_least(self, {"max_text": 3})  # [CLS], one word, [SEP]
         one_of("region_overlap", self.region_overlap, REGION_OVERLAP)
         one_of("pair_texts", self.pair_texts, PAIR_TEXTS)
+        one_of("padding", self.padding, PADDINGS)
         for name in ("mlm_prob", "region_prob", "mismatch_prob"):
             value = getattr(self, name)
             if not 0 <= value <= 1:

@@ -35,7 +35,8 @@ class Part:
     record k's values of column c are ``values[k][c][start : start + num_boxes * width]``
     (1-d, row-major; `width` values per region), start < 0 where it lacks the column. An
     Arrow shard's records share one list of views of its map; an LMDB shard gives each
-    record its value's views. Parts of several shards are joined with `extend`."""
+    record one flat view of its value per dtype its columns use. Parts of several shards
+    are joined with `extend`."""
 
     rows: list[list[int]]
     values: list[Sequence[Optional[np.ndarray]]]

@@ -190,6 +190,34 @@ def _release_env(path: Path) -> None:
             del _ENVS[key]
 
 
+class _Plan:
+    """How the values with one header lay out their columns: a structured dtype with a
+    field per present column (one view gives them all: `layout`), each column's field name
+    (None when absent: `names`), and, per set of columns a gather reads, where each starts
+    in a flat view of the value in its dtype (`starts`)."""
+
+    def __init__(self, layout: np.dtype, names: list[Optional[str]]):
+        self.layout, self.names = layout, names
+        self._starts: dict[tuple, tuple] = {}
+
+    def starts(self, which: tuple, cols: Sequence[tuple]) -> tuple[list[np.dtype], list[int], list[int]]:
+        """For columns `which` (the others read as absent): the dtypes of the flat views
+        to make of a value, per column the view holding it (-1: absent), and per column the
+        element where it starts in that view (-1: absent). Field offsets are multiples of 8,
+        so every start is a whole element."""
+        found = self._starts.get(which)
+        if found is None:
+            dtypes, picks, starts = [], [-1] * len(cols), [-1] * len(cols)
+            for c in which:
+                name, dtype = self.names[c], cols[c][1]
+                if name is not None:
+                    if dtype not in dtypes:
+                        dtypes.append(dtype)
+                    picks[c], starts[c] = dtypes.index(dtype), self.layout.fields[name][1] // dtype.itemsize
+            found = self._starts[which] = (dtypes, picks, starts)
+        return found
+
+
 class LmdbShardReader:
     def __init__(self, path: Path, layout: StoreLayout, out_dtype: Optional[np.dtype] = None):
         self._assemble = Assembler(layout, out_dtype)
@@ -207,7 +235,7 @@ class LmdbShardReader:
             _release_env(path)
             raise StoreError(f"shard {path.name}: damaged LMDB environment: {err}") from err
         self._cols = [(c, c.dtype.newbyteorder("<")) for c in columns(layout)]
-        self._plans: dict[tuple, tuple[list, int]] = {}
+        self._plans: dict[tuple, _Plan] = {}
 
     def _damaged(self, row: int, what: str) -> StoreError:
         return StoreError(f"shard {self._name}: row {row}: {what} (the shard is damaged)")
@@ -230,10 +258,12 @@ class LmdbShardReader:
         header = HEADER.unpack_from(value, 0)
         if header[0] != MAGIC or header[1] != VALUE_VERSION:
             raise self._damaged(row, f"bad magic/version {header[:2]}")
-        layout = self._plan(header, row, len(value))[0]
-        if layout.itemsize != len(value):
-            raise self._damaged(row, f"value of {len(value)} bytes, its header describes {layout.itemsize}")
+        self._sized(self._plan(header, row, len(value)), value, row)
         return header
+
+    def _sized(self, plan: "_Plan", value: memoryview, row: int) -> None:
+        if plan.layout.itemsize != len(value):
+            raise self._damaged(row, f"value of {len(value)} bytes, its header describes {plan.layout.itemsize}")
 
     def _decode_id(self, value: memoryview, id_len: int, row: int) -> str:
         try:
@@ -252,10 +282,9 @@ class LmdbShardReader:
         """Each row's image id as UTF-8 bytes, in row order."""
         return (self.image_id(r).encode("utf-8") for r in range(self.rows))
 
-    def _plan(self, header: tuple, row: int, size: int) -> tuple[np.dtype, list[Optional[str]]]:
-        """A structured dtype laying out every present column of a value with this
-        header (one view gives them all), and the field name per column (None when
-        absent). A header that cannot come from this store's layout is damage."""
+    def _plan(self, header: tuple, row: int, size: int) -> "_Plan":
+        """How a value with this header lays out its present columns (see `_Plan`). A
+        header that cannot come from this store's layout is damage."""
         key = header[2:4] + header[6:10]
         plan = self._plans.get(key)
         if plan is None:
@@ -275,7 +304,7 @@ class LmdbShardReader:
                 fields["offsets"].append(pos)
                 names.append(col.name)
                 pos += _pad8(n * width * dtype.itemsize)
-            plan = self._plans[key] = (np.dtype({**fields, "itemsize": pos}), names)
+            plan = self._plans[key] = _Plan(np.dtype({**fields, "itemsize": pos}), names)
         return plan
 
     def _check_header(self, key: tuple, row: int, size: int) -> None:
@@ -298,45 +327,49 @@ class LmdbShardReader:
         if problems:
             raise self._damaged(row, "header does not fit the store layout: " + ", ".join(problems))
 
-    def views(self, row: int, which: Sequence[int], expect: Optional[str] = None) -> Optional[tuple]:
-        """(image id, height, width, views of columns `which` in the stored dtype) of the
-        record at `row`; None if `expect` is given and is not its image id."""
+    def _located(self, row: int, expect: Optional[bytes]) -> Optional[tuple[memoryview, tuple, "_Plan"]]:
+        """The value at `row`, its header and its `_Plan`, after checking the header and
+        the value's exact length; None if `expect` (UTF-8) is given and is not its image id."""
         value = self._value(row)
         header = _unpack_header(value)
         if header[0] != MAGIC or header[1] != VALUE_VERSION:
             self._header(value, row)  # raises, naming the shard and row
-        stored_id = value[HEADER.size : HEADER.size + header[9]]
-        if expect is None:
-            image_id = self._decode_id(value, header[9], row)
-        elif stored_id == expect.encode("utf-8"):
-            image_id = expect
-        else:
+        if expect is not None and value[HEADER.size : HEADER.size + header[9]] != expect:
             return None
-        layout, names = self._plan(header, row, len(value))
-        if layout.itemsize != len(value):
-            raise self._damaged(row, f"value of {len(value)} bytes, its header describes {layout.itemsize}")
-        block = np.ndarray((), layout, value)
-        return image_id, header[4], header[5], [None if names[c] is None else block[names[c]] for c in which]
+        plan = self._plan(header, row, len(value))
+        self._sized(plan, value, row)
+        return value, header, plan
+
+    def views(self, row: int, which: Sequence[int], expect: Optional[str] = None) -> Optional[tuple]:
+        """(image id, height, width, views of columns `which` in the stored dtype) of the
+        record at `row`; None if `expect` is given and is not its image id."""
+        found = self._located(row, None if expect is None else expect.encode("utf-8"))
+        if found is None:
+            return None
+        value, header, plan = found
+        image_id = self._decode_id(value, header[9], row) if expect is None else expect
+        block = np.ndarray((), plan.layout, value)
+        return image_id, header[4], header[5], [None if plan.names[c] is None else block[plan.names[c]] for c in which]
 
     def part(self, rows: Sequence[int], which: Sequence[int], keys: Sequence[bytes]) -> tuple[Part, list[bool]]:
-        """The records at `rows`, columns `which` (the others read as absent), as a `Part`
-        (each record's values lie in its own LMDB value); and whether each row holds the
-        image id `keys` (UTF-8) at the same position (a row that does not is left empty)."""
+        """The records at `rows`, columns `which` (the others read as absent), as a `Part`:
+        each record's values lie in its own LMDB value, which it gives as one flat view per
+        dtype its columns use (`_Plan.starts`); and whether each row holds the image id
+        `keys` (UTF-8) at the same position (a row that does not is left empty)."""
+        which, empty = tuple(which), [None] * len(self._cols)
         table, values, same = [], [], []
         for row, key in zip(rows, keys):
-            found = self.views(row, which, key.decode("utf-8"))
-            arrays, starts = [None] * len(self._cols), [-1] * len(self._cols)
+            found = self._located(row, key)
             same.append(found is not None)
             if found is None:
-                table.append([0, 0, 0, *starts])
-                values.append(arrays)
+                table.append([0, 0, 0, *[-1] * len(self._cols)])
+                values.append(empty)
                 continue
-            _, image_h, image_w, views = found
-            for c, view in zip(which, views):
-                if view is not None:
-                    arrays[c], starts[c] = view.reshape(-1), 0
-            table.append([image_h, image_w, len(views[0]), *starts])
-            values.append(arrays)
+            value, header, plan = found
+            dtypes, picks, starts = plan.starts(which, self._cols)
+            typed = [np.frombuffer(value, dtype) for dtype in dtypes]
+            table.append([header[4], header[5], header[3], *starts])
+            values.append([None if pick < 0 else typed[pick] for pick in picks])
         return Part(table, values), same
 
     def record(self, row: int, expect: Optional[str] = None) -> Optional[RegionFeatures]:

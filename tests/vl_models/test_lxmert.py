@@ -65,6 +65,21 @@ def test_parity_with_transformers_lxmert():
         assert diff <= 1e-5, (name, diff)
 
 
+def test_pooled_only_skips_the_last_layers_unread_states_with_the_same_pooled_vector():
+    """Heads that read the pooled vector alone (answers, pair, choice, retrieval) ask for it
+    alone: the last cross-modality layer computes the [CLS] state only, and the pooled vector
+    equals transformers' full forward within 1e-5."""
+    hf = hf_tiny()
+    ours = load_lxmert(hf.state_dict(), load_config("lxmert-tiny")).eval()
+    ids, feats, pos, mask, vmask = inputs()
+    with torch.no_grad():
+        ref = hf(input_ids=ids, visual_feats=feats, visual_pos=pos, attention_mask=mask, visual_attention_mask=vmask)
+        got = ours(ids, feats, pos, attention_mask=mask, visual_attention_mask=vmask, pooled_only=True)
+    assert got.vision_output is None and got.language_output.shape == (3, 1, ref.language_output.shape[-1])
+    assert (got.language_output[:, 0] - ref.language_output[:, 0]).abs().max() <= 1e-5
+    assert (got.pooled_output - ref.pooled_output).abs().max() <= 1e-5
+
+
 def test_export_to_hf_layout_round_trips(tmp_path):
     torch.manual_seed(3)
     ours = LxmertModel(load_config("lxmert-tiny")).eval()

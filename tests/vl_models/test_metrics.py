@@ -221,9 +221,12 @@ def test_retrieval_hands_the_model_contiguous_query_batches():
     a tensor of its own, not a stride-0 view (a compiled backbone recompiles for the stride)."""
     import torch
 
+    from vl_models.config import DataSettings
     from vl_models.eval.evaluate import retrieval
 
     class Split:  # three images, two captions each; caption row = 10 * image + k
+        cfg = DataSettings()
+
         def captions(self, limit, per_image):
             return [[10 * i + k for k in range(per_image)] for i in range(limit)]
 

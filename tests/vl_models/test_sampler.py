@@ -61,3 +61,65 @@ def test_cycle_runs_every_task_each_round_and_restarts_the_short_ones():
     again = TaskBatchSampler(sizes, batch_size=2, seed=0, mode="cycle")
     again.load_state_dict({**s.state_dict(), "epoch": 0, "position": 14})
     assert list(iter(again)) == batches[7:]
+
+
+def _spread(batches, lengths) -> float:
+    """The mean over batches of (longest - shortest) length."""
+    return sum(int(lengths[b].max() - lengths[b].min()) for b in batches) / len(batches)
+
+
+def test_grouped_by_length_steps_hold_similar_lengths_the_same_on_every_rank_and_resume_exactly():
+    """--group-by-length: each step's items over both ranks (batches of 4 per rank) come from
+    one sorted run, so a batch's lengths are close; every item is still seen once per epoch,
+    the ranks agree on the order, and a resume continues it exactly."""
+    import numpy as np
+
+    lengths = np.random.default_rng(0).integers(1, 40, 1000)
+
+    def ranks(grouped: bool, epoch: int = 0):
+        out = []
+        for r in range(2):
+            s = ResumableSampler(1000, r, 2, seed=7, lengths=lengths if grouped else None, batch_size=4)
+            s.set_epoch(epoch)
+            out.append(np.array(list(s)))
+        return out
+
+    grouped, plain = ranks(True), ranks(False)
+    assert sorted(np.concatenate(grouped)) == sorted(np.concatenate(plain)) == list(range(1000))
+    steps = [np.concatenate([grouped[0][k : k + 4], grouped[1][k : k + 4]]) for k in range(0, 500, 4)]
+    plain_steps = [np.concatenate([plain[0][k : k + 4], plain[1][k : k + 4]]) for k in range(0, 500, 4)]
+    assert _spread(steps, lengths) < 0.1 * _spread(plain_steps, lengths)
+    assert _spread(steps, lengths) <= 1.5  # 400 items of 39 lengths per sorted run: neighbours
+    assert not np.array_equal(ranks(True, epoch=1)[0], grouped[0])  # another order each epoch
+    assert np.array_equal(ranks(True)[1], grouped[1])  # a function of seed, epoch and lengths
+    s = ResumableSampler(1000, 1, 2, seed=7, lengths=lengths, batch_size=4)
+    it = iter(s)
+    seen = [next(it) for _ in range(37)]
+    resumed = ResumableSampler(1000, 1, 2, seed=7, lengths=lengths, batch_size=4)
+    resumed.load_state_dict(s.state_dict())
+    assert seen + list(resumed) == grouped[1].tolist()
+    with pytest.raises(ValueError, match="999 lengths for 1000 items"):
+        ResumableSampler(1000, lengths=lengths[:999])
+
+
+def test_task_batches_grouped_by_length_per_task_and_cycled_passes_too():
+    """Each task's batches are grouped by its own lengths, in every pass of a cycling task."""
+    import numpy as np
+
+    rng = np.random.default_rng(1)
+    lengths = [rng.integers(1, 30, 400), None, rng.integers(1, 30, 120)]
+    sizes = [400, 50, 120]
+    s = TaskBatchSampler(sizes, batch_size=[8, 5, 4], seed=3, mode="cycle", lengths=lengths)
+    batches = list(iter(s))
+    by_task = {t: [np.array(b) - sum(sizes[:t]) for b in batches if _task_of(b[0], sizes) == t] for t in (0, 2)}
+    assert len(by_task[2]) == 50 and len(by_task[0]) == 50  # task 2 is cycled: 30 batches a pass
+    for t, own in by_task.items():
+        assert _spread(own, lengths[t]) <= 1.0, t
+    plain = list(iter(TaskBatchSampler(sizes, batch_size=[8, 5, 4], seed=3, mode="cycle")))
+    assert [_task_of(b[0], sizes) for b in plain] == [_task_of(b[0], sizes) for b in batches]
+    again = TaskBatchSampler(sizes, batch_size=[8, 5, 4], seed=3, mode="cycle", lengths=lengths)
+    it = iter(again)
+    head = [next(it) for _ in range(11)]
+    resumed = TaskBatchSampler(sizes, batch_size=[8, 5, 4], seed=3, mode="cycle", lengths=lengths)
+    resumed.load_state_dict(again.state_dict())
+    assert head + list(resumed) == batches

@@ -653,3 +653,35 @@ def test_finetune_from_hf_lxmert_and_vilbert_multi_task_checkpoints(world, tmp_p
     )
     tuned = torch.load(tmp_path / "b" / "ft" / "checkpoints" / "step_0000001.pt", weights_only=True)["model"]
     assert all(torch.equal(tuned[f"backbone.{k}"], v) for k, v in source.state_dict().items())
+
+
+@pytest.mark.parametrize("model", ["vilbert-tiny", "lxmert-tiny"])
+@pytest.mark.parametrize("task", TASKS)
+def test_each_task_scores_alike_on_batches_cut_to_what_they_use(world, model, task):
+    """Dynamic padding (`vl_models.data.padding`) in fine-tuning and evaluation: examples padded
+    to 40 tokens and 20 region slots, cut to what the batch uses, give every candidate the logits
+    (RefCOCO+: on the slots kept; the cut ones are padding) and the batch the loss of the fully
+    padded batch, within 1e-5."""
+    from vl_models.config import DataSettings
+    from vl_models.data.padding import trim_padding
+    from vl_models.transfer.dataset import TaskDataset
+    from vl_models.transfer.heads import build_transfer_model
+    from vl_models.transfer.runs import model_of
+
+    data, spec = TaskData.open(world / task), transfer.get(task)
+    family, mcfg = model_of(model, None, str(world / "feats"), len(data.answers))
+    torch.manual_seed(0)
+    tmodel = build_transfer_model(family, mcfg, [spec], [data]).eval()
+    split = "train" if "train" in data.splits else data.splits[0]
+    view = TaskDataset(
+        data, spec, [world / "feats"], VOCAB, family, DataSettings(max_regions=20, max_text=40), split, train=True
+    )
+    full = torch.utils.data.default_collate([view[i] for i in range(min(6, len(view)))])
+    cut = trim_padding(full)
+    assert cut["input_ids"].shape[-1] < 40 and cut["visual_mask"].shape[-1] < 20
+    with torch.no_grad():
+        a, b = tmodel(task, full), tmodel(task, cut)
+        a = a[..., : b.shape[-1]] if spec.head == "regions" else a
+        assert a.shape == b.shape and (a - b).abs().max() < 1e-5
+        head = tmodel.heads[task]
+        assert abs(float(head.loss(tmodel(task, full), full)[0]) - float(head.loss(b, cut)[0])) < 1e-5

@@ -102,6 +102,11 @@ class PretrainDataset(torch.utils.data.Dataset):
         """The images of this split that no feature store holds, sorted."""
         return sorted(key for key in set(self.images[self.rows]) if not any(key in store for store in self.stores))
 
+    def text_lengths(self) -> np.ndarray:
+        """Each item's own text length in words (`ItemsFolder.text_words`), for length grouping.
+        An item whose text is swapped for a pair negative is grouped by its own text."""
+        return self.mixture.text_words()[self.rows]
+
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 

@@ -5,33 +5,78 @@ Epoch e visits the permutation of `seed + e`; rank r of w takes positions r, r+w
 it (the tail is cut so every rank gets the same count). Its position is part of the
 checkpoint: after `load_state_dict`, iteration continues with the next unseen index, so a
 resumed run neither repeats nor skips items.
+
+With item lengths (``--group-by-length``) the permutation is regrouped (`group_by_length`)
+so that each optimizer step's items, over all ranks, have similar text lengths: with dynamic
+padding (`vl_models.data.padding`) a batch of short texts is computed short. The regrouping
+is a function of the seed, the epoch and the lengths only, so it is the same on every rank
+and a resume stays exact.
 """
 
 from __future__ import annotations
 
-from typing import Iterator, Sequence, Union
+from typing import Iterator, Optional, Sequence, Union
 
 import numpy as np
 import torch
 
 from vl_models.config import TASK_SAMPLING
 
+MEGABATCH = 50  # steps sorted together (transformers' LengthGroupedSampler's mega-batches of 50 batches)
+
+
+def group_by_length(order: np.ndarray, lengths: np.ndarray, span: int, rng: np.random.Generator) -> np.ndarray:
+    """`order` (item indices) regrouped into runs of `span` items of similar length: it is cut
+    into mega-batches of `MEGABATCH` x `span` items, each sorted by length (longest first,
+    ties in `order`'s order) and cut into runs of `span`; the whole runs follow in an order
+    drawn from `rng`, then the last, shorter one. With `span` one step's items over all ranks,
+    rank r's positions r, r+w, ... of a run are its batch."""
+    span = max(int(span), 1)
+    runs = []
+    for start in range(0, len(order), span * MEGABATCH):
+        chunk = order[start : start + span * MEGABATCH]
+        chunk = chunk[np.argsort(-lengths[chunk], kind="stable")]
+        runs += [chunk[i : i + span] for i in range(0, len(chunk), span)]
+    whole = [run for run in runs if len(run) == span]
+    tail = [run for run in runs if len(run) < span]
+    return np.concatenate([whole[i] for i in rng.permutation(len(whole))] + tail) if runs else order
+
 
 class ResumableSampler(torch.utils.data.Sampler[int]):
-    def __init__(self, size: int, rank: int = 0, world: int = 1, seed: int = 0, shuffle: bool = True):
+    """Items of `size` in a seeded order per epoch, rank `rank`'s share of `world` (see the
+    module's docstring); with `lengths` (one per item) grouped by length into steps of
+    `batch_size` items per rank."""
+
+    def __init__(
+        self,
+        size: int,
+        rank: int = 0,
+        world: int = 1,
+        seed: int = 0,
+        shuffle: bool = True,
+        lengths: Optional[np.ndarray] = None,
+        batch_size: int = 1,
+    ):
         if not 0 <= rank < world:
             raise ValueError(f"rank {rank} outside world size {world}")
+        if lengths is not None and len(lengths) != size:
+            raise ValueError(f"{len(lengths)} lengths for {size} items")
         self.size, self.rank, self.world, self.seed, self.shuffle = size, rank, world, seed, shuffle
+        self.lengths, self.batch_size = lengths, batch_size
         self.epoch = 0
         self.position = 0  # items of this epoch already handed out (on this rank)
 
     def __len__(self) -> int:
         return self.size // self.world
 
-    def indices(self, epoch: int) -> np.ndarray:
-        order = (
-            np.random.default_rng(self.seed + epoch).permutation(self.size) if self.shuffle else np.arange(self.size)
-        )
+    def indices(self, epoch: int, draw: Union[int, Sequence[int], None] = None) -> np.ndarray:
+        """This rank's items of `epoch` in order; `draw`: the seed of another pass's
+        permutation (default: the epoch's, ``seed + epoch``)."""
+        draw = self.seed + epoch if draw is None else draw
+        order = np.random.default_rng(draw).permutation(self.size) if self.shuffle else np.arange(self.size)
+        if self.lengths is not None:
+            rng = np.random.default_rng([*np.atleast_1d(draw).tolist(), 1])
+            order = group_by_length(order, self.lengths, self.batch_size * self.world, rng)
         return order[: len(self) * self.world][self.rank :: self.world]
 
     def __iter__(self) -> Iterator[int]:
@@ -73,7 +118,9 @@ class TaskBatchSampler(torch.utils.data.Sampler[list[int]]):
       over its items (a new permutation).
 
     The order is the same on every rank, so DDP ranks train the same task at each step.
-    `position` counts the items of this epoch handed out; a resume continues after them."""
+    `position` counts the items of this epoch handed out; a resume continues after them.
+    `lengths`: per task, its items' lengths (None: that task's batches are not grouped by
+    length), as `ResumableSampler` groups them."""
 
     def __init__(
         self,
@@ -83,6 +130,7 @@ class TaskBatchSampler(torch.utils.data.Sampler[list[int]]):
         world: int = 1,
         seed: int = 0,
         mode: str = "round-robin",
+        lengths: Optional[Sequence[Optional[np.ndarray]]] = None,
     ):
         if mode not in TASK_SAMPLING:
             raise ValueError(f"task sampling {mode!r}: one of {', '.join(TASK_SAMPLING)}")
@@ -90,7 +138,11 @@ class TaskBatchSampler(torch.utils.data.Sampler[list[int]]):
         self.batch_sizes = [batch_size] * len(self.sizes) if isinstance(batch_size, int) else list(batch_size)
         if len(self.batch_sizes) != len(self.sizes):
             raise ValueError(f"{len(self.batch_sizes)} batch sizes for {len(self.sizes)} tasks")
-        self.items = [ResumableSampler(n, rank, world, seed + t) for t, n in enumerate(self.sizes)]
+        lengths = list(lengths) if lengths is not None else [None] * len(self.sizes)
+        self.items = [
+            ResumableSampler(n, rank, world, seed + t, lengths=lengths[t], batch_size=self.batch_sizes[t])
+            for t, n in enumerate(self.sizes)
+        ]
         self.offsets = np.cumsum([0, *self.sizes[:-1]])
         self.epoch = 0
         self.position = 0
@@ -121,11 +173,7 @@ class TaskBatchSampler(torch.utils.data.Sampler[list[int]]):
 
     def _pass(self, t: int, k: int) -> np.ndarray:
         """Task t's item order for its k-th pass of this epoch (k > 0 only when cycling)."""
-        if k == 0:
-            return self.items[t].indices(self.epoch)
-        rng = np.random.default_rng([self.seed, t, self.epoch, k])
-        mine = self.items[t]
-        return rng.permutation(mine.size)[: len(mine) * mine.world][mine.rank :: mine.world]
+        return self.items[t].indices(self.epoch, None if k == 0 else [self.seed, t, self.epoch, k])
 
     def __iter__(self) -> Iterator[list[int]]:
         counts, size = self.counts(), self.batch_sizes

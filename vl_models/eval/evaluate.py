@@ -16,6 +16,7 @@ import torch
 from vl_models import distributed
 from vl_models.config import TaskConfig
 from vl_models.data.dataset import PretrainDataset
+from vl_models.data.padding import padded
 from vl_models.eval.metrics import recall_at_k, vqa_score
 from vl_models.tasks.pretrain import pretrain_losses
 
@@ -69,7 +70,8 @@ def batch_means(per_batch: list[dict]) -> dict:
 def _score_batch(family, model, data: PretrainDataset, idx: list[int], device: str) -> tuple[dict, list]:
     """One batch's pretraining metrics, and for a family with a QA head the (predicted
     answer, answer ids, scores) of its matched items that have answers."""
-    batch = {k: v.to(device) for k, v in torch.utils.data.default_collate([data[i] for i in idx]).items()}
+    batch = padded(torch.utils.data.default_collate([data[i] for i in idx]), data.cfg.padding)
+    batch = {k: v.to(device) for k, v in batch.items()}
     # Without gradients the losses' means are local to the batch: no collective inside.
     _, _, metrics = pretrain_losses(family, model, batch, TaskConfig(), epoch=10**6)
     answers = []
@@ -91,12 +93,13 @@ def retrieval(family, model, data: PretrainDataset, device: str, limit: int, cap
     if len(image_rows) < 2:
         return {}
     queries = [(row, target) for target, rows in enumerate(captions) for row in rows]
-    collate = torch.utils.data.default_collate
-    images = {k: v.to(device) for k, v in collate([data.image(row) for row in image_rows]).items()}
+    collate, padding = torch.utils.data.default_collate, data.cfg.padding
+    images = {k: v.to(device) for k, v in padded(collate([data.image(row) for row in image_rows]), padding).items()}
 
     def score(text_row: int) -> np.ndarray:
         # repeated, not a stride-0 view: a compiled backbone would recompile for the stride
-        text = {k: v.to(device).repeat(len(image_rows), 1) for k, v in collate([data.text(text_row)]).items()}
+        text = padded(collate([data.text(text_row)]), padding)
+        text = {k: v.to(device).repeat(len(image_rows), 1) for k, v in text.items()}
         return family.pair_score(model, {**text, **images}).cpu().numpy()
 
     scores = np.stack(distributed.gather_shards([score(queries[q][0]) for q in distributed.shard(len(queries))]))

@@ -40,7 +40,7 @@ class Encoded:
     """A backbone's outputs for B x C candidates (flattened, candidate-major within an example)."""
 
     pooled: torch.Tensor  # (B*C, H) the pooled pair vector
-    vision: torch.Tensor  # (B*C, N, H_v) the region states
+    vision: Optional[torch.Tensor]  # (B*C, N, H_v) the region states (None when not asked for)
     pair: torch.Tensor  # (B*C,) the pair head's logit (higher: the text matches the image)
 
 
@@ -136,8 +136,12 @@ class ModelFamily:
         """`pair_logit` from single-modality states computed once (the backbone's `encode_text` /
         `encode_vision`): only the layers where the streams meet run per pair (retrieval).
         ``task_ids``: the task tokens `encode_text` had (a backbone with a task-token table)."""
-        out = self.backbone(model).cross(text, text_mask, vision, vision_mask, **task_ids)
+        out = self.backbone(model).cross(text, text_mask, vision, vision_mask, **task_ids, **self.pooled_only)
         return self._margin(self.pair_head(model)(out.pooled_output))
+
+    # `cross`'s keywords for an output of the pooled pair vector alone (LXMERT's: it then skips
+    # what only the token and region states need).
+    pooled_only: ClassVar[dict] = {}
 
     def pair_score(self, model, batch: dict) -> torch.Tensor:
         """(B,) the probability that the text matches the image (the pair head's two-way softmax)."""
@@ -147,11 +151,12 @@ class ModelFamily:
         """(pooled pair vector, region state) widths of the backbone: the transfer heads' inputs."""
         raise NotImplementedError
 
-    def encode(self, model, batch: dict, task_token: Optional[int] = None) -> Encoded:
+    def encode(self, model, batch: dict, task_token: Optional[int] = None, vision: bool = True) -> Encoded:
         """The backbone's outputs for fine-tuning heads (`Encoded`): `batch` holds C candidates
         per example ((B, C, ...) tensors), flattened to B*C pairs, with their ``token_type_ids``
         where the batch has them. `task_token`: the task's token id (`task_token`), given to
-        every pair. Of the pretraining heads only the pair head runs."""
+        every pair. Of the pretraining heads only the pair head runs. `vision=False`: the head
+        reads no region state (``Encoded.vision`` may be None: `pooled_only`)."""
         flat = [
             batch[k].flatten(0, 1) for k in ("input_ids", "visual_feats", "visual_pos", "attention_mask", "visual_mask")
         ]
@@ -160,7 +165,7 @@ class ModelFamily:
             extra["token_type_ids"] = batch["token_type_ids"].flatten(0, 1)
         if task_token is not None:
             extra["task_ids"] = torch.full((flat[0].shape[0],), task_token, dtype=torch.long, device=flat[0].device)
-        out = self.backbone(model)(*flat, **extra)
+        out = self.backbone(model)(*flat, **extra, **({} if vision else self.pooled_only))
         return Encoded(
             pooled=out.pooled_output,
             vision=out.vision_output,

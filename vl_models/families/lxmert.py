@@ -9,6 +9,7 @@ from dataclasses import replace
 import numpy as np
 
 from vl_models.data.masking import RegionMasking
+from vl_models.data.padding import REGION_SLOTS
 from vl_models.families.base import RETRIEVAL_METRICS, ModelFamily
 from vl_models.models.configuration import LxmertConfig
 from vl_models.models.modeling_lxmert import LxmertForPreTraining
@@ -82,12 +83,14 @@ class Lxmert(ModelFamily):
             features=batch["original_feats"],
             selected=batch["region_selected"],
             real=batch["visual_mask"].bool(),
+            slots=int(batch[REGION_SLOTS].sum()) if REGION_SLOTS in batch else None,
         )
         visual, m3 = L.lxmert_visual(out.obj_logits, out.attr_logits, out.feat_pred, targets, visual_weighting)
         qa, m4 = L.qa(out.answer_logits, batch["qa_label"], active=qa_active)
         return {"mlm": mlm, "matching": matched, **visual, "qa": qa}, {**m1, **m2, **m3, **m4}
 
     pair_output, pair_positive = "matched_logits", 1  # class 1 = matched
+    pooled_only = {"pooled_only": True}
 
     def pair_head(self, model):
         return model.cls.seq_relationship

@@ -36,8 +36,8 @@ from vl_models.models.layers import (
 
 @dataclass
 class LxmertModelOutput:
-    language_output: torch.Tensor  # (B, L, H) last cross-modality layer, language side
-    vision_output: torch.Tensor  # (B, N, H) last cross-modality layer, vision side
+    language_output: torch.Tensor  # (B, L, H) last cross-modality layer, language side ((B, 1, H): pooled_only)
+    vision_output: Optional[torch.Tensor]  # (B, N, H) last cross-modality layer, vision side (None: pooled_only)
     pooled_output: torch.Tensor  # (B, H) tanh(Linear) of the [CLS] language state
 
 
@@ -103,6 +103,22 @@ class LxmertXLayer(nn.Module):
         visn_s = self.visn_self_att(visn_x, visn_mask)
         return self.lang_output(self.lang_inter(lang_s), lang_s), self.visn_output(self.visn_inter(visn_s), visn_s)
 
+    def first_token(
+        self,
+        lang: torch.Tensor,
+        lang_mask: Optional[torch.Tensor],
+        visn: torch.Tensor,
+        visn_mask: Optional[torch.Tensor],
+    ) -> torch.Tensor:
+        """`forward`'s language output at the first token alone (B, 1, H): the [CLS] state the
+        pooler reads. The visual side and the other tokens' self-attention queries and
+        feed-forward networks, which nothing after the last layer reads, are skipped."""
+        lang_x = self.visual_attention(lang, visn, visn_mask)
+        first = lang_x[:, :1]
+        block = self.lang_self_att
+        lang_s = block.output(block.self(first, lang_x, lang_mask), first)
+        return self.lang_output(self.lang_inter(lang_s), lang_s)
+
 
 class LxmertVisualFeatureEncoder(nn.Module):
     """(LN(W_f f) + LN(W_p p)) / 2, then dropout."""
@@ -164,6 +180,7 @@ class LxmertModel(nn.Module):
         attention_mask: Optional[torch.Tensor] = None,
         visual_attention_mask: Optional[torch.Tensor] = None,
         token_type_ids: Optional[torch.Tensor] = None,
+        pooled_only: bool = False,
     ) -> LxmertModelOutput:
         lang = self.encode_text(input_ids, attention_mask, token_type_ids)
         visn = self.encode_vision(visual_feats, visual_pos, visual_attention_mask)
@@ -172,6 +189,7 @@ class LxmertModel(nn.Module):
             attention_mask if attention_mask is not None else torch.ones_like(input_ids),
             visn,
             visual_attention_mask,
+            pooled_only,
         )
 
     # The language and object-relationship encoders see one modality each: retrieval computes
@@ -192,11 +210,18 @@ class LxmertModel(nn.Module):
             visn = layer(visn, mask)
         return visn
 
-    def cross(self, lang, attention_mask, visn, visual_attention_mask) -> LxmertModelOutput:
-        """The cross-modality encoder and the pooler over both encoders' outputs."""
+    def cross(self, lang, attention_mask, visn, visual_attention_mask, pooled_only: bool = False) -> LxmertModelOutput:
+        """The cross-modality encoder and the pooler over both encoders' outputs. With
+        `pooled_only` (heads that read the pooled vector alone) the last layer computes the
+        [CLS] state only (`LxmertXLayer.first_token`): ``language_output`` is (B, 1, H) and
+        ``vision_output`` None; the pooled vector is the same."""
         lang_mask, visn_mask = sdpa_mask(attention_mask), sdpa_mask(visual_attention_mask)
-        for layer in self.encoder.x_layers:
+        layers = list(self.encoder.x_layers)
+        last = layers.pop() if pooled_only and layers else None
+        for layer in layers:
             lang, visn = layer(lang, lang_mask, visn, visn_mask)
+        if last is not None:
+            lang, visn = last.first_token(lang, lang_mask, visn, visn_mask), None
         return LxmertModelOutput(lang, visn, self.pooler(lang))
 
 

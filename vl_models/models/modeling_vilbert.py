@@ -247,7 +247,10 @@ class ViLBERTModel(nn.Module):
         image_attention_mask: Optional[torch.Tensor] = None,
         token_type_ids: Optional[torch.Tensor] = None,
         task_ids: Optional[torch.Tensor] = None,
+        pooled_only: bool = False,
     ) -> ViLBERTModelOutput:
+        """`pooled_only` is accepted as LXMERT's backbone takes it and changes nothing: the
+        pooled pair vector reads both streams' last states, computed whole."""
         text = self.encode_text(input_ids, attention_mask, token_type_ids, task_ids)
         vision = self.encode_vision(image_feat, image_loc, image_attention_mask)
         return self.cross(

@@ -72,6 +72,7 @@ class LxmertVisualTargets:
     features: torch.Tensor  # (B, N, D) the original (unmasked) features
     selected: torch.Tensor  # (B, N) bool, the masked regions
     real: torch.Tensor  # (B, N) bool, real (not padding) regions
+    slots: Optional[int] = None  # the region slots the means are over (None: B x N; see `vl_models.data.padding`)
 
 
 def lxmert_visual(
@@ -82,9 +83,11 @@ def lxmert_visual(
     ``weighting="confidence"`` (default, the reference): classification terms weighted by
     the detector's confidence over *all* real boxes (the author's regularizer);
     ``"masked"``: over the masked boxes only. Feature regression (smooth L1, averaged over
-    dimensions) always uses the masked boxes. Each term is mean() x 6.67, as the reference.
+    dimensions) always uses the masked boxes. Each term is a mean over the region slots
+    (`t.slots`, the padded slot count before dynamic padding cut it) x 6.67, as the reference.
     """
     sel, real = t.selected.float(), t.real.float()
+    slots = t.slots or t.selected.numel()
     losses, metrics = {}, {}
     for name, logits, ids, conf in (
         ("obj", obj_logits, t.obj_ids, t.obj_conf),
@@ -92,7 +95,7 @@ def lxmert_visual(
     ):
         ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids.reshape(-1).clamp(min=0), reduction="none")
         weight = (conf * real if weighting == "confidence" else sel).reshape(-1)
-        losses[name] = (ce * weight).mean() * VISUAL_LOSS_NORMALIZER
+        losses[name] = (ce * weight).sum() / slots * VISUAL_LOSS_NORMALIZER
         on = t.selected.reshape(-1)
         metrics[f"{name}_acc"] = (
             (logits.reshape(-1, logits.shape[-1]).argmax(-1) == ids.reshape(-1))[on].float().mean().item()
@@ -100,7 +103,7 @@ def lxmert_visual(
             else float("nan")
         )
     l1 = F.smooth_l1_loss(feat_pred.float(), t.features[t.selected].float(), reduction="none").mean(-1)
-    losses["feat"] = l1.sum() / t.selected.numel() * VISUAL_LOSS_NORMALIZER  # = mean over all boxes of l1 * sel
+    losses["feat"] = l1.sum() / slots * VISUAL_LOSS_NORMALIZER  # = mean over all slots of l1 * sel
     return losses, metrics
 
 

@@ -67,6 +67,7 @@ RESUME_SAFE = frozenset(
         "checkpoint_every",
         "log_every",
         "workers",
+        "padding",
         "keep_last",
         "best_metric",
         "report_to",

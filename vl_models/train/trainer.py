@@ -42,6 +42,7 @@ from pipeline.store import FeatureStore
 from vl_models import distributed, families
 from vl_models.config import TrainConfig, flat_settings
 from vl_models.data.dataset import PretrainDataset
+from vl_models.data.padding import padded
 from vl_models.data.sampler import ResumableSampler
 from vl_models.eval.evaluate import evaluate
 from vl_models.families.base import ModelFamily
@@ -201,7 +202,14 @@ def run(cfg: TrainConfig, on_step: Optional[Callable[[int, dict, int], None]] = 
         return init_pretraining(model, Path(cfg.init), family.load_checkpoint)
 
     job = Job(
-        sampler=ResumableSampler(len(data), rank, world, cfg.run.seed),
+        sampler=ResumableSampler(
+            len(data),
+            rank,
+            world,
+            cfg.run.seed,
+            lengths=data.text_lengths() if cfg.data.group_by_length else None,
+            batch_size=cfg.optim.batch_size,
+        ),
         batches=lambda sampler, consumed: loader_batches(data, sampler, cfg, consumed),
         loss=lambda wrapped, batch, epoch, step: pretrain_losses(family, wrapped, batch, cfg.task, epoch, step),
         checks=(*family.tasks, "total"),
@@ -445,8 +453,9 @@ def _memory(device: str) -> dict:
 
 
 def loader_batches(data, sampler, cfg, consumed: dict, batched: bool = False):
-    """Endless batches; `consumed["position"]` counts the items handed to the loop. With
-    `batched` the sampler yields whole batches (`TaskBatchSampler`), else item indices."""
+    """Endless batches, padded as ``cfg.data.padding`` says (`vl_models.data.padding`);
+    `consumed["position"]` counts the items handed to the loop. With `batched` the sampler
+    yields whole batches (`TaskBatchSampler`), else item indices."""
     while True:
         data.set_epoch(sampler.epoch)
         # Its own generator: creating a loader must not draw from the global RNG (resume exactness).
@@ -462,6 +471,6 @@ def loader_batches(data, sampler, cfg, consumed: dict, batched: bool = False):
         )
         for batch in loader:
             consumed["position"] += len(batch["input_ids"])
-            yield batch
+            yield padded(batch, cfg.data.padding)
         sampler.set_epoch(sampler.epoch + 1)
         consumed["position"] = 0

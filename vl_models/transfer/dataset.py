@@ -99,6 +99,14 @@ class TaskDataset(torch.utils.data.Dataset):
         """The images of this split that no feature store holds, sorted."""
         return sorted(k for k in self.data.store_keys(self.rows) if not any(k in s for s in self.stores))
 
+    def text_lengths(self) -> np.ndarray:
+        """Each example's length in words of its row's text (`ItemsFolder.text_words`), for
+        length grouping."""
+        words = self.data.text_words()[self.rows]
+        if len(self) == len(self.rows):
+            return words
+        return np.array([words[self.task.example_of(self, i)[0]] for i in range(len(self))], np.int64)
+
     def memo(self, name: str, compute):
         """``compute()``, computed once per dataset (a task's per-split lookup table)."""
         if name not in self._memo:

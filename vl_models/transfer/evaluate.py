@@ -2,7 +2,8 @@
 in split order (`predict`), the task's official metric and its submission file.
 
 Retrieval scores every caption against every image of the split (`score_pairs`): n_captions
-x n_images pair scores, in batches of captions against one image at a time. What is computed
+x n_images pair scores, in batches of captions of similar length against one image at a time
+(each batch and each image padded to what it uses, `vl_models.data.padding`). What is computed
 once and reused: each caption's tokens and its single-modality states (LXMERT's language
 encoder; ViLBERT's text layers before the first co-attention block), and each image's regions
 (read from the store once) and single-modality states (LXMERT's object-relationship encoder;
@@ -35,6 +36,7 @@ from pipeline.store import FeatureStore
 from pipeline.task_data import TaskData
 from vl_models import distributed, families, transfer
 from vl_models.config import DataSettings
+from vl_models.data.padding import padded
 from vl_models.models.weights import init_pretraining
 from vl_models.train.run_folder import answers_digest
 from vl_models.train.trainer import resolve_device
@@ -87,7 +89,7 @@ def predict(
         )
         scored, done = [], 0
         for batch in loader:
-            batch = _to(batch, device)
+            batch = _to(padded(batch, view.cfg.padding), device)
             logits = model(task.name, batch)
             extra = readout(logits, batch) if readout else {}
             scored.append(
@@ -147,41 +149,44 @@ def pair_scores(
     """(captions, images) pair scores of the view's rows `captions` (their texts) against the
     images `images` (store keys), as the module's docstring says: under torchrun each rank
     scores its share of the images, gathered on every rank."""
-    texts = _to(torch.utils.data.default_collate([view.text(view.value("text", i)) for i in captions]), device)
     family = model.family
     base = family.backbone(model.backbone)
-    ids, masks = texts["input_ids"], texts["attention_mask"]
     head = model.heads[view.task.name]
     token = model.task_tokens.get(view.task.name)
+    padding = view.cfg.padding
 
     def tokens(n: int) -> dict:  # the task token's ids (a backbone with a task-token table)
         return {} if token is None else {"task_ids": torch.full((n,), token, dtype=torch.long, device=device)}
 
-    def text_stream(start: int) -> torch.Tensor:
-        chunk = ids[start : start + batch_size]
-        return base.encode_text(chunk, masks[start : start + batch_size], **tokens(len(chunk)))
-
-    states = torch.cat([text_stream(s) for s in range(0, len(captions), batch_size)])  # each caption's stream, once
+    # The captions in batches of similar length (shortest first), each padded to its own longest
+    # (`padding` "batch"); the scores go back to the captions' order.
+    texts = [view.text(view.value("text", i)) for i in captions]
+    order = np.argsort([int(t["attention_mask"].sum()) for t in texts], kind="stable")
+    chunks = []
+    for start in range(0, len(order), batch_size):
+        chunk = order[start : start + batch_size]
+        text = _to(padded(torch.utils.data.default_collate([texts[c] for c in chunk]), padding), device)
+        mask = text["attention_mask"]
+        states = base.encode_text(text["input_ids"], mask, **tokens(len(chunk)))  # each caption's stream, once
+        chunks.append((chunk, states, mask))
     mine = distributed.shard(len(images))
     total, done = len(captions) * len(mine), 0
 
     def column(key: str) -> np.ndarray:  # every caption's score against one image
         nonlocal done
-        region = view.image(key)
-        feats, pos, vmask = (
-            torch.as_tensor(region[k])[None].to(device) for k in ("visual_feats", "visual_pos", "visual_mask")
-        )
+        region = _to(padded(torch.utils.data.default_collate([view.image(key)]), padding), device)
+        feats, pos, vmask = (region[k] for k in ("visual_feats", "visual_pos", "visual_mask"))
         vision = base.encode_vision(feats, pos, vmask)  # each image's stream, once
         out = np.zeros(len(captions), np.float32)
-        for start in range(0, len(captions), batch_size):
-            stop = min(start + batch_size, len(captions))
-            n = stop - start
-            text, tmask, vis, vm = states[start:stop], masks[start:stop], vision.expand(n, -1, -1), vmask.expand(n, -1)
+        for chunk, text, tmask in chunks:
+            n = len(chunk)
+            vis, vm = vision.expand(n, -1, -1), vmask.expand(n, -1)
             if isinstance(head, RetrievalHead):  # the pretraining pair head
                 logits = family.cached_pair_logit(model.backbone, text, tmask, vis, vm, **tokens(n))
             else:  # a trained scorer of the pooled pair (a vilbert-multi-task checkpoint's vil_logit)
-                logits = head.score(base.cross(text, tmask, vis, vm, **tokens(n)).pooled_output).float()
-            out[start:stop] = logits.cpu().numpy()
+                pooled = base.cross(text, tmask, vis, vm, **tokens(n), **family.pooled_only).pooled_output
+                logits = head.score(pooled).float()
+            out[chunk] = logits.cpu().numpy()
             done += n
             if progress:
                 progress(done, total)

@@ -117,7 +117,13 @@ def run_finetune(cfg: FinetuneConfig, on_step: Optional[Callable[[int, dict, int
     _check_data(cfg, views, vals, batch_sizes, world)
     check_vocab(views[0].tokenizer, mcfg)
     sampler = TaskBatchSampler(
-        [len(v) for v in views], batch_sizes, rank, world, cfg.run.seed, cfg.transfer.task_sampling
+        [len(v) for v in views],
+        batch_sizes,
+        rank,
+        world,
+        cfg.run.seed,
+        cfg.transfer.task_sampling,
+        lengths=[v.text_lengths() for v in views] if cfg.data.group_by_length else None,
     )
     per_epoch = max(1, len(sampler) // cfg.optim.grad_accum)
     if cfg.optim.epochs is not None:

@@ -122,6 +122,8 @@ class PairHead(nn.Module):
 
 
 class RegionHead(nn.Module):
+    reads_vision = True  # the region states (`ModelFamily.encode(vision=...)`); the other heads read pooled ones
+
     def __init__(self, vision: int):
         super().__init__()
         self.logit = nn.Linear(vision, 1)
@@ -231,8 +233,11 @@ class TransferModel(nn.Module):
                 module.sparse = False
 
     def forward(self, task: str, batch: dict, enc: Optional[Encoded] = None) -> torch.Tensor:
-        enc = enc if enc is not None else self.family.encode(self.backbone, batch, self.task_tokens.get(task))
-        return self.heads[task](enc, batch)
+        head = self.heads[task]
+        if enc is None:
+            vision = getattr(head, "reads_vision", False)
+            enc = self.family.encode(self.backbone, batch, self.task_tokens.get(task), vision=vision)
+        return head(enc, batch)
 
 
 def build_transfer_model(family, mcfg, tasks, datas, pair_loss: str = "ce") -> TransferModel:
