@@ -19,14 +19,15 @@ the whole set (mean step time: lengths vary from batch to batch) and the ratio t
 1. LXMERT-base pretraining step (captions; 36 regions): `transformers.LxmertForPreTraining` on
    batches padded to 20 tokens vs ours, the same weights, batches drawn at random and cut
    ("batch"), and batches grouped by length and cut ("batch, grouped"). Forward, all five
-   losses, backward and AdamW.
+   losses, backward and AdamW (our trainer's fused one for every variant).
 2. VQA fine-tuning step (questions; 36 regions): `transformers.LxmertForQuestionAnswering`
    padded to 20 vs our `TransferModel` (as `vltrain finetune` builds it), the same weights.
 3. ViLBERT-base pretraining step (captions; 10-36 regions + IMG): ours padded to 36 tokens
    and 37 slots (vilbert-multi-task's reference model is not installable here) vs ours cut.
 4. End to end: real `vltrain pretrain` runs of LXMERT on a COCO captions + VQA mixture of those
-   lengths (data loading, masking and the trainer's loop included), padded to the maximum,
-   cut, and cut and grouped by length (examples/s after the warm-up steps).
+   lengths and `vltrain finetune --task vqa` runs on its questions (data loading, masking and
+   the trainer's loop included), padded to the maximum, cut, and cut and grouped by length
+   (examples/s after the warm-up steps).
 
 Each measure also checks, in eval mode on one batch, that the cut batch gives the anchor's
 outputs per example (pair / answer logits and the loss) within 1e-5.
@@ -58,6 +59,7 @@ from vl_models.data.sampler import group_by_length
 from vl_models.models.modeling_lxmert import LxmertForPreTraining
 from vl_models.models.modeling_vilbert import ViLBERTForPreTraining
 from vl_models.tasks.pretrain import pretrain_losses
+from vl_models.train.optim import make_optimizer
 
 CAPTION_WORDS = (10.3, 4.0, 3, 40)  # mean, sd, min, max (see the module's docstring)
 QUESTION_WORDS = (6.2, 2.0, 3, 22)
@@ -172,9 +174,10 @@ def pretraining_loss(family):
 
 
 def time_variants(variants: list, steps: int, warmup: int, device: str) -> list[float]:
-    """Mean step seconds (forward, loss, backward, AdamW) of each (model, loss_fn, batches),
-    their steps interleaved; the first `warmup` batches of each only warm up."""
-    optimizers = [torch.optim.AdamW(model.parameters(), lr=1e-5) for model, _, _ in variants]
+    """Mean step seconds (forward, loss, backward, and our trainer's AdamW, `make_optimizer`: the
+    same fused kernel for every variant) of each (model, loss_fn, batches), their steps
+    interleaved; the first `warmup` batches of each only warm up."""
+    optimizers = [make_optimizer(model, "adamw", lr=1e-5, weight_decay=0.01) for model, _, _ in variants]
     spent = [0.0] * len(variants)
 
     def now() -> float:
@@ -346,12 +349,16 @@ def vilbert_pretraining(args, rng, g) -> None:
 def end_to_end(args, rng, g) -> None:
     """Real `vltrain pretrain` runs (LXMERT; data loading, masking, the trainer's loop) on a
     COCO-captions + VQA mixture of the distributions' lengths over a float16 store of 36 x
-    2048 regions per image: padded to the maximum, cut, and cut and grouped by length."""
+    2048 regions per image, and real `vltrain finetune --task vqa` runs on those questions:
+    padded to the maximum, cut, and cut and grouped by length."""
     from train_step import build_data
 
-    from vl_models.config import TrainConfig
+    from vl_models import transfer
+    from vl_models.config import FinetuneConfig, TrainConfig
     from vl_models.data.tokenize import bundled_bert_vocab
     from vl_models.train.trainer import run
+    from vl_models.transfer.build import build_task
+    from vl_models.transfer.finetune import run_finetune
 
     images, vocab = 256, bundled_bert_vocab()
     captions = word_counts(rng, 5 * images, *CAPTION_WORDS)
@@ -378,15 +385,51 @@ def end_to_end(args, rng, g) -> None:
                     group_by_length=grouped,
                 )
             )
-            rows = (root / f"run-{padding}-{grouped}" / "metrics.jsonl").read_text().splitlines()
-            steps = [json.loads(r) for r in rows if "samples_per_s" in r]
-            # examples/s over the steps after the warm-up ones, from the cumulative rates logged
-            first, last = steps[args.warmup - 1], steps[-1]
-            spent = args.batch * (last["step"] / last["samples_per_s"] - first["step"] / first["samples_per_s"])
-            rates.append((last["step"] - first["step"]) * args.batch / spent)
-    print(f"\nvltrain pretrain {args.lxmert}, end to end (COCO captions + VQA questions), batch {args.batch}")
+            rates.append(logged_rate(root / f"run-{padding}-{grouped}", args))
+        show("pretrain", variants, rates, args)
+        build_task(
+            transfer.get("vqa"),
+            [root / "v2_OpenEnded_mscoco_train2014_questions.json", root / "v2_mscoco_train2014_annotations.json"],
+            root / "vqa",
+            min_count=1,
+        )
+        tuned = []
+        for name, padding, grouped in variants:
+            out = root / f"vqa-{padding}-{grouped}"
+            run_finetune(
+                FinetuneConfig.of(
+                    tasks=("vqa",),
+                    task_data=(str(root / "vqa"),),
+                    stores=(str(root / "feats"),),
+                    out=str(out),
+                    model=args.lxmert,
+                    vocab=str(vocab),
+                    epochs=None,
+                    steps=args.warmup + args.steps,
+                    batch_size=args.batch,
+                    log_every=1,
+                    checkpoint_every=10**9,
+                    padding=padding,
+                    group_by_length=grouped,
+                )
+            )
+            tuned.append(logged_rate(out, args))
+    show("finetune --task vqa", variants, tuned, args)
+
+
+def show(title: str, variants: list, rates: list[float], args) -> None:
+    print(f"\nvltrain {title} {args.lxmert}, end to end, batch {args.batch}", flush=True)
     for (name, _, _), rate in zip(variants, rates):
-        print(f"  {name:<34} {rate:8.1f} examples/s  {rate / rates[0]:5.2f}x")
+        print(f"  {name:<34} {rate:8.1f} examples/s  {rate / rates[0]:5.2f}x", flush=True)
+
+
+def logged_rate(out: Path, args) -> float:
+    """Examples/s of a run's optimizer steps after the warm-up ones, from the cumulative rates in
+    its metrics.jsonl (one row per step)."""
+    steps = [json.loads(r) for r in (out / "metrics.jsonl").read_text().splitlines() if "samples_per_s" in r]
+    first, last = steps[args.warmup - 1], steps[-1]
+    spent = args.batch * (last["step"] / last["samples_per_s"] - first["step"] / first["samples_per_s"])
+    return (last["step"] - first["step"]) * args.batch / spent
 
 
 MEASURES: dict[str, Callable] = {
@@ -418,6 +461,9 @@ def main() -> None:
         f"{os.getloadavg()[0]:.2f}; mean of {args.steps} interleaved steps per variant after {args.warmup} warm-up"
     )
     for measure in args.only or MEASURES:
+        if args.quick and measure == "end-to-end":
+            print("\n(end to end: not in --quick; its store has VG's 1,600 object labels, lxmert-tiny 12)")
+            continue
         rng, g = np.random.default_rng(0), torch.Generator().manual_seed(0)
         torch.manual_seed(0)
         MEASURES[measure](args, rng, g)

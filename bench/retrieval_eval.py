@@ -3,9 +3,11 @@ a split against every image: each caption's and each image's single-modality sta
 layers where the streams meet per pair) in pairs/s, for both model families at a small and at
 the base width, and how it scales with the caption batch size and with the number of images N
 (pairs/s flat or rising in N = time linear in the N x 5N pairs), each point with the
-captions and images padded to the maximum (``--padding max``: 30 tokens, 36 regions) and cut
-to what each batch uses (``batch``, the default: `vl_models.data.padding`), side by side with
-the ratio.
+captions and images padded to the maximum with every state of LXMERT's last cross-modality
+layer computed ("whole": the scoring before dynamic padding), padded to the maximum (``--padding
+max``: 30 tokens, 36 regions; LXMERT's last layer for the [CLS] state alone) and cut to what
+each batch uses (``batch``, the default: `vl_models.data.padding`), side by side with the ratio
+to the first.
 
 The split is synthetic but goes through the real path: a Karpathy-format
 ``dataset_flickr30k.json`` (N test images x 5 captions) built into a task dataset by
@@ -24,6 +26,7 @@ evaluation's do; each model runs one small warm-up call first.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -97,6 +100,20 @@ def measure(model, view, device: str, batch: int, images: int, repeats: int = 1)
     return out.values["scores"].size, statistics.median(seconds)
 
 
+@contextlib.contextmanager
+def whole_layers(family, whole: bool):
+    """With `whole`, the family's backbone computes every state of its last layer (no
+    `pooled_only` keywords) while inside."""
+    if not whole:
+        yield
+        return
+    family.pooled_only = {}  # an instance attribute over the class's
+    try:
+        yield
+    finally:
+        del family.pooled_only
+
+
 def ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x]
 
@@ -112,7 +129,12 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=20, help="caption batch size of the N sweeps")
     parser.add_argument("--repeats", type=int, default=3, help="calls per measurement (the median is kept)")
     parser.add_argument("--no-base", action="store_true", help="small width only")
-    parser.add_argument("--padding", default="max,batch", help="paddings to compare (DataSettings.padding)")
+    parser.add_argument(
+        "--padding",
+        default="whole,max,batch",
+        help="variants to compare: whole (padded to the maximum, every state of LXMERT's last cross-modality layer "
+        "computed: the scoring before dynamic padding), max, batch (DataSettings.padding)",
+    )
     parser.add_argument("--quick", action="store_true", help="smoke run: small width, N 4,8, batches 8,40, once")
     args = parser.parse_args()
     if args.quick:
@@ -133,19 +155,28 @@ def main() -> None:
                 family, mcfg = model_of(f"{name}-{width}", None, str(store), 1)
                 model = build_transfer_model(family, mcfg, [task], [data]).to(args.device).eval()
                 views = {
-                    padding: TaskDataset(
-                        data, task, [store], vocab, family, DataSettings(padding=padding), "test", train=False
+                    variant: TaskDataset(
+                        data,
+                        task,
+                        [store],
+                        vocab,
+                        family,
+                        DataSettings(padding="max" if variant == "whole" else variant),
+                        "test",
+                        train=False,
                     )
-                    for padding in args.padding.split(",")
+                    for variant in args.padding.split(",")
                 }
-                for view in views.values():
-                    measure(model, view, args.device, 8, 1)  # warm-up: 5 captions x 1 image
+                for variant, view in views.items():
+                    with whole_layers(family, variant == "whole"):
+                        measure(model, view, args.device, 8, 1)  # warm-up: 5 captions x 1 image
                 sweeps = [(n, args.batch) for n in ns] + [(max(ns), b) for b in batches if b != args.batch]
                 for n, b in sweeps:
-                    for padding, view in views.items():
-                        pairs, seconds = measure(model, view, args.device, b, n, args.repeats)
-                        rows.append((name, width, n, min(b, CAPTIONS * n), padding, pairs, seconds))  # batch as run
-                        print(f"  {name}-{width} ({padding}): N {n}, batch {b}: {pairs} pairs in {seconds:.2f} s")
+                    for variant, view in views.items():
+                        with whole_layers(family, variant == "whole"):
+                            pairs, seconds = measure(model, view, args.device, b, n, args.repeats)
+                        rows.append((name, width, n, min(b, CAPTIONS * n), variant, pairs, seconds))  # batch as run
+                        print(f"  {name}-{width} ({variant}): N {n}, batch {b}: {pairs} pairs in {seconds:.2f} s")
                 del model
 
     where = torch.cuda.get_device_name() if args.device.startswith("cuda") else f"CPU, {os.cpu_count()} cores"

@@ -166,7 +166,12 @@ def build_data(root: Path, images: int, vocab: Path, caption_words=None, questio
         json.dumps(
             {
                 "annotations": [
-                    {"question_id": i, "answers": [{"answer": words[i % len(words)]}] * 10} for i in range(images)
+                    {
+                        "question_id": i,
+                        "answers": [{"answer": words[i % len(words)]}] * 10,
+                        "multiple_choice_answer": words[i % len(words)],
+                    }
+                    for i in range(images)
                 ]
             }
         )

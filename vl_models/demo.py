@@ -302,11 +302,6 @@ def _mixture(world: Path, store: Path, mix: Path, kinds: tuple[str, ...]) -> dic
     return {"totals": manifest["totals"], "answers": len(Mixture.open(mix).answers)}
 
 
-# Batches padded to the maximum: dynamic padding computes the same function, but dropout draws
-# depend on the tensors' shapes, and docs/demo.md's numbers (3 seeds) are of this realization.
-PADDING = "max"
-
-
 def _train_config(cfg: DemoConfig, kind: str, out: Path, vocab: Path, steps: int) -> TrainConfig:
     from vl_models import families
 
@@ -326,7 +321,6 @@ def _train_config(cfg: DemoConfig, kind: str, out: Path, vocab: Path, steps: int
         log_every=max(1, steps // 60),
         max_text=24,
         max_regions=20,
-        padding=PADDING,
         seed=cfg.seed,
         resume="yes",
         weights={pair: 3.0},
@@ -554,7 +548,6 @@ def _finetune(
             warmup=0.1,
             max_text=24,
             max_regions=20,
-            padding=PADDING,
             seed=seed,
             eval_every=steps // TRANSFER_EVALS,
             keep_last=1,
@@ -756,7 +749,7 @@ def demo(
         False,
         "--quick",
         help=(
-            "About 4.5 minutes on 2 cores, the transfer stage included: 400 scenes, 1,200 steps per model (what "
+            "About 3.5 minutes on 2 cores, the transfer stage included: 400 scenes, 1,200 steps per model (what "
             "CI runs)."
         ),
     ),

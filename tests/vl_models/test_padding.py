@@ -7,6 +7,7 @@ import pytest
 import torch
 from train_helpers import VOCAB, config, no_dropout_config
 
+from vl_models import families
 from vl_models.config import DataSettings, TaskConfig
 from vl_models.data.dataset import PretrainDataset
 from vl_models.data.padding import REGION_SLOTS, padded, trim_padding, used_length
@@ -108,3 +109,25 @@ def test_a_dropout_free_training_run_is_the_same_with_either_padding(data, tmp_p
     for a, b in zip(logged["max"], logged["batch"]):
         for k in a:
             assert abs(a[k] - b[k]) < 1e-5, (k, a[k], b[k])
+
+
+def test_pretraining_items_are_grouped_by_the_text_they_have_that_epoch(data):
+    """A pair negative swaps an item's text for another image's: `text_lengths(epoch)` gives the
+    length of the text each item has in that epoch (the draw `__getitem__` makes), so length
+    grouping sorts by what the batch will hold."""
+    ds = PretrainDataset(
+        data / "mix", [data / "feats"], VOCAB, DataSettings(max_text=36), families.get("lxmert"), seed=4
+    )
+    own = ds.mixture.text_words()[ds.rows]
+    swapped = 0
+    for epoch in (0, 1):
+        lengths = ds.text_lengths(epoch)
+        ds.set_epoch(epoch)
+        for i in range(len(ds)):
+            example = ds[i]
+            row, matched = ds._pair_text(i, np.random.default_rng([4, epoch, i]))
+            text = ds.mixture.text(row)
+            assert int(example["matched"]) == matched and lengths[i] == len(text.split())
+            assert int(example["attention_mask"].sum()) == int(ds.tokenizer.encode(text, 36).mask.sum())
+            swapped += int(lengths[i] != own[i])
+    assert swapped > 0  # captions (8 words) and questions (4 words) swapped for each other

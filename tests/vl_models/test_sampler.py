@@ -98,8 +98,13 @@ def test_grouped_by_length_steps_hold_similar_lengths_the_same_on_every_rank_and
     resumed = ResumableSampler(1000, 1, 2, seed=7, lengths=lengths, batch_size=4)
     resumed.load_state_dict(s.state_dict())
     assert seen + list(resumed) == grouped[1].tolist()
+    asked = []
+    by_epoch = ResumableSampler(1000, 1, 2, seed=7, lengths=lambda e: asked.append(e) or lengths, batch_size=4)
+    assert list(by_epoch) == grouped[1].tolist() and asked == [0]  # a function of the epoch: once per epoch
     with pytest.raises(ValueError, match="999 lengths for 1000 items"):
         ResumableSampler(1000, lengths=lengths[:999])
+    with pytest.raises(ValueError, match="999 lengths for 1000 items"):
+        list(ResumableSampler(1000, lengths=lambda e: lengths[:999]))
 
 
 def test_task_batches_grouped_by_length_per_task_and_cycled_passes_too():

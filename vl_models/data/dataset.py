@@ -102,10 +102,31 @@ class PretrainDataset(torch.utils.data.Dataset):
         """The images of this split that no feature store holds, sorted."""
         return sorted(key for key in set(self.images[self.rows]) if not any(key in store for store in self.stores))
 
-    def text_lengths(self) -> np.ndarray:
-        """Each item's own text length in words (`ItemsFolder.text_words`), for length grouping.
-        An item whose text is swapped for a pair negative is grouped by its own text."""
-        return self.mixture.text_words()[self.rows]
+    def text_lengths(self, epoch: int) -> np.ndarray:
+        """Each item's text length in words (`ItemsFolder.text_words`) in `epoch`, for length
+        grouping: of the text the item has then, its own or the pair negative swapped in
+        (`_pair_text`, the same draw `__getitem__` makes). One pass over the items per epoch
+        (a few µs each)."""
+        words = self.mixture.text_words()
+        return np.array(
+            [words[self._pair_text(i, np.random.default_rng([self.seed, epoch, i]))[0]] for i in range(len(self))],
+            np.int64,
+        )
+
+    def _pair_text(self, i: int, rng: np.random.Generator) -> tuple[int, int]:
+        """(the mixture row of item `i`'s text, matched: 1 its own, 0 a sentence of another
+        image), the first draws of the item's generator."""
+        cfg = self.cfg
+        row = int(self.rows[i])
+        image = self.images[row]
+        captions_only = cfg.pair_texts == "captions"
+        kinds = self.mixture.kinds
+        if mismatch(rng, cfg.mismatch_prob) and (not captions_only or kinds[row] == "caption"):
+            for _ in range(10):  # a sentence of a different image
+                other = int(self.rows[rng.integers(len(self.rows))])
+                if self.images[other] != image and (not captions_only or kinds[other] == "caption"):
+                    return other, 0
+        return row, 1
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
@@ -211,15 +232,9 @@ class PretrainDataset(torch.utils.data.Dataset):
         rng = np.random.default_rng([self.seed, self.epoch, int(i)])
         row = int(self.rows[i])
         image = self.images[row]
-        text_row, matched = row, 1
         captions_only = cfg.pair_texts == "captions"
         kinds = self.mixture.kinds
-        if mismatch(rng, cfg.mismatch_prob) and (not captions_only or kinds[row] == "caption"):
-            for _ in range(10):  # a sentence of a different image
-                other = int(self.rows[rng.integers(len(self.rows))])
-                if self.images[other] != image and (not captions_only or kinds[other] == "caption"):
-                    text_row, matched = other, 0
-                    break
+        text_row, matched = self._pair_text(int(i), rng)
         text = self.mixture.text(text_row)
         enc = self.tokenizer.encode(text, self.max_text)
         ids, lm_labels = mask_tokens(

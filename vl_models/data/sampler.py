@@ -15,7 +15,7 @@ and a resume stays exact.
 
 from __future__ import annotations
 
-from typing import Iterator, Optional, Sequence, Union
+from typing import Callable, Iterator, Optional, Sequence, Union
 
 import numpy as np
 import torch
@@ -42,9 +42,13 @@ def group_by_length(order: np.ndarray, lengths: np.ndarray, span: int, rng: np.r
     return np.concatenate([whole[i] for i in rng.permutation(len(whole))] + tail) if runs else order
 
 
+Lengths = Union[np.ndarray, Callable[[int], np.ndarray], None]
+
+
 class ResumableSampler(torch.utils.data.Sampler[int]):
     """Items of `size` in a seeded order per epoch, rank `rank`'s share of `world` (see the
-    module's docstring); with `lengths` (one per item) grouped by length into steps of
+    module's docstring); with `lengths` (one per item, or a function of the epoch giving them:
+    pretraining's texts change with the pair negatives drawn) grouped by length into steps of
     `batch_size` items per rank."""
 
     def __init__(
@@ -54,15 +58,16 @@ class ResumableSampler(torch.utils.data.Sampler[int]):
         world: int = 1,
         seed: int = 0,
         shuffle: bool = True,
-        lengths: Optional[np.ndarray] = None,
+        lengths: Lengths = None,
         batch_size: int = 1,
     ):
         if not 0 <= rank < world:
             raise ValueError(f"rank {rank} outside world size {world}")
-        if lengths is not None and len(lengths) != size:
-            raise ValueError(f"{len(lengths)} lengths for {size} items")
         self.size, self.rank, self.world, self.seed, self.shuffle = size, rank, world, seed, shuffle
         self.lengths, self.batch_size = lengths, batch_size
+        self._lengths: tuple = (None, None)  # (epoch, its lengths) of a function of the epoch
+        if lengths is not None and not callable(lengths):
+            self._check(lengths)
         self.epoch = 0
         self.position = 0  # items of this epoch already handed out (on this rank)
 
@@ -76,8 +81,21 @@ class ResumableSampler(torch.utils.data.Sampler[int]):
         order = np.random.default_rng(draw).permutation(self.size) if self.shuffle else np.arange(self.size)
         if self.lengths is not None:
             rng = np.random.default_rng([*np.atleast_1d(draw).tolist(), 1])
-            order = group_by_length(order, self.lengths, self.batch_size * self.world, rng)
+            order = group_by_length(order, self.lengths_at(epoch), self.batch_size * self.world, rng)
         return order[: len(self) * self.world][self.rank :: self.world]
+
+    def lengths_at(self, epoch: int) -> np.ndarray:
+        """The items' lengths in `epoch` (a function of the epoch is called once per epoch)."""
+        if not callable(self.lengths):
+            return self.lengths
+        if self._lengths[0] != epoch:
+            self._lengths = (epoch, self._check(self.lengths(epoch)))
+        return self._lengths[1]
+
+    def _check(self, lengths: np.ndarray) -> np.ndarray:
+        if len(lengths) != self.size:
+            raise ValueError(f"{len(lengths)} lengths for {self.size} items")
+        return lengths
 
     def __iter__(self) -> Iterator[int]:
         mine = self.indices(self.epoch)
@@ -130,7 +148,7 @@ class TaskBatchSampler(torch.utils.data.Sampler[list[int]]):
         world: int = 1,
         seed: int = 0,
         mode: str = "round-robin",
-        lengths: Optional[Sequence[Optional[np.ndarray]]] = None,
+        lengths: Optional[Sequence[Lengths]] = None,
     ):
         if mode not in TASK_SAMPLING:
             raise ValueError(f"task sampling {mode!r}: one of {', '.join(TASK_SAMPLING)}")

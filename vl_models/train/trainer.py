@@ -207,7 +207,7 @@ def run(cfg: TrainConfig, on_step: Optional[Callable[[int, dict, int], None]] = 
             rank,
             world,
             cfg.run.seed,
-            lengths=data.text_lengths() if cfg.data.group_by_length else None,
+            lengths=data.text_lengths if cfg.data.group_by_length else None,
             batch_size=cfg.optim.batch_size,
         ),
         batches=lambda sampler, consumed: loader_batches(data, sampler, cfg, consumed),
