@@ -198,6 +198,26 @@ def time_variants(variants: list, steps: int, warmup: int, device: str) -> list[
     return [s / steps for s in spent]
 
 
+def drawn(lengths: np.ndarray, make: Callable, args, rng: np.random.Generator) -> tuple[list, list]:
+    """`make(indices)`'s batches for every timed and warm-up step, drawn at random and grouped
+    by length (`batches_of`)."""
+    n = args.warmup + args.steps
+    plain = [make(b) for b in batches_of(lengths, args.batch, n, False, rng)]
+    return plain, [make(b) for b in batches_of(lengths, args.batch, n, True, rng)]
+
+
+def three_ways(args, anchor, anchor_loss, ours, ours_loss, plain: list, grouped: list) -> list[float]:
+    """`time_variants` of the anchor on the padded batches and of ours on the same batches cut,
+    and on the grouped ones cut."""
+    cut = [trim_padding(x) for x in plain]
+    variants = [
+        (anchor, anchor_loss, plain),
+        (ours, ours_loss, cut),
+        (ours, ours_loss, [trim_padding(x) for x in grouped]),
+    ]
+    return time_variants(variants, args.steps, args.warmup, args.device)
+
+
 def report(title: str, names: list[str], seconds: list[float], batch: int, goal: float, check: str) -> None:
     print(f"\n{title}")
     for name, s in zip(names, seconds):
@@ -217,9 +237,7 @@ def lxmert_pretraining(args, rng, g) -> None:
     ours.to(args.device)
     family = families.get("lxmert")
     tokens = np.minimum(word_counts(rng, args.pool, *CAPTION_WORDS) + 2, 20)
-    n = args.warmup + args.steps
-    plain = [lxmert_pretrain_batch(tokens[b], cfg, g) for b in batches_of(tokens, args.batch, n, False, rng)]
-    grouped = [lxmert_pretrain_batch(tokens[b], cfg, g) for b in batches_of(tokens, args.batch, n, True, rng)]
+    plain, grouped = drawn(tokens, lambda index: lxmert_pretrain_batch(tokens[index], cfg, g), args, rng)
 
     ours_step = pretraining_loss(family)
 
@@ -240,16 +258,7 @@ def lxmert_pretraining(args, rng, g) -> None:
         b = family.forward(ours, cut, decode=False)
         gap = max_gap([(a.cross_relationship_score, b.matched_logits), (a.question_answering_score, b.answer_logits)])
         loss_gap = abs(float(hf_step(hf, x)) - float(ours_step(ours, cut)))
-    seconds = time_variants(
-        [
-            (hf, hf_step, plain),
-            (ours, ours_step, [trim_padding(x) for x in plain]),
-            (ours, ours_step, [trim_padding(x) for x in grouped]),
-        ],
-        args.steps,
-        args.warmup,
-        args.device,
-    )
+    seconds = three_ways(args, hf, hf_step, ours, ours_step, plain, grouped)
     mean_plain = np.mean([int(x["attention_mask"].sum(1).max()) for x in plain])
     mean_grouped = np.mean([int(x["attention_mask"].sum(1).max()) for x in grouped])
     report(
@@ -267,29 +276,14 @@ def vqa_finetuning(args, rng, g) -> None:
     mcfg = families.load_config(args.lxmert)
     ours, hf = build_pair(mcfg, args.answers, args.device)
     tokens = np.minimum(word_counts(rng, args.pool, *QUESTION_WORDS) + 3, 20)
-    n = args.warmup + args.steps
-
-    def make(index) -> dict:
-        return vqa_finetune_batch(tokens[index], args.answers, mcfg, g)
-
-    plain = [make(b) for b in batches_of(tokens, args.batch, n, False, rng)]
-    grouped = [make(b) for b in batches_of(tokens, args.batch, n, True, rng)]
+    plain, grouped = drawn(tokens, lambda index: vqa_finetune_batch(tokens[index], args.answers, mcfg, g), args, rng)
     with torch.no_grad():
         hf.eval(), ours.eval()
         x = {k: v.to(args.device) for k, v in plain[0].items()}
         cut = trim_padding(x)
         gap = max_gap([(hf_qa_scores(hf, x), ours("vqa", cut))])
         loss_gap = abs(float(hf_loss(hf, x)) - float(ours_loss(ours, cut)))
-    seconds = time_variants(
-        [
-            (hf, hf_loss, plain),
-            (ours, ours_loss, [trim_padding(x) for x in plain]),
-            (ours, ours_loss, [trim_padding(x) for x in grouped]),
-        ],
-        args.steps,
-        args.warmup,
-        args.device,
-    )
+    seconds = three_ways(args, hf, hf_loss, ours, ours_loss, plain, grouped)
     report(
         f"VQA fine-tuning step ({args.lxmert}, {args.answers} answers), questions (mean {tokens.mean():.1f} tokens), "
         f"36 regions, batch {args.batch}",
@@ -309,32 +303,17 @@ def vilbert_pretraining(args, rng, g) -> None:
     vilbert_loss = pretraining_loss(family)
     tokens = np.minimum(word_counts(rng, args.pool, *CAPTION_WORDS) + 2, 36)
     counts = rng.integers(REGIONS[0], REGIONS[1] + 1, args.pool)
-    n = args.warmup + args.steps
-
-    def make(index) -> dict:
-        return vilbert_pretrain_batch(tokens[index], counts[index], cfg, g)
-
-    plain = [make(b) for b in batches_of(tokens, args.batch, n, False, rng)]
-    grouped = [make(b) for b in batches_of(tokens, args.batch, n, True, rng)]
+    plain, grouped = drawn(
+        tokens, lambda index: vilbert_pretrain_batch(tokens[index], counts[index], cfg, g), args, rng
+    )
     with torch.no_grad():
         model.eval()
         x = {k: v.to(args.device) for k, v in plain[0].items()}
         cut = trim_padding(x)
-
-        gap = max_gap(
-            [(family.forward(model, x, decode=False).alignment_logits, family.forward(model, cut).alignment_logits)]
-        )
+        full, trimmed = family.forward(model, x, decode=False), family.forward(model, cut, decode=False)
+        gap = max_gap([(full.alignment_logits, trimmed.alignment_logits)])
         loss_gap = abs(float(vilbert_loss(model, x)) - float(vilbert_loss(model, cut)))
-    seconds = time_variants(
-        [
-            (model, vilbert_loss, plain),
-            (model, vilbert_loss, [trim_padding(x) for x in plain]),
-            (model, vilbert_loss, [trim_padding(x) for x in grouped]),
-        ],
-        args.steps,
-        args.warmup,
-        args.device,
-    )
+    seconds = three_ways(args, model, vilbert_loss, model, vilbert_loss, plain, grouped)
     report(
         f"ViLBERT ({args.vilbert}) pretraining step, captions (mean {tokens.mean():.1f} tokens), "
         f"{REGIONS[0]}-{REGIONS[1]} regions + IMG, batch {args.batch}",

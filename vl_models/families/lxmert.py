@@ -83,7 +83,7 @@ class Lxmert(ModelFamily):
             features=batch["original_feats"],
             selected=batch["region_selected"],
             real=batch["visual_mask"].bool(),
-            slots=int(batch[REGION_SLOTS].sum()) if REGION_SLOTS in batch else None,
+            slots=batch[REGION_SLOTS].sum() if REGION_SLOTS in batch else None,  # a tensor: no device sync
         )
         visual, m3 = L.lxmert_visual(out.obj_logits, out.attr_logits, out.feat_pred, targets, visual_weighting)
         qa, m4 = L.qa(out.answer_logits, batch["qa_label"], active=qa_active)

@@ -72,7 +72,7 @@ class LxmertVisualTargets:
     features: torch.Tensor  # (B, N, D) the original (unmasked) features
     selected: torch.Tensor  # (B, N) bool, the masked regions
     real: torch.Tensor  # (B, N) bool, real (not padding) regions
-    slots: Optional[int] = None  # the region slots the means are over (None: B x N; see `vl_models.data.padding`)
+    slots: Optional[torch.Tensor] = None  # the region slots the means are over (None: B x N; `vl_models.data.padding`)
 
 
 def lxmert_visual(
@@ -87,7 +87,7 @@ def lxmert_visual(
     (`t.slots`, the padded slot count before dynamic padding cut it) x 6.67, as the reference.
     """
     sel, real = t.selected.float(), t.real.float()
-    slots = t.slots or t.selected.numel()
+    slots = t.slots if t.slots is not None else t.selected.numel()
     losses, metrics = {}, {}
     for name, logits, ids, conf in (
         ("obj", obj_logits, t.obj_ids, t.obj_conf),
