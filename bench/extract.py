@@ -58,12 +58,14 @@ import numpy as np
 import torch
 from common import MIXED_SIZES, make_jpegs
 
-from pipeline.detect.boxes import BoxCount, select_maxnms
-from pipeline.detect.config import DetectorConfig
-from pipeline.detect.extractor import RegionFeatureExtractor, SelectionConfig, backbone_groups
-from pipeline.detect.model import Bottleneck, VGDetector
+from pipeline.detect.backends import build_extractor, load_model, open_extractor
+from pipeline.detect.backends.butd_c4.config import DetectorConfig
+from pipeline.detect.backends.butd_c4.extractor import backbone_groups
+from pipeline.detect.backends.butd_c4.model import Bottleneck, VGDetector
+from pipeline.detect.backends.butd_c4.selection import select_maxnms
+from pipeline.detect.backends.butd_c4.weights import save_detector_hf
+from pipeline.detect.config import BoxCount, SelectionConfig
 from pipeline.detect.preprocess import prepare_image
-from pipeline.detect.weights import load_detector, save_detector_hf
 from pipeline.images import load_rgb
 
 PARTS = ("in_process", "end_to_end", "hf", "batching")
@@ -71,9 +73,8 @@ HF_DIR_ENV = "VLPREP_HF_FRCNN_DIR"
 
 
 def in_process(device: str, fp16: bool, n: int, batch: int, boxes: str) -> float:
-    torch.manual_seed(0)
-    model = VGDetector(DetectorConfig.load("vg-r101"))
-    ex = RegionFeatureExtractor(model, SelectionConfig("butd", BoxCount.parse(boxes)), device=device, fp16=fp16)
+    selection = SelectionConfig("butd", BoxCount.parse(boxes))
+    ex = open_extractor("vg-r101", seed=0, selection=selection, device=device, fp16=fp16)
     jpegs = make_jpegs(min(n, 32))
     ex([load_rgb(jpegs[0])], ["warmup"])  # first call: allocator and kernels
     if device.startswith("cuda"):
@@ -261,14 +262,14 @@ def side_by_side(folder: Path, n: int, rounds: int, device: str = "cpu", boxes: 
     root = Path(tempfile.mkdtemp(prefix="bench_hf_frcnn_"))
     try:
         save_detector_hf(random_detector(cfg), root / "pytorch_model.bin")
-        ours_model, _ = load_detector(root / "pytorch_model.bin", cfg)
+        ours_model, _ = load_model("vg-r101", root / "pytorch_model.bin")
         hf_cfg = Config(hf_config(cfg, boxes, device))
         with contextlib.redirect_stdout(io.StringIO()):  # its loader prints; it loads strictly
             theirs = GeneralizedRCNN.from_pretrained(str(root), config=hf_cfg)
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    ours = RegionFeatureExtractor(
-        ours_model, SelectionConfig("maxnms", BoxCount(boxes, boxes)), device=device, preprocess="caffe"
+    ours = build_extractor(
+        "vg-r101", ours_model, selection=SelectionConfig("maxnms", BoxCount(boxes, boxes)), device=device
     )
     preprocess = Preprocess(hf_cfg)
 
@@ -320,7 +321,7 @@ def batching(
     model = random_detector(cfg)
     selection = SelectionConfig("butd", BoxCount.parse(boxes))
     extractors = {
-        tol: RegionFeatureExtractor(model, selection, device=device, fp16=fp16, pad_tolerance=tol)
+        tol: build_extractor("vg-r101", model, selection=selection, device=device, fp16=fp16, pad_tolerance=tol)
         for tol in (0.0, tolerance)
     }
     rgbs = [load_rgb(b) for b in make_jpegs(n, MIXED_SIZES)]

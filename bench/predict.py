@@ -48,10 +48,10 @@ import transformers
 from common import make_jpegs
 from finetune_step import hf_qa_scores, hf_qa_state_dict
 
+from pipeline.detect.backends.butd_c4.weights import shapes_tiny_weights
 from pipeline.detect.config import BoxCount, ExtractConfig, SelectionConfig
 from pipeline.detect.like_store import StoreDetector
 from pipeline.detect.run import run_extract
-from pipeline.detect.weights import shapes_tiny_weights
 from pipeline.store import FeatureStore
 from pipeline.synthetic import write_world
 from vl_models import transfer

@@ -40,7 +40,8 @@ from rich.table import Table
 from pipeline import __version__
 from pipeline.cli_flags import Flag, Flags, comma_list, config_command, or_none
 from pipeline.datasets import READERS, ReaderOptions
-from pipeline.detect.config import POLICIES, PREPROCESS_MODES, BoxCount, ExtractConfig, SelectionConfig
+from pipeline.detect.backends import BACKENDS as BACKENDS_REGISTRY
+from pipeline.detect.config import POLICIES, PREPROCESS_MODES, BoxCount, ExtractConfig, GridPool, SelectionConfig
 from pipeline.distribute import DistributeConfig
 from pipeline.download.fetch import FetchConfig
 from pipeline.download.run import DownloadConfig, run_download
@@ -49,6 +50,10 @@ from pipeline.images import ENCODE_FORMATS, RESAMPLE, ImageConfig
 from pipeline.log import cli_app, named_errors
 from pipeline.log import console as err_console
 from pipeline.store.layout import BACKENDS, FLOAT_DTYPES
+
+DETECTOR_NAMES = "; ".join(
+    f"{b.name}: {', '.join(b.config_names())}" for b in BACKENDS_REGISTRY
+)  # every named config, by backend
 
 app = cli_app(
     "vlprep",
@@ -470,14 +475,24 @@ def download(cfg: DownloadConfig) -> None:
         ExtractConfig,
         "Detector",
         flags={
-            "weights": "Detector weights: a detectron2 .pkl or an HF pytorch_model.bin.",
+            "weights": (
+                "Detector weights as published: BUTD's detectron2 .pkl or HF pytorch_model.bin (butd-c4), "
+                "VinVL's vinvl_vg_x152c4.pth (vinvl-x152c4), grid-feats-vqa's X-152.pth / X-101.pth / R-50.pth (grid)."
+            ),
             "random_weights": "Use an untrained detector (smoke runs; stamped into provenance).",
             "seed": "Seed of the untrained detector of --random-weights.",
-            "detector": "Detector config: vg-r101, tiny, or a JSON path.",
+            "detector": Flag(f"Detector config, by name or a JSON path: {DETECTOR_NAMES}."),
             "preprocess": Flag(
-                "Resize convention: caffe (BUTD: float image, cv2-style bilinear, one scale) or "
-                "detectron2 (py-bottom-up-attention: uint8 image, PIL bilinear, per-axis box scales).",
+                "Resize convention (default: the detector's own): caffe (BUTD: float image, cv2-style bilinear, "
+                "one scale), detectron2 (py-bottom-up-attention, grid-feats-vqa: uint8 image, PIL bilinear, "
+                "per-axis box scales) or maskrcnn (VinVL: maskrcnn-benchmark's resize).",
                 choices=PREPROCESS_MODES,
+                default=None,
+            ),
+            "labelmap": "vinvl-x152c4: its label map (VG-SGG-dicts-vgoi6-clipped.json), recorded with the store.",
+            "grid_pool": Flag(
+                "grid-*: average-pool each image's map to ROWSxCOLS cells (e.g. 8x8; default: every cell).",
+                parse=GridPool.parse,
             ),
             "batch_size": "Images per detector call (results do not depend on it).",
             "device": "auto (cuda when the Ray cluster has GPUs), cpu, cuda or cuda:N.",
@@ -491,12 +506,22 @@ def download(cfg: DownloadConfig) -> None:
         "Regions",
         section="selection",
         flags={
-            "boxes": Flag("Regions per image: K (e.g. 36) or MIN-MAX (e.g. 10-100).", parse=BoxCount.parse),
-            "policy": Flag(
-                "Region selection: butd (Caffe reference) or maxnms (detectron2/HF ports).", choices=POLICIES
+            "boxes": Flag(
+                "Regions per image: K (e.g. 36) or MIN-MAX (default 10-100, BUTD's and VinVL's).", parse=BoxCount.parse
             ),
-            "conf_thresh": "butd: keep regions whose best class score reaches this.",
-            "nms_thresh": "butd: per-class NMS overlap threshold (Caffe's 0.3).",
+            "policy": Flag(
+                "Region selection (default: the detector's own). butd-c4: butd (Caffe reference) or maxnms "
+                "(detectron2/HF ports); vinvl-x152c4: per-class (NMS_FILTER 1, the released features) or "
+                "class-agnostic (NMS_FILTER 2).",
+                choices=POLICIES,
+            ),
+            "conf_thresh": "Keep regions whose best class score reaches this (default 0.2).",
+            "nms_thresh": "Per-class (or class-agnostic) NMS overlap threshold (default 0.3).",
+            "regression": Flag(
+                "vinvl-x152c4: keep the regressed boxes (--box-regression, as its demo and MMF) or the proposals "
+                "(default, TEST.IGNORE_BOX_REGRESSION True as its feature extraction). butd-c4's policies fix this.",
+                name="--box-regression/--no-box-regression",
+            ),
         },
     ),
     Flags(
@@ -524,7 +549,9 @@ def download(cfg: DownloadConfig) -> None:
     IMAGE_FLAGS,
 )
 def extract(cfg: ExtractConfig) -> None:
-    """Extract bottom-up region features (VG Faster R-CNN) into a feature store.
+    """Extract image features into a feature store: bottom-up-attention regions (the default,
+    --detector vg-r101), VinVL's regions (--detector vinvl-x152c4) or grid features (--detector
+    grid-x152, grid-x101, grid-r50).
 
     With --dataset, images are downloaded and fed to the detector in one streaming Ray
     job (download tasks on CPUs, one detector actor per GPU or CPU actors); with
@@ -538,6 +565,12 @@ def extract(cfg: ExtractConfig) -> None:
 
         vlprep extract --dataset conceptual_captions --input Validation_GCC-1.1.0-Validation.tsv \\
             --weights faster_rcnn_from_caffe_attr.pkl --boxes 36 --out cc_val_feats
+
+        vlprep extract --images coco/val2014 --detector vinvl-x152c4 --weights vinvl_vg_x152c4.pth \
+            --labelmap VG-SGG-dicts-vgoi6-clipped.json --out coco_val_vinvl
+
+        vlprep extract --images coco/val2014 --detector grid-x152 --weights X-152.pth --grid-pool 8x8 \
+            --out coco_val_grid
     """
     from pipeline.detect.run import run_extract  # here: it imports torch, which the other commands do not need
 
@@ -570,8 +603,12 @@ def show(
     output: Path = typer.Option(..., "-o", "--output", help="PNG (or JPEG) file to write."),
     max_regions: int = typer.Option(36, help="Draw at most this many regions (most confident first)."),
     min_conf: float = typer.Option(0.0, help="Skip regions whose object confidence is below this."),
-    objects_vocab: Optional[Path] = typer.Option(None, help="objects_vocab.txt: one object name per line."),
-    attributes_vocab: Optional[Path] = typer.Option(None, help="attributes_vocab.txt: one attribute name per line."),
+    objects_vocab: Optional[Path] = typer.Option(
+        None, help="objects_vocab.txt: one object name per line (default: the store's label map, if it has one)."
+    ),
+    attributes_vocab: Optional[Path] = typer.Option(
+        None, help="attributes_vocab.txt: one attribute name per line (default: the store's label map)."
+    ),
 ) -> None:
     """Draw an image's stored regions with object and attribute labels and confidences."""
     from pipeline.detect.show import read_vocab, render
@@ -584,8 +621,14 @@ def show(
             rec = fs.get(image_id)
         except KeyError as err:
             raise ConfigError(str(err.args[0])) from err
+        names = fs.manifest.provenance.get("labels") or {}  # a store extracted with --labelmap names its labels
         picture = render(
-            rec, image.read_bytes(), max_regions, min_conf, read_vocab(objects_vocab), read_vocab(attributes_vocab)
+            rec,
+            image.read_bytes(),
+            max_regions,
+            min_conf,
+            read_vocab(objects_vocab) or names.get("objects"),
+            read_vocab(attributes_vocab) or names.get("attributes"),
         )
     picture.save(output)
     stdout.print(f"wrote {output} ({min(max_regions, rec.num_boxes)} of {rec.num_boxes} regions)")

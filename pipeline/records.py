@@ -61,6 +61,10 @@ class RegionFeatures:
         """(N, 5) float32 ``[x1/W, y1/H, x2/W, y2/H, area/(W*H)]`` (ViLBERT; no +1 pixel)."""
         return box_positions(self.boxes, self.image_w, self.image_h, "5d")
 
+    def spatial6(self) -> np.ndarray:
+        """(N, 6) float32 ``[x1/W, y1/H, x2/W, y2/H, w/W, h/H]`` (VinVL / Oscar: the tail of its 2054-d rows)."""
+        return box_positions(self.boxes, self.image_w, self.image_h, "6d")
+
     def array_fields(self) -> dict[str, np.ndarray]:
         """The array-valued fields that are present, by name."""
         return {f.name: getattr(self, f.name) for f in fields(self) if isinstance(getattr(self, f.name), np.ndarray)}
@@ -71,18 +75,41 @@ PROB_FIELDS = ("cls_prob", "attr_prob")
 OPTIONAL_ARRAYS = tuple(name for pair in LABEL_PAIRS for name in pair) + PROB_FIELDS  # the optional array fields
 
 
-def box_positions(boxes: np.ndarray, image_w, image_h, position: Literal["4d", "5d"]) -> np.ndarray:
+Position = Literal["4d", "5d", "6d"]
+POSITION_WIDTHS = {"4d": 4, "5d": 5, "6d": 6}
+
+
+def box_positions(boxes: np.ndarray, image_w, image_h, position: Position) -> np.ndarray:
     """Position vectors of pixel boxes ``(..., 4)`` x1 y1 x2 y2 in float32: "4d" divides by
     the image width/height (LXMERT), "5d" adds the area over the image's (ViLBERT; no +1
-    pixel). `image_w` / `image_h` are numbers, or arrays broadcasting against ``boxes[..., 0]``
-    (one size per image of a batch: shape (B, 1) for boxes (B, K, 4))."""
+    pixel), "6d" the width and height over the image's (VinVL / Oscar). `image_w` / `image_h`
+    are numbers, or arrays broadcasting against ``boxes[..., 0]`` (one size per image of a
+    batch: shape (B, 1) for boxes (B, K, 4))."""
     b = np.asarray(boxes, np.float32)
     w, h = np.asarray(image_w, np.float64), np.asarray(image_h, np.float64)
-    out = np.empty(b.shape[:-1] + (5 if position == "5d" else 4,), np.float32)
+    out = np.empty(b.shape[:-1] + (POSITION_WIDTHS[position],), np.float32)
     out[..., :4] = b / np.stack([w, h, w, h], -1).astype(np.float32)
     if position == "5d":
         out[..., 4] = (b[..., 2] - b[..., 0]) * (b[..., 3] - b[..., 1]) / (w * h).astype(np.float32)
+    elif position == "6d":
+        out[..., 4] = (b[..., 2] - b[..., 0]) / w.astype(np.float32)
+        out[..., 5] = (b[..., 3] - b[..., 1]) / h.astype(np.float32)
     return out
+
+
+def grid_shape(boxes: np.ndarray) -> tuple[int, int]:
+    """(rows, cols) of a grid record (a store whose layout's ``regions`` is ``"grid"``): its
+    cells are in row-major order, so the first row is the cells sharing the first cell's top
+    edge. Derived from the boxes on read, never stored; ValueError when they are no grid."""
+    b = np.asarray(boxes, np.float32).reshape(-1, 4)
+    if not len(b):
+        return 0, 0
+    below = np.flatnonzero(b[:, 1] != b[0, 1])
+    cols = int(below[0]) if len(below) else len(b)
+    rows = len(b) // cols
+    if rows * cols != len(b) or not np.array_equal(b[:, 1].reshape(rows, cols), np.repeat(b[::cols, 1:2], cols, 1)):
+        raise ValueError(f"{len(b)} boxes in no row-major grid")
+    return rows, cols
 
 
 def labels_from_probs(prob: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -239,7 +266,7 @@ def img_token_feature(features: np.ndarray, visible: np.ndarray) -> np.ndarray:
     return (features[visible].sum(axis=0, dtype=np.float64) / count).astype(np.float32)
 
 
-_IMG_POSITION = np.array([0, 0, 1, 1, 1], np.float32)  # the IMG token's box: the whole image (area 1)
+_IMG_POSITION = np.array([0, 0, 1, 1, 1, 1], np.float32)  # the IMG token's box: the whole image (area, w, h 1)
 Memory = Literal["plain", "pinned", "shared"]
 
 
@@ -267,7 +294,7 @@ class RegionBuffer:
     """The padded arrays of a `RegionBatch` of `size` images of up to `max_regions` regions,
     allocated once and filled with images (`put_many`, `put` for one): the one owner of the
     slot layout (`pad_regions` is a buffer filled once). Slot 0 holds the IMG token with
-    `img_token`; `position` "5d" or "4d". `fields`: the optional fields to hold (of
+    `img_token`; `position` "4d", "5d" or "6d". `fields`: the optional fields to hold (of
     `OPTIONAL_ARRAYS`; `prob_widths` gives each probability table's width); an image lacking
     one gets the padding values there (ids -1, else 0) and is in `missing[field]` (a set of
     image slots). Features and probability tables have dtype `dtype` (the stored float16 copies straight), boxes and
@@ -280,7 +307,7 @@ class RegionBuffer:
         max_regions: int,
         feature_dim: int,
         *,
-        position: Literal["4d", "5d"] = "5d",
+        position: Position = "5d",
         img_token: bool = False,
         fields: Sequence[str] = (),
         prob_widths: Optional[dict] = None,
@@ -300,7 +327,7 @@ class RegionBuffer:
         self.widths, self.heights, self.counts = [1] * size, [1] * size, [0] * size  # (IMG token excluded)
         self.boxes = np.zeros((size, slots, 4), np.float32)  # pixel boxes, zero in padding
         self.features = empty_array((size, slots, feature_dim), dtype, memory)
-        self.positions = empty_array((size, slots, 5 if position == "5d" else 4), np.float32, memory)
+        self.positions = empty_array((size, slots, POSITION_WIDTHS[position]), np.float32, memory)
         self.mask = empty_array((size, slots), bool, memory)
         self.optional: dict[str, np.ndarray] = {}
         for name in fields:
@@ -425,7 +452,7 @@ def pad_regions(
     records: Sequence[RegionFeatures],
     max_regions: int,
     *,
-    position: Literal["4d", "5d"] = "5d",
+    position: Position = "5d",
     img_token: bool = False,
 ) -> RegionBatch:
     """Pad records to a fixed number of slots (regions beyond `max_regions` are dropped,

@@ -223,9 +223,9 @@ def run_demo(cfg: DemoConfig, say: Callable[[str], None] = log.info) -> dict:
 
 
 def _extract(cfg: DemoConfig, world: Path, store: Path) -> dict:
+    from pipeline.detect.backends.butd_c4.weights import shapes_tiny_weights
     from pipeline.detect.config import BoxCount, ExtractConfig, SelectionConfig
     from pipeline.detect.run import run_extract
-    from pipeline.detect.weights import shapes_tiny_weights
     from pipeline.distribute import DistributeConfig
     from pipeline.download.fetch import FetchConfig
 

@@ -14,15 +14,10 @@ from __future__ import annotations
 
 import logging
 import os
-from pathlib import Path
 from typing import Optional
 
-import torch
-
-from pipeline.detect.config import DetectorConfig, SelectionConfig
-from pipeline.detect.extractor import RegionFeatureExtractor
-from pipeline.detect.model import VGDetector
-from pipeline.detect.weights import load_detector
+from pipeline.detect.backends import build_extractor, detector_from_json, load_model
+from pipeline.detect.config import SelectionConfig
 from pipeline.distribute import this_node
 from pipeline.download.fetch import redact_url
 from pipeline.errors import ConfigError
@@ -53,28 +48,35 @@ def image_failure(row: dict, kind: str, detail: str, transient: bool = False) ->
     }
 
 
+def extract_failure(row: dict, err: Exception) -> dict:
+    """The failed-image entry of an extractor's error on one image: its own reason where it
+    names one (a grid smaller than --grid-pool), else ``extract error``."""
+    return image_failure(row, getattr(err, "kind", "extract error"), f"{type(err).__name__}: {err}")
+
+
 class DetectorActor:
-    """Holds one detector (loaded once) and turns a shard's image rows into records."""
+    """Holds one extractor (its model loaded once, through the backend registry) and turns a
+    shard's image rows into records. `detector` is ``Detector.to_json()``; `options` the
+    backend's own (``grid_pool``)."""
 
     def __init__(
         self,
-        cfg_json: dict,
+        detector: dict,
         weights: Optional[str],
         seed: int,
-        selection: SelectionConfig,
+        selection: Optional[SelectionConfig],
         device: str,
         fp16: bool,
         batch_size: int,
         given_boxes: Optional[dict] = None,
-        preprocess: str = "caffe",
+        preprocess: Optional[str] = None,
+        options: Optional[dict] = None,
     ):
-        cfg = DetectorConfig.from_json(cfg_json)
-        if weights is not None:
-            model, _ = load_detector(Path(weights), cfg)
-        else:
-            torch.manual_seed(seed)
-            model = VGDetector(cfg)
-        self.extractor = RegionFeatureExtractor(model, selection, device=device, fp16=fp16, preprocess=preprocess)
+        det = detector_from_json(detector)
+        model, _ = load_model(det, weights, seed)
+        self.extractor = build_extractor(
+            det, model, selection=selection, preprocess=preprocess, device=device, fp16=fp16, **(options or {})
+        )
         self.batch_size = batch_size
         self.given = given_boxes
 
@@ -108,13 +110,13 @@ class DetectorActor:
                 records += self._run([img for _, img in batch], [row["image_id"] for row, _ in batch])
             except Exception as err:  # a model failure on one batch: try its images one by one
                 if len(batch) == 1:
-                    failures.append(image_failure(batch[0][0], "extract error", f"{type(err).__name__}: {err}"))
+                    failures.append(extract_failure(batch[0][0], err))
                     continue
                 for row, img in batch:
                     try:
                         records += self._run([img], [row["image_id"]])
                     except Exception as one:
-                        failures.append(image_failure(row, "extract error", f"{type(one).__name__}: {one}"))
+                        failures.append(extract_failure(row, one))
         return {"number": number, "records": records, "failures": failures, "node": this_node()}
 
     def _run(self, images: list, ids: list[str]) -> list:

@@ -39,10 +39,8 @@ import torch
 
 from pipeline.config import from_json
 from pipeline.datasets.folder import image_files
-from pipeline.detect.config import DetectorConfig, SelectionConfig
-from pipeline.detect.extractor import RegionFeatureExtractor
-from pipeline.detect.model import VGDetector
-from pipeline.detect.weights import load_detector
+from pipeline.detect.backends import Detector, Extractor, build_extractor, detector_from_json, load_model, resolve
+from pipeline.detect.config import GridPool, SelectionConfig
 from pipeline.download.fetch import FetchConfig, FetchError, HostLimiter, fetch, read_local, redact_url
 from pipeline.errors import EXIT_CONFIG, ConfigError, VlprepError
 from pipeline.images import ImageConfig, ImageError, load_rgb, process_image
@@ -115,12 +113,21 @@ def read_bytes(source: str, fetch_cfg: FetchConfig = FetchConfig()) -> bytes:
         raise ImageInputError(redact_url(source), err.kind, err.detail) from err
 
 
+def _recorded_detector(provenance: dict, run: dict) -> Detector:
+    """The backend and config a store's features came from: its provenance's ``extractor``
+    (``{"backend", "config"}``), or, in a store written before extraction had backends, the
+    BUTD config its run named."""
+    if isinstance(provenance.get("extractor"), dict):
+        return detector_from_json(provenance["extractor"])
+    return resolve(run.get("detector") or provenance["detector"])
+
+
 class StoreDetector:
     """The detector of a feature store, extracting new images as the store's run did."""
 
     def __init__(
         self,
-        extractor: RegionFeatureExtractor,
+        extractor: Extractor,
         store: FeatureStore,
         normalize: Optional[ImageConfig],
         batch_size: int,
@@ -160,11 +167,12 @@ class StoreDetector:
             raise ConfigError(
                 f"{store} holds features of given (ground-truth) boxes: new images need the detections' store"
             )
-        det_cfg = DetectorConfig.load(detector or run.get("detector") or provenance["detector"])
-        if det_cfg.name != provenance["detector"]:
+        recorded_detector = _recorded_detector(provenance, run)
+        det = resolve(detector) if detector else recorded_detector
+        if det.name != provenance["detector"] or det.backend is not recorded_detector.backend:
             raise ProvenanceError(
-                f"--detector {detector}: config {det_cfg.name!r}, but {store} was extracted with "
-                f"{provenance['detector']!r}"
+                f"--detector {detector}: config {det.name!r} ({det.backend.name}), but {store} was extracted with "
+                f"{provenance['detector']!r} ({recorded_detector.backend.name})"
             )
         recorded = provenance.get("weights_sha256", "")
         if provenance.get("random_weights") or str(recorded).startswith("random-seed-"):
@@ -172,9 +180,7 @@ class StoreDetector:
                 raise ProvenanceError(
                     f"{store} was extracted with random weights (seed {run.get('seed')}), not {weights}"
                 )
-            with torch.random.fork_rng(devices=[]):  # the caller's random stream is left as it was
-                torch.manual_seed(int(run.get("seed", 0)))
-                model = VGDetector(det_cfg)
+            model, _ = load_model(det, None, int(run.get("seed", 0)))
         else:
             path = Path(weights or run.get("weights") or "")
             if not path.is_file():
@@ -182,17 +188,19 @@ class StoreDetector:
                     f"--weights: {store} was extracted with {provenance.get('weights_file') or 'a weights file'} "
                     f"(sha256 {str(recorded)[:16]}...), which is not at {path}: name it"
                 )
-            model, report = load_detector(path, det_cfg)
+            model, report = load_model(det, path)
             if report.sha256 != recorded:
                 raise ProvenanceError(
                     f"--weights {path}: sha256 {report.sha256[:16]}..., but {store} was extracted with "
                     f"{provenance.get('weights_file')} (sha256 {str(recorded)[:16]}...): not the same detector"
                 )
-        selection = SelectionConfig.from_json(run.get("selection") or {})
-        if selection.describe() != provenance.get("box_policy"):
+        backend = det.backend
+        selection = backend.check_selection(SelectionConfig.from_json(run.get("selection") or {}))
+        options = {"grid_pool": GridPool.parse(run["grid_pool"])} if run.get("grid_pool") else {}
+        described = backend.describe_selection(selection, options)
+        if described != provenance.get("box_policy"):
             raise ProvenanceError(
-                f"{store}: its box policy {provenance.get('box_policy')!r} is not its run's selection "
-                f"({selection.describe()!r})"
+                f"{store}: its box policy {provenance.get('box_policy')!r} is not its run's selection ({described!r})"
             )
         if provenance.get("fp16") and str(device).startswith("cuda"):
             log.info("%s was extracted in fp16 on a GPU: so are the new images", store)
@@ -204,8 +212,14 @@ class StoreDetector:
                 provenance.get("device"),
                 device,
             )
-        extractor = RegionFeatureExtractor(
-            model, selection, device=device, fp16=bool(provenance.get("fp16")), preprocess=provenance["preprocess"]
+        extractor = build_extractor(
+            det,
+            model,
+            selection=selection,
+            preprocess=provenance["preprocess"],
+            device=device,
+            fp16=bool(provenance.get("fp16")),
+            **options,
         )
         normalize = from_json(ImageConfig, run.get("image") or {}, "image options") if run.get("dataset") else None
         threads = threads or max(1, int(run.get("actor_cpus") or 1))

@@ -37,9 +37,9 @@ from typing import Callable, Iterator, Optional, Union
 
 from pipeline import __version__
 from pipeline.detect.actor import DetectorActor, image_failure, resolve_device
-from pipeline.detect.config import DetectorConfig, ExtractConfig
+from pipeline.detect.backends import Detector, load_model, resolve
+from pipeline.detect.config import ExtractConfig
 from pipeline.detect.given_boxes import read_given_boxes
-from pipeline.detect.weights import load_detector
 from pipeline.distribute import (
     MalformedRows,
     Progress,
@@ -110,6 +110,11 @@ def check_resumed_preprocess(cfg: ExtractConfig) -> None:
         )
 
 
+def extractor_options(cfg: ExtractConfig) -> dict:
+    """The backend's own options of a run (what `build_extractor` takes besides the shared ones)."""
+    return {"grid_pool": cfg.grid_pool} if cfg.grid_pool is not None else {}
+
+
 def _image_rows(source: Path) -> Iterator[dict]:
     """The rows of an image source (``--images``), as the detector actors take them."""
     for item in iter_images(source):
@@ -134,31 +139,37 @@ def run_extract(cfg: ExtractConfig, on_progress: Optional[Callable[[ExtractProgr
 def _run_extract(cfg: ExtractConfig, on_progress: Optional[Callable[[ExtractProgress], None]]) -> dict:
     import ray  # here, not at the top: configs and the CLI load without Ray
 
-    det_cfg = DetectorConfig.load(cfg.detector)
+    detector = resolve(cfg.detector)
+    backend = detector.backend
     check_resumed_preprocess(cfg)
+    options = extractor_options(cfg)
+    if cfg.weights is not None:  # validate the weights before any work starts
+        model, report = load_model(detector, cfg.weights)
+        detector = Detector(backend, model.cfg)  # as loaded (a file without an attribute head has none)
+        del model
+        weights = {"weights_sha256": report.sha256, "weights_layout": report.layout, "weights_file": cfg.weights.name}
+    else:
+        weights = {"weights_sha256": f"random-seed-{cfg.seed}", "random_weights": True}
+        log.warning("--random-weights: features come from an untrained detector (smoke runs only)")
     provenance = {
         "producer": f"vlprep {__version__} extract",
-        "detector": det_cfg.name,
+        "detector": detector.name,
+        "extractor": detector.to_json(),
         "preprocess": cfg.preprocess,
-        "box_policy": cfg.selection.describe(),
+        "box_policy": backend.describe_selection(cfg.selection, options),
+        "max_regions": backend.max_regions(detector.config, cfg.selection, options),
         "fp16": cfg.fp16,
+        **weights,
     }
-    if cfg.weights is not None:  # validate the weights before any work starts
-        model, report = load_detector(cfg.weights, det_cfg)
-        det_cfg = model.cfg
-        del model
-        provenance.update(
-            weights_sha256=report.sha256, weights_layout=report.layout, weights_file=Path(cfg.weights).name
-        )
-    else:
-        provenance.update(weights_sha256=f"random-seed-{cfg.seed}", random_weights=True)
-        log.warning("--random-weights: features come from an untrained detector (smoke runs only)")
+    if cfg.labelmap is not None:  # the names of objects_id / attrs_id travel with the store
+        provenance["labels"] = backend.label_names(detector.config, cfg.labelmap)
     given = None
     if cfg.given_boxes is not None:
         given = read_given_boxes(cfg.given_boxes)
         provenance["box_policy"] = (
             f"given boxes from {Path(cfg.given_boxes).name} (sha256 {sha256_file(Path(cfg.given_boxes))[:16]})"
         )
+        provenance["max_regions"] = max((len(b) for b in given.values()), default=None)
     with ray_session(cfg.distribute):
         device = resolve_device(
             cfg.device, ray.cluster_resources().get("GPU", 0)
@@ -168,16 +179,17 @@ def _run_extract(cfg: ExtractConfig, on_progress: Optional[Callable[[ExtractProg
             backend=cfg.backend,
             shard_size=10**12,
             resume=True,
-            feature_dim=det_cfg.res5_channels,
+            feature_dim=backend.feature_dim(detector.config),
             dtype=cfg.dtype,
             cls_prob=cfg.cls_prob,
-            attr_prob=cfg.attr_prob if det_cfg.num_attributes else "none",
+            attr_prob=cfg.attr_prob if backend.attributes(detector.config) else "none",
             provenance={**provenance, "device": device},
             config=cfg.to_json(),
+            regions=backend.regions,
         )
         writer.open()  # takes the store's write lock: from here on, temporary files left behind are a killed run's
         try:
-            failed_shards, malformed = _extract_shards(cfg, writer, det_cfg, device, given, on_progress)
+            failed_shards, malformed = _extract_shards(cfg, writer, detector, device, given, options, on_progress)
         except BaseException:
             writer.abort()  # keeps the committed shards; the error that stopped us is the one shown
             raise
@@ -190,9 +202,10 @@ def _run_extract(cfg: ExtractConfig, on_progress: Optional[Callable[[ExtractProg
 def _extract_shards(
     cfg: ExtractConfig,
     writer: FeatureStoreWriter,
-    det_cfg: DetectorConfig,
+    detector: Detector,
     device: str,
     given: Optional[dict],
+    options: dict,
     on_progress: Optional[Callable[[ExtractProgress], None]],
 ) -> tuple[dict, MalformedRows]:
     """Run the shards not done yet through download tasks and detector actors (inside the
@@ -239,7 +252,7 @@ def _extract_shards(
     given_ref = ray.put(given) if given is not None else None
     actors = [
         actor_cls.remote(
-            det_cfg.to_json(),
+            detector.to_json(),
             str(cfg.weights) if cfg.weights else None,
             cfg.seed,
             cfg.selection,
@@ -248,6 +261,7 @@ def _extract_shards(
             cfg.batch_size,
             given_ref,
             cfg.preprocess,
+            options,
         )
         for _ in range(n_actors)
     ]

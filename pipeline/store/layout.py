@@ -17,6 +17,7 @@ from pipeline.errors import ConfigError
 Backend = Literal["arrow", "lmdb"]
 BACKENDS: tuple[str, ...] = ("arrow", "lmdb")
 FLOAT_DTYPES: tuple[str, ...] = ("float16", "float32")
+REGION_KINDS: tuple[str, ...] = ("detections", "grid")
 
 
 @dataclass(frozen=True)
@@ -67,12 +68,17 @@ class StoreLayout(Config):
     # Widths of the probability tables; fixed by the first record that has one.
     cls_dim: Optional[int] = None
     attr_dim: Optional[int] = None
+    # "detections" (a detector's regions, most confident first or in its own order) or "grid"
+    # (a feature map's cells, row-major: `pipeline.records.grid_shape` reads a record's shape)
+    regions: str = "detections"
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
             raise ConfigError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
         if self.dtype not in FLOAT_DTYPES:
             raise ConfigError(f"dtype must be one of {FLOAT_DTYPES}, got {self.dtype!r}")
+        if self.regions not in REGION_KINDS:
+            raise ConfigError(f"regions must be one of {REGION_KINDS}, got {self.regions!r}")
         if self.feature_dim < 1:
             raise ConfigError(f"feature_dim must be positive, got {self.feature_dim}")
         for name in ("cls_prob", "attr_prob"):
@@ -94,20 +100,24 @@ class StoreLayout(Config):
         return replace(self, **{"cls_dim" if name == "cls_prob" else "attr_dim": dim})
 
     def storage_settings(self) -> dict:
-        """The settings a resuming writer must agree with (dims learnt later excluded)."""
-        return {
+        """The settings a resuming writer must agree with (dims learnt later excluded; the
+        region kind only for a grid, so a detections store's shard metadata is as it was)."""
+        settings = {
             "backend": self.backend,
             "feature_dim": self.feature_dim,
             "dtype": self.dtype,
             "cls_prob": str(self.cls_prob),
             "attr_prob": str(self.attr_prob),
         }
+        if self.regions != "detections":
+            settings["regions"] = self.regions
+        return settings
 
     @classmethod
     def from_json(cls, obj: dict) -> "StoreLayout":
         """The layout a manifest records; a value of the wrong type is a ValueError naming it."""
         obj = dict(obj)
-        kinds = {"backend": str, "dtype": str, "cls_prob": str, "attr_prob": str, "feature_dim": int}
+        kinds = {"backend": str, "dtype": str, "cls_prob": str, "attr_prob": str, "feature_dim": int, "regions": str}
         for key, value in obj.items():
             wanted = kinds.get(key, int if key in ("cls_dim", "attr_dim") else None)
             if wanted is None:

@@ -452,6 +452,7 @@ class FeatureStoreWriter:
         provenance: Optional[dict] = None,
         config: Optional[dict] = None,
         batch_rows: int = 64,
+        regions: str = "detections",
     ):
         if shard_size < 1 or batch_rows < 1:
             raise ConfigError("shard_size and batch_rows must be >= 1")
@@ -460,7 +461,7 @@ class FeatureStoreWriter:
         self.resume = resume
         self.batch_rows = min(batch_rows, shard_size)
         parse = lambda p: p if isinstance(p, ProbStorage) else ProbStorage.parse(p)  # noqa: E731
-        self._requested = StoreLayout(backend, feature_dim, dtype, parse(cls_prob), parse(attr_prob))
+        self._requested = StoreLayout(backend, feature_dim, dtype, parse(cls_prob), parse(attr_prob), regions=regions)
         self._provenance = {k: v for k, v in (provenance or {}).items() if v is not None}
         self._config = config or {}
         self.written = 0
@@ -536,7 +537,11 @@ class FeatureStoreWriter:
 
     def _check_compatible(self, manifest: Manifest) -> None:
         have, want = manifest.layout.storage_settings(), self._requested.storage_settings()
-        diffs = [f"{k}: store has {have[k]}, requested {want[k]}" for k in have if have[k] != want[k]]
+        diffs = [
+            f"{k}: store has {have.get(k, 'detections')}, requested {want.get(k, 'detections')}"
+            for k in {**have, **want}
+            if have.get(k) != want.get(k)
+        ]
         for key in IDENTITY_KEYS:
             old, new = manifest.provenance.get(key), self._provenance.get(key)
             if old is not None and new is not None and old != new:

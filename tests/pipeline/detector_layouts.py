@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from pipeline.detect.config import DetectorConfig
+from pipeline.detect.backends.butd_c4.config import DetectorConfig
 
 
 def published_shapes(cfg: DetectorConfig, attributes: bool = True) -> dict[str, tuple]:
@@ -102,7 +102,7 @@ def two_box_scene(rng: np.random.Generator, attributes_per_box: int | None = Non
     """A 160x200 image with a red (class 1) and a blue (class 2) rectangle and its
     `DetectionTarget`: one attribute per box (its colour, 1-D), or `attributes_per_box`
     of them ((2, K): colour, a size-like 3 + class, and 6)."""
-    from pipeline.detect.training import DetectionTarget
+    from pipeline.detect.backends.butd_c4.training import DetectionTarget
 
     img = np.full((160, 200, 3), 235, np.uint8)
     boxes, classes, attrs = [], [], []

@@ -7,12 +7,14 @@ import torch
 from detector_layouts import published_shapes, random_weights, write_d2_pickle, write_hf_bin
 from image_server import make_corpus
 
-from pipeline.detect.boxes import decode, encode, per_class_nms_max_conf, select_butd, select_maxnms
-from pipeline.detect.config import BoxCount, DetectorConfig, SelectionConfig
-from pipeline.detect.extractor import RegionFeatureExtractor, backbone_groups
-from pipeline.detect.model import VGDetector
+from pipeline.detect.backends.butd_c4.config import DetectorConfig
+from pipeline.detect.backends.butd_c4.extractor import RegionFeatureExtractor, backbone_groups
+from pipeline.detect.backends.butd_c4.model import VGDetector
+from pipeline.detect.backends.butd_c4.selection import per_class_nms_max_conf, select_butd, select_maxnms
+from pipeline.detect.backends.butd_c4.weights import load_detector, save_detector_hf
+from pipeline.detect.boxes import decode, encode
+from pipeline.detect.config import BoxCount, SelectionConfig
 from pipeline.detect.preprocess import butd_scale, prepare_image, preprocess
-from pipeline.detect.weights import load_detector, save_detector_hf
 from pipeline.errors import ConfigError
 from pipeline.images import load_rgb
 from pipeline.io import sha256_file
@@ -267,7 +269,9 @@ def test_selection_and_detector_configs_validate_themselves():
         SelectionConfig(nms_thresh=-0.1)
     with pytest.raises(ConfigError, match="1 <= MIN <= MAX"):
         BoxCount(5, 3)
-    assert SelectionConfig().to_json()["boxes"] == "10-100"  # recorded as the flag is written
+    from pipeline.detect.backends.butd_c4.config import DEFAULT_SELECTION
+
+    assert DEFAULT_SELECTION.to_json()["boxes"] == "10-100"  # recorded as the flag is written
     assert DetectorConfig.from_json(TINY.to_json()) == TINY
     with pytest.raises(ConfigError, match="unknown detector config keys: colour"):
         DetectorConfig.from_json({**TINY.to_json(), "colour": 1})

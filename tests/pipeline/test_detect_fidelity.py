@@ -12,10 +12,11 @@ from helpers import run_cli
 from PIL import Image
 from torchvision.ops import nms
 
-from pipeline.detect.boxes import BoxCount, per_class_nms_max_conf
-from pipeline.detect.config import DetectorConfig
-from pipeline.detect.extractor import RegionFeatureExtractor, SelectionConfig, pooled_region_features, select_regions
-from pipeline.detect.model import VGDetector
+from pipeline.detect.backends.butd_c4.config import DetectorConfig
+from pipeline.detect.backends.butd_c4.extractor import RegionFeatureExtractor, pooled_region_features
+from pipeline.detect.backends.butd_c4.model import VGDetector
+from pipeline.detect.backends.butd_c4.selection import per_class_nms_max_conf, select_regions
+from pipeline.detect.config import BoxCount, SelectionConfig
 from pipeline.detect.preprocess import Resize, prepare_image, preprocess
 from pipeline.errors import ConfigError
 from pipeline.store import FeatureStore, FeatureStoreWriter
@@ -285,6 +286,8 @@ def test_butd_nms_runs_on_original_image_boxes():
 def test_the_box_policy_names_the_caffe_nms_rule():
     """A store extracted under the earlier NMS rule (no "+1px" in its box_policy identity) is
     not appended to under Caffe's rule: the two would mix in one store."""
-    from pipeline.detect.extractor import SelectionConfig
 
-    assert SelectionConfig().describe() == "butd boxes=10-100, conf>=0.2, nms=0.3 +1px"
+    from pipeline.detect.backends.butd_c4.config import DEFAULT_SELECTION
+
+    assert DEFAULT_SELECTION.describe() == "butd boxes=10-100, conf>=0.2, nms=0.3 +1px"
+    assert SelectionConfig().resolved(DEFAULT_SELECTION) == DEFAULT_SELECTION

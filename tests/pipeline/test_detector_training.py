@@ -2,9 +2,9 @@ import numpy as np
 import torch
 from detector_layouts import two_box_scene
 
-from pipeline.detect.config import DetectorConfig
-from pipeline.detect.model import VGDetector
-from pipeline.detect.training import detection_losses
+from pipeline.detect.backends.butd_c4.config import DetectorConfig
+from pipeline.detect.backends.butd_c4.model import VGDetector
+from pipeline.detect.backends.butd_c4.training import detection_losses
 
 
 def test_losses_are_finite_and_training_reduces_them():

@@ -15,7 +15,7 @@ from helpers import REPO, command_lines, process_tree, run_cli
 from image_server import ImageServer, write_tsv
 from PIL import Image
 
-from pipeline.detect.config import DetectorConfig
+from pipeline.detect.backends.butd_c4.config import DetectorConfig
 from pipeline.errors import ConfigError
 from pipeline.io import sha256_file
 from pipeline.store import FeatureStore, verify_store
@@ -403,7 +403,8 @@ def test_one_image_that_breaks_the_decoder_fails_alone(server):
     from pipeline.detect.actor import DetectorActor
     from pipeline.detect.config import BoxCount, SelectionConfig
 
-    actor = DetectorActor(TINY.to_json(), None, 0, SelectionConfig("butd", BoxCount.parse("4")), "cpu", False, 2)
+    tiny = {"backend": "butd-c4", "config": TINY.to_json()}
+    actor = DetectorActor(tiny, None, 0, SelectionConfig("butd", BoxCount.parse("4")), "cpu", False, 2)
     rows = [
         {"image_id": "good", "status": "ok", "image": server.corpus["rgb.jpg"][0], "url": None},
         {"image_id": "none", "status": "ok", "image": None, "url": "http://u:p@example.com/none.jpg"},

@@ -29,7 +29,7 @@ from helpers import REPO
 from image_server import ImageServer, write_tsv
 from ray_cluster import ray_cluster
 
-from pipeline.detect.config import DetectorConfig
+from pipeline.detect.backends.butd_c4.config import DetectorConfig
 from pipeline.store import FeatureStore, verify_store
 
 pytestmark = pytest.mark.slow

@@ -1,4 +1,4 @@
-"""The committed shapes-world detector (pipeline/detect/weights_data/shapes-tiny.*), its
+"""The committed shapes-world detector (pipeline/detect/backends/butd_c4/weights_data/shapes-tiny.*), its
 recipe (workflows/shapes/shapes_detector.py) and the training extensions behind it (several
 attributes per box, saving in the d2 layout)."""
 
@@ -12,10 +12,10 @@ import torch
 import torch.nn.functional as F
 from detector_layouts import two_box_scene
 
-from pipeline.detect.config import DetectorConfig
-from pipeline.detect.model import VGDetector
-from pipeline.detect.training import DetectionTarget, attribute_loss, detection_losses
-from pipeline.detect.weights import load_detector, save_detector, shapes_tiny_weights
+from pipeline.detect.backends.butd_c4.config import DetectorConfig
+from pipeline.detect.backends.butd_c4.model import VGDetector
+from pipeline.detect.backends.butd_c4.training import DetectionTarget, attribute_loss, detection_losses
+from pipeline.detect.backends.butd_c4.weights import load_detector, save_detector, shapes_tiny_weights
 from pipeline.io import sha256_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "workflows" / "shapes"))  # as its scripts import it

@@ -13,11 +13,12 @@ import torch
 from helpers import run_vltrain, shared_ray
 from train_helpers import config, finetune_config
 
-from pipeline.detect.config import BoxCount, DetectorConfig, ExtractConfig, SelectionConfig
+from pipeline.detect.backends.butd_c4.config import DetectorConfig
+from pipeline.detect.backends.butd_c4.model import VGDetector
+from pipeline.detect.backends.butd_c4.weights import save_detector, shapes_tiny_weights
+from pipeline.detect.config import BoxCount, ExtractConfig, SelectionConfig
 from pipeline.detect.like_store import ImageInputError, ProvenanceError, StoreDetector
-from pipeline.detect.model import VGDetector
 from pipeline.detect.run import run_extract
-from pipeline.detect.weights import save_detector, shapes_tiny_weights
 from pipeline.distribute import DistributeConfig
 from pipeline.download.fetch import FetchConfig
 from pipeline.mixture import Mixture

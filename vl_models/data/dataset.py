@@ -24,6 +24,24 @@ from vl_models.data.masking import mask_regions, mask_tokens, mismatch, overlapp
 from vl_models.data.tokenize import WordPiece
 
 
+def check_region_slots(stores: Sequence, max_regions: int) -> None:
+    """A grid store's regions are a feature map's cells in row-major order: keeping the first
+    `max_regions` of them would keep the map's top rows. ConfigError when a grid store's images
+    can have more cells than the slots (its provenance's ``max_regions``: the largest map, or
+    the ``--grid-pool`` cells); a detector's regions come most confident first (BUTD's own cut)."""
+    for store in stores:
+        layout, manifest = getattr(store, "layout", None), getattr(store, "manifest", None)
+        if layout is None or layout.regions != "grid":
+            continue
+        cells = manifest.provenance.get("max_regions") if manifest is not None else None
+        if cells is None or cells > max_regions:
+            raise ConfigError(
+                f"{getattr(store, 'path', store)} holds grid features of up to {cells or 'an unknown number of'} "
+                f"cells per image, and --max-regions {max_regions} would keep only the first cells (the top rows "
+                f"of each map): give --max-regions {cells or 'N'} or more, or extract with --grid-pool (e.g. 6x6)"
+            )
+
+
 def _rows_of(values: Sequence) -> Optional[torch.Tensor]:
     """The batch tensor whose consecutive rows `values` are (arrays that are views of one
     C-contiguous array, row b at row b), sharing its memory; None otherwise."""
@@ -92,6 +110,7 @@ class PretrainDataset(torch.utils.data.Dataset):
         self.stores = [
             FeatureStore.open(p, dtype="float32", verify=True if settings.verify_shards else None) for p in stores
         ]
+        check_region_slots(self.stores, settings.max_regions)
         self.tokenizer = WordPiece(vocab_file)
         self.epoch = 0
 

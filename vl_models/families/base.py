@@ -27,6 +27,7 @@ from typing import Any, ClassVar, Optional
 import numpy as np
 import torch
 
+from pipeline.errors import ConfigError
 from pipeline.records import RegionBatch
 from pipeline.store.layout import StoreLayout
 from vl_models.data.masking import RegionMasking
@@ -57,6 +58,7 @@ class ModelFamily:
     region_masking: ClassVar[RegionMasking]
     region_overlap: ClassVar[tuple[str, ...]] = ("keep",)  # the masking variants it supports
     region_fields: ClassVar[tuple[str, ...]] = ()  # the optional record fields `visual_targets` reads
+    label_tasks: ClassVar[tuple[str, ...]] = ()  # pretraining losses that learn a detector's labels
     unused_parameters: ClassVar[bool] = False  # parameters outside the forward pass (DDP must look)
     answers: ClassVar[bool] = False  # a QA head over the mixture's answer table (`answer_logits`)
     pair_task: ClassVar[str]  # the task (in `tasks`) whose head gives `pair_score`
@@ -66,6 +68,19 @@ class ModelFamily:
         """`mcfg` with the dimensions the data fixes (feature width, label counts, answer
         table size); ConfigError naming `store` when the store lacks what the model needs."""
         raise NotImplementedError
+
+    def check_labels(self, layout: StoreLayout, weights: dict, store: str) -> None:
+        """ConfigError when a loss of `label_tasks` is on (its weight in `weights`, 1 by
+        default) and the store is a grid: grid features carry no detector labels (no object or
+        attribute ids, no class distribution) to learn."""
+        on = [t for t in self.label_tasks if weights.get(t, 1.0) > 0]
+        if layout.regions == "grid" and on:
+            raise ConfigError(
+                f"{store} holds grid features, which carry no detector labels, and {self.name}'s "
+                f"{' and '.join(on)} loss{'es' if len(on) > 1 else ''} learn{'' if len(on) > 1 else 's'} them: "
+                f"turn {'them' if len(on) > 1 else 'it'} off ({' '.join(f'--weight {t}=0' for t in on)}) or "
+                "train on a detector's store"
+            )
 
     def build(self, mcfg: Any) -> torch.nn.Module:
         """The pretraining model (all heads)."""

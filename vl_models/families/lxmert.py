@@ -36,6 +36,7 @@ class Lxmert(ModelFamily):
     region_masking = RegionMasking(zero=0.8, replace=0.1)  # 10 % another image's feature, 10 % unaltered
     answers = True
     region_fields = ("objects_id", "objects_conf", "attrs_id", "attrs_conf")
+    label_tasks = ("obj", "attr")  # the detector's object and attribute ids (feat regresses the features)
     region_positions = "feat_positions"  # LXMERT decodes features (and labels) of the masked regions
 
     def fit(self, mcfg, layout, answers, store):

@@ -29,13 +29,14 @@ class ViLBERT(ModelFamily):
     img_token = True  # never masked; the mean of the regions the model sees
     region_masking = RegionMasking(zero=0.9)  # paper §3.2: 90 % zeroed, 10 % unaltered
     region_fields = ("cls_prob",)  # the KL target
+    label_tasks = ("region",)  # a KL to the detector's class distribution
     region_overlap = ("keep", "zero")  # zero: 12-in-1's variant (see vl_models.config.DataSettings)
     unused_parameters = True  # q_dense1/2 exist in its checkpoints but take no part in the forward pass
 
     def fit(self, mcfg, layout, answers, store):
-        if layout.cls_dim is None:
+        if layout.cls_dim is None and layout.regions != "grid":  # a grid: `check_labels` says it
             raise ConfigError(f"{store}: ViLBERT pretraining needs cls_prob in the feature store")
-        return replace(mcfg, v_feature_size=layout.feature_dim, v_target_size=layout.cls_dim)
+        return replace(mcfg, v_feature_size=layout.feature_dim, v_target_size=layout.cls_dim or mcfg.v_target_size)
 
     def build(self, mcfg):
         return ViLBERTForPreTraining(mcfg)
@@ -49,14 +50,17 @@ class ViLBERT(ModelFamily):
         return model.bert
 
     def visual_targets(self, regions, original, image):
-        if regions.cls_prob is None:
-            raise ConfigError(f"image {image!r}: ViLBERT's region loss needs cls_prob in the store")
+        if regions.cls_prob is None:  # a grid store (its region loss is off: `check_labels`)
+            return {}
         return {"region_prob": regions.cls_prob[0]}
 
     def losses(self, model, batch, qa_active, visual_weighting):
         out = self.forward(model, batch)
         mlm, m1 = L.masked_lm(out.lm_logits, batch["lm_labels"][batch["lm_labels"] != -1])
-        region, m2 = L.region_kl(out.region_logits, batch["region_prob"][batch["region_selected"].bool()])
+        if "region_prob" in batch:
+            region, m2 = L.region_kl(out.region_logits, batch["region_prob"][batch["region_selected"].bool()])
+        else:  # grid features: no class distribution to learn (weight 0), the graph kept whole for DDP
+            region, m2 = out.region_logits.float().sum() * 0, {"region_kl": float("nan")}
         matched = batch["matched"]  # 1 matched, 0 not, -1 no pair label
         align, m3 = L.pair_classification(
             out.alignment_logits, torch.where(matched < 0, matched, 1 - matched), "alignment"

@@ -96,7 +96,7 @@ def lxmert_visual(
         ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids.reshape(-1).clamp(min=0), reduction="none")
         weight = (conf * real if weighting == "confidence" else sel).reshape(-1)
         losses[name] = (ce * weight).sum() / slots * VISUAL_LOSS_NORMALIZER
-        on = t.selected.reshape(-1)
+        on = t.selected.reshape(-1) & (ids.reshape(-1) >= 0)  # masked regions that have a label
         metrics[f"{name}_acc"] = (
             (logits.reshape(-1, logits.shape[-1]).argmax(-1) == ids.reshape(-1))[on].float().mean().item()
             if on.any()

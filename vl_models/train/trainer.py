@@ -101,7 +101,9 @@ def model_config(cfg: TrainConfig, answers: int) -> tuple[ModelFamily, object]:
     counts from the first store, the answer-table size from `answers`. Nothing is built."""
     mcfg = families.load_config(cfg.model)
     family = families.of_config(mcfg)
-    return family, family.fit(mcfg, FeatureStore.open(cfg.stores[0]).layout, answers, cfg.stores[0])
+    layout = FeatureStore.open(cfg.stores[0]).layout
+    family.check_labels(layout, cfg.task.weights, cfg.stores[0])
+    return family, family.fit(mcfg, layout, answers, cfg.stores[0])
 
 
 def build_model(cfg: TrainConfig, answers: int) -> tuple[ModelFamily, object, torch.nn.Module]:

@@ -28,6 +28,7 @@ from pipeline.records import RegionFeatures, pad_regions
 from pipeline.store import FeatureStore
 from pipeline.task_data import TaskData
 from vl_models.config import DataSettings
+from vl_models.data.dataset import check_region_slots
 from vl_models.data.tokenize import WordPiece
 
 CANDIDATE_KEYS = ("input_ids", "attention_mask", "token_type_ids", "visual_feats", "visual_pos", "visual_mask")
@@ -75,6 +76,7 @@ class TaskDataset(torch.utils.data.Dataset):
         verify = True if settings.verify_shards else None
         self.stores = [_opened(p, verify) for p in stores]
         self.given_stores = [_opened(p, verify) for p in given_stores]
+        check_region_slots(self.stores, settings.max_regions)
         dims = {s.layout.feature_dim for s in self.stores + self.given_stores}
         if self.given_stores and len(dims) > 1:
             raise ConfigError(

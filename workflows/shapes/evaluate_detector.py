@@ -17,8 +17,8 @@ from pathlib import Path
 import torch
 from shapes_detector import SHAPES_BOXES, SHAPES_CONFIG, evaluate_shapes_detector
 
-from pipeline.detect.config import DetectorConfig
-from pipeline.detect.weights import shapes_tiny_weights
+from pipeline.detect.backends.butd_c4.config import DetectorConfig
+from pipeline.detect.backends.butd_c4.weights import shapes_tiny_weights
 from pipeline.synthetic.world import JPEG_QUALITY
 
 

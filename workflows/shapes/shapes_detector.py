@@ -1,11 +1,11 @@
 """The shapes-world detector recipe: how the committed ``shapes-tiny`` weights
-(pipeline/detect/weights_data/) are trained and measured. `train_detector.py` and
+(pipeline/detect/backends/butd_c4/weights_data/) are trained and measured. `train_detector.py` and
 `evaluate_detector.py` beside this file run it.
 
 Scenes come from the world's generator (`pipeline.synthetic`), drawn on the fly from seeded
 streams: `shapes_target` turns a scene into the detector's ground truth, `shapes_image`
 renders it (optionally through the JPEG coding `write_world` stores). `train_shapes_detector`
-trains a config from scratch with the library's losses (`pipeline.detect.training`);
+trains a config from scratch with the library's losses (`pipeline.detect.backends.butd_c4.training`);
 `evaluate_shapes_detector` measures weights on held-out scenes through the real extraction
 path. This is workflow code, not library code: `pipeline` does not import it.
 """
@@ -23,11 +23,11 @@ import torch
 from PIL import Image
 from torchvision.ops import box_iou
 
-from pipeline.detect.config import BoxCount, DetectorConfig, SelectionConfig
-from pipeline.detect.extractor import RegionFeatureExtractor
-from pipeline.detect.model import VGDetector
-from pipeline.detect.training import DetectionTarget, calibrate_frozen_norms, detection_losses
-from pipeline.detect.weights import load_detector
+from pipeline.detect.backends import BACKENDS, Detector, build_extractor, load_model
+from pipeline.detect.backends.butd_c4.config import DetectorConfig
+from pipeline.detect.backends.butd_c4.model import VGDetector
+from pipeline.detect.backends.butd_c4.training import DetectionTarget, calibrate_frozen_norms, detection_losses
+from pipeline.detect.config import BoxCount, SelectionConfig
 from pipeline.synthetic import Scene, attribute_names, generate_scene, object_names, render
 from pipeline.synthetic.scenes import COLORS, SIZES, TEXTURES
 from pipeline.synthetic.world import JPEG_QUALITY  # the world's JPEG coding: training sees it and raw renders
@@ -173,8 +173,8 @@ def evaluate_shapes_detector(
     cfg: Optional[DetectorConfig] = None,
 ) -> dict:
     """Measure a shapes detector on `n_images` held-out scenes (`shapes_scenes(seed, n)`;
-    training draws from other streams) through the real extraction path: `load_detector`
-    (strict), `RegionFeatureExtractor` with policy ``butd`` and `boxes`, on the renders
+    training draws from other streams) through the real extraction path: the backend
+    registry's `load_model` (strict) and `build_extractor` with policy ``butd`` and `boxes`, on the renders
     JPEG-coded at `jpeg_quality` (what `write_world` stores; None: raw renders).
 
     `weights` is a path, or a `VGDetector` already built. For each ground-truth object its
@@ -192,9 +192,9 @@ def evaluate_shapes_detector(
       object's three.
     * ``mean_boxes``: output boxes per image; ``objects``, ``images``, ``seconds``.
     """
-    cfg = cfg or DetectorConfig.load(SHAPES_CONFIG)
-    model = weights if isinstance(weights, VGDetector) else load_detector(weights, cfg)[0]
-    extractor = RegionFeatureExtractor(model.eval(), SelectionConfig("butd", BoxCount.parse(boxes)))
+    detector = Detector(BACKENDS.get("butd-c4"), cfg or DetectorConfig.load(SHAPES_CONFIG))
+    model = weights if isinstance(weights, VGDetector) else load_model(detector, weights)[0]
+    extractor = build_extractor(detector, model.eval(), selection=SelectionConfig("butd", BoxCount.parse(boxes)))
     scenes = shapes_scenes(seed, n_images)
     shapes = object_names()
     groups = {

@@ -5,9 +5,9 @@ final losses, seconds, parameter count, and — unless --no-eval — the held-ou
 `evaluate_shapes_detector`).
 
 Scenes are generated on the fly from a seeded generator (no files). The committed
-weights in pipeline/detect/weights_data/ come from:
+weights in pipeline/detect/backends/butd_c4/weights_data/ come from:
 
-    python workflows/shapes/train_detector.py --out pipeline/detect/weights_data/shapes-tiny.pkl
+    python workflows/shapes/train_detector.py --out pipeline/detect/backends/butd_c4/weights_data/shapes-tiny.pkl
 
 (see workflows/shapes/README.md for the time it takes and what it measures).
 """
@@ -27,8 +27,8 @@ from pathlib import Path
 import torch
 from shapes_detector import SHAPES_CONFIG, ShapesTraining, evaluate_shapes_detector, train_shapes_detector
 
-from pipeline.detect.config import DetectorConfig
-from pipeline.detect.weights import load_detector, save_detector
+from pipeline.detect.backends.butd_c4.config import DetectorConfig
+from pipeline.detect.backends.butd_c4.weights import load_detector, save_detector
 
 
 def _cpu_model() -> str:

@@ -23,90 +23,23 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torchvision.ops.misc import FrozenBatchNorm2d
 
-from pipeline.detect.config import DetectorConfig
-
-
-class Conv2dBN(nn.Conv2d):
-    """A bias-free convolution followed by a frozen batch norm kept as `.norm` (detectron2's
-    layout). In eval mode the norm is folded into the convolution (weight times the norm's
-    scale, its shift as the bias): one pass over the output instead of three, the same
-    function up to float rounding (~1e-6 relative)."""
-
-    def __init__(self, cin: int, cout: int, kernel: int, stride: int = 1, padding: int = 0, dilation: int = 1):
-        super().__init__(cin, cout, kernel, stride=stride, padding=padding, dilation=dilation, bias=False)
-        self.norm = FrozenBatchNorm2d(cout)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.training:
-            return self.norm(super().forward(x))
-        norm = self.norm
-        scale = norm.weight * (norm.running_var + norm.eps).rsqrt()
-        return self._conv_forward(x, self.weight * scale.view(-1, 1, 1, 1), norm.bias - norm.running_mean * scale)
+from pipeline.detect.backends.butd_c4.config import DetectorConfig
+from pipeline.detect.resnet import Bottleneck, Conv2dBN, ResNet, make_stage
 
 
-class BasicStem(nn.Module):
-    def __init__(self, cfg: DetectorConfig):
-        super().__init__()
-        self.conv1 = Conv2dBN(3, cfg.stem_channels, 7, stride=2, padding=3)
-        self.caffe_maxpool = cfg.caffe_maxpool
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = F.relu_(self.conv1(x))
-        if self.caffe_maxpool:
-            return F.max_pool2d(x, kernel_size=3, stride=2, padding=0, ceil_mode=True)
-        return F.max_pool2d(x, kernel_size=3, stride=2, padding=1)
-
-
-class Bottleneck(nn.Module):
-    def __init__(self, cin: int, bottleneck: int, cout: int, stride: int, dilation: int, stride_in_1x1: bool):
-        super().__init__()
-        self.shortcut = Conv2dBN(cin, cout, 1, stride=stride) if cin != cout else None
-        s1, s3 = (stride, 1) if stride_in_1x1 else (1, stride)
-        self.conv1 = Conv2dBN(cin, bottleneck, 1, stride=s1)
-        self.conv2 = Conv2dBN(bottleneck, bottleneck, 3, stride=s3, padding=dilation, dilation=dilation)
-        self.conv3 = Conv2dBN(bottleneck, cout, 1)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = F.relu_(self.conv1(x))
-        out = F.relu_(self.conv2(out))
-        out = self.conv3(out)
-        return F.relu_(out + (self.shortcut(x) if self.shortcut is not None else x))
-
-
-def make_stage(count: int, cin: int, bottleneck: int, cout: int, first_stride: int, dilation: int, stride_in_1x1: bool):
-    blocks = [Bottleneck(cin, bottleneck, cout, first_stride, dilation, stride_in_1x1)]
-    blocks += [Bottleneck(cout, bottleneck, cout, 1, dilation, stride_in_1x1) for _ in range(count - 1)]
-    return nn.Sequential(*blocks)
-
-
-class ResNetC4(nn.Module):
+class ResNetC4(ResNet):
     """stem + res2..res4: features at stride 16 with `res4_channels` channels."""
 
     def __init__(self, cfg: DetectorConfig):
-        super().__init__()
-        self.stem = BasicStem(cfg)
-        cin, b, cout = cfg.stem_channels, cfg.bottleneck_channels, cfg.res2_out_channels
-        for i, name in enumerate(("res2", "res3", "res4")):
-            setattr(self, name, make_stage(cfg.blocks[i], cin, b, cout, 1 if i == 0 else 2, 1, cfg.stride_in_1x1))
-            cin, b, cout = cout, b * 2, cout * 2
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.res4(self.res3(self.res2(self.stem(x))))
-
-    def output_size(self, height: int, width: int) -> tuple[int, int]:
-        """(h, w) of the features of a `height` x `width` input: the stem's conv and the
-        first blocks of res3 and res4 halve a side rounding up; the stem's max-pool
-        (k3 s2) gives ``ceil((n - 3) / 2) + 1`` Caffe-style (pad 0, ceil), ``ceil(n / 2)``
-        otherwise (pad 1)."""
-
-        def side(n: int) -> int:
-            n = -(-n // 2)
-            n = -(-(n - 3) // 2) + 1 if self.stem.caffe_maxpool else -(-n // 2)
-            return -(-(-(-n // 2)) // 2)
-
-        return side(height), side(width)
+        super().__init__(
+            cfg.blocks,
+            cfg.stem_channels,
+            cfg.res2_out_channels,
+            cfg.bottleneck_channels,
+            cfg.stride_in_1x1,
+            cfg.caffe_maxpool,
+        )
 
 
 class RPNHead(nn.Module):

@@ -27,10 +27,12 @@ import torch
 import torch.nn.functional as F
 from torchvision.ops import nms, roi_pool
 
-from pipeline.detect.boxes import cell_anchors, clip, decode, grid_anchors, select_butd, select_maxnms
+from pipeline.detect.backends.butd_c4.config import DEFAULT_SELECTION, POLICIES
+from pipeline.detect.backends.butd_c4.model import VGDetector
+from pipeline.detect.backends.butd_c4.selection import select_regions
+from pipeline.detect.boxes import cell_anchors, clip, decode, grid_anchors
 from pipeline.detect.config import SelectionConfig
-from pipeline.detect.model import VGDetector
-from pipeline.detect.preprocess import Resize, check_preprocess, prepare_image
+from pipeline.detect.preprocess import check_preprocess, prepare_image
 from pipeline.records import RegionFeatures, labels_from_probs
 
 
@@ -61,26 +63,6 @@ def pooled_region_features(model: VGDetector, features: torch.Tensor, boxes: tor
         features, [boxes.to(features.dtype)], output_size=cfg.pooler_resolution, spatial_scale=1.0 / cfg.feature_stride
     )
     return model.roi_heads.res5(pooled).mean(dim=(2, 3))
-
-
-def select_regions(
-    selection: SelectionConfig,
-    proposals: torch.Tensor,
-    probs: torch.Tensor,
-    deltas: torch.Tensor,
-    resize: Resize,
-    bbox_reg_weights,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(kept indices, their boxes in original pixels) for one image's `proposals` (resized
-    pixels), `probs` (background first) and box `deltas`, by the selection policy."""
-    if selection.policy == "butd":
-        original = resize.to_original(proposals)  # Caffe's NMS runs at the original scale
-        keep = select_butd(original, probs, selection.boxes, selection.nms_thresh, selection.conf_thresh)
-        keep = keep.to(proposals.device)
-        return keep, original[keep]
-    regressed = clip(decode(deltas, proposals, bbox_reg_weights), resize.new_height, resize.new_width)
-    keep, chosen = select_maxnms(regressed, probs, selection.boxes)
-    return keep, resize.to_original(chosen)
 
 
 def backbone_groups(sizes: Sequence[tuple[int, int]], pad_tolerance: float = 0.0) -> list[list[int]]:
@@ -116,7 +98,9 @@ class RegionFeatureExtractor:
         self.model = model.to(device).eval()
         self.pad_tolerance = pad_tolerance
         self.cfg = model.cfg
-        self.selection = selection
+        self.selection = selection.resolved(DEFAULT_SELECTION)
+        if self.selection.policy not in POLICIES:
+            raise ValueError(f"the BUTD detector selects by {' or '.join(POLICIES)}, not {self.selection.policy}")
         self.preprocess = check_preprocess(preprocess)
         self.device = torch.device(device)
         self.fp16 = fp16 and self.device.type == "cuda"

@@ -32,9 +32,9 @@ import torch.nn.functional as F
 from torchvision.ops import box_iou, roi_pool
 from torchvision.ops.misc import FrozenBatchNorm2d
 
+from pipeline.detect.backends.butd_c4.extractor import pooled_region_features, rpn_proposals
+from pipeline.detect.backends.butd_c4.model import VGDetector
 from pipeline.detect.boxes import cell_anchors, encode, grid_anchors
-from pipeline.detect.extractor import pooled_region_features, rpn_proposals
-from pipeline.detect.model import VGDetector
 from pipeline.detect.preprocess import preprocess
 
 

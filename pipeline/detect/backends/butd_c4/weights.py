@@ -27,16 +27,19 @@ to index 0 here, our canonical convention. `save_detector` (``d2-pickle``) and
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Optional
 
 import numpy as np
 import torch
 
+from pipeline.detect.backends.base import LoadReport
+from pipeline.detect.backends.butd_c4.config import WEIGHT_SOURCES, DetectorConfig
+from pipeline.detect.backends.butd_c4.model import VGDetector
 from pipeline.detect.boxes import cell_anchors
-from pipeline.detect.config import WEIGHT_SOURCES, DetectorConfig
-from pipeline.detect.model import VGDetector
+from pipeline.detect.checkpoints import file_kind, refuse_other_family
+from pipeline.detect.strict import strict_state
 from pipeline.errors import ConfigError, UnsafePickleError
 from pipeline.io import sha256_file
 from pipeline.safe_pickle import safe_loads
@@ -58,25 +61,8 @@ BACKGROUND_LAST = (
 )
 
 
-@dataclass
-class LoadReport:
-    path: str
-    layout: str
-    sha256: str
-    tensors: int
-    identity_norm_stats: int = 0
-    dropped: list[str] = field(default_factory=list)
-    attributes: bool = True
-
-
 def detect_layout(path: Path) -> str:
-    with open(path, "rb") as f:
-        head = f.read(4)
-    if head[:2] == b"PK":  # torch.save zip archive
-        return "hf-bin"
-    if head[:1] == b"\x80":  # a pickle stream
-        return "d2-pickle"
-    raise ConfigError(f"{path}: neither a detectron2 pickle nor a torch .bin checkpoint")
+    return {"torch": "hf-bin", "pickle": "d2-pickle"}[file_kind(path)]
 
 
 def read_checkpoint(path: Path, layout: Optional[str] = None) -> tuple[str, dict[str, torch.Tensor]]:
@@ -122,16 +108,12 @@ def load_detector(path: Path, cfg: DetectorConfig, layout: Optional[str] = None)
     if not path.exists():
         raise ConfigError(f"weights not found: {path}; {WEIGHT_SOURCES}")
     layout, tensors = read_checkpoint(path, layout)
+    refuse_other_family(path, tensors, "butd-c4")
     has_attr = any(k.startswith(ATTRIBUTE_PREFIXES) for k in tensors)
     if not has_attr and cfg.num_attributes:
         cfg = replace(cfg, num_attributes=0)
     model = VGDetector(cfg)
     report = LoadReport(str(path), layout, sha256_file(path), len(tensors), attributes=has_attr)
-    expected = model.state_dict()
-
-    for key in [k for k in tensors if k.endswith(".num_batches_tracked")]:
-        report.dropped.append(key)
-        del tensors[key]
     if ANCHOR_KEY in tensors:
         stored = tensors.pop(ANCHOR_KEY).float()
         ours = cell_anchors(cfg.anchor_sizes, cfg.anchor_ratios)
@@ -140,31 +122,9 @@ def load_detector(path: Path, cfg: DetectorConfig, layout: Optional[str] = None)
                 f"{path}: its anchors differ from the config's ({cfg.anchor_sizes} x {cfg.anchor_ratios})"
             )
         report.dropped.append(ANCHOR_KEY)
-
-    missing = [k for k in expected if k not in tensors]
-    identity = [k for k in missing if k.endswith((".norm.running_mean", ".norm.running_var"))]
-    missing = [k for k in missing if k not in identity]
-    unexpected = [k for k in tensors if k not in expected]
-    misshaped = [
-        f"{k}: file {tuple(tensors[k].shape)}, model {tuple(expected[k].shape)}"
-        for k in tensors
-        if k in expected and tensors[k].shape != expected[k].shape
-    ]
-    if missing or unexpected or misshaped:
-        lines = []
-        for title, keys in (("missing", missing), ("unexpected", unexpected), ("misshaped", misshaped)):
-            if keys:
-                shown = ", ".join(keys[:12]) + (f" ... ({len(keys)} in all)" if len(keys) > 12 else "")
-                lines.append(f"{title}: {shown}")
-        raise ConfigError(f"{path} ({layout}) does not match detector config {cfg.name!r}:\n  " + "\n  ".join(lines))
-
-    state = {k: _to_canonical(k, v).to(expected[k].dtype) for k, v in tensors.items()}
-    for key in identity:
-        state[key] = torch.zeros_like(expected[key]) if key.endswith("running_mean") else torch.ones_like(expected[key])
-    report.identity_norm_stats = len(identity)
+    canonical = {k: _to_canonical(k, v) for k, v in tensors.items()}
+    state = strict_state(path, canonical, model.state_dict(), cfg.name, report)
     model.load_state_dict(state, strict=True)
-    if identity:
-        log.info("%s: %d FrozenBN running statistics absent, identity statistics used", path.name, len(identity))
     return model, report
 
 
