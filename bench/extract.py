@@ -21,7 +21,15 @@ Measured in one run (`--parts`; all by default):
   batching    the backbone batched over images: COCO-like mixed sizes (`MIXED_SIZES`) at
               batch 1 / 4 / 8, identical resized sizes stacked (exact; the default), and with
               `--pad-tolerance` (similar aspect ratios padded to one size): images/s, backbone
-              runs, and how much padding changes the padded images' regions.
+              runs, and how much padding changes the padded images' regions;
+  backends    the extraction backends side by side on the same 640x480 JPEGs (600x800 after
+              each backend's resize) in this process, batch 1, alternating order round after
+              round: `vg-r101` (BUTD, its default selection), `vinvl-x152c4` (its default: per-class
+              NMS, proposal boxes), `grid-x152` (the whole C5 map) and `grid-x152` pooled
+              (`--grid-pool`, 8x8), plus `--backends-extra` configs (grid-r50, grid-x101).
+              Images/s, s/image, regions per image and GFLOP per image (FlopCounterMode over the
+              warm-up image), and the ratios grid-x152 / vinvl-x152c4 (grid vs region features
+              at the same ResNeXt-152 32x8d) and vinvl-x152c4 / vg-r101 (VinVL vs BUTD per image).
 Images are photo-like JPEGs; weights are random in the full published shapes (the public
 weights cannot be fetched here — speed does not depend on the values; box counts use the
 BUTD fallback to MIN).
@@ -34,6 +42,8 @@ per image. Target on an H200: >= 30 images/s end to end.
     python bench/extract.py                       # CPU
     python bench/extract.py --parts hf,batching --hf-frcnn-dir ~/transformers/examples/research_projects/lxmert
     python bench/extract.py --device cuda --fp16 --n 256 --batch-sizes 1,8 --parts in_process,end_to_end
+    python bench/extract.py --parts backends      # CPU: 2 images, 1 round
+    python bench/extract.py --parts backends --device cuda --fp16 --backends-n 32 --rounds 2
 """
 
 from __future__ import annotations
@@ -57,6 +67,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from common import MIXED_SIZES, make_jpegs
+from torch.utils.flop_counter import FlopCounterMode
 
 from pipeline.detect.backends import build_extractor, load_model, open_extractor
 from pipeline.detect.backends.butd_c4.config import DetectorConfig
@@ -64,11 +75,11 @@ from pipeline.detect.backends.butd_c4.extractor import backbone_groups
 from pipeline.detect.backends.butd_c4.model import Bottleneck, VGDetector
 from pipeline.detect.backends.butd_c4.selection import select_maxnms
 from pipeline.detect.backends.butd_c4.weights import save_detector_hf
-from pipeline.detect.config import BoxCount, SelectionConfig
+from pipeline.detect.config import BoxCount, GridPool, SelectionConfig
 from pipeline.detect.preprocess import prepare_image
 from pipeline.images import load_rgb
 
-PARTS = ("in_process", "end_to_end", "hf", "batching")
+PARTS = ("in_process", "end_to_end", "hf", "batching", "backends")
 HF_DIR_ENV = "VLPREP_HF_FRCNN_DIR"
 
 
@@ -393,6 +404,125 @@ def region_changes(reference: list, records: list) -> tuple[int, int, float]:
     return kept, total, rel
 
 
+# -- the extraction backends side by side -----------------------------------------
+
+GRID_VS_REGION = ("grid-x152", "vinvl-x152c4")  # the same ResNeXt-152 32x8d backbone
+VINVL_VS_BUTD = ("vinvl-x152c4", "vg-r101")
+
+
+def backend_sides(grid_pool: GridPool, extra: list[str]) -> dict[str, tuple[str, dict]]:
+    """label -> (detector config, the backend's options), each backend at its default selection."""
+    sides = {
+        "vg-r101": ("vg-r101", {}),
+        "vinvl-x152c4": ("vinvl-x152c4", {}),
+        "grid-x152": ("grid-x152", {}),
+        f"grid-x152 pool {grid_pool}": ("grid-x152", {"grid_pool": grid_pool}),
+    }
+    sides.update({name: (name, {}) for name in extra})
+    return sides
+
+
+def count_flops(run, rgb) -> tuple[list, float, dict[str, float]]:
+    """(`run(rgb)`'s output, its FLOPs (2 per multiply-add; convolutions and matrix products,
+    as FlopCounterMode counts them: not NMS or ROIAlign), FLOPs per top-level module called)."""
+    with FlopCounterMode(display=False, depth=1) as counter:
+        out = run(rgb)
+    per_module = {name: float(sum(ops.values())) for name, ops in counter.get_flop_counts().items() if "." not in name}
+    per_module.pop("Global", None)
+    return out, float(counter.get_total_flops()), per_module
+
+
+def module_paths(model: torch.nn.Module, called: list[str]) -> dict[str, str]:
+    """FlopCounterMode's top-level names (the class names of the modules an extractor called
+    directly) -> where those modules sit in `model`: the common dotted prefix of the modules of
+    that class that are not inside another called module (``Sequential`` -> ``roi_heads.res5``,
+    not the backbone's stages); the class name when none is found."""
+    named = [(path, type(m).__name__) for path, m in model.named_modules()]
+    outer = [path for path, cls in named if cls in called]
+    out = {}
+    for name in called:
+        paths = [
+            path
+            for path, cls in named
+            if cls == name and path and not any(path.startswith(o + ".") for o in outer if o and o != path)
+        ]
+        if not paths:
+            out[name] = name
+            continue
+        prefix = paths[0].split(".")
+        for path in paths[1:]:
+            parts = path.split(".")
+            k = 0
+            while k < min(len(prefix), len(parts)) and prefix[k] == parts[k]:
+                k += 1
+            prefix = prefix[:k]
+        out[name] = ".".join(prefix) or name
+    return out
+
+
+def backends(n: int, rounds: int, grid_pool: GridPool, extra: list[str], device: str = "cpu", fp16: bool = False):
+    cuda = device.startswith("cuda")
+    rgbs = [load_rgb(b) for b in make_jpegs(n)]
+    extractors, sides, flops, modules, params = {}, {}, {}, {}, {}
+    for label, (detector, options) in backend_sides(grid_pool, extra).items():
+        ex = open_extractor(detector, seed=0, device=device, fp16=fp16, **options)
+        extractors[label] = ex
+        params[label] = sum(p.numel() for p in ex.model.parameters())
+
+        def run(rgb, ex=ex):
+            out = ex([rgb], ["x"])
+            if cuda:
+                torch.cuda.synchronize()
+            return out
+
+        sides[label] = run
+        _, flops[label], modules[label] = count_flops(run, rgbs[0])  # the warm-up image, counted
+    seconds, outputs = timed_rounds(sides, rgbs, rounds)
+
+    print(
+        f"\nextraction backends side by side: {n} photo-like 640x480 JPEGs (600x800 after the resize) x "
+        f"{rounds} round(s), batch 1, alternating order, {torch.get_num_threads()} torch threads, random weights "
+        "(seed 0), each warmed up on one image (FLOPs counted there)"
+    )
+    print(f"  {'backend':26s} {'images/s':>9s} {'s/image':>8s} {'regions':>8s} {'GFLOP/image':>12s} {'params':>8s}")
+    rates = {}
+    for label in sides:
+        rates[label] = rounds * n / seconds[label]
+        counts = [len(rec.boxes) for rec in outputs[label]]
+        regions = f"{min(counts)}" if min(counts) == max(counts) else f"{min(counts)}-{max(counts)}"
+        print(
+            f"  {label:26s} {rates[label]:9.3f} {1 / rates[label]:8.2f} {regions:>8s} {flops[label] / 1e9:12.1f} "
+            f"{params[label] / 1e6:7.1f}M"
+        )
+    for label in sides:
+        where = module_paths(extractors[label].model, list(modules[label]))
+        parts = ", ".join(f"{where[name]} {value / 1e9:.1f}" for name, value in modules[label].items())
+        print(f"  GFLOP by module called, {label}: {parts}")
+    for (a, b), title in (
+        (GRID_VS_REGION, "grid vs region features at the same backbone (ResNeXt-152 32x8d)"),
+        (VINVL_VS_BUTD, "VinVL vs BUTD per image"),
+    ):
+        print(
+            f"  {title}: {a} / {b} = {rates[a] / rates[b]:.3f}x images/s; "
+            f"FLOPs per image {a} / {b} = {flops[a] / flops[b]:.3f}x"
+        )
+    at_minimum = [
+        label
+        for label, ex in extractors.items()
+        if getattr(ex, "selection", None) is not None
+        and all(len(rec.boxes) == ex.selection.boxes.min for rec in outputs[label])
+    ]
+    if at_minimum:
+        print(
+            f"  random weights: {', '.join(at_minimum)} kept the minimum box count on every image (no class "
+            "reaches the score threshold, so the selection falls back to its minimum); their res5 head still "
+            "runs on every RPN proposal, as with trained weights, which keep more boxes (up to the maximum)"
+        )
+    print(f"  peak RSS of this process so far: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB")
+    if cuda:
+        print(f"  peak GPU memory: {torch.cuda.max_memory_allocated() / 2**20:.0f} MB")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated, of {', '.join(PARTS)}")
@@ -409,13 +539,20 @@ def main() -> None:
         help=f"a transformers checkout's examples/research_projects/lxmert (default: ${HF_DIR_ENV})",
     )
     parser.add_argument("--hf-n", type=int, default=2, help="images per side and round (hf)")
-    parser.add_argument("--rounds", type=int, default=2, help="alternating rounds (hf)")
+    parser.add_argument("--rounds", type=int, default=None, help="alternating rounds (default: hf 2, backends 1)")
     parser.add_argument(
         "--batching-rounds", type=int, default=1, help="rounds of all batching modes, alternating order"
     )
     parser.add_argument("--batching-n", type=int, default=8, help="mixed-size images (batching)")
     parser.add_argument("--batching-sizes", default="1,4,8")
     parser.add_argument("--pad-tolerance", type=float, default=0.15, help="padded groups' extra pixels (batching)")
+    parser.add_argument("--backends-n", type=int, default=2, help="images per backend and round (backends)")
+    parser.add_argument(
+        "--grid-pool", type=GridPool.parse, default=GridPool(8, 8), help="the pooled grid-x152 row (backends)"
+    )
+    parser.add_argument(
+        "--backends-extra", default="", help="more detector configs, comma-separated: grid-r50,grid-x101 (backends)"
+    )
     args = parser.parse_args()
     parts = args.parts.split(",")
     if set(parts) - set(PARTS):
@@ -426,7 +563,8 @@ def main() -> None:
         if args.device.startswith("cuda")
         else f"CPU, {os.cpu_count()} cores, {torch.get_num_threads()} torch threads"
     )
-    print(f"device: {name}; torch {torch.__version__}; fp16={args.fp16}; full VG R101 C4")
+    models = "full VG R101 C4" if set(parts) - {"backends"} else "the extraction backends"
+    print(f"device: {name}; torch {torch.__version__}; fp16={args.fp16}; {models}")
     if "in_process" in parts:
         print(f"\nBUTD boxes {args.boxes}; {args.n} photo-like 640x480 JPEGs (600x800 after resize)")
         for batch in sizes:
@@ -451,7 +589,7 @@ def main() -> None:
                 "checkout's examples/research_projects/lxmert (modeling_frcnn.py, processing_image.py, utils.py)"
             )
         else:
-            side_by_side(Path(args.hf_frcnn_dir).expanduser(), args.hf_n, args.rounds, args.device)
+            side_by_side(Path(args.hf_frcnn_dir).expanduser(), args.hf_n, args.rounds or 2, args.device)
     if "batching" in parts:
         batching(
             args.batching_n,
@@ -462,6 +600,9 @@ def main() -> None:
             args.device,
             args.fp16,
         )
+    if "backends" in parts:
+        extra = [name for name in args.backends_extra.split(",") if name]
+        backends(args.backends_n, args.rounds or 1, args.grid_pool, extra, args.device, args.fp16)
     print(
         (
             "\nreference points: py-bottom-up-attention ~3 images/s on a T4; Caffe < 1 s/image; target >= 30 images/s "

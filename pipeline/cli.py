@@ -47,10 +47,12 @@ from pipeline.download.fetch import FetchConfig
 from pipeline.download.run import DownloadConfig, run_download
 from pipeline.errors import ConfigError, RunFailedError
 from pipeline.images import ENCODE_FORMATS, RESAMPLE, ImageConfig
+from pipeline.legacy import FORMATS
 from pipeline.log import cli_app, named_errors
 from pipeline.log import console as err_console
 from pipeline.store.layout import BACKENDS, FLOAT_DTYPES
 
+FORMAT_NAMES = tuple(FORMATS)  # the foreign feature formats (pipeline.legacy)
 DETECTOR_NAMES = "; ".join(
     f"{b.name}: {', '.join(b.config_names())}" for b in BACKENDS_REGISTRY
 )  # every named config, by backend
@@ -200,7 +202,7 @@ def import_(
     paths: List[Path] = typer.Argument(
         ..., metavar="SRC... DEST", help="Source files/folders, then the store to write."
     ),
-    fmt: str = typer.Option(..., "--from", help="Source format: lxmert-tsv, butd-tsv, vilbert-lmdb, mmf-npy."),
+    fmt: str = typer.Option(..., "--from", help=f"Source format: {', '.join(FORMAT_NAMES)} (vlprep formats)."),
     backend: str = typer.Option("arrow", help="Store backend: arrow (memory-mapped IPC files) or lmdb."),
     shard_size: int = typer.Option(1000, help="Records per shard."),
     dtype: str = typer.Option("float16", help="Stored dtype of features and probability tables: float16 or float32."),
@@ -221,6 +223,10 @@ def import_(
     the good rows are committed, and the command exits 1 if any row was skipped unless
     --allow-skips. Another process writing DEST: exit 75 at once; disk full: exit 74,
     the committed shards are kept and a rerun resumes.
+
+    vinvl-tsv reads a folder of predictions.tsv, predictions.hw.tsv (the image sizes) and the
+    label map (labelmap.json); oscar-tsv one of feature.tsv, label.tsv and the label map;
+    grid-pth one of <id>.pth maps and grid_sizes.json (store it with --feature-dim of the maps).
 
     Example: vlprep import --from lxmert-tsv train2014_obj36.tsv val2014_obj36.tsv coco_feats
     """
@@ -262,15 +268,16 @@ def import_(
 @named_errors
 def export(
     store: Path = typer.Argument(..., help="Feature store directory."),
-    dest: Path = typer.Argument(..., help="Output file (TSV formats) or folder (mmf-npy, vilbert-lmdb)."),
-    fmt: str = typer.Option(..., "--to", help="Target format: lxmert-tsv, butd-tsv, mmf-npy, vilbert-lmdb."),
+    dest: Path = typer.Argument(..., help="Output file (lxmert-tsv, butd-tsv) or folder (the other formats)."),
+    fmt: str = typer.Option(..., "--to", help=f"Target format: {', '.join(FORMAT_NAMES)} (vlprep formats)."),
     overwrite: bool = typer.Option(False, help="Replace DEST if it exists."),
 ) -> None:
     """Export a store to a format the reference code reads (float32, same field order
     and encoding as the original extractors). vilbert-lmdb is the LMDB that
     vilbert-multi-task's script/convert_to_lmdb.py writes. Image ids the format cannot
     hold (mmf-npy: ids whose files collide, such as `img` and `img_info`; vilbert-lmdb:
-    an id `keys`) are refused with exit 2 before anything is written.
+    an id `keys`) are refused with exit 2 before anything is written. vinvl-tsv and oscar-tsv
+    name classes, so they need a store extracted with --labelmap; grid-pth a grid store.
 
     Example: vlprep export --to lxmert-tsv coco_feats val2014_obj36.tsv
     """
@@ -766,9 +773,7 @@ def datasets() -> None:
 
 @app.command()
 def formats() -> None:
-    """List the legacy feature formats import/export understand."""
-    from pipeline.legacy import FORMATS
-
+    """List the foreign feature formats import/export understand."""
     table = Table("format", "import", "export", "description")
     for f in FORMATS.values():
         table.add_row(f.name, "yes" if f.read else "-", "yes" if f.write else "-", f.summary)

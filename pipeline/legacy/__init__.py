@@ -5,6 +5,7 @@ and writer. Field specs are in each module's docstring and in docs/store-format.
 """
 
 from pipeline.legacy.base import LegacyFormat
+from pipeline.legacy.grid_pth import check_grid, grid_provenance, read_grid_pth, write_grid_pth
 from pipeline.legacy.mmf_npy import check_mmf_ids, read_mmf_npy, write_mmf_npy
 from pipeline.legacy.tsv import (
     check_butd_fields,
@@ -15,6 +16,15 @@ from pipeline.legacy.tsv import (
     write_lxmert_tsv,
 )
 from pipeline.legacy.vilbert_lmdb import check_vilbert_ids, read_vilbert_lmdb, write_vilbert_lmdb
+from pipeline.legacy.vinvl_tsv import (
+    check_oscar,
+    check_vinvl,
+    labels_provenance,
+    read_oscar_tsv,
+    read_vinvl_tsv,
+    write_oscar_tsv,
+    write_vinvl_tsv,
+)
 
 FORMATS: dict[str, LegacyFormat] = {
     f.name: f
@@ -49,6 +59,32 @@ FORMATS: dict[str, LegacyFormat] = {
             write_mmf_npy,
             needs_pickle=True,
             check=check_mmf_ids,
+        ),
+        LegacyFormat(
+            "vinvl-tsv",
+            "VinVL predictions.tsv (objects: rect, class, conf, base64 feature, attributes) with its .lineidx, "
+            "predictions.hw.tsv and label map",
+            read_vinvl_tsv,
+            write_vinvl_tsv,
+            check=check_vinvl,
+            provenance=labels_provenance,
+        ),
+        LegacyFormat(
+            "oscar-tsv",
+            "Oscar feature.tsv (num_boxes + base64 N x (D + 6)) and label.tsv, each with its .lineidx, and label map",
+            read_oscar_tsv,
+            write_oscar_tsv,
+            check=check_oscar,
+            provenance=labels_provenance,
+        ),
+        LegacyFormat(
+            "grid-pth",
+            "grid-feats-vqa per-image <id>.pth maps ([1, C, h, w]) with grid_sizes.json",
+            read_grid_pth,
+            write_grid_pth,
+            check=check_grid,
+            regions="grid",
+            provenance=grid_provenance,
         ),
     )
 }

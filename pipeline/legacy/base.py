@@ -21,7 +21,7 @@ from pipeline.records import RegionFeatures, labels_from_probs
 
 if TYPE_CHECKING:
     from pipeline.store import FeatureStore
-    from pipeline.store.layout import StoreLayout
+    from pipeline.store.manifest import Manifest
 
 # Number of columns of a bottom-up-attention (Visual Genome) class table with background.
 VG_CLASSES_WITH_BG = 1601
@@ -103,12 +103,16 @@ class LegacyFormat:
     name: str
     summary: str
     read: Optional[Callable[[Sequence[Path], ReadOptions], Iterator[ReadResult]]] = None
-    # write(records, dest, store layout) -> number of records written
-    write: Optional[Callable[[Iterable[RegionFeatures], Path, "StoreLayout"], int]] = None
+    # write(records, dest, the store's manifest: its layout and provenance) -> records written
+    write: Optional[Callable[[Iterable[RegionFeatures], Path, "Manifest"], int]] = None
     needs_pickle: bool = False
     # check(store): raise ConfigError naming what of the store the format cannot hold (ids,
     # records lacking a field it needs); run before anything is written
     check: Optional[Callable[["FeatureStore"], None]] = None
+    regions: str = "detections"  # what an imported store holds ("grid": feature-map cells, row-major)
+    # provenance(sources): what an imported store records of the sources beyond its format
+    # (label names, the most regions a record can have); read before any row
+    provenance: Optional[Callable[[Sequence[Path]], dict]] = None
 
 
 def decode_array(field: str, value: Union[str, bytes], dtype, num: int, width: Optional[int] = None) -> np.ndarray:

@@ -82,6 +82,7 @@ def run_import(cfg: ImportConfig, progress: Progress = None) -> ImportReport:
     committed so far stay, and a rerun resumes."""
     fmt = FORMATS[cfg.fmt]
     report = ImportReport()
+    sources = fmt.provenance(list(cfg.sources)) if fmt.provenance else {}
     writer = FeatureStoreWriter(
         cfg.dest,
         backend=cfg.backend,
@@ -91,8 +92,9 @@ def run_import(cfg: ImportConfig, progress: Progress = None) -> ImportReport:
         dtype=cfg.dtype,
         cls_prob=cfg.cls_prob,
         attr_prob=cfg.attr_prob,
-        provenance={"producer": f"vlprep {__version__} import --from {cfg.fmt}", "source_format": cfg.fmt},
+        provenance={"producer": f"vlprep {__version__} import --from {cfg.fmt}", "source_format": cfg.fmt, **sources},
         config=cfg.to_json(),
+        regions=fmt.regions,
     )
     with writer:
         for item in fmt.read(list(cfg.sources), ReadOptions(trust_pickle=cfg.trust_pickle)):
@@ -169,7 +171,7 @@ def run_export(cfg: ExportConfig, progress: Progress = None) -> int:
 
     try:
         with replacing_output(cfg.dest, **cfg.output_check()) as tmp:
-            count = FORMATS[cfg.fmt].write(records(), tmp, store.layout)
+            count = FORMATS[cfg.fmt].write(records(), tmp, store.manifest)
     finally:
         store.close()
     return count

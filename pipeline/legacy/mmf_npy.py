@@ -35,7 +35,7 @@ from pipeline.legacy.base import (
 )
 from pipeline.records import RegionFeatures
 from pipeline.safe_pickle import legacy_dumps, safe_load_npy_object
-from pipeline.store.layout import StoreLayout
+from pipeline.store.manifest import Manifest
 
 if TYPE_CHECKING:
     from pipeline.store import FeatureStore
@@ -120,7 +120,7 @@ def _info_npy_bytes(info: dict) -> bytes:
     return buf.getvalue()
 
 
-def write_mmf_npy(records: Iterable[RegionFeatures], dest: Path, layout: StoreLayout) -> int:
+def write_mmf_npy(records: Iterable[RegionFeatures], dest: Path, manifest: Manifest) -> int:
     dest.mkdir(parents=True, exist_ok=True)
     count = 0
     for rec in records:

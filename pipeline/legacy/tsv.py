@@ -36,6 +36,7 @@ from pipeline.legacy.base import (
 )
 from pipeline.records import RegionFeatures
 from pipeline.store.layout import StoreLayout
+from pipeline.store.manifest import Manifest
 
 if TYPE_CHECKING:
     from pipeline.store import FeatureStore
@@ -181,7 +182,7 @@ def check_butd_fields(store: "FeatureStore") -> None:
         )
 
 
-def write_lxmert_tsv(records: Iterable[RegionFeatures], dest: Path, layout: StoreLayout) -> int:
+def write_lxmert_tsv(records: Iterable[RegionFeatures], dest: Path, manifest: Manifest) -> int:
     with open(dest, "w", encoding="utf-8", newline="") as out:
         return _write_lines(records, out, _lxmert_fields)
 
@@ -210,9 +211,9 @@ def _lxmert_fields(rec: RegionFeatures) -> list[str]:
     ]
 
 
-def write_butd_tsv(records: Iterable[RegionFeatures], dest: Path, layout: StoreLayout) -> int:
+def write_butd_tsv(records: Iterable[RegionFeatures], dest: Path, manifest: Manifest) -> int:
     """6 fields, or 7 (ViLBERT's variant) when the store holds cls_prob (`butd_with_cls_prob`)."""
-    with_cls_prob = butd_with_cls_prob(layout)
+    with_cls_prob = butd_with_cls_prob(manifest.layout)
 
     def fields_of(rec: RegionFeatures) -> list[str]:
         fields = [

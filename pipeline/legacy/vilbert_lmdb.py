@@ -29,8 +29,8 @@ from pipeline.errors import ConfigError
 from pipeline.legacy.base import ReadOptions, ReadResult, Skipped, decode_row, pickle_refusal, record_from_dict
 from pipeline.records import RegionFeatures
 from pipeline.safe_pickle import legacy_dumps, safe_loads
-from pipeline.store.layout import StoreLayout
 from pipeline.store.lmdb_shard import put_all, write_error
+from pipeline.store.manifest import Manifest
 
 if TYPE_CHECKING:
     from pipeline.store import FeatureStore
@@ -96,7 +96,8 @@ def check_vilbert_ids(store: "FeatureStore") -> None:
         )
 
 
-def write_vilbert_lmdb(records: Iterable[RegionFeatures], dest: Path, layout: StoreLayout) -> int:
+def write_vilbert_lmdb(records: Iterable[RegionFeatures], dest: Path, manifest: Manifest) -> int:
+    layout = manifest.layout
     if layout.feature_dim != VILBERT_FEATURE_DIM:
         log.warning(
             "features are %d wide; vilbert-multi-task reads them as (-1, %d)", layout.feature_dim, VILBERT_FEATURE_DIM

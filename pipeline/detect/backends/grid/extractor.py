@@ -22,6 +22,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from pipeline.detect.backends.grid.cells import bins, cell_boxes
 from pipeline.detect.backends.grid.model import GridBackbone
 from pipeline.detect.config import GridPool
 from pipeline.detect.preprocess import prepare_image
@@ -35,32 +36,6 @@ class GridTooSmall(VlprepError, ValueError):
 
     exit_code = EXIT_CONFIG
     kind = "grid too small"
-
-
-def _bins(size: int, cells: int) -> list[tuple[int, int]]:
-    """adaptive_avg_pool2d's bins of a side of `size` into `cells`: [floor(i n / k), ceil((i + 1) n / k))."""
-    return [((i * size) // cells, -(-((i + 1) * size) // cells)) for i in range(cells)]
-
-
-def cell_boxes(
-    rows: list[tuple[int, int]], cols: list[tuple[int, int]], stride: int, new_hw: tuple[int, int], hw: tuple[int, int]
-) -> np.ndarray:
-    """(R * C, 4) float32 boxes in original pixels of cells spanning map rows `rows` x columns
-    `cols` (half-open ranges), row-major: in resized pixels ``stride`` per map cell, clipped to
-    the resized image, scaled back per axis (``original / resized``)."""
-    new_h, new_w = new_hw
-    height, width = hw
-    sx, sy = width / new_w, height / new_h
-    out = np.empty((len(rows), len(cols), 4), np.float32)
-    for i, (r0, r1) in enumerate(rows):
-        for j, (c0, c1) in enumerate(cols):
-            out[i, j] = (
-                c0 * stride * sx,
-                r0 * stride * sy,
-                min(c1 * stride, new_w) * sx,
-                min(r1 * stride, new_h) * sy,
-            )
-    return out.reshape(-1, 4)
 
 
 class GridExtractor:
@@ -110,7 +85,7 @@ class GridExtractor:
                 if self.grid_pool.rows > h or self.grid_pool.cols > w:
                     raise GridTooSmall(f"its {h}x{w} map is smaller than --grid-pool {self.grid_pool}")
                 fmap = F.adaptive_avg_pool2d(fmap, (self.grid_pool.rows, self.grid_pool.cols))
-                rows, cols = _bins(h, self.grid_pool.rows), _bins(w, self.grid_pool.cols)
+                rows, cols = bins(h, self.grid_pool.rows), bins(w, self.grid_pool.cols)
             features = fmap[0].flatten(1).t().contiguous().cpu().numpy()
             boxes = cell_boxes(rows, cols, self.cfg.stride, new_hw, rgb.shape[:2])
             out.append(RegionFeatures(image_id, int(rgb.shape[0]), int(rgb.shape[1]), boxes, features))
