@@ -438,3 +438,66 @@ def test_keep_images_inside_the_store_is_refused(tmp_path):
     for keep in (tmp_path / "feats", tmp_path / "feats" / "images", tmp_path):
         with pytest.raises(ConfigError, match="--keep-images .* and --out .* overlap"):
             ExtractConfig(out=tmp_path / "feats", images=tmp_path / "imgs", random_weights=True, keep_images=keep)
+
+
+@pytest.mark.parametrize(
+    "detector,dataset,extra",
+    [
+        ("vinvl-tiny", "conceptual_captions", ["--boxes", "3-5"]),  # a dataset, downloaded on Ray
+        ("grid-tiny", "url_list", ["--grid-pool", "2x2"]),  # a plain URL list
+    ],
+)
+def test_the_newer_backends_extract_downloads_on_ray(tmp_path, server, detector, dataset, extra):
+    urls = [server.url(f"/img/{n}") for n in ("rgb.jpg", "gray.jpg", "exif_rotated.jpg")] + [server.url("/status/404")]
+    if dataset == "url_list":
+        source = tmp_path / "urls.txt"
+        source.write_text("\n".join(urls) + "\n")
+    else:
+        source = tmp_path / "val.tsv"
+        write_tsv(source, urls)
+    out = tmp_path / "feats"
+    proc = run_cli(
+        "extract", "--dataset", dataset, "--input", source, "--detector", detector, "--random-weights",
+        "--out", out, "--shard-size", "2", *extra, *NET,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    store = FeatureStore.open(out)
+    assert len(store) == 3 and verify_store(out).ok
+    prov = store.manifest.provenance
+    assert prov["extractor"]["backend"] == ("vinvl-x152c4" if detector == "vinvl-tiny" else "grid")
+    stats = [json.loads(p.read_text()) for p in sorted((out / "extract").glob("*_stats.json"))]
+    assert [f["kind"] for s in stats for f in s["failed_images"]] == ["http 404"]
+    counts = {rec.num_boxes for rec in store}
+    assert counts <= set(range(3, 6)) if detector == "vinvl-tiny" else counts == {4}
+
+
+def test_a_weights_file_of_another_family_is_refused_before_any_work(tmp_path, weights):
+    """A BUTD pickle given to --detector vinvl-x152c4 (and a grid config): named, exit 2, nothing written."""
+    (tmp_path / "images").mkdir()
+    for detector in ("vinvl-tiny", "grid-tiny"):
+        proc = run_cli(
+            "extract", "--images", tmp_path / "images", "--detector", detector, "--weights", weights,
+            "--out", tmp_path / detector,
+        )  # fmt: skip
+        assert proc.returncode == 2, proc.stderr[-2000:]
+        assert "a butd-c4 weights file (its key names), not a" in proc.stderr and "--detector vg-r101" in proc.stderr
+        assert not (tmp_path / detector).exists()
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--detector", "grid-x152", "--grid-pool", "20x8"], "--grid-pool 20x8 is larger than the map"),
+        (["--detector", "vinvl-x152c4", "--labelmap", "LABELMAP"], "label_to_idx has 3 entries"),
+        (["--detector", "vg-r101", "--policy", "per-class"], "--policy per-class is not a butd-c4 policy"),
+        (["--detector", "grid-r50", "--boxes", "36"], "selects no regions, so --boxes mean nothing"),
+    ],
+)
+def test_options_a_backend_cannot_take_are_named_before_any_work(tmp_path, args, message):
+    (tmp_path / "images").mkdir()
+    labelmap = tmp_path / "labelmap.json"
+    labelmap.write_text(json.dumps({"label_to_idx": {"a": 1, "b": 2, "c": 3}, "attribute_to_idx": {}}))
+    args = [str(labelmap) if a == "LABELMAP" else a for a in args]
+    proc = run_cli("extract", "--images", tmp_path / "images", "--random-weights", "--out", tmp_path / "out", *args)
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr[-2000:]
+    assert not (tmp_path / "out").exists()
