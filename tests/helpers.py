@@ -212,3 +212,14 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def load_reference(name: str):
+    """A fixture generator of tests/reference/ as a module (under another name than the reference
+    packages some of them share a name with): its `fill`, `images`, `published_checkpoint`, ..."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"{name}_reference", REPO / "tests" / "reference" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

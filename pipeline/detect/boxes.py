@@ -31,12 +31,17 @@ def grid_anchors(cell: torch.Tensor, height: int, width: int, stride: int) -> to
     return (shifts + cell.to(shifts).reshape(1, -1, 4)).reshape(-1, 4)
 
 
-def decode(deltas: torch.Tensor, boxes: torch.Tensor, weights=(1.0, 1.0, 1.0, 1.0)) -> torch.Tensor:
-    """Apply (dx, dy, dw, dh) deltas to x1y1x2y2 boxes (detectron2's Box2BoxTransform;
-    works on (N, 4k) deltas for k classes at once)."""
+def decode(
+    deltas: torch.Tensor, boxes: torch.Tensor, weights=(1.0, 1.0, 1.0, 1.0), plus_one: bool = False
+) -> torch.Tensor:
+    """Apply (dx, dy, dw, dh) deltas to x1y1x2y2 boxes (detectron2's Box2BoxTransform; works on
+    (N, 4k) deltas for k classes at once). ``plus_one``: maskrcnn-benchmark's ``BoxCoder``, whose
+    widths and heights are ``x2 - x1 + 1`` and whose decoded ``x2``, ``y2`` are one pixel in."""
     boxes = boxes.to(deltas.dtype)
     widths = boxes[:, 2] - boxes[:, 0]
     heights = boxes[:, 3] - boxes[:, 1]
+    if plus_one:
+        widths, heights = widths + 1, heights + 1
     cx = boxes[:, 0] + 0.5 * widths
     cy = boxes[:, 1] + 0.5 * heights
     wx, wy, ww, wh = weights
@@ -47,27 +52,10 @@ def decode(deltas: torch.Tensor, boxes: torch.Tensor, weights=(1.0, 1.0, 1.0, 1.
     pcy = dy * heights[:, None] + cy[:, None]
     pw = torch.exp(dw) * widths[:, None]
     ph = torch.exp(dh) * heights[:, None]
-    out = torch.stack([pcx - 0.5 * pw, pcy - 0.5 * ph, pcx + 0.5 * pw, pcy + 0.5 * ph], dim=-1)
-    return out.reshape(deltas.shape)
-
-
-def decode_plus1(deltas: torch.Tensor, boxes: torch.Tensor, weights=(1.0, 1.0, 1.0, 1.0)) -> torch.Tensor:
-    """`decode` in maskrcnn-benchmark's convention (its ``BoxCoder.decode``): widths and heights
-    are ``x2 - x1 + 1``, and the decoded ``x2``, ``y2`` are one pixel in from the far edge."""
-    boxes = boxes.to(deltas.dtype)
-    widths = boxes[:, 2] - boxes[:, 0] + 1
-    heights = boxes[:, 3] - boxes[:, 1] + 1
-    cx = boxes[:, 0] + 0.5 * widths
-    cy = boxes[:, 1] + 0.5 * heights
-    wx, wy, ww, wh = weights
-    dx, dy = deltas[:, 0::4] / wx, deltas[:, 1::4] / wy
-    dw = (deltas[:, 2::4] / ww).clamp(max=_SCALE_CLAMP)
-    dh = (deltas[:, 3::4] / wh).clamp(max=_SCALE_CLAMP)
-    pcx = dx * widths[:, None] + cx[:, None]
-    pcy = dy * heights[:, None] + cy[:, None]
-    pw = torch.exp(dw) * widths[:, None]
-    ph = torch.exp(dh) * heights[:, None]
-    out = torch.stack([pcx - 0.5 * pw, pcy - 0.5 * ph, pcx + 0.5 * pw - 1, pcy + 0.5 * ph - 1], dim=-1)
+    x2, y2 = pcx + 0.5 * pw, pcy + 0.5 * ph
+    if plus_one:
+        x2, y2 = x2 - 1, y2 - 1
+    out = torch.stack([pcx - 0.5 * pw, pcy - 0.5 * ph, x2, y2], dim=-1)
     return out.reshape(deltas.shape)
 
 

@@ -90,3 +90,15 @@ def refuse_other_family(path: Path, names, backend: str) -> None:
             f"{path}: a {found} weights file (its key names), not a {backend} one: "
             f"read it with --detector {FAMILY_DETECTORS[found]}"
         )
+
+
+def read_family(path: Path, backend: str, sources: str) -> tuple[str, dict[str, torch.Tensor]]:
+    """(file kind, name -> tensor) of `backend`'s weights file at `path`: ConfigError when it does
+    not exist (with `sources`: where the published files come from) or belongs to another family."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"weights not found: {path}; {sources}")
+    kind = file_kind(path)
+    tensors = read_tensors(path, kind)
+    refuse_other_family(path, tensors, backend)
+    return kind, tensors

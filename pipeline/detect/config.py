@@ -36,6 +36,19 @@ PREPROCESS_MODES = ("caffe", "detectron2", "maskrcnn")
 _DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")
 
 
+class ResNeXtWidths:
+    """The widths a ResNe(X)t architecture config derives from its fields (``groups``,
+    ``width_per_group``, ``res2_out_channels``): res2's bottleneck and res5's output."""
+
+    @property
+    def bottleneck_channels(self) -> int:
+        return self.groups * self.width_per_group
+
+    @property
+    def feature_dim(self) -> int:
+        return self.res2_out_channels * 8
+
+
 @dataclass(frozen=True)
 class BoxCount:
     """How many regions per image: ``36`` (fixed) or ``10-100`` (min-max)."""

@@ -13,6 +13,8 @@ the weights' convention: detectron2's and torchvision's 1e-5, maskrcnn-benchmark
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -161,3 +163,25 @@ class ResNet(nn.Module):
             return n
 
         return side(height), side(width)
+
+
+def init_random(model: nn.Module, stem: BasicStem) -> None:
+    """Random initialization of a detector around a ResNet (--random-weights smoke runs, training
+    from scratch): He-normal convolutions, small heads. A deep random tower is kept tame: inputs
+    are raw BGR values (about +-128) and each residual branch starts small, so activations stay
+    O(1) through all blocks."""
+    for m in model.modules():
+        if isinstance(m, Conv2dBN):
+            nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
+        elif isinstance(m, nn.Conv2d):
+            nn.init.normal_(m.weight, std=0.01)
+            nn.init.zeros_(m.bias)
+        elif isinstance(m, nn.Linear):
+            nn.init.normal_(m.weight, std=0.01)
+            nn.init.zeros_(m.bias)
+    stem.conv1.norm.weight.fill_(1.0 / 64)
+    for m in model.modules():
+        if isinstance(m, Bottleneck):
+            m.conv3.norm.weight.fill_(0.1)
+            if m.shortcut is not None:
+                m.shortcut.norm.weight.fill_(1.0 / math.sqrt(m.shortcut.weight.shape[1]))

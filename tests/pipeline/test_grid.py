@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from helpers import load_reference
 
 from pipeline.detect.backends import BACKENDS, Detector, build_extractor, load_model, resolve
 from pipeline.detect.backends.grid.config import GridConfig
@@ -33,16 +34,7 @@ GRID = BACKENDS.get("grid")
 TINY = resolve("grid-tiny").config
 
 
-def reference():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("grid_feats_reference", REFERENCE / "grid_feats.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-REF = reference()
+REF = load_reference("grid_feats")
 
 
 @pytest.fixture(scope="module")

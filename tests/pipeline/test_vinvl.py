@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from helpers import load_reference
 from torchvision.ops import box_iou
 
 from pipeline.detect.backends import BACKENDS, build_extractor, load_model, resolve
@@ -32,16 +33,7 @@ FIXTURE = json.loads((REFERENCE / "vinvl_attr_rcnn.json").read_text())
 TINY = resolve("vinvl-tiny").config
 
 
-def reference():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("vinvl_reference", REFERENCE / "vinvl_attr_rcnn.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-REF = reference()
+REF = load_reference("vinvl_attr_rcnn")
 SETTINGS = {  # the fixture's settings as our selections
     "filter1_ignore_reg": SelectionConfig("per-class", regression=False),
     "filter1_reg": SelectionConfig("per-class", regression=True),

@@ -19,7 +19,6 @@ argmax/max over the non-background columns (not renormalized).
 
 from __future__ import annotations
 
-from contextlib import nullcontext
 from typing import Optional, Sequence
 
 import numpy as np
@@ -32,6 +31,7 @@ from pipeline.detect.backends.butd_c4.model import VGDetector
 from pipeline.detect.backends.butd_c4.selection import select_regions
 from pipeline.detect.boxes import cell_anchors, clip, decode, grid_anchors
 from pipeline.detect.config import SelectionConfig
+from pipeline.detect.inference import OnDevice
 from pipeline.detect.preprocess import check_preprocess, prepare_image
 from pipeline.records import RegionFeatures, labels_from_probs
 
@@ -83,7 +83,7 @@ def backbone_groups(sizes: Sequence[tuple[int, int]], pad_tolerance: float = 0.0
     return groups
 
 
-class RegionFeatureExtractor:
+class RegionFeatureExtractor(OnDevice):
     def __init__(
         self,
         model: VGDetector,
@@ -95,19 +95,13 @@ class RegionFeatureExtractor:
     ):
         if pad_tolerance < 0:
             raise ValueError(f"pad_tolerance must be >= 0, got {pad_tolerance}")
-        self.model = model.to(device).eval()
+        self.place(model, device, fp16)
         self.pad_tolerance = pad_tolerance
-        self.cfg = model.cfg
         self.selection = selection.resolved(DEFAULT_SELECTION)
         if self.selection.policy not in POLICIES:
             raise ValueError(f"the BUTD detector selects by {' or '.join(POLICIES)}, not {self.selection.policy}")
         self.preprocess = check_preprocess(preprocess)
-        self.device = torch.device(device)
-        self.fp16 = fp16 and self.device.type == "cuda"
         self._cell = cell_anchors(self.cfg.anchor_sizes, self.cfg.anchor_ratios).to(self.device)
-
-    def _autocast(self):
-        return torch.autocast("cuda", dtype=torch.float16) if self.fp16 else nullcontext()
 
     def proposals(self, features: torch.Tensor, height: int, width: int) -> torch.Tensor:
         return rpn_proposals(self.model, self._cell, features, height, width)

@@ -18,14 +18,12 @@ foreground classes (row block k for class k+1), and `attr_score` has "no attribu
 
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from pipeline.detect.backends.butd_c4.config import DetectorConfig
-from pipeline.detect.resnet import Bottleneck, Conv2dBN, ResNet, make_stage
+from pipeline.detect.resnet import ResNet, init_random, make_stage
 
 
 class ResNetC4(ResNet):
@@ -101,20 +99,4 @@ class VGDetector(nn.Module):
 
     def reset_parameters(self) -> None:
         """Random initialization (for --random-weights smoke runs and training from scratch)."""
-        for m in self.modules():
-            if isinstance(m, Conv2dBN):
-                nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
-            elif isinstance(m, nn.Conv2d):
-                nn.init.normal_(m.weight, std=0.01)
-                nn.init.zeros_(m.bias)
-            elif isinstance(m, nn.Linear):
-                nn.init.normal_(m.weight, std=0.01)
-                nn.init.zeros_(m.bias)
-        # Keep a deep random tower tame: inputs are raw BGR values (about +-128), and each
-        # residual branch starts small, so activations stay O(1) through all blocks.
-        self.backbone.stem.conv1.norm.weight.fill_(1.0 / 64)
-        for m in self.modules():
-            if isinstance(m, Bottleneck):
-                m.conv3.norm.weight.fill_(0.1)
-                if m.shortcut is not None:
-                    m.shortcut.norm.weight.fill_(1.0 / math.sqrt(m.shortcut.weight.shape[1]))
+        init_random(self, self.backbone.stem)

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.config import Config, at_least, from_json
+from pipeline.detect.config import ResNeXtWidths
 from pipeline.errors import ConfigError
 
 CONFIG_DIR = Path(__file__).parent / "configs"
@@ -27,7 +28,7 @@ WEIGHT_SOURCES = (
 
 
 @dataclass(frozen=True)
-class GridConfig(Config):
+class GridConfig(ResNeXtWidths, Config):
     name: str = "grid-x152"
     blocks: tuple[int, int, int, int] = (3, 8, 36, 3)  # ResNet depth 152
     stem_channels: int = 64
@@ -51,14 +52,6 @@ class GridConfig(Config):
             raise ConfigError(f"max_size {self.max_size} is below min_size {self.min_size}")
         if min(self.pixel_std_bgr) <= 0:
             raise ConfigError("pixel_std_bgr must be positive")
-
-    @property
-    def bottleneck_channels(self) -> int:
-        return self.groups * self.width_per_group
-
-    @property
-    def feature_dim(self) -> int:
-        return self.res2_out_channels * 8
 
     @property
     def stride(self) -> int:

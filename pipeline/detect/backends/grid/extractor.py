@@ -15,7 +15,6 @@ carry boxes and features only.
 
 from __future__ import annotations
 
-from contextlib import nullcontext
 from typing import Optional, Sequence
 
 import numpy as np
@@ -25,6 +24,7 @@ import torch.nn.functional as F
 from pipeline.detect.backends.grid.cells import bins, cell_boxes
 from pipeline.detect.backends.grid.model import GridBackbone
 from pipeline.detect.config import GridPool
+from pipeline.detect.inference import OnDevice
 from pipeline.detect.preprocess import prepare_image
 from pipeline.errors import EXIT_CONFIG, VlprepError
 from pipeline.records import RegionFeatures
@@ -38,7 +38,7 @@ class GridTooSmall(VlprepError, ValueError):
     kind = "grid too small"
 
 
-class GridExtractor:
+class GridExtractor(OnDevice):
     def __init__(
         self,
         model: GridBackbone,
@@ -47,15 +47,9 @@ class GridExtractor:
         preprocess: str = "detectron2",
         grid_pool: Optional[GridPool] = None,
     ):
-        self.model = model.to(device).eval()
-        self.cfg = model.cfg
-        self.device = torch.device(device)
-        self.fp16 = fp16 and self.device.type == "cuda"
+        self.place(model, device, fp16)
         self.preprocess = preprocess
         self.grid_pool = grid_pool
-
-    def _autocast(self):
-        return torch.autocast("cuda", dtype=torch.float16) if self.fp16 else nullcontext()
 
     @torch.no_grad()
     def grid(self, rgb: np.ndarray) -> tuple[torch.Tensor, tuple[int, int]]:

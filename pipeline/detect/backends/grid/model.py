@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from pipeline.detect.backends.grid.config import GridConfig
-from pipeline.detect.resnet import Bottleneck, Conv2dBN, ResNet
+from pipeline.detect.resnet import ResNet, init_random
 
 
 class GridBackbone(nn.Module):
@@ -33,12 +33,5 @@ class GridBackbone(nn.Module):
         return self.backbone(x)
 
     def reset_parameters(self) -> None:
-        """Random initialization (--random-weights): raw BGR inputs, residual branches small,
-        so activations stay O(1) through all blocks."""
-        for m in self.modules():
-            if isinstance(m, Conv2dBN):
-                nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
-        self.backbone.stem.conv1.norm.weight.data.fill_(1.0 / 64)
-        for m in self.modules():
-            if isinstance(m, Bottleneck):
-                m.conv3.norm.weight.data.fill_(0.1)
+        """Random initialization (--random-weights)."""
+        init_random(self, self.backbone.stem)

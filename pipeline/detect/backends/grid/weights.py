@@ -18,9 +18,8 @@ import torch
 from pipeline.detect.backends.base import LoadReport
 from pipeline.detect.backends.grid.config import WEIGHT_SOURCES, GridConfig
 from pipeline.detect.backends.grid.model import GridBackbone
-from pipeline.detect.checkpoints import file_kind, read_tensors, refuse_other_family
+from pipeline.detect.checkpoints import read_family
 from pipeline.detect.strict import strict_state
-from pipeline.errors import ConfigError
 from pipeline.io import sha256_file
 
 HEAD_PREFIXES = ("proposal_generator.", "roi_heads.")
@@ -28,11 +27,7 @@ HEAD_PREFIXES = ("proposal_generator.", "roi_heads.")
 
 def load_grid(path: Path, cfg: GridConfig) -> tuple[GridBackbone, LoadReport]:
     path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"weights not found: {path}; {WEIGHT_SOURCES}")
-    kind = file_kind(path)
-    tensors = read_tensors(path, kind)
-    refuse_other_family(path, tensors, "grid")
+    kind, tensors = read_family(path, "grid", WEIGHT_SOURCES)
     unused = sorted(k for k in tensors if k.startswith(HEAD_PREFIXES))
     backbone = {k: v for k, v in tensors.items() if not k.startswith(HEAD_PREFIXES)}
     model = GridBackbone(cfg)

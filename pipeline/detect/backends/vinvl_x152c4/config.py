@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.config import Config, at_least, from_json
-from pipeline.detect.config import BoxCount, SelectionConfig
+from pipeline.detect.config import BoxCount, ResNeXtWidths, SelectionConfig
 from pipeline.errors import ConfigError
 
 CONFIG_DIR = Path(__file__).parent / "configs"
@@ -30,7 +30,7 @@ WEIGHT_SOURCES = (
 
 
 @dataclass(frozen=True)
-class VinvlConfig(Config):
+class VinvlConfig(ResNeXtWidths, Config):
     name: str = "vinvl-x152c4"
     # backbone: ResNeXt C4 (stem, res2..res4); res5 is the box head, at stride 2 on the pooled map
     blocks: tuple[int, int, int, int] = (3, 8, 36, 3)  # ResNet-152
@@ -74,16 +74,8 @@ class VinvlConfig(Config):
             )
 
     @property
-    def bottleneck_channels(self) -> int:
-        return self.groups * self.width_per_group
-
-    @property
     def res4_channels(self) -> int:
         return self.res2_out_channels * 4
-
-    @property
-    def feature_dim(self) -> int:
-        return self.res2_out_channels * 8
 
     @classmethod
     def from_json(cls, obj: dict) -> "VinvlConfig":

@@ -18,7 +18,6 @@ reference's ``FORCE_BOXES``).
 
 from __future__ import annotations
 
-from contextlib import nullcontext
 from typing import Optional, Sequence
 
 import numpy as np
@@ -29,13 +28,14 @@ from torchvision.ops import nms
 from pipeline.detect.backends.vinvl_x152c4.config import DEFAULT_SELECTION
 from pipeline.detect.backends.vinvl_x152c4.model import AttrRCNN
 from pipeline.detect.backends.vinvl_x152c4.postprocess import select
-from pipeline.detect.boxes import clip, decode_plus1, grid_anchors
+from pipeline.detect.boxes import clip, decode, grid_anchors
 from pipeline.detect.config import SelectionConfig
+from pipeline.detect.inference import OnDevice
 from pipeline.detect.preprocess import prepare_image
 from pipeline.records import RegionFeatures, labels_from_probs
 
 
-class VinvlExtractor:
+class VinvlExtractor(OnDevice):
     def __init__(
         self,
         model: AttrRCNN,
@@ -44,15 +44,9 @@ class VinvlExtractor:
         fp16: bool = False,
         preprocess: str = "maskrcnn",
     ):
-        self.model = model.to(device).eval()
-        self.cfg = model.cfg
+        self.place(model, device, fp16)
         self.selection = selection.resolved(DEFAULT_SELECTION)
-        self.device = torch.device(device)
-        self.fp16 = fp16 and self.device.type == "cuda"
         self.preprocess = preprocess
-
-    def _autocast(self):
-        return torch.autocast("cuda", dtype=torch.float16) if self.fp16 else nullcontext()
 
     def proposals(self, features: torch.Tensor, height: int, width: int) -> torch.Tensor:
         """(R, 4) RPN proposals in resized-image pixels, by descending objectness."""
@@ -63,7 +57,7 @@ class VinvlExtractor:
         deltas = deltas[0].reshape(a, 4, fh, fw).permute(2, 3, 0, 1).reshape(-1, 4).float()
         anchors = grid_anchors(rpn.cell_anchors, fh, fw, cfg.feature_stride).to(features.device)
         top = objectness.topk(min(cfg.rpn_pre_nms_topk, len(objectness))).indices
-        boxes = clip(decode_plus1(deltas[top], anchors[top]), height - 1, width - 1)
+        boxes = clip(decode(deltas[top], anchors[top], plus_one=True), height - 1, width - 1)
         scores = objectness[top]
         sane = (boxes[:, 2] - boxes[:, 0] + 1 >= cfg.rpn_min_size) & (boxes[:, 3] - boxes[:, 1] + 1 >= cfg.rpn_min_size)
         boxes, scores = boxes[sane], scores[sane]

@@ -23,7 +23,7 @@ from torch import nn
 
 from pipeline.detect.backends.vinvl_x152c4.config import VinvlConfig
 from pipeline.detect.boxes import legacy_anchors
-from pipeline.detect.resnet import Bottleneck, Conv2dBN, ResNet, make_stage
+from pipeline.detect.resnet import ResNet, init_random, make_stage
 
 
 class RPN(nn.Module):
@@ -97,18 +97,8 @@ class AttrRCNN(nn.Module):
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        """Random initialization (--random-weights): raw BGR inputs, residual branches small,
-        frozen BN statistics at identity (no epsilon here: a zero variance would divide by 0)."""
-        for m in self.modules():
-            if isinstance(m, Conv2dBN):
-                nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
-            elif isinstance(m, (nn.Conv2d, nn.Linear)):
-                nn.init.normal_(m.weight, std=0.01)
-                nn.init.zeros_(m.bias)
-        self.backbone.stem.conv1.norm.weight.data.fill_(1.0 / 64)
-        for m in self.modules():
-            if isinstance(m, Bottleneck):
-                m.conv3.norm.weight.data.fill_(0.1)
+        """Random initialization (--random-weights)."""
+        init_random(self, self.backbone.stem)
 
     def box_features(self, features: torch.Tensor, boxes: torch.Tensor) -> torch.Tensor:
         """(R, D) features of `boxes` (resized-image pixels): ROIAlign 14 x 14 at 1/16 (sampling

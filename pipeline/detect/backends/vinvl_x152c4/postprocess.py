@@ -28,7 +28,7 @@ from typing import Optional
 import torch
 from torchvision.ops import nms
 
-from pipeline.detect.boxes import clip, decode_plus1
+from pipeline.detect.boxes import clip, decode
 from pipeline.detect.config import SelectionConfig
 
 
@@ -39,7 +39,7 @@ def class_boxes(
     every class."""
     if deltas is None:
         return clip(proposals, height - 1, width - 1)
-    return clip(decode_plus1(deltas, proposals, weights), height - 1, width - 1)
+    return clip(decode(deltas, proposals, weights, plus_one=True), height - 1, width - 1)
 
 
 def _cut(order: torch.Tensor, scores: torch.Tensor, selection: SelectionConfig) -> torch.Tensor:

@@ -29,7 +29,7 @@ import torch
 from pipeline.detect.backends.base import LoadReport
 from pipeline.detect.backends.vinvl_x152c4.config import WEIGHT_SOURCES, VinvlConfig
 from pipeline.detect.backends.vinvl_x152c4.model import AttrRCNN
-from pipeline.detect.checkpoints import file_kind, read_tensors, refuse_other_family
+from pipeline.detect.checkpoints import read_family
 from pipeline.detect.strict import strict_state
 from pipeline.errors import ConfigError
 from pipeline.io import sha256_file
@@ -60,11 +60,7 @@ def canonical_name(key: str) -> str:
 
 def load_vinvl(path: Path, cfg: VinvlConfig) -> tuple[AttrRCNN, LoadReport]:
     path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"weights not found: {path}; {WEIGHT_SOURCES}")
-    kind = file_kind(path)
-    raw = read_tensors(path, kind)
-    refuse_other_family(path, raw, "vinvl-x152c4")
+    kind, raw = read_family(path, "vinvl-x152c4", WEIGHT_SOURCES)
     plain = {k[len("module.") :] if k.startswith("module.") else k: v for k, v in raw.items()}
     report = LoadReport(
         str(path), f"maskrcnn-benchmark-{kind}", sha256_file(path), len(raw), attributes=cfg.num_attributes > 0
