@@ -1,6 +1,7 @@
-"""Training on grid features: `vlprep extract --detector grid-*` writes a store marked as a grid,
-and `vltrain pretrain` trains on it, refusing by name what a grid cannot give (detector labels)
-and what would silently crop it (fewer region slots than cells)."""
+"""Training on the newer extractors' stores. `vlprep extract --detector grid-*` writes a store
+marked as a grid, and `vltrain pretrain` trains on it, refusing by name what a grid cannot give
+(detector labels) and what would silently crop it (fewer region slots than cells). A run trained
+on a VinVL store answers about a new image through VinVL again (`vltrain predict`)."""
 
 import json
 
@@ -18,11 +19,9 @@ from pipeline.store import FeatureStore
 IDS = [9, 25, 30, 42, 51, 52]
 
 
-@pytest.fixture(scope="module")
-def grid_data(tmp_path_factory):
-    """A grid store of six images (grid-tiny, random weights, pooled to 3x3 cells) and a
-    caption + question mixture over them, made with our commands."""
-    root = tmp_path_factory.mktemp("grid")
+def extracted_data(root, *extract_args):
+    """A store of six images extracted with `extract_args` (random weights) and a caption
+    mixture over them, made with our commands."""
     images = root / "images"
     images.mkdir()
     rng = np.random.default_rng(0)
@@ -30,10 +29,7 @@ def grid_data(tmp_path_factory):
     for k, stem in enumerate(stems):
         size = (120 + 20 * k, 160 - 10 * k, 3)
         Image.fromarray(rng.integers(0, 256, size, dtype=np.uint8)).save(images / f"{stem}.png")
-    proc = run_cli(
-        "extract", "--images", images, "--detector", "grid-tiny", "--random-weights", "--grid-pool", "3x3",
-        "--out", root / "feats",
-    )  # fmt: skip
+    proc = run_cli("extract", "--images", images, "--random-weights", "--out", root / "feats", *extract_args)
     assert proc.returncode == 0, proc.stderr[-3000:]
     (root / "captions_train2014.json").write_text(
         json.dumps(
@@ -54,6 +50,12 @@ def grid_data(tmp_path_factory):
     )
     build_mixture(MixtureSpec.load(root / "spec.yaml"), root / "mix", stores=(root / "feats",))
     return root
+
+
+@pytest.fixture(scope="module")
+def grid_data(tmp_path_factory):
+    """grid-tiny, pooled to 3x3 cells."""
+    return extracted_data(tmp_path_factory.mktemp("grid"), "--detector", "grid-tiny", "--grid-pool", "3x3")
 
 
 def test_the_store_says_it_holds_grids(grid_data):
@@ -93,3 +95,22 @@ def test_fewer_slots_than_cells_would_crop_the_grid_and_are_refused(grid_data, t
     )
     assert proc.returncode == 2
     assert "holds grid features of up to 9 cells per image" in proc.stderr and "--max-regions 9" in proc.stderr
+
+
+def test_a_run_on_a_vinvl_store_predicts_through_vinvl(tmp_path_factory, tmp_path):
+    """Pretrain on a vinvl-tiny store, then ask the run's pair head about a new image file:
+    `vltrain predict` rebuilds the store's VinVL extractor from its provenance (bitwise the
+    store's own records: tests/pipeline/test_vinvl.py) and answers."""
+    data = extracted_data(tmp_path_factory.mktemp("vinvl"), "--detector", "vinvl-tiny", "--boxes", "4-6")
+    prov = FeatureStore.open(data / "feats").manifest.provenance
+    assert prov["extractor"]["backend"] == "vinvl-x152c4"
+    proc = run_vltrain(*pretrain_args(data, tmp_path / "run"), "--max-regions", "6")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    image = next((data / "images").iterdir())
+    out = tmp_path / "answer.json"
+    proc = run_vltrain(
+        "predict", "--checkpoint", tmp_path / "run", "--image", image, "--text", "a picture number 9", "--out", out
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    answer = json.loads(out.read_text())
+    assert answer["task"] == "pair-head" and 0 <= answer["probability"] <= 1
