@@ -350,8 +350,8 @@ def check_output(
 
     Refused: ``.``, ``..``, the current folder or any folder above it, the filesystem root;
     a symbolic link; a path that is, holds or lies inside one of `inputs`; when `out` exists:
-    a file where a folder is written (`folder` True) or a folder where a file is written
-    (`folder` False), and a non-empty folder that is not ours: neither marked as a `kind`
+    a file where a folder is written (`folder` True) or a folder, a device, a pipe or a socket
+    where a file is written (`folder` False), and a non-empty folder that is not ours: neither marked as a `kind`
     output (`OUTPUT_MARKER`, written by `replacing_output`) nor accepted by `also_ours`
     (for outputs of versions before the marker). `what` names the writer in messages
     (e.g. "vlprep build-mixture")."""
@@ -374,6 +374,8 @@ def check_output(
     if not out.is_dir():
         if folder:
             raise ConfigError(f"{where} exists and is not a folder; choose a new or empty folder")
+        if not out.is_file():  # a device, a FIFO, a socket: replacing it would replace the node
+            raise ConfigError(f"{where} is not a regular file (a device, a pipe or a socket); give a file path")
         return
     if folder is False:
         raise ConfigError(f"{where} is a folder; give a file path")

@@ -3,7 +3,8 @@
 It admits numpy arrays, numpy scalars/dtypes and plain Python values (dict, list, str,
 numbers, ...) and nothing else: any other global — `os.system`, `builtins.eval`,
 `subprocess.Popen`, arbitrary classes — raises `UnsafePickleError` before it is resolved,
-so a hostile payload cannot run code (RefCOCO's ``refs(unc).p`` is read through it too). We
+so a hostile payload cannot run code (RefCOCO's ``refs(unc).p`` is read through it too), nor
+stand for more values than `check_expansion` allows. We
 never write pickles for our own data; exports to the legacy formats that are pickles by
 definition (vilbert-lmdb, mmf-npy's `_info.npy`) go through `legacy_dumps`, which names
 numpy's globals so that every numpy loads them, and the shapes world writes its RefCOCO+
@@ -79,17 +80,97 @@ class RestrictedUnpickler(pickle.Unpickler):
         )
 
 
+# What one pickle may stand for once its shared references are followed as a reader follows them:
+# a pickle references an object it built before by its memo, so 275 bytes of nested shared lists
+# (or ``range(10**12)``) are iterated into billions of values. RefCOCO's largest refs file holds a
+# few million values; a detectron2 weights pickle a few thousand (its arrays are counted by bytes).
+MAX_ITEMS = 20_000_000
+MAX_BYTES = 4 << 30
+
+
+def check_expansion(obj: Any, max_items: int = MAX_ITEMS, max_bytes: int = MAX_BYTES) -> None:
+    """Raise `UnsafePickleError` when `obj`, walked as a reader iterates it (a container shared
+    by many references counted at each), holds more than `max_items` values or `max_bytes` of
+    strings, bytes and arrays, or holds itself. Each distinct container is expanded once (its
+    size kept), without recursion: the check costs about what the pickle's own objects do."""
+    sizes: dict[int, tuple[int, int]] = {}  # id of a container -> (values, bytes) expanded
+    open_ = set()  # ids of the containers being expanded: the ancestors of the one at hand
+    stack: list = [(obj, False)]
+    while stack:
+        value, expanded = stack.pop()
+        key = id(value)
+        if not _is_container(value):
+            sizes[key] = _leaf_size(value)
+            continue
+        children = _children(value)
+        if not expanded:
+            if key in sizes:
+                continue
+            open_.add(key)
+            stack.append((value, True))
+            for child in children:
+                if _is_container(child):
+                    if id(child) in open_:
+                        raise UnsafePickleError("refused a pickle that holds itself (an endless structure)")
+                    if id(child) not in sizes:
+                        stack.append((child, False))
+            continue
+        items, size = 1, 0
+        for child in children:
+            child_items, child_size = sizes[id(child)] if _is_container(child) else _leaf_size(child)
+            items, size = items + child_items, size + child_size
+        open_.discard(key)
+        sizes[key] = (items, size)
+        if items > max_items or size > max_bytes:
+            raise UnsafePickleError(
+                f"refused a pickle that expands to over {max_items:,} values or {max_bytes:,} bytes once its "
+                "shared references are followed (a few bytes can stand for billions of values)"
+            )
+    items, size = sizes[id(obj)]
+    if items > max_items or size > max_bytes:
+        raise UnsafePickleError(f"refused a pickle that expands to over {max_items:,} values or {max_bytes:,} bytes")
+
+
+def _is_container(value: Any) -> bool:
+    return isinstance(value, (dict, list, tuple, set, frozenset)) or (
+        isinstance(value, np.ndarray) and value.dtype == object
+    )
+
+
+def _children(value: Any) -> list:
+    if isinstance(value, dict):
+        return [*value.keys(), *value.values()]
+    if isinstance(value, np.ndarray):
+        return value.ravel().tolist()
+    return list(value)
+
+
+def _leaf_size(value: Any) -> tuple[int, int]:
+    """(values, bytes) of a value that holds no other: a string its length, an array its bytes,
+    a range its length."""
+    if isinstance(value, (str, bytes, bytearray)):
+        return 1, len(value)
+    if isinstance(value, np.ndarray):
+        return 1, value.nbytes
+    if isinstance(value, range):
+        return 1 + len(value), 0
+    return 1, 0
+
+
 def safe_loads(data: bytes | memoryview, *, encoding: str = "ASCII") -> Any:
-    """Unpickle `data` admitting only numpy arrays and plain values.
+    """Unpickle `data` admitting only numpy arrays and plain values, and no more of them than
+    `check_expansion` allows.
 
     `encoding="latin1"` reads Python-2 pickles holding numpy arrays (detectron2 weights).
     """
     try:
-        return RestrictedUnpickler(io.BytesIO(bytes(data)), encoding=encoding).load()
+        obj = RestrictedUnpickler(io.BytesIO(bytes(data)), encoding=encoding).load()
     except UnsafePickleError:
         raise
     except Exception as err:  # truncated or malformed pickles raise many types
         raise UnsafePickleError(f"not a readable pickle: {type(err).__name__}: {err}") from err
+    check_expansion(obj)
+    return obj
 
 
 class _Numpy1Pickler(pickle._Pickler):

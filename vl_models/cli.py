@@ -3,6 +3,7 @@ line and an exit code (`pipeline.log.named_errors`)."""
 
 from __future__ import annotations
 
+import itertools
 import logging
 import sys
 from inspect import Parameter
@@ -356,8 +357,10 @@ FINETUNE_FLAGS = (
         {
             "tasks": Flag(
                 "Task(s) to fine-tune, repeatable (one backbone, a head each): vqa, gqa, nlvr2, flickr30k, "
-                "coco-retrieval, refcoco+, refcoco, refcocog, vcr (Q->A and QA->R, scored Q->AR), vcr-q2a, vcr-qa2r.",
+                "coco-retrieval, refcoco+, refcoco, refcocog, vcr (Q->A and QA->R, scored Q->AR), vcr-q2a, vcr-qa2r "
+                "(required unless --recipe names them).",
                 name="--task",
+                default=(),  # checked once the recipe is read: a recipe names its tasks
             ),
             "task_data": Flag(
                 "The task dataset of each --task, in the same order (`vlprep build-task`).", name="--data"
@@ -713,17 +716,19 @@ def predict(
 
     vltrain predict --checkpoint runs/vqa --queries queries.jsonl --out predictions.jsonl
     """
+    import contextlib
     import json
 
     from pipeline.download.fetch import FetchConfig
-    from pipeline.io import atomic_write_bytes, check_output
+    from pipeline.io import atomic_write_bytes, check_output, output_lock
     from vl_models.predict import (
         PredictError,
         StoreImage,
         load_predictor,
+        local_images,
         picture,
-        query_from_json,
         query_of,
+        read_queries,
     )
 
     flagged = bool(caption) or any(v is not None for v in (question, statement, expression, text))
@@ -734,27 +739,20 @@ def predict(
         raise ConfigError("ask with the flags (--question, --statement, ...) or with --queries FILE, one of them")
     if show is not None and queries is not None:
         raise ConfigError("--show draws one query: leave out --queries")
-    for path, flag in ((out, "--out"), (show, "--show")):
-        if path is not None:
-            check_output(path, "predictions", inputs=[Path(checkpoint)], flag=flag, folder=False)
+    for value, flag in ((batch_size, "--batch-size"), (detector_threads, "--detector-threads"), (top_k, "--top-k")):
+        if value is not None and value < 1:
+            raise ConfigError(
+                f"{flag} must be >= 1, got {value}" + " (leave it out: 5 answers, whole rankings)" * (flag == "--top-k")
+            )
+    if show is not None and show.suffix.lower() != ".png":
+        raise ConfigError(f"--show {show}: the picture is a PNG; give a .png path")
     folders = {}
     for entry in task_data:
         name, sep, folder = entry.partition("=")
         if not sep or not name or not folder:
             raise ConfigError(f"--task-data {entry!r}: TASK=FOLDER")
         folders[name] = folder
-    if queries is not None:
-        try:
-            lines = [line for line in queries.read_text(encoding="utf-8").splitlines() if line.strip()]
-        except (OSError, UnicodeDecodeError) as err:
-            raise ConfigError(f"--queries {queries}: cannot read it: {err}") from err
-        asked = []
-        for number, line in enumerate(lines, 1):
-            try:
-                asked.append(query_from_json(json.loads(line)))
-            except ValueError as err:
-                asked.append({"id": f"line {number}", "_bad": str(err)})
-    else:
+    if queries is None:
         asked = [
             query_of(
                 [*image, *(StoreImage(i) for i in image_id)],
@@ -770,42 +768,63 @@ def predict(
                 task,
             )
         ]
-    predictor = load_predictor(
-        checkpoint,
-        device,
-        step,
-        weights,
-        detector,
-        store,
-        vocab,
-        folders,
-        FetchConfig(allow_private_network=allow_private_network),
-        batch_size,
-        detector_threads,
-    )
-    k = top_k if top_k is not None else (0 if any(q.get("caption") or q.get("captions") for q in asked) else 5)
-    results = []
-    with _bar("predict", disable=queries is None) as bar:
-        job = bar.add_task("queries", total=len(asked))
-        for start in range(0, len(asked), PREDICT_CHUNK):  # the images of a chunk are kept, not all of them
-            chunk = asked[start : start + PREDICT_CHUNK]
-            answered = iter(predictor.ask([q for q in chunk if "_bad" not in q], k))
-            results += [
-                {"id": q["id"], "error": "bad query", "detail": f"not JSON: {q['_bad']}"}
-                if "_bad" in q
-                else next(answered)
-                for q in chunk
-            ]
-            bar.update(job, completed=len(results))
-    if queries is None and "error" in results[0]:
-        raise PredictError(results[0]["error"], results[0]["detail"])
-    text_out = "".join(json.dumps(r) + "\n" for r in results)
-    if out is not None:
-        atomic_write_bytes(out, text_out.encode())
-    else:
-        sys.stdout.write(text_out)
-    if show is not None:
-        picture(predictor, asked[0], results[0]).save(show)
+    outputs = [(path, flag) for path, flag in ((out, "--out"), (show, "--show")) if path is not None]
+    if out is not None and show is not None and out.resolve() == show.resolve():
+        raise ConfigError(f"--out and --show are the same file ({out}); give each its own")
+    # every input of the command is an input of its outputs: none is written over
+    inputs = [Path(checkpoint), *[Path(f) for f in folders.values()]]
+    inputs += [Path(p) for p in (queries, weights, store, vocab) if p is not None]
+    inputs += [Path(i) for i in (*image, *images) if "://" not in i]
+    if queries is not None:
+        inputs += [p for q in read_queries(queries) for p in local_images(q)]
+
+    def check(extra=()) -> None:
+        for path, flag in outputs:
+            check_output(path, "predictions", inputs=[*inputs, *extra], flag=flag, folder=False)
+            if not path.parent.is_dir():
+                raise ConfigError(f"{flag} {path}: its folder {path.parent} does not exist")
+
+    check()
+    with contextlib.ExitStack() as held:
+        for path, flag in outputs:  # a second predict writing the same file is turned away at once
+            held.enter_context(output_lock(path, "predictions"))
+        predictor = load_predictor(
+            checkpoint,
+            device,
+            step,
+            weights,
+            detector,
+            store,
+            vocab,
+            folders,
+            FetchConfig(allow_private_network=allow_private_network),
+            batch_size,
+            detector_threads,
+        )
+        check(predictor.inputs)  # the run's own inputs, now known: its store, vocab, task datasets
+        results = []
+        stream = read_queries(queries) if queries is not None else iter(asked)
+        with _bar("predict", disable=queries is None) as bar:
+            job = bar.add_task("queries", total=None)
+            while True:  # the images of a chunk are kept, not all of them
+                chunk = list(itertools.islice(stream, PREDICT_CHUNK))
+                if not chunk:
+                    break
+                answered = iter(predictor.ask([q for q in chunk if "_bad" not in q], top_k))
+                results += [
+                    {"id": q["id"], "error": "bad query", "detail": q["_bad"]} if "_bad" in q else next(answered)
+                    for q in chunk
+                ]
+                bar.update(job, completed=len(results))
+        if queries is None and "error" in results[0]:
+            raise PredictError(results[0]["error"], results[0]["detail"])
+        text_out = "".join(json.dumps(r) + "\n" for r in results)
+        if out is not None:
+            atomic_write_bytes(out, text_out.encode())
+        else:
+            sys.stdout.write(text_out)
+        if show is not None:
+            picture(predictor, asked[0], results[0]).save(show, format="PNG")
     failed = sum("error" in r for r in results)
     if failed:
         Console(stderr=True).print(f"{failed} of {len(results)} queries failed (their lines name the reason)")

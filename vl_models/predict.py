@@ -42,18 +42,20 @@ answers the others; the single-query methods raise it.
 from __future__ import annotations
 
 import copy
+import hashlib
+import json
 import logging
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Sequence, Union
+from typing import Iterator, Optional, Sequence, Union
 
 import numpy as np
 import torch
 from torch import nn
 
 from pipeline.detect.like_store import ImageInputError, ProvenanceError, StoreDetector, image_sources
-from pipeline.download.fetch import FetchConfig
+from pipeline.download.fetch import FetchConfig, redact_url
 from pipeline.errors import ConfigError, VlprepError
 from pipeline.mixture import Mixture
 from pipeline.records import RegionFeatures
@@ -80,6 +82,7 @@ log = logging.getLogger(__name__)
 PAIR_HEAD = "pair-head"  # the pretraining pair head, under the name the model's heads know it by
 TEXT_FIELDS = ("question", "statement", "expression", "caption", "text")
 KEPT_IMAGES = 64  # extracted images kept for later questions
+DEFAULT_ANSWERS = 5  # answers a question gets unless it says (rankings: every item)
 
 
 @dataclass(frozen=True)
@@ -168,13 +171,15 @@ def _id_of(query) -> dict:
     return {"id": query["id"]} if isinstance(query, dict) and "id" in query else {}
 
 
-def _cached(source) -> tuple[str, str]:
-    """The key an image is kept under: a store id, or a file or URL as given."""
-    return ("store", source.image_id) if isinstance(source, StoreImage) else ("image", str(source))
-
-
 def _kind(query: dict) -> str:
-    """The head kind a query asks for (`heads` kinds, plus ``match``)."""
+    """The head kind a query asks for (`heads` kinds, plus ``match``); one thing per query."""
+    asked = [
+        n for n in ("question", "statement", "expression", "caption", "captions", "text") if query.get(n) is not None
+    ]
+    if len(asked) > 1:
+        raise PredictError(
+            "bad query", f"ask one thing: a question, statement, expression, caption or text (got {', '.join(asked)})"
+        )
     if query.get("question") is not None:
         return "choice" if query.get("choices") is not None else "answers"
     if query.get("statement") is not None:
@@ -207,7 +212,11 @@ class Predictor:
         self.family, self.store, self.device, self.batch_size = model.family, store, device, batch_size
         self._detector_of, self._detector = detector_of, None
         self.source = source
-        self._images: OrderedDict = OrderedDict()  # source -> (image id, record, image bytes or None)
+        self.inputs: list[Path] = []  # what the predictor reads: the run, its store, vocab, task datasets
+        # ("store", id) or ("content", sha256 of the bytes) -> (image id, record, image bytes or None):
+        # an image is known by what it holds, so a file replaced at the same path is a new picture
+        self._images: OrderedDict = OrderedDict()
+        self._sources: dict[str, tuple] = {}  # a file or URL of the current batch -> its key in _images
 
     @property
     def tasks(self) -> list[str]:
@@ -233,12 +242,12 @@ class Predictor:
 
     def rank(self, caption: str, images: Sequence[ImageLike], k: Optional[int] = None, task=None) -> list[tuple]:
         """`images` ranked for `caption` (folders expanded): [(image, score)], best first."""
-        out = self._one({"caption": caption, "images": list(images), "task": task}, k or 0)
+        out = self._one({"caption": caption, "images": list(images), "task": task}, k)
         return [(r["image"], r["score"]) for r in out["ranking"]]
 
     def rank_captions(self, image: ImageLike, captions: Sequence[str], k: Optional[int] = None, task=None) -> list:
         """`captions` ranked for `image`: [(caption, score)], best first."""
-        out = self._one({"image": image, "captions": list(captions), "task": task}, k or 0)
+        out = self._one({"image": image, "captions": list(captions), "task": task}, k)
         return [(r["caption"], r["score"]) for r in out["ranking"]]
 
     def choose(
@@ -261,7 +270,7 @@ class Predictor:
         """The probability that `text` describes `image` (the pair head: alignment / matching)."""
         return self._one({"image": image, "text": text})["probability"]
 
-    def _one(self, query: dict, k: int = 5) -> dict:
+    def _one(self, query: dict, k: Optional[int] = None) -> dict:
         result = self.ask([{key: v for key, v in query.items() if v is not None}], k)[0]
         if "error" in result:
             raise PredictError(result["error"], result["detail"])
@@ -269,20 +278,23 @@ class Predictor:
 
     # -- a batch ------------------------------------------------------------------------------
 
-    def ask(self, queries: Sequence[dict], k: int = 5) -> list[dict]:
+    def ask(self, queries: Sequence[dict], k: Optional[int] = None) -> list[dict]:
         """One result per query (JSON-ready, ``task`` and the query's ``id`` when it has one):
         queries of one task share forward passes (`batch_size` examples each); a query that
-        cannot be answered gets ``error`` and ``detail`` and costs nothing else."""
+        cannot be answered gets ``error`` and ``detail`` and costs nothing else. A query's
+        ``top_k`` (or else `k`) bounds its answers (default 5) or its ranking (default all)."""
         results: list[Optional[dict]] = [None] * len(queries)
         self._trim()
+        self._sources = {}  # files and URLs are read again: one replaced since is a new picture
         asked: dict[int, tuple[str, list]] = {}
         for i, query in enumerate(queries):
             try:
                 task = self._task_of(query)
                 self._check_texts(query, self.heads[task].task)
+                _top_k(query, k)
                 asked[i] = (task, self.sources_of(query))
             except (PredictError, ImageInputError) as err:
-                results[i] = self._error(query, err.kind, err.detail)
+                results[i] = self._error(query, err.kind, _detail(err))
             except ConfigError as err:
                 results[i] = self._error(query, "bad query", str(err))
         failed = self.extract([s for _, sources in asked.values() for s in sources])  # the detector's batches
@@ -293,10 +305,14 @@ class Predictor:
                 bad = next((failed[str(s)] for s in sources if str(s) in failed), None)
                 if bad is not None:
                     raise bad
-                ready[i] = {**queries[i], "_keys": [self._image(s) for s in sources]}
+                ready[i] = {
+                    **queries[i],
+                    "_keys": [self._image(s) for s in sources],
+                    "_names": [s.image_id if isinstance(s, StoreImage) else redact_url(str(s)) for s in sources],
+                }
                 groups.setdefault(task, []).append(i)
             except ImageInputError as err:
-                results[i] = self._error(queries[i], err.kind, err.detail)
+                results[i] = self._error(queries[i], err.kind, _detail(err))
         for name, members in groups.items():
             answered = self._run(name, [ready[i] for i in members], k)
             for i, result in zip(members, answered):
@@ -339,11 +355,31 @@ class Predictor:
 
     @staticmethod
     def _check_texts(query: dict, task) -> None:
-        if isinstance(task, QA2R) and "rationales" not in query:
-            raise PredictError("bad query", f"{task.name} scores rationales: give the 4 rationales (and the answer)")
+        if isinstance(task, QA2R) and ("rationales" not in query or query.get("answer") is None):
+            raise PredictError("bad query", f"{task.name} scores rationales: give the 4 rationales and the answer")
         for name in TEXT_FIELDS:
-            if name in query and not (isinstance(query[name], str) and query[name].strip()):
+            if name in query and not isinstance(query[name], str):
+                raise PredictError("bad query", f"the {name} must be a text, not {type(query[name]).__name__}")
+            if name in query and not query[name].strip():
                 raise PredictError("empty text", f"the {name} is empty")
+        answer = query.get("answer")
+        if answer is not None:
+            if "choices" not in query or isinstance(answer, bool) or not isinstance(answer, int):
+                raise PredictError(
+                    "bad query", f"answer: the chosen answer's index (0-3) with its choices, not {answer!r}"
+                )
+            if not 0 <= answer < len(query["choices"]):
+                raise PredictError(
+                    "bad query", f"answer {answer}: an index of the {len(query['choices'])} choices (0-3)"
+                )
+        for name in (*TEXT_FIELDS, "choices", "rationales", "captions"):
+            values = query.get(name)
+            for value in values if isinstance(values, list) else [values]:
+                if isinstance(value, str):
+                    try:
+                        value.encode("utf-8")
+                    except UnicodeEncodeError:
+                        raise PredictError("bad text", f"the {name} holds a lone surrogate (not UTF-8 text)") from None
         for name, count in (("choices", 4), ("rationales", 4)):
             if name in query:
                 values = query[name]
@@ -383,21 +419,29 @@ class Predictor:
         """The store keys of the query's images (each extracted once, then kept)."""
         return [self._image(source) for source in self.sources_of(query)]
 
-    def _image(self, source) -> str:
-        cache_key = _cached(source)
-        if cache_key in self._images:
-            self._images.move_to_end(cache_key)
-            return self._images[cache_key][0]
+    def _key(self, source) -> tuple:
+        """The key `source`'s image is kept under (a file or URL is read by `extract` first)."""
         if isinstance(source, StoreImage):
-            if self.store is None or source.image_id not in self.store:
-                where = self.store.path if self.store is not None else "no store"
-                raise ImageInputError(source.image_id, "not in the store", f"{where} has no such id")
-            self._images[cache_key] = (source.image_id, self.store.get(source.image_id), None)
-        else:
+            return ("store", source.image_id)
+        if str(source) not in self._sources:
             error = self.extract([source]).get(str(source))
             if error is not None:
                 raise error
-        return self._images[cache_key][0]
+        return self._sources[str(source)]
+
+    def _image(self, source) -> str:
+        cache_key = self._key(source)
+        if cache_key[0] == "content":
+            self._images.move_to_end(cache_key)
+            return self._images[cache_key][0]
+        if cache_key in self._images:
+            self._images.move_to_end(cache_key)
+            return self._images[cache_key][0]
+        if self.store is None or source.image_id not in self.store:
+            where = self.store.path if self.store is not None else "no store"
+            raise ImageInputError(source.image_id, "not in the store", f"{where} has no such id")
+        self._images[cache_key] = (source.image_id, self.store.get(source.image_id), None)
+        return source.image_id
 
     def _trim(self) -> None:
         """Forget the images asked about longest ago beyond `KEPT_IMAGES` (between batches only:
@@ -406,30 +450,54 @@ class Predictor:
             self._images.popitem(last=False)
 
     def extract(self, sources: Sequence) -> dict[str, ImageInputError]:
-        """Read and extract the new images among `sources` at once (the detector's batches), so
-        that questions about them find them ready; returns the ones that could not be used, by
-        source, with their errors."""
-        new = (str(s) for s in sources if not isinstance(s, StoreImage) and _cached(s) not in self._images)
-        todo = list(dict.fromkeys(new))
+        """Read the files and URLs among `sources` (each once per batch: a file replaced since an
+        earlier batch is read anew), and extract the pictures not seen before at once (the
+        detector's batches; an image the detector fails on fails alone), so that questions about
+        them find them ready; returns the ones that could not be used, by source, with their
+        errors."""
+        todo = list(dict.fromkeys(str(s) for s in sources if not isinstance(s, StoreImage)))
+        todo = [source for source in todo if source not in self._sources]
         if not todo:
             return {}
         if self._detector is None:
             self._detector = self._detector_of()
-        loaded, failed = [], {}
+        fresh, failed = {}, {}
         for source in todo:
             try:
-                loaded.append((source, self._detector.load(source)))
+                data = self._detector.read(source)
+                key = ("content", hashlib.sha256(data).hexdigest())
+                if key not in self._images and key not in fresh:
+                    fresh[key] = (source, self._detector.load(source, data))
+                self._sources[source] = key
             except ImageInputError as err:
                 failed[source] = err
-        records = self._detector.extract([image for _, image in loaded])
-        for (source, image), record in zip(loaded, records):
-            self._images[_cached(source)] = (image.image_id, record, image.data)
+        for key, (source, image), record in zip(fresh, fresh.values(), self._extract_each(list(fresh.values()))):
+            if isinstance(record, ImageInputError):
+                failed[source] = record
+                self._sources = {s: k for s, k in self._sources.items() if k != key}
+            else:
+                self._images[key] = (image.image_id, record, image.data)
         return failed
+
+    def _extract_each(self, loaded: list) -> list:
+        """The records of `loaded` (source, image) pairs in the detector's batches; where a batch
+        fails, its images one by one, and an image that fails alone gets its error (an image of
+        extreme aspect ratio, say, whose feature map has no pixel)."""
+        try:
+            return self._detector.extract([image for _, image in loaded])
+        except Exception:
+            if len(loaded) == 1:
+                source, image = loaded[0]
+                try:
+                    return self._detector.extract([image])
+                except Exception as err:  # the detector on this image: its error, not the batch's
+                    return [ImageInputError(image.image_id, "extract error", f"{type(err).__name__}: {err}")]
+            return [record for item in loaded for record in self._extract_each([item])]
 
     def image(self, source) -> tuple[str, RegionFeatures, Optional[bytes]]:
         """(id, regions, bytes as decoded) of an image asked about (`--show`)."""
         self._image(source)
-        return self._images[_cached(source)]
+        return self._images[self._key(source)]
 
     def _records(self) -> _Records:
         layout = self.store.layout if self.store is not None else None
@@ -449,20 +517,25 @@ class Predictor:
             train=False,
         )
 
-    def _run(self, name: str, queries: list[dict], k: int) -> list[dict]:
+    def _run(self, name: str, queries: list[dict], k: Optional[int]) -> list[dict]:
         head = self.heads[name]
         task = head.task
+        ks = [_top_k(q, k) for q in queries]
         if task.head == "retrieval":
-            return [self._rank(name, head, q, k) for q in queries]
+            return [self._rank(name, head, q, own) for q, own in zip(queries, ks)]
+        ks = [own or DEFAULT_ANSWERS for own in ks]
         rows = [self._row(q, task) for q in queries]
         view = self._view(head, rows)
         module = self.model.heads[name]
-        predictions = predict(self.model, view, self.device, self.batch_size, readout=_readout(task.head, module, k))
+        readout = _readout(task.head, module, max(ks))
+        predictions = predict(self.model, view, self.device, self.batch_size, readout=readout)
         values, out = predictions.values, [dict() for _ in rows]
         for e, index in enumerate(values["index"]):
             row, answer = task.example_of(view, int(index))
             _describe(task.head, out[row], {key: v[e] for key, v in values.items()}, head.answers, answer)
-        for result, query in zip(out, queries):
+        for result, query, own in zip(out, queries, ks):
+            if "top_k" in result:
+                result["top_k"] = result["top_k"][:own]
             if task.head == "choice" and "rationales" not in query:
                 result.pop("rationale_probabilities", None)  # the joint head's QA->R examples on no rationales
             chosen = result.get("answer", query.get("answer"))
@@ -485,7 +558,7 @@ class Predictor:
                 row["label"] = int(query["answer"])
         return row
 
-    def _rank(self, name: str, head: _Head, query: dict, k: int) -> dict:
+    def _rank(self, name: str, head: _Head, query: dict, k: Optional[int]) -> dict:
         keys = query["_keys"]
         if query.get("caption") is not None:
             texts, images = [query["caption"]], keys
@@ -501,11 +574,26 @@ class Predictor:
             return {**result, "probability": float(torch.sigmoid(torch.tensor(logit))), "logit": logit}
         if query.get("caption") is not None:
             order = np.argsort(-scores[0], kind="stable")
-            ranking = [{"image": images[j], "score": float(scores[0, j])} for j in order]
+            ranking = [{"image": query["_names"][j], "score": float(scores[0, j])} for j in order]
         else:
             order = np.argsort(-scores[:, 0], kind="stable")
             ranking = [{"caption": texts[j], "score": float(scores[j, 0])} for j in order]
         return {**result, "ranking": ranking[:k] if k else ranking}
+
+
+def _detail(err: Union[PredictError, ImageInputError]) -> str:
+    """An error's detail, naming the image where it is about one."""
+    image = getattr(err, "image", None)
+    return f"{image}: {err.detail}" if image and not str(err.detail).startswith(str(image)) else err.detail
+
+
+def _top_k(query: dict, k: Optional[int]) -> Optional[int]:
+    """How many answers or ranked items a query gets: its ``top_k``, else `k` (None: the kind's
+    default). PredictError for one below 1."""
+    value = query.get("top_k", k)
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise PredictError("bad query", f"top_k must be an integer >= 1, not {value!r}")
+    return value
 
 
 def _readout(kind: str, head: nn.Module, k: int):
@@ -569,8 +657,9 @@ def load_predictor(
     run's recorded one is not there (its answer table)."""
     device = resolve_device(device, distributed.world()[2])
     path = Path(source)
-    if not (path.exists() or path.is_symlink()):
-        raise ConfigError(f"--checkpoint {source} does not exist")
+    if not path.exists():  # a broken symbolic link, or a loop of them, too
+        link = " (a symbolic link to nothing, or a loop of links)" if path.is_symlink() else ""
+        raise ConfigError(f"--checkpoint {source} does not exist{link}")
     ckpt = checkpoint.resolve(path, step, role="--checkpoint")
     state = checkpoint.load(ckpt, "--checkpoint")
     run = state.get("run")
@@ -584,6 +673,12 @@ def load_predictor(
         _check_same_detector(store_path, train.get("stores") or ())
     vocab_path = Path(vocab or _recorded(train.get("vocab"), "vocab", "--vocab"))
     heads: dict[str, _Head] = {}
+    unknown = sorted(set(task_data or {}) - set(run.get("tasks") or ()))
+    if unknown:
+        raise ConfigError(
+            f"--task-data {', '.join(unknown)}: {source} has no such head "
+            f"(its heads: {', '.join(run.get('tasks') or ()) or 'none: a pretraining run'})"
+        )
     if is_finetuned(run):
         tasks = [transfer.get(name) for name in run["tasks"]]
         folders = dict(zip(run["tasks"], train.get("task_data") or ()))
@@ -608,7 +703,10 @@ def load_predictor(
             heads[VQA.name] = _Head(VQA, Mixture.open(mixture).answers, settings, zero_shot=True)
         model = TransferModel(family, backbone, modules)
     opened = FeatureStore.open(store_path, dtype="float32") if store_path.exists() else None
-    return Predictor(
+    inputs = [Path(source), store_path, vocab_path, *(h.path for h in heads.values() if h.path is not None)]
+    if weights is not None:
+        inputs.append(Path(weights))
+    predictor = Predictor(
         model,
         heads,
         WordPiece(vocab_path),
@@ -618,6 +716,8 @@ def load_predictor(
         batch_size,
         str(source),
     )
+    predictor.inputs = inputs
+    return predictor
 
 
 class _Table:
@@ -731,6 +831,57 @@ def _only(images: Sequence[ImageLike]) -> ImageLike:
     if len(images) != 1:
         raise ConfigError(f"--image: this asks about one image, not {len(images)}")
     return images[0]
+
+
+MAX_QUERY_LINE = 1 << 20  # bytes of one --queries line (a question is a few hundred)
+
+
+def read_queries(path: Path) -> Iterator[dict]:
+    """The queries of a ``--queries`` JSON-lines file, streamed (never the whole file in memory):
+    each line's query (`query_from_json`), or, for a line that cannot be one, ``{"id": "line N",
+    "_bad": why}`` (longer than `MAX_QUERY_LINE`, not UTF-8, not JSON, nested too deep). A
+    UTF-8 byte-order mark before the first line is skipped. ConfigError when the file cannot
+    be read at all."""
+    try:
+        handle = open(path, "rb")
+    except OSError as err:
+        raise ConfigError(f"--queries {path}: cannot read it: {err.strerror}") from err
+    with handle:
+        number = 0
+        while True:
+            line = handle.readline(MAX_QUERY_LINE + 1)
+            if not line:
+                return
+            number += 1
+            if len(line) > MAX_QUERY_LINE and not line.endswith(b"\n"):
+                while line and not line.endswith(b"\n"):  # skip the rest of the line, a bounded read at a time
+                    line = handle.readline(MAX_QUERY_LINE)
+                yield {"id": f"line {number}", "_bad": f"longer than {MAX_QUERY_LINE:,} bytes"}
+                continue
+            if number == 1 and line.startswith(b"\xef\xbb\xbf"):
+                line = line[3:]
+            if not line.strip():
+                continue
+            try:
+                text = line.decode("utf-8")
+            except UnicodeDecodeError as err:
+                yield {"id": f"line {number}", "_bad": f"not UTF-8 ({err.reason} at byte {err.start})"}
+                continue
+            try:
+                yield query_from_json(json.loads(text))
+            except RecursionError:
+                yield {"id": f"line {number}", "_bad": "JSON nested too deep"}
+            except ValueError as err:  # JSONDecodeError, or a PredictError of a line that is no query
+                yield {
+                    "id": f"line {number}",
+                    "_bad": f"not JSON: {err}" if isinstance(err, json.JSONDecodeError) else str(err),
+                }
+
+
+def local_images(query: dict) -> list[Path]:
+    """The local files a query names (not URLs, not store ids): what an output must not replace."""
+    named = [query.get("image"), *(query.get("images") if isinstance(query.get("images"), list) else [])]
+    return [Path(n) for n in named if isinstance(n, str) and n and "://" not in n]
 
 
 def query_from_json(obj) -> dict:

@@ -30,6 +30,7 @@ the decoder's reason names: ``too large``, ``private address``, ``decode error``
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Optional, Sequence, Union
@@ -51,6 +52,7 @@ from pipeline.store.columns import as_stored
 log = logging.getLogger(__name__)
 
 URL_SCHEMES = ("http://", "https://")
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")  # a URL of any scheme
 
 
 class ImageInputError(VlprepError, ValueError):
@@ -87,13 +89,19 @@ def image_sources(sources: Iterable[Union[str, Path]]) -> list[str]:
         if text.lower().startswith(URL_SCHEMES):
             out.append(text)
             continue
+        if _SCHEME.match(text):  # ftp://, file://, ...: the downloader's reason
+            raise ImageInputError(redact_url(text), "unsupported scheme", f"{text.split(':', 1)[0]}: only http(s) URLs")
         path = Path(text)
-        if path.is_dir():
+        try:
+            is_dir, exists = path.is_dir(), path.exists()
+        except (OSError, ValueError) as err:  # a name too long, a NUL byte
+            raise ImageInputError(text[:200], "file error", getattr(err, "strerror", None) or str(err)) from None
+        if is_dir:
             files = [str(p) for p in image_files(path)]
             if not files:
                 raise ImageInputError(text, "no images", "the folder holds no image files")
             out += files
-        elif path.exists():
+        elif exists:
             out.append(text)
         else:
             raise ImageInputError(text, "file not found", "no such file or folder")
@@ -105,7 +113,13 @@ def read_bytes(source: str, fetch_cfg: FetchConfig = FetchConfig()) -> bytes:
     ``fetch_cfg.max_bytes``; URLs: private networks refused unless allowed, redirects,
     deadline); `ImageInputError` with the downloader's reason otherwise."""
     url = source.lower().startswith(URL_SCHEMES)
-    if not url and Path(source).is_dir():
+    if not url and _SCHEME.match(source):
+        raise ImageInputError(redact_url(source), "unsupported scheme", f"{source.split(':', 1)[0]}: only http(s) URLs")
+    try:
+        folder = not url and Path(source).is_dir()
+    except (OSError, ValueError) as err:  # a name too long, a NUL byte
+        raise ImageInputError(source[:200], "file error", getattr(err, "strerror", None) or str(err)) from None
+    if folder:
         raise ImageInputError(source, "a folder", "one image is asked for here, not a folder of them")
     try:
         return (fetch(source, fetch_cfg, HostLimiter(1)) if url else read_local(source, fetch_cfg.max_bytes)).data
@@ -225,9 +239,14 @@ class StoreDetector:
         threads = threads or max(1, int(run.get("actor_cpus") or 1))
         return cls(extractor, opened, normalize, int(run.get("batch_size") or 1), threads, fetch_cfg)
 
-    def load(self, source: str) -> Image:
-        """One image (a file or URL) read and decoded as the store's run would have."""
-        data = read_bytes(source, self.fetch_cfg)
+    def read(self, source: str) -> bytes:
+        """The bytes of one image (a file or URL) as `load` reads them."""
+        return read_bytes(source, self.fetch_cfg)
+
+    def load(self, source: str, data: Optional[bytes] = None) -> Image:
+        """One image (a file or URL; its bytes `data` when already `read`) read and decoded as
+        the store's run would have."""
+        data = self.read(source) if data is None else data
         image_id = redact_url(source)
         try:
             if self.normalize is not None:

@@ -16,6 +16,7 @@ import torch
 
 from pipeline.detect.backends.base import LoadReport
 from pipeline.errors import ConfigError
+from pipeline.state_dicts import mismatch
 
 log = logging.getLogger(__name__)
 NORM_STATS = (".norm.running_mean", ".norm.running_var")
@@ -30,24 +31,10 @@ def strict_state(
     for key in [k for k in tensors if k.endswith(".num_batches_tracked")]:
         report.dropped.append(key)
         del tensors[key]
-    missing = [k for k in expected if k not in tensors]
-    identity = [k for k in missing if k.endswith(NORM_STATS)]
-    missing = [k for k in missing if k not in identity]
-    unexpected = [k for k in tensors if k not in expected]
-    misshaped = [
-        f"{k}: file {tuple(tensors[k].shape)}, model {tuple(expected[k].shape)}"
-        for k in tensors
-        if k in expected and tensors[k].shape != expected[k].shape
-    ]
-    if missing or unexpected or misshaped:
-        lines = []
-        for title, keys in (("missing", missing), ("unexpected", unexpected), ("misshaped", misshaped)):
-            if keys:
-                shown = ", ".join(keys[:12]) + (f" ... ({len(keys)} in all)" if len(keys) > 12 else "")
-                lines.append(f"{title}: {shown}")
-        raise ConfigError(
-            f"{path} ({report.layout}) does not match detector config {config!r}:\n  " + "\n  ".join(lines)
-        )
+    identity = [k for k in expected if k not in tensors and k.endswith(NORM_STATS)]
+    problems = mismatch({k: v for k, v in expected.items() if k not in identity}, tensors)
+    if problems:
+        raise ConfigError(f"{path} ({report.layout}) does not match detector config {config!r}: {problems}")
     state = {k: v.to(expected[k].dtype) for k, v in tensors.items()}
     for key in identity:
         state[key] = torch.zeros_like(expected[key]) if key.endswith("running_mean") else torch.ones_like(expected[key])

@@ -20,10 +20,12 @@ from __future__ import annotations
 import functools
 import http.client
 import ipaddress
+import os
 import random
 import re
 import socket
 import ssl
+import stat
 import threading
 import time
 from contextlib import contextmanager
@@ -364,14 +366,34 @@ def read_local(path: str, max_bytes: int) -> Fetched:
     """A local image file read under the same size cap as a download; `FetchError` with the
     same reason names (``file not found``, ``file error``, ``too large``)."""
     try:
-        with open(path, "rb") as f:
-            data = f.read(max_bytes + 1)
+        # Non-blocking: opening a FIFO for reading would wait for a writer for ever; it is
+        # refused below, as every file that is not a regular one (a device, a socket).
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except FileNotFoundError as err:
         raise FetchError("file not found", path) from err
     except OSError as err:
         raise FetchError("file error", f"{path}: {err.strerror}") from err
     except ValueError as err:  # a NUL byte in the path
         raise FetchError("file error", f"{path!r}: {err}") from err
+    try:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):
+            raise FetchError("file error", f"{path}: a folder, not a file")
+        if not stat.S_ISREG(mode):
+            raise FetchError("file error", f"{path}: not a regular file (a pipe, a device or a socket)")
+        os.set_blocking(fd, True)
+        chunks, left = [], max_bytes + 1
+        while left > 0:
+            chunk = os.read(fd, min(left, 1 << 20))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        data = b"".join(chunks)
+    except OSError as err:
+        raise FetchError("file error", f"{path}: {err.strerror}") from err
+    finally:
+        os.close(fd)
     if len(data) > max_bytes:
         raise FetchError("too large", f"{path} is larger than {max_bytes:,} bytes")
     return Fetched(data, path, 0, "", 1)

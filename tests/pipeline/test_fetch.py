@@ -239,3 +239,22 @@ def test_fetch_config_normalizes_and_round_trips():
     cfg = FetchConfig(disallowed_directives=(" NoAI", "", "noimageai "), allowed_networks=("10.1.2.3/8",))
     assert cfg.disallowed_directives == ("noai", "noimageai") and cfg.allowed_networks == ("10.0.0.0/8",)
     assert FetchConfig.from_json(cfg.to_json()) == cfg
+
+
+def test_a_local_image_that_is_a_pipe_or_a_device_is_a_file_error_not_a_hang(tmp_path):
+    """Opening a FIFO for reading waits for a writer for ever: it is never opened as one. A
+    device, a socket and a folder are refused alike; a regular file is read."""
+    import os
+
+    from pipeline.download.fetch import FetchError, read_local
+
+    fifo = tmp_path / "fifo.jpg"
+    os.mkfifo(fifo)
+    for path, words in ((fifo, "not a regular file"), ("/dev/zero", "not a regular file"), (tmp_path, "a folder")):
+        with pytest.raises(FetchError, match=words) as err:
+            read_local(str(path), 1000)
+        assert err.value.kind == "file error"
+    (tmp_path / "x.jpg").write_bytes(b"0" * 10)
+    assert read_local(str(tmp_path / "x.jpg"), 1000).data == b"0" * 10
+    with pytest.raises(FetchError, match="larger than 5 bytes"):
+        read_local(str(tmp_path / "x.jpg"), 5)

@@ -270,3 +270,27 @@ def test_stale_temporary_files_are_only_ours(tmp_path):
     assert remove_stale_tmp(tmp_path) == sorted(ours)
     assert sorted(p.name for p in tmp_path.iterdir()) == [".tmp-draft.txt", ".tmp-notes"]
     assert (tmp_path / ".tmp-notes" / "todo.txt").read_text() == "mine"
+
+
+def test_a_file_output_is_never_a_device_a_pipe_or_a_socket(tmp_path):
+    """An atomic write renames over its target: onto /dev/null (as root) or a FIFO it would
+    replace the node with a regular file. Outputs are regular files or new names."""
+    import os
+    import socket
+
+    from pipeline.io import check_output
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    sock = tmp_path / "sock"
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(str(sock))
+    try:
+        for node in (fifo, sock, Path("/dev/null")):
+            with pytest.raises(ConfigError, match="is not a regular file"):
+                check_output(node, "predictions", flag="--out", folder=False)
+    finally:
+        server.close()
+    check_output(tmp_path / "new.jsonl", "predictions", flag="--out", folder=False)
+    (tmp_path / "old.jsonl").write_text("x")
+    check_output(tmp_path / "old.jsonl", "predictions", flag="--out", folder=False)

@@ -321,3 +321,198 @@ def test_the_command_line_writes_json_lines_a_picture_and_exits_2_on_bad_input(s
     assert proc.returncode == 2 and "empty text" in proc.stderr
     proc = run_vltrain("predict", "--checkpoint", run, "--image", str(tmp_path / "x.jpg"), "--question", "what?")
     assert proc.returncode == 2 and "file not found" in proc.stderr
+
+
+# -- hostile and careless use (round 3) -----------------------------------------------------------
+
+
+def _predict(shapes, *args, **kw):
+    return run_vltrain("predict", "--checkpoint", shapes / "finetuned", *map(str, args), **kw)
+
+
+def test_predict_never_writes_over_its_inputs_or_a_device(shapes, tmp_path):
+    """--out and --show are outputs: never the queries file, the image asked about, the run's
+    store or vocab, a device, a pipe or a file in a folder that does not exist; refused (exit 2)
+    before any work, the file untouched."""
+    import os
+
+    image = tmp_path / "scene.jpg"
+    image.write_bytes(Path(image_file(shapes / "world", "cc3m-val-00000000")).read_bytes())
+    queries = tmp_path / "q.jsonl"
+    queries.write_text(json.dumps({"image": str(image), "question": "what color is the cube?"}) + "\n")
+    before = {p: p.read_bytes() for p in (image, queries)}
+    run = json.loads((shapes / "finetuned" / "config.json").read_text())["train"]
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    cases = [
+        (["--queries", queries, "--out", queries], "overlaps the input"),
+        (["--queries", queries, "--out", image], "overlaps the input"),
+        (["--image", image, "--question", "what?", "--show", image.with_suffix(".png"), "--out", image], "overlaps"),
+        (["--image", image, "--question", "what?", "--out", Path(run["stores"][0]) / "manifest.json"], "overlaps"),
+        (["--image", image, "--question", "what?", "--out", run["vocab"]], "overlaps the input"),
+        (["--image", image, "--question", "what?", "--out", fifo], "is not a regular file"),
+        (["--image", image, "--question", "what?", "--out", "/dev/null"], "is not a regular file"),
+        (["--image", image, "--question", "what?", "--out", tmp_path / "no" / "a.jsonl"], "does not exist"),
+        (["--image", image, "--question", "what?", "--show", tmp_path / "box.jpg"], "the picture is a PNG"),
+        (["--image", image, "--question", "what?", "--show", tmp_path / "box"], "the picture is a PNG"),
+        (["--image", image, "--question", "what?", "--batch-size", "0"], "--batch-size must be >= 1"),
+        (["--image", image, "--question", "what?", "--batch-size", "-1"], "--batch-size must be >= 1"),
+        (["--image", image, "--question", "what?", "--detector-threads", "-1"], "--detector-threads must be >= 1"),
+        (["--image", image, "--question", "what?", "--top-k", "0"], "--top-k must be >= 1"),
+        (["--image", image, "--question", "what?", "--task-data", "foo=bar"], "--task-data foo: "),
+    ]
+    for args, words in cases:
+        proc = _predict(shapes, *args)
+        text = " ".join(proc.stderr.split())
+        assert proc.returncode == 2 and words in text and "Traceback" not in proc.stderr, (args, proc.stderr[-1500:])
+        assert text.count("error:") == 1, proc.stderr
+    assert {p: p.read_bytes() for p in before} == before and stat_is_fifo(fifo)
+
+
+def stat_is_fifo(path) -> bool:
+    import stat
+
+    return stat.S_ISFIFO(path.stat().st_mode)
+
+
+def test_two_predicts_writing_one_file_turn_the_second_away(shapes, tmp_path):
+    from pipeline.io import output_lock
+
+    image = image_file(shapes / "world", "cc3m-val-00000000")
+    out = tmp_path / "answers.jsonl"
+    with output_lock(out, "predictions"):  # the first run, still writing
+        proc = _predict(shapes, "--image", image, "--question", "what?", "--out", out)
+    assert proc.returncode == 75 and "another process" in proc.stderr and not out.exists()
+
+
+def test_one_hostile_query_line_costs_only_its_query(shapes, tmp_path):
+    """Each of these is its line's named error and the good lines are answered: a pipe as the
+    image (never opened: no hang), an image of 1000 x 3 pixels (no pixel of feature map), an
+    undecodable image (named), a 300-character file name, a lone surrogate, a Latin-1 byte, JSON
+    nested 100,000 deep, a line over the bound, a question and an expression at once, a
+    question that is a number, ftp:// and file:// URLs. A BOM before the first line is skipped."""
+    import os
+
+    from PIL import Image
+
+    good = image_file(shapes / "world", "cc3m-val-00000000")
+    fifo = tmp_path / "pipe.jpg"
+    os.mkfifo(fifo)
+    Image.new("RGB", (1000, 3), (200, 10, 10)).save(tmp_path / "strip.png")
+    (tmp_path / "broken.jpg").write_bytes(b"\xff\xd8\xff" + b"not a jpeg" * 10)
+    q = "what color is the cube?"
+    lines = [
+        json.dumps({"id": "good", "image": good, "question": q}),
+        json.dumps({"id": "pipe", "image": str(fifo), "question": q}),
+        json.dumps({"id": "strip", "image": str(tmp_path / "strip.png"), "question": q}),
+        json.dumps({"id": "pair", "images": [good, str(tmp_path / "broken.jpg")], "statement": "two balls"}),
+        json.dumps({"id": "long name", "image": str(tmp_path / ("x" * 300 + ".jpg")), "question": q}),
+        '{"id": "surrogate", "image": "' + good + '", "question": "what \\ud800?"}',
+        json.dumps({"id": "both", "image": good, "question": q, "expression": "the ball"}),
+        json.dumps({"id": "number", "image": good, "question": 5}),
+        json.dumps({"id": "ftp", "image": "ftp://example.com/a.jpg", "question": q}),
+        json.dumps({"id": "file", "image": "file:///etc/passwd", "question": q}),
+        "[" * 100_000 + "]" * 100_000,
+        json.dumps({"id": "huge", "image": good, "question": "x" * (1 << 21)}),
+        json.dumps({"id": "good too", "image": good, "question": q}),
+    ]
+    data = b"\xef\xbb\xbf" + "\n".join(lines).encode("utf-8", "surrogatepass") + b"\n"
+    data += b'{"id": "latin1", "question": "caf\xe9"}\n'
+    queries = tmp_path / "q.jsonl"
+    queries.write_bytes(data)
+    proc = _predict(shapes, "--queries", queries, "--out", tmp_path / "out.jsonl", timeout=240)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    results = [json.loads(x) for x in (tmp_path / "out.jsonl").read_text().splitlines()]
+    by_id = {r.get("id"): r for r in results}
+    assert "answer" in by_id["good"] and "answer" in by_id["good too"]
+    assert by_id["pipe"]["error"] == "file error" and "not a regular file" in by_id["pipe"]["detail"]
+    assert by_id["strip"]["error"] == "extract error" and "strip.png" in by_id["strip"]["detail"]
+    assert by_id["pair"]["error"] == "decode error" and "broken.jpg" in by_id["pair"]["detail"]
+    assert by_id["long name"]["error"] in ("file error", "file not found")
+    assert by_id["surrogate"]["error"] == "bad text"
+    assert by_id["both"]["error"] == "bad query" and "ask one thing" in by_id["both"]["detail"]
+    assert by_id["number"]["error"] == "bad query" and "must be a text, not int" in by_id["number"]["detail"]
+    assert by_id["ftp"]["error"] == by_id["file"]["error"] == "unsupported scheme"
+    assert by_id["line 11"]["error"] == "bad query" and "nested too deep" in by_id["line 11"]["detail"]
+    assert by_id["line 12"]["error"] == "bad query" and "longer than" in by_id["line 12"]["detail"]
+    assert by_id["line 14"]["error"] == "bad query" and "not UTF-8" in by_id["line 14"]["detail"]
+    assert len(results) == 14
+
+
+def test_a_long_text_is_cut_before_it_is_tokenized(shapes, predictor):
+    """A 10 MB question costs what its first words cost (it was tokenized whole: 27 s and 1.5 GB)."""
+    import time
+
+    good = image_file(shapes / "world", "cc3m-val-00000000")
+    predictor.answer(good, "what color is the cube?")  # the image extracted, the model warm
+    started = time.perf_counter()
+    long_one = predictor.answer(good, "what color is the cube? " * 400_000)
+    assert time.perf_counter() - started < 5
+    assert long_one == predictor.answer(good, "what color is the cube? " * 40)
+
+
+def test_each_query_keeps_its_own_top_k(shapes, predictor):
+    """A ranking in a batch no longer shrinks every question's answers to 1; a query's own
+    ``top_k`` wins; below 1 is refused (Python slicing would cut from the end)."""
+    world = shapes / "world"
+    good = image_file(world, "cc3m-val-00000000")
+    results = predictor.ask(
+        [
+            {"image": good, "question": "what color is the cube?"},
+            {"caption": "a red ball", "images": [str(world / "images")]},
+            {"image": good, "question": "what color is the cube?", "top_k": 2},
+            {"caption": "a red ball", "images": [str(world / "images")], "top_k": 3},
+            {"image": good, "question": "what?", "top_k": 0},
+        ]
+    )
+    assert len(results[0]["top_k"]) == 5 and len(results[1]["ranking"]) == 16
+    assert len(results[2]["top_k"]) == 2 and len(results[3]["ranking"]) == 3
+    assert results[4]["error"] == "bad query" and "top_k must be an integer >= 1" in results[4]["detail"]
+
+
+def test_vcr_answer_is_checked_and_honoured(shapes, predictor):
+    good = image_file(shapes / "world", "cc3m-val-00000000")
+    base = {"image": good, "question": "what is red?", "choices": ["a", "b", "c", "d"], "rationales": list("wxyz")}
+    results = predictor.ask([{**base, "answer": a} for a in (7, -1, True, 2)], 5)
+    assert [r.get("error") for r in results[:3]] == ["bad query"] * 3
+    chosen = results[3]
+    assert chosen["rationale"] == int(np.argmax(chosen["rationale_probabilities"][2]))
+
+
+def test_an_image_replaced_at_its_path_is_a_new_picture(shapes, predictor, tmp_path):
+    world = shapes / "world"
+    path = tmp_path / "photo.jpg"
+    path.write_bytes(Path(image_file(world, "cc3m-val-00000000")).read_bytes())
+    first = predictor.answer(str(path), "what color is the cube?")
+    before = predictor.image(str(path))[1].features.copy()
+    path.write_bytes(Path(image_file(world, "cc3m-val-00000001")).read_bytes())  # a new snapshot, same path
+    predictor.answer(str(path), "what color is the cube?")
+    after = predictor.image(str(path))[1].features
+    assert not np.array_equal(before, after)
+    path.write_bytes(Path(image_file(world, "cc3m-val-00000000")).read_bytes())
+    assert predictor.answer(str(path), "what color is the cube?") == first
+
+
+def test_a_checkpoint_link_to_nothing_does_not_exist(shapes, tmp_path):
+    image = image_file(shapes / "world", "cc3m-val-00000000")
+    (tmp_path / "dangling").symlink_to(tmp_path / "gone")
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    for link in ("dangling", "loop"):
+        proc = run_vltrain("predict", "--checkpoint", tmp_path / link, "--image", image, "--question", "what?")
+        assert proc.returncode == 2 and "does not exist (a symbolic link to nothing" in " ".join(proc.stderr.split())
+
+
+def test_show_writes_a_png(shapes, tmp_path):
+    image = image_file(shapes / "world", "cc3m-val-00000000")
+    proc = _predict(shapes, "--image", image, "--expression", "the red ball", "--show", tmp_path / "box.PNG")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert (tmp_path / "box.PNG").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_text_that_is_no_utf8_on_the_command_line_is_named(shapes):
+    """A Latin-1 byte in argv reaches Python as a lone surrogate (surrogateescape): one error line."""
+    image = image_file(shapes / "world", "cc3m-val-00000000")
+    proc = run_vltrain(
+        "predict", "--checkpoint", shapes / "finetuned", "--image", image, "--question", "caf\udce9?", fresh=True
+    )
+    assert proc.returncode == 2 and "bad text" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-2000:]

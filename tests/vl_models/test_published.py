@@ -6,6 +6,7 @@ published checkpoint starts `vltrain finetune --init`."""
 
 import importlib.util
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -299,3 +300,62 @@ def test_airsplay_snapshots_give_the_reference_codes_logits(task, tmp_path):
     with torch.no_grad():
         ours = model(task, batch)
     assert (ours - torch.tensor(case["logits"])).abs().max() <= 1e-4
+
+
+def test_a_damaged_published_folder_is_one_named_error(world, hf_vqa, tmp_path):
+    """A published folder of a careless download or a hostile source: non-finite weights, a
+    NaN epsilon, a config.json that is no JSON object or has impossible sizes (refused before
+    any tensor is made of them), an empty, truncated or random model.safetensors. Each is
+    one `error:` line, exit 2, through `vltrain evaluate` as a user meets it."""
+    folder, hf = hf_vqa
+    config = json.loads((folder / "config.json").read_text())
+
+    def copy(name: str, weights: bytes | None = None, cfg=None) -> Path:
+        target = tmp_path / name
+        target.mkdir()
+        (target / "model.safetensors").write_bytes(
+            (folder / "model.safetensors").read_bytes() if weights is None else weights
+        )
+        (target / "config.json").write_text(cfg if isinstance(cfg, str) else json.dumps(cfg or config))
+        return target
+
+    from safetensors.torch import save_file
+
+    state = {k: v.clone().contiguous() for k, v in hf.state_dict().items()}
+    state["lxmert.encoder.layer.0.output.dense.weight"][0, 0] = float("nan")
+    nan_weights = tmp_path / "nan.safetensors"
+    save_file(state, str(nan_weights))
+    good = (folder / "model.safetensors").read_bytes()
+    cases = [
+        (copy("nan", nan_weights.read_bytes()), "hold NaN or infinite values"),
+        (copy("eps", cfg={**config, "layer_norm_eps": float("nan")}), "layer_norm_eps: a finite number"),
+        (copy("notjson", cfg="{not json"), "not a readable JSON config"),
+        (copy("list", cfg="[1, 2]"), "a model config is a JSON object, not a list"),
+        (copy("text", cfg={**config, "hidden_size": "32"}), "hidden_size: an integer, not '32'"),
+        (copy("negative", cfg={**config, "hidden_size": -32}), "hidden_size -32: out of range"),
+        (copy("huge", cfg={**config, "hidden_size": 10**9}), "hidden_size 1000000000: out of range"),
+        (copy("heads", cfg={**config, "num_attention_heads": 0}), "num_attention_heads 0: out of range"),
+        (copy("empty", b""), "not a readable safetensors file"),
+        (copy("truncated", good[: len(good) // 2]), "not a readable safetensors file"),
+        (copy("random", bytes(range(256)) * 64), "not a readable safetensors file"),
+    ]
+    for source, words in cases:
+        proc = run_vltrain(
+            "evaluate", "--task", "vqa", "--checkpoint", source, "--data", world / "vqa", "--split", "val",
+            "--shards", world / "feats", "--out", tmp_path / f"eval-{source.name}",
+        )  # fmt: skip
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, (source.name, proc.stderr[-2000:])
+        assert words in " ".join(proc.stderr.split()), (source.name, proc.stderr[-2000:])
+        assert not (tmp_path / f"eval-{source.name}").exists()
+
+
+def test_a_strict_load_refusal_is_one_line(world, hf_vqa, tmp_path):
+    folder, hf = hf_vqa
+    state = _airsplay_state(hf)
+    key = "lxrt_encoder.model.module.bert.encoder.x_layers.0.visual_attention.att.query.weight"
+    torch.save({k: v for k, v in state.items() if k != key}, tmp_path / "broken.pth")
+    with pytest.raises(ConfigError) as err:
+        read_published(str(tmp_path / "broken.pth"), _tiny_config(world, tmp_path)).transfer_model(
+            transfer.get("vqa"), len(TaskData.open(world / "vqa").answers)
+        )
+    assert "\n" not in str(err.value) and "missing: encoder.x_layers.0" in str(err.value)

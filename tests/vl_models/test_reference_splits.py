@@ -186,7 +186,7 @@ def test_lxmert_minival_and_nominival_from_its_minival_json(vqa_splits, tmp_path
     assert lx.manifest["minival"]["matched"] == 20 and lx.manifest["minival"]["malformed"] == 1
     assert lx.manifest["splits"]["minival"] == 20 and "minval-lxmert" not in lx.manifest["splits"]
     (tmp_path / "other.json").write_text(json.dumps([{"question_id": 5}]))
-    with pytest.raises(ConfigError, match="none of its 1 question ids is a row"):
+    with pytest.raises(ConfigError, match="none of its 1 question ids is a val row"):
         build_task(transfer.get("vqa"), files, tmp_path / "u", minival=tmp_path / "other.json", min_count=1)
 
 
@@ -312,3 +312,39 @@ def test_finetune_has_a_hard_negatives_flag():
 
     cfg = FinetuneConfig.of(tasks=["flickr30k"], task_data=["t"], stores=["s"], out="o", hard_negatives="h.pkl")
     assert cfg.transfer.hard_negatives == "h.pkl"
+
+
+def test_minival_matches_val_questions_only(vqa_splits, tmp_path):
+    """A file may repeat a question id across splits (the shapes world's do): minival takes the
+    val rows only and counts the ids it finds in no val row, rather than moving train rows into
+    minival."""
+    root, files, data = vqa_splits
+    uid = data.column("uid")
+    val_ids = [int(uid[r]) for r in data.rows("val")]
+    train_ids = [int(uid[r]) for r in data.rows("train")]
+    listed = val_ids[:3] + train_ids[:2]  # ids of train rows too
+    (tmp_path / "minival.json").write_text(json.dumps([{"question_id": q} for q in listed]))
+    build_task(transfer.get("vqa"), files, tmp_path / "t", minival=tmp_path / "minival.json", min_count=1)
+    lx = TaskData.open(tmp_path / "t")
+    luid = lx.column("uid")
+    assert sorted(int(luid[r]) for r in lx.rows("minival")) == sorted(val_ids[:3])
+    assert len(lx.rows("train")) == len(train_ids)  # no train row moved
+    info = lx.manifest["minival"]
+    assert (info["matched"], info["not_found"], info["in_other_splits"]) == (3, 2, 2)
+
+
+def test_a_hard_negative_pool_of_a_billion_entries_is_refused_at_once(tmp_path):
+    """~110 bytes of ``range(10**12)`` once iterated until memory died; refused by name now."""
+    import pickle
+    import time
+
+    from pipeline.errors import UnsafePickleError
+    from vl_models.transfer.retrieval import HardNegatives
+
+    path = tmp_path / "hard_negative.pkl"
+    path.write_bytes(pickle.dumps({"train_image_list": range(10**12), "train_hard_pool": range(10**12)}))
+    assert path.stat().st_size < 150
+    started = time.perf_counter()
+    with pytest.raises(UnsafePickleError, match="hard_negative.pkl: refused a pickle that expands to over"):
+        HardNegatives.read(path)
+    assert time.perf_counter() - started < 1

@@ -275,3 +275,25 @@ def test_export_of_a_fine_tuning_run_is_its_backbone_with_the_usual_file_modes(f
     os.umask(mask)
     assert set(modes.values()) == {0o666 & ~mask}, modes
     assert read_state_dict(tmp_path / "hf")  # still a readable model.safetensors
+
+
+def test_a_text_length_beyond_the_position_table_is_refused_before_any_write(world, data, tmp_path):
+    """--max-text / --task-max-text over the model's position table would fail at the first
+    long text, after the run folder was written: refused first (lxmert-tiny holds 64)."""
+    with pytest.raises(ConfigError, match="--max-text 100: lxmert-tiny has 64 text positions"):
+        run_finetune(settings(world, tmp_path / "a", max_text=100))
+    with pytest.raises(ConfigError, match="--task-max-text vqa=80: lxmert-tiny has 64"):
+        run_finetune(settings(world, tmp_path / "b", task_max_text={"vqa": 80}))
+    with pytest.raises(ConfigError, match="--max-text 90: lxmert-tiny has 64 text positions"):
+        run(config(data, tmp_path, "lxmert-tiny", out=str(tmp_path / "c"), max_text=90))
+    assert not any((tmp_path / n).exists() for n in "abc")
+
+
+def test_a_recipe_names_the_tasks_before_the_options_are_checked(world, tmp_path):
+    """`finetune --recipe lxmert-vqa` without --task: the recipe's task is read first (it
+    stopped with click's "Missing option '--task'"); without a recipe --task is still asked for."""
+    proc = run_vltrain("finetune", "--recipe", "lxmert-vqa", "--data", world / "missing", "--shards", world / "feats",
+                       "--out", tmp_path / "r")  # fmt: skip
+    assert "Missing option" not in proc.stderr and "missing is not a task dataset" in " ".join(proc.stderr.split())
+    proc = run_vltrain("finetune", "--data", world / "vqa", "--shards", world / "feats", "--out", tmp_path / "s")
+    one_error_line(proc, 2, "--task: name at least one task")

@@ -462,5 +462,29 @@ def test_given_shards_reach_training_and_evaluation(ref_world, tmp_path):
     assert json.loads((run / "config.json").read_text())["train"]["given_stores"] == [str(root / "gt")]
     result = evaluate_checkpoint("refcoco+", str(run), root / "task", "val", out=tmp_path / "e")
     assert result["examples"] == 1
-    with pytest.raises(ConfigError, match="different widths"):
+    with pytest.raises(ConfigError, match="refcoco\\+ read no ground-truth boxes when evaluated"):
         evaluate_checkpoint("refcoco+", str(run), root / "task", "val", given_stores=[str(tmp_path / "narrow")])
+
+
+def test_given_shards_must_be_ground_truth_and_read_by_a_task(ref_world, tmp_path):
+    """--given-shards names a store of ground-truth boxes (`vlprep extract --given-boxes`) for a
+    task that reads them: the detections store itself is refused by its provenance, and a task
+    that reads no ground truth (VQA) refuses the flag."""
+    from helpers import run_vltrain
+
+    root, dets, _ = ref_world
+    provenance = {"detector": "vg-r101", "box_policy": "butd boxes=10-100, conf>=0.2, nms=0.3 +1px"}
+    write_records(tmp_path / "detections", dets, feature_dim=DIM, dtype="float32", provenance=provenance)
+    common = [
+        "--task", "refcoco+", "--data", str(root / "task"), "--shards", str(root / "dets"),
+        "--model", "lxmert-tiny", "--vocab", str(VOCAB), "--max-regions", "10", "--batch-size", "1", "--steps", "1",
+    ]  # fmt: skip
+    proc = run_vltrain(
+        "finetune", *common, "--given-shards", str(tmp_path / "detections"), "--out", str(tmp_path / "a")
+    )
+    assert proc.returncode == 2 and "its features are a detector's regions (butd boxes=10-100" in proc.stderr
+    assert not (tmp_path / "a").exists()
+    from vl_models.transfer.dataset import check_given_stores
+
+    with pytest.raises(ConfigError, match="vqa read no ground-truth boxes in training"):
+        check_given_stores([transfer.get("vqa")], [root / "gt"], training=True)

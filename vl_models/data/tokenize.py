@@ -10,6 +10,7 @@ first), as a Hugging Face model folder does. `bundled_bert_vocab` is bert-base-u
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -60,6 +61,24 @@ def vocab_file(source: Union[str, Path]) -> Path:
     return source
 
 
+_WORD = re.compile(r"\S+")
+
+
+def head(text: str, pieces: int) -> str:
+    """The start of `text` that decides its first `pieces` word pieces: its first ``2 * pieces +
+    16`` whitespace-separated words (each word gives one piece or more, unless normalization
+    erases it whole), found without reading past them. What is cut before tokenizing, so that a
+    10 MB question costs what its first words cost; a short text comes back as it is."""
+    if len(text) <= 64 * (pieces + 16):
+        return text
+    end = 0
+    for count, word in enumerate(_WORD.finditer(text)):
+        if count >= 2 * pieces + 16:
+            break
+        end = word.end()
+    return text[:end]
+
+
 class WordPiece:
     def __init__(self, source: Union[str, Path], lowercase: bool = True):
         self.path = vocab_file(source)
@@ -83,7 +102,7 @@ class WordPiece:
         self.lowercase = lowercase
 
     def encode(self, text: str, max_length: int) -> Encoded:
-        pieces = self.tok.encode(text, add_special_tokens=False).ids[: max_length - 2]
+        pieces = self.tok.encode(head(text, max_length), add_special_tokens=False).ids[: max_length - 2]
         ids = np.full(max_length, self.pad_id, np.int64)
         ids[: len(pieces) + 2] = [self.cls_id, *pieces, self.sep_id]
         mask = (np.arange(max_length) < len(pieces) + 2).astype(np.int64)
@@ -120,8 +139,8 @@ class WordPiece:
         segments = [first] if isinstance(first, str) else list(first)
         a: list[int] = []
         for k, segment in enumerate(segments):
-            a += ([self.sep_id] if k else []) + self.pieces(segment, retokenize)
-        b = self.pieces(second, retokenize)
+            a += ([self.sep_id] if k else []) + self.pieces(head(segment, max_length), retokenize)
+        b = self.pieces(head(second, max_length), retokenize)
         if len(a) > max_length - 3:
             a = a[: max(max_length - 4, 0)]
         b = b[: max_length - 3 - len(a)]

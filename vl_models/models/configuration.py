@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+import typing
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import ClassVar
 
@@ -11,6 +13,46 @@ from pipeline.config import Config, from_json
 from pipeline.errors import ConfigError
 
 CONFIG_DIR = Path(__file__).parent / "model_configs"
+
+
+MAX_DIM = 1 << 16  # a width, count or length of a model (a config over it would allocate without end)
+MAX_VOCAB = 1 << 22
+POSITIVE = ("_size", "_heads", "_dim", "max_position_embeddings", "vocab_size")  # fields that must be >= 1
+
+
+def check_fields(cfg) -> None:
+    """ConfigError for a field of the wrong type or out of range, before any tensor is made of
+    it (a config.json from elsewhere may say ``"hidden_size": "32"``, ``-32`` or ``10**9``):
+    integers within ``0..MAX_DIM`` (the vocabulary up to `MAX_VOCAB`), widths, head counts and
+    lengths at least 1; floats finite, dropout probabilities in [0, 1), epsilons above 0."""
+    hints = typing.get_type_hints(type(cfg))
+    for f in fields(cfg):
+        value, kind = getattr(cfg, f.name), hints.get(f.name)
+        if kind is int:
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ConfigError(f"model config {f.name}: an integer, not {value!r}")
+            top = MAX_VOCAB if f.name == "vocab_size" else MAX_DIM
+            least = 1 if f.name.endswith(POSITIVE) else 0
+            if not least <= value <= top:
+                raise ConfigError(f"model config {f.name} {value}: out of range ({least}..{top:,})")
+        elif kind is float:
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise ConfigError(f"model config {f.name}: a finite number, not {value!r}")
+            if f.name.endswith("_prob") and not 0 <= value < 1:
+                raise ConfigError(f"model config {f.name} {value}: a probability in [0, 1)")
+            if f.name.endswith("_eps") and value <= 0:
+                raise ConfigError(f"model config {f.name} {value}: must be above 0")
+
+
+def check_text_length(mcfg, length: int, given: str) -> None:
+    """ConfigError, before any work, when texts of `length` tokens (`given`: the option that
+    asks for them, as written) would not fit the model's position table (they would fail at the
+    first long text, hours into a run)."""
+    if length > mcfg.max_position_embeddings:
+        raise ConfigError(
+            f"{given}: {mcfg.name} has {mcfg.max_position_embeddings} text positions; "
+            f"give {mcfg.max_position_embeddings} or fewer"
+        )
 
 
 @dataclass(frozen=True)
@@ -34,6 +76,7 @@ class ModelConfig(Config):
     initializer_range: float = 0.02
 
     def __post_init__(self) -> None:
+        check_fields(self)
         if self.hidden_size % self.num_attention_heads:
             raise ConfigError(f"hidden_size {self.hidden_size} is not a multiple of {self.num_attention_heads} heads")
 

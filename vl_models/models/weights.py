@@ -28,6 +28,7 @@ from typing import Any, Callable, Optional, Sequence, Union
 import torch
 
 from pipeline.errors import ConfigError
+from pipeline.state_dicts import mismatch
 from vl_models.data.tokenize import WordPiece
 from vl_models.models.configuration import LxmertConfig, ModelConfig, ViLBERTConfig
 from vl_models.models.modeling_lxmert import LxmertForPreTraining, LxmertModel
@@ -46,7 +47,10 @@ def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
     if path.suffix == ".safetensors":
         from safetensors.torch import load_file
 
-        return load_file(str(path))
+        try:
+            return load_file(str(path))
+        except Exception as err:  # an empty, truncated or foreign file: safetensors' own errors
+            raise ConfigError(f"{path}: not a readable safetensors file ({type(err).__name__}: {err})") from err
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:
@@ -80,21 +84,10 @@ def _normalize(key: str) -> str:
 
 
 def check_keys(expected: dict[str, torch.Tensor], state: dict[str, torch.Tensor], what: str) -> None:
-    """Raise ConfigError listing missing, unexpected and misshaped keys, if any."""
-    missing = [k for k in expected if k not in state]
-    unexpected = [k for k in state if k not in expected]
-    misshaped = [
-        f"{k}: file {tuple(state[k].shape)}, model {tuple(expected[k].shape)}"
-        for k in state
-        if k in expected and state[k].shape != expected[k].shape
-    ]
-    if missing or unexpected or misshaped:
-        parts = [
-            f"{title}: {', '.join(keys[:12])}" + (f" ... ({len(keys)} in all)" if len(keys) > 12 else "")
-            for title, keys in (("missing", missing), ("unexpected", unexpected), ("misshaped", misshaped))
-            if keys
-        ]
-        raise ConfigError(f"checkpoint does not match {what}:\n  " + "\n  ".join(parts))
+    """Raise ConfigError listing missing, unexpected and misshaped keys, if any (one line)."""
+    problems = mismatch(expected, state)
+    if problems:
+        raise ConfigError(f"checkpoint does not match {what}: {problems}")
 
 
 def _load_strict(source: Union[Path, dict], model, what: str):

@@ -46,6 +46,7 @@ from vl_models.data.padding import padded
 from vl_models.data.sampler import ResumableSampler
 from vl_models.eval.evaluate import evaluate
 from vl_models.families.base import ModelFamily
+from vl_models.models.configuration import check_text_length
 from vl_models.models.weights import init_pretraining
 from vl_models.tasks.pretrain import pretrain_losses
 from vl_models.train import checkpoint, run_folder, runlog
@@ -182,6 +183,8 @@ def run(cfg: TrainConfig, on_step: Optional[Callable[[int, dict, int], None]] = 
     mixture = Mixture.open(cfg.mixture)
     family, mcfg = model_config(cfg, len(mixture.answers))
     cfg.task.check(family)
+    length = cfg.data.max_text or family.max_text
+    check_text_length(mcfg, length, f"--max-text {length}")
     best_metric = (
         BestMetric.parse(cfg.run.best_metric, family.eval_metrics, family.name) if cfg.run.best_metric else None
     )
@@ -430,6 +433,9 @@ def train_loop(
     finally:
         if metrics_log:
             metrics_log.close()
+    import os as _os  # DEBUG
+    if _os.environ.get("VLTRAIN_DEBUG_DUMP"):
+        torch.save(model.state_dict(), out / f"rank{distributed.world()[0]}.pt")
     return metrics
 
 

@@ -190,6 +190,9 @@ def _build(
     return writer.finish(answers={"answers": table}, extra=extra, report=render_report(manifest), manifest=manifest)
 
 
+MINIVAL_OF = "val"  # the split LXMERT's minival.json holds questions of
+
+
 def _minival_splits(path: Path, rows: list[Row]) -> tuple[dict[str, set[int]], dict]:
     """LXMERT's ``minival`` (the rows `path` lists by question id) and ``nominival`` (the
     other rows of the splits those rows are in), with the manifest's account of the file;
@@ -200,23 +203,37 @@ def _minival_splits(path: Path, rows: list[Row]) -> tuple[dict[str, set[int]], d
             bad += 1
         else:
             ids.add(read)
-    chosen = {i for i, row in enumerate(rows) if row.uid in ids}
+    # minival.json lists val2014 questions: only val rows are matched (a file may repeat an id across
+    # splits, as the shapes world's do), and ids that match no val row are counted, not guessed at
+    chosen = {i for i, row in enumerate(rows) if row.split == MINIVAL_OF and row.uid in ids}
+    elsewhere = {row.uid for row in rows if row.split != MINIVAL_OF and row.uid in ids} - {rows[i].uid for i in chosen}
     if not chosen:
         raise ConfigError(
-            f"--minival {path}: none of its {len(ids)} question ids is a row of the files read"
+            f"--minival {path}: none of its {len(ids)} question ids is a {MINIVAL_OF} row of the files read"
             + (f" ({bad} entries without a question_id)" if bad else "")
+            + (f" ({len(elsewhere)} are rows of other splits)" if elsewhere else "")
             + ": LXMERT's minival.json lists val2014 questions; give the val2014 questions and annotations"
         )
-    if len(chosen) < len(ids):
+    missing = len(ids) - len(chosen)
+    if missing:
         log.warning(
-            "--minival %s: %d of its %d question ids are no row of the files read",
+            "--minival %s: %d of its %d question ids are no %s row of the files read (%d of them rows of other splits)",
             path,
-            len(ids) - len(chosen),
+            missing,
             len(ids),
+            MINIVAL_OF,
+            len(elsewhere),
         )
-    within = {rows[i].split for i in chosen}
-    rest = {i for i, row in enumerate(rows) if row.split in within and i not in chosen}
-    info = {"path": str(path), "ids": len(ids), "matched": len(chosen), "malformed": bad, "of_splits": sorted(within)}
+    rest = {i for i, row in enumerate(rows) if row.split == MINIVAL_OF and i not in chosen}
+    info = {
+        "path": str(path),
+        "ids": len(ids),
+        "matched": len(chosen),
+        "not_found": missing,
+        "in_other_splits": len(elsewhere),
+        "malformed": bad,
+        "of_splits": [MINIVAL_OF],
+    }
     return {"minival": chosen, "nominival": rest}, info
 
 

@@ -45,6 +45,29 @@ def _opened(store, verify: Optional[bool]):
     return FeatureStore.open(store, dtype="float32", verify=verify) if isinstance(store, (str, Path)) else store
 
 
+def check_given_stores(tasks: Sequence, stores: Sequence[Path], training: bool) -> None:
+    """ConfigError when ground-truth boxes' stores (``--given-shards``) are given where no task
+    reads them (RefCOCO in training, VCR always), or one of them holds a detector's regions (its
+    provenance names a box policy that is no ``--given-boxes`` file); a store imported from
+    elsewhere, which records no extraction, is taken at its word."""
+    if not stores:
+        return
+    readers = [t.name for t in tasks if t.ground_truth == "always" or (training and t.ground_truth == "train")]
+    if not readers:
+        raise ConfigError(
+            f"--given-shards: {', '.join(t.name for t in tasks)} read no ground-truth boxes "
+            f"{'in training' if training else 'when evaluated'} (RefCOCO's training and VCR do); leave it out"
+        )
+    for path in stores:
+        provenance = FeatureStore.open(path).manifest.provenance
+        policy = str(provenance.get("box_policy") or "")
+        if provenance.get("detector") and not policy.startswith("given boxes"):
+            raise ConfigError(
+                f"--given-shards {path}: its features are a detector's regions ({policy or 'no box policy'}), not "
+                "ground-truth boxes (vlprep extract --given-boxes FILE, with the file build-task writes, makes those)"
+            )
+
+
 class TaskDataset(torch.utils.data.Dataset):
     """Split `split` (comma-separated: a union) of `data` for `task` and `family`;
     `given_stores`: the ground-truth boxes' feature stores (see the module's docstring).

@@ -40,7 +40,7 @@ from vl_models.data.padding import padded
 from vl_models.models.weights import init_pretraining
 from vl_models.train.run_folder import answers_digest
 from vl_models.train.trainer import resolve_device
-from vl_models.transfer.dataset import TaskDataset
+from vl_models.transfer.dataset import TaskDataset, check_given_stores
 from vl_models.transfer.heads import RetrievalHead, TransferModel, build_transfer_model
 from vl_models.transfer.published import read_published
 from vl_models.transfer.runs import backbone_state, data_settings, is_finetuned, model_of, our_run
@@ -288,6 +288,9 @@ def evaluate_checkpoint(
     settings = data_settings(run, task.name) if run else DataSettings()
     if given_stores is None:
         given_stores = (run and _run_paths(run, "given_stores", "--given-shards", required=False)) or ()
+        given_stores = given_stores if task.ground_truth == "always" else ()  # the run's, where evaluation reads them
+    else:
+        check_given_stores([task], [Path(s) for s in given_stores], training=False)
     view = TaskDataset(
         data,
         task,

@@ -38,6 +38,7 @@ from pipeline.task_data import TaskData
 from vl_models import distributed, transfer
 from vl_models.config import FinetuneConfig
 from vl_models.data.sampler import TaskBatchSampler
+from vl_models.models.configuration import check_text_length
 from vl_models.models.weights import copy_answer_rows, init_pretraining
 from vl_models.train import run_folder, runlog
 from vl_models.train.trainer import (
@@ -51,7 +52,7 @@ from vl_models.train.trainer import (
     loader_batches,
     resolve_device,
 )
-from vl_models.transfer.dataset import TaskDataset
+from vl_models.transfer.dataset import TaskDataset, check_given_stores
 from vl_models.transfer.evaluate import predict
 from vl_models.transfer.heads import TransferModel, build_transfer_model
 from vl_models.transfer.published import read_published
@@ -95,8 +96,13 @@ def run_finetune(cfg: FinetuneConfig, on_step: Optional[Callable[[int, dict, int
         raise ConfigError("--vocab: name the vocab (there is no --init run of ours to take it from)")
     cfg = absolute_paths(cfg.with_(vocab=str(vocab)))  # recorded: a run fine-tuned from this one finds it
     stores, given = [Path(s) for s in cfg.stores], [Path(s) for s in cfg.given_stores]
+    check_given_stores(tasks, given, training=True)
     per_task = cfg.transfer.of_task
     batch_sizes = [per_task("task_batch", t.name, cfg.optim.batch_size) for t in tasks]
+    for t in tasks:
+        length = per_task("task_max_text", t.name, cfg.data.max_text) or t.max_text or family.max_text
+        named = t.name in cfg.transfer.task_max_text
+        check_text_length(mcfg, length, f"--task-max-text {t.name}={length}" if named else f"--max-text {length}")
 
     def view(t: int, split: str, train: bool) -> TaskDataset:
         data = replace(cfg.data, max_text=per_task("task_max_text", tasks[t].name, cfg.data.max_text))

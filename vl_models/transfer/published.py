@@ -238,6 +238,11 @@ def read_published(source: Optional[str], model: Optional[str] = None) -> Option
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         return None
     keys = {_unwrapped(k): v for k, v in state.items()}
+    broken = [k for k, v in keys.items() if v.is_floating_point() and not bool(torch.isfinite(v).all())]
+    if broken:  # checked as pretraining checks what it saves: scoring on them would answer nonsense
+        raise ConfigError(
+            f"{weights}: {len(broken)} tensor(s) hold NaN or infinite values ({', '.join(broken[:5])}); not loaded"
+        )
     if any(k.startswith("lxrt_encoder.model.bert.") for k in keys):
         encoder = {k[len("lxrt_encoder.model.bert.") :]: v for k, v in keys.items() if k.startswith("lxrt_encoder.")}
         head = {k: v for k, v in keys.items() if k.startswith("logit_fc.")}
@@ -328,7 +333,13 @@ def _config(path: Path, model: Optional[str], layout: str):
             f"{path}: a {layout} holds no model config: name it with --model "
             f"({_MODEL_HINT.get(layout, _MODEL_HINT[AIRSPLAY])})"
         )
-    return lxmert_config_of_hf(json.loads(config.read_text()), name=path.name)
+    try:
+        hf = json.loads(config.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as err:
+        raise ConfigError(f"{config}: not a readable JSON config ({err})") from None
+    if not isinstance(hf, dict):
+        raise ConfigError(f"{config}: a model config is a JSON object, not a {type(hf).__name__}")
+    return lxmert_config_of_hf(hf, name=path.name)
 
 
 def lxmert_config_of_hf(hf: dict, name: str) -> LxmertConfig:

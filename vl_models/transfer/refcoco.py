@@ -34,6 +34,7 @@ GIVEN_BOXES = "given_boxes.json"  # written into the task folder by build-task: 
 
 
 class Referring(Task):
+    ground_truth = "train"
     head = "regions"
     max_text = 20  # ViLBERT-MT's
 

@@ -27,7 +27,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from pipeline.errors import ConfigError
+from pipeline.errors import ConfigError, UnsafePickleError
 from pipeline.io import atomic_write_json
 from pipeline.safe_pickle import safe_loads
 from pipeline.sources.base import Malformed, Skip
@@ -66,6 +66,8 @@ class HardNegatives:
             data = safe_loads(path.read_bytes(), encoding="latin1")
         except OSError as err:
             raise ConfigError(f"--hard-negatives {path}: cannot read it: {err}") from err
+        except UnsafePickleError as err:
+            raise UnsafePickleError(f"--hard-negatives {path}: {err}") from err
         if not isinstance(data, dict) or any(k not in data for k in POOL_KEYS):
             found = sorted(map(str, data)) if isinstance(data, dict) else type(data).__name__
             raise ConfigError(

@@ -66,6 +66,7 @@ def _names(view) -> tuple[str, ...]:
 
 
 class VcrTask(Task):
+    ground_truth = "always"
     """What the three VCR tasks share: the files, the rendering, the pairs."""
 
     head = "choice"
