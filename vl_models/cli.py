@@ -729,6 +729,7 @@ def predict(
         picture,
         query_of,
         read_queries,
+        recorded_inputs,
     )
 
     flagged = bool(caption) or any(v is not None for v in (question, statement, expression, text))
@@ -784,7 +785,7 @@ def predict(
             if not path.parent.is_dir():
                 raise ConfigError(f"{flag} {path}: its folder {path.parent} does not exist")
 
-    check()
+    check(recorded_inputs(checkpoint))  # the run's own inputs too, as its config.json names them
     with contextlib.ExitStack() as held:
         for path, flag in outputs:  # a second predict writing the same file is turned away at once
             held.enter_context(output_lock(path, "predictions"))

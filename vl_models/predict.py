@@ -833,6 +833,19 @@ def _only(images: Sequence[ImageLike]) -> ImageLike:
     return images[0]
 
 
+def recorded_inputs(source: Union[str, Path]) -> list[Path]:
+    """What a run folder's config.json says its model reads (its stores, vocab, task datasets),
+    read without loading the checkpoint: what `vltrain predict` keeps its outputs off before it
+    takes their locks ([] for a checkpoint file outside a run folder; `load_predictor` knows)."""
+    config = Path(source) / "config.json"
+    try:
+        train = json.loads(config.read_text(encoding="utf-8")).get("train", {}) if config.is_file() else {}
+    except (OSError, ValueError, RecursionError, AttributeError):
+        return []
+    named = [*(train.get("stores") or ()), train.get("vocab"), *(train.get("task_data") or ())]
+    return [Path(p) for p in named if isinstance(p, str) and p]
+
+
 MAX_QUERY_LINE = 1 << 20  # bytes of one --queries line (a question is a few hundred)
 
 

@@ -367,6 +367,7 @@ def test_predict_never_writes_over_its_inputs_or_a_device(shapes, tmp_path):
         assert proc.returncode == 2 and words in text and "Traceback" not in proc.stderr, (args, proc.stderr[-1500:])
         assert text.count("error:") == 1, proc.stderr
     assert {p: p.read_bytes() for p in before} == before and stat_is_fifo(fifo)
+    assert not list(Path(run["vocab"]).parent.glob(".*.vlprep.lock"))  # no lock taken beside an input
 
 
 def stat_is_fifo(path) -> bool:
