@@ -42,7 +42,7 @@ per image. Target on an H200: >= 30 images/s end to end.
     python bench/extract.py                       # CPU
     python bench/extract.py --parts hf,batching --hf-frcnn-dir ~/transformers/examples/research_projects/lxmert
     python bench/extract.py --device cuda --fp16 --n 256 --batch-sizes 1,8 --parts in_process,end_to_end
-    python bench/extract.py --parts backends      # CPU: 2 images, 1 round
+    python bench/extract.py --parts backends      # CPU: 2 images x 2 rounds, ~3 min on 2 cores
     python bench/extract.py --parts backends --device cuda --fp16 --backends-n 32 --rounds 2
 """
 
@@ -63,6 +63,7 @@ import tempfile
 import time
 import types
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 import torch
@@ -72,11 +73,12 @@ from torch.utils.flop_counter import FlopCounterMode
 from pipeline.detect.backends import build_extractor, load_model, open_extractor
 from pipeline.detect.backends.butd_c4.config import DetectorConfig
 from pipeline.detect.backends.butd_c4.extractor import backbone_groups
-from pipeline.detect.backends.butd_c4.model import Bottleneck, VGDetector
+from pipeline.detect.backends.butd_c4.model import VGDetector
 from pipeline.detect.backends.butd_c4.selection import select_maxnms
 from pipeline.detect.backends.butd_c4.weights import save_detector_hf
 from pipeline.detect.config import BoxCount, GridPool, SelectionConfig
 from pipeline.detect.preprocess import prepare_image
+from pipeline.detect.resnet import Bottleneck
 from pipeline.images import load_rgb
 
 PARTS = ("in_process", "end_to_end", "hf", "batching", "backends")
@@ -252,9 +254,10 @@ def hf_config(cfg: DetectorConfig, boxes: int, device: str = "cpu") -> dict:
     }
 
 
-def timed_rounds(sides: dict, inputs: list, rounds: int) -> tuple[dict, dict]:
+def timed_rounds(sides: dict, inputs: list, rounds: int, per_round: Optional[dict] = None) -> tuple[dict, dict]:
     """(seconds per side, first round's outputs per side): each side runs every input, in
-    alternating side order round after round so that all see the same machine load."""
+    alternating side order round after round so that all see the same machine load. Each
+    round's seconds are appended to ``per_round[side]`` when a dict is given."""
     names = list(sides)
     seconds = dict.fromkeys(names, 0.0)
     outputs: dict = {}
@@ -262,7 +265,10 @@ def timed_rounds(sides: dict, inputs: list, rounds: int) -> tuple[dict, dict]:
         for name in names if r % 2 == 0 else names[::-1]:
             start = time.perf_counter()
             results = [out for x in inputs for out in sides[name](x)]
-            seconds[name] += time.perf_counter() - start
+            elapsed = time.perf_counter() - start
+            seconds[name] += elapsed
+            if per_round is not None:
+                per_round.setdefault(name, []).append(elapsed)
             outputs.setdefault(name, results)
     return seconds, outputs
 
@@ -477,22 +483,27 @@ def backends(n: int, rounds: int, grid_pool: GridPool, extra: list[str], device:
 
         sides[label] = run
         _, flops[label], modules[label] = count_flops(run, rgbs[0])  # the warm-up image, counted
-    seconds, outputs = timed_rounds(sides, rgbs, rounds)
+    per_round: dict[str, list[float]] = {}
+    seconds, outputs = timed_rounds(sides, rgbs, rounds, per_round)
 
     print(
         f"\nextraction backends side by side: {n} photo-like 640x480 JPEGs (600x800 after the resize) x "
-        f"{rounds} round(s), batch 1, alternating order, {torch.get_num_threads()} torch threads, random weights "
+        f"{rounds} rounds, batch 1, alternating order, {torch.get_num_threads()} torch threads, random weights "
         "(seed 0), each warmed up on one image (FLOPs counted there)"
     )
-    print(f"  {'backend':26s} {'images/s':>9s} {'s/image':>8s} {'regions':>8s} {'GFLOP/image':>12s} {'params':>8s}")
+    print(
+        f"  {'backend':26s} {'images/s':>9s} {'s/image':>8s} {'by round':>14s} {'regions':>8s} {'GFLOP/image':>12s} "
+        f"{'params':>8s}"
+    )
     rates = {}
     for label in sides:
         rates[label] = rounds * n / seconds[label]
         counts = [len(rec.boxes) for rec in outputs[label]]
         regions = f"{min(counts)}" if min(counts) == max(counts) else f"{min(counts)}-{max(counts)}"
+        by_round = ", ".join(f"{sec / n:.2f}" for sec in per_round[label])
         print(
-            f"  {label:26s} {rates[label]:9.3f} {1 / rates[label]:8.2f} {regions:>8s} {flops[label] / 1e9:12.1f} "
-            f"{params[label] / 1e6:7.1f}M"
+            f"  {label:26s} {rates[label]:9.3f} {1 / rates[label]:8.2f} {by_round:>14s} {regions:>8s} "
+            f"{flops[label] / 1e9:12.1f} {params[label] / 1e6:7.1f}M"
         )
     for label in sides:
         where = module_paths(extractors[label].model, list(modules[label]))
@@ -502,8 +513,9 @@ def backends(n: int, rounds: int, grid_pool: GridPool, extra: list[str], device:
         (GRID_VS_REGION, "grid vs region features at the same backbone (ResNeXt-152 32x8d)"),
         (VINVL_VS_BUTD, "VinVL vs BUTD per image"),
     ):
+        best = min(per_round[b]) / min(per_round[a])
         print(
-            f"  {title}: {a} / {b} = {rates[a] / rates[b]:.3f}x images/s; "
+            f"  {title}: {a} / {b} = {rates[a] / rates[b]:.3f}x images/s (best rounds: {best:.3f}x); "
             f"FLOPs per image {a} / {b} = {flops[a] / flops[b]:.3f}x"
         )
     at_minimum = [
@@ -539,7 +551,7 @@ def main() -> None:
         help=f"a transformers checkout's examples/research_projects/lxmert (default: ${HF_DIR_ENV})",
     )
     parser.add_argument("--hf-n", type=int, default=2, help="images per side and round (hf)")
-    parser.add_argument("--rounds", type=int, default=None, help="alternating rounds (default: hf 2, backends 1)")
+    parser.add_argument("--rounds", type=int, default=2, help="alternating rounds (hf, backends)")
     parser.add_argument(
         "--batching-rounds", type=int, default=1, help="rounds of all batching modes, alternating order"
     )
@@ -589,7 +601,7 @@ def main() -> None:
                 "checkout's examples/research_projects/lxmert (modeling_frcnn.py, processing_image.py, utils.py)"
             )
         else:
-            side_by_side(Path(args.hf_frcnn_dir).expanduser(), args.hf_n, args.rounds or 2, args.device)
+            side_by_side(Path(args.hf_frcnn_dir).expanduser(), args.hf_n, args.rounds, args.device)
     if "batching" in parts:
         batching(
             args.batching_n,
@@ -602,7 +614,7 @@ def main() -> None:
         )
     if "backends" in parts:
         extra = [name for name in args.backends_extra.split(",") if name]
-        backends(args.backends_n, args.rounds or 1, args.grid_pool, extra, args.device, args.fp16)
+        backends(args.backends_n, args.rounds, args.grid_pool, extra, args.device, args.fp16)
     print(
         (
             "\nreference points: py-bottom-up-attention ~3 images/s on a T4; Caffe < 1 s/image; target >= 30 images/s "
