@@ -153,7 +153,8 @@ def main() -> None:
             for width, (ns, batches) in widths.items():
                 torch.manual_seed(0)
                 family, mcfg = model_of(f"{name}-{width}", None, str(store), 1)
-                model = build_transfer_model(family, mcfg, [task], [data]).to(args.device).eval()
+                model = build_transfer_model(family, mcfg, [task], [data], retrieval_head="pretraining")
+                model = model.to(args.device).eval()
                 views = {
                     variant: TaskDataset(
                         data,

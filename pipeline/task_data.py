@@ -10,7 +10,9 @@ the files, the writer and the reader base). docs/task-format.md describes every 
 join the feature stores by ``images`` (store keys, as mixture items do); a row may belong to
 several named splits (VQA's ``val`` and ``minval``), so ``splits`` is a list. A split spec
 combines named splits: a comma is a union, a hyphen a set difference (``train,val-minval``:
-train and the val rows not in minval, the rows ViLBERT trains VQA on).
+train and the val rows not in minval, the rows ViLBERT trains VQA on). The manifest's
+``named_splits`` lists the splits the build declared besides the rows' own, even empty ones
+(``test_images`` without `vlprep build-task --test-images`): a spec may subtract those.
 
     data = TaskData.open(path)         # checks the manifest and the files' digests, maps items.arrow
     rows = data.rows("train")          # row indices of a split
@@ -130,8 +132,9 @@ class TaskData(ItemsFolder):
         (``train,val-minval``: train, and val without minval). Names are this folder's split
         names, the longest first, so a name with a hyphen stays whole (``test-dev``). Empty if
         no row is in it; ConfigError when a subtracted split is not one of this folder's (a
-        misspelt ``val-minvla`` would otherwise take all of val)."""
-        known = set(self.splits)
+        misspelt ``val-minvla`` would otherwise take all of val); a split the build declared
+        (the manifest's ``named_splits``) is one of this folder's even when it has no rows."""
+        known = set(self.splits) | set(self.manifest.get("named_splits") or ())
         terms = [self._term(t.strip(), known) for t in split.split(",") if t.strip()]
         return np.array(
             [i for i, names in enumerate(self._splits) if any(t[0] in names and not t[1] & set(names) for t in terms)],
@@ -147,9 +150,16 @@ class TaskData(ItemsFolder):
             i = j
         unknown = [n for n in names[1:] if n not in known]
         if unknown or not all(names):
+            older = "named_splits" not in self.manifest  # built before build-task declared its splits
             raise ConfigError(
                 f"split {term!r}: {', '.join(map(repr, unknown)) or 'an empty name'} is not a split of {self.path} "
                 f"(its splits: {', '.join(sorted(known))}); a hyphen subtracts a split (train,val-minval)"
+                + (
+                    f"; a task dataset of an older vlprep lacks the splits build-task declares now (test_images): "
+                    f"{_REBUILD}"
+                    if older
+                    else ""
+                )
             )
         return names[0], set(names[1:])
 

@@ -420,7 +420,8 @@ FINETUNE_FLAGS = (
             ),
             "train_split": Flag(
                 "Split(s) to train on: a comma joins splits, a hyphen subtracts one (default: the task's, e.g. "
-                "train; VQA as ViLBERT: train,val-minval; as LXMERT, built with --minival: train,nominival).",
+                "train; VQA as ViLBERT: train-test_images,val-minval-test_images; as LXMERT, built with --minival: "
+                "train,nominival).",
                 parse=or_none,
             ),
             "val_split": Flag("Split validated each epoch (default: the task's: val; NLVR2 dev).", parse=or_none),
@@ -430,7 +431,9 @@ FINETUNE_FLAGS = (
                 "of ours: answer heads start from its rows.",
                 parse=or_none,
             ),
-            "copy_answers": "Start answer heads from the --init model's QA head, row by answer string (LXMERT's).",
+            "copy_answers": "Start answer heads from the --init model's answer rows, row by answer string: its "
+            "pretraining QA head's (LXMERT's), or with --init-answers a published answer head of another table "
+            "(--no-copy-answers: new answer heads).",
             "hard_negatives": Flag(
                 "Retrieval: 12-in-1's hard_negative.pkl (train_image_list, train_hard_pool; read with the restricted "
                 "unpickler): each training example's 4th candidate is a caption of an image from its pool row, not "
@@ -438,13 +441,22 @@ FINETUNE_FLAGS = (
                 parse=or_none,
             ),
             "head_lr": Flag(
-                "Peak learning rate of the heads 12-in-1 names vil_* (answers, NLVR2 pair, VCR choice; not "
-                "RefCOCO's region scorer), on the same schedule (12-in-1: 1e-4; 0: --lr).",
+                "Peak learning rate of the heads 12-in-1 names vil_* (answers, NLVR2 pair, VCR choice, retrieval's "
+                "new scorer; not RefCOCO's region scorer), on the same schedule (12-in-1: 1e-4; 0: --lr).",
                 **_zero_is_none(float),
             ),
             "nlvr2_loss": Flag(
                 "NLVR2's loss: ce (LXMERT's cross-entropy) or bce (12-in-1's BCE on one-hot targets); default: the "
                 "model family's own reference's (LXMERT ce, ViLBERT bce).",
+                parse=or_none,
+            ),
+            "task_tokens": "ViLBERT: a task-token table (12-in-1's --task_specific_tokens: 20 rows, a task's token "
+            "after [CLS]), new where the --init model has none (an --init with one keeps it either way).",
+            "retrieval_head": Flag(
+                "Retrieval's fine-tuned scorer: new (12-in-1's vil_logit, a new Linear(H, 1) on the pooled pair, "
+                "trained at --head-lr) or pretraining (the pretraining pair head: alignment / matching); default: "
+                "the model family's own (ViLBERT new, LXMERT pretraining). --zero-shot evaluation always uses the "
+                "pair head.",
                 parse=or_none,
             ),
             **{  # repeatable TASK=VALUE flags: 12-in-1's per-task settings
@@ -593,9 +605,27 @@ def evaluate(
     device: Literal[DEVICES] = typer.Option("cpu", help="cpu or cuda."),
     batch_size: int = typer.Option(64, help="Examples (retrieval: captions) per forward."),
     limit: int = typer.Option(0, help="Score only the first N rows (retrieval: images) of the split (0: all)."),
+    max_regions: int = typer.Option(
+        None,
+        help="Region slots per image, ViLBERT's IMG token not counted (default: the run's; a published checkpoint's "
+        "code's: 12-in-1 100, vilbert_beta 99, LXMERT 36).",
+    ),
+    max_text: int = typer.Option(
+        None,
+        help="Text tokens per example (default: the run's; a published checkpoint's code's for the task: 12-in-1 VQA "
+        "23, GQA 26, NLVR2 40, RefCOCO 20, retrieval 30, VCR 60 / 80; LXMERT 20).",
+    ),
+    nlvr2_packing: Literal["per-image", "mt"] = typer.Option(
+        None,
+        help="NLVR2: per-image (default: each image its own row of region slots) or mt (vilbert-multi-task's: both "
+        "images' IMG tokens and regions packed in order into two rows, which differs where an image has fewer regions "
+        "than its slots).",
+    ),
 ) -> None:
     """Score a checkpoint on a task split with the task's official metric and write the
     predictions in the official submission format (VQA / GQA results JSON, NLVR2 CSV, VCR CSV).
+    A published checkpoint is scored with its code's text length and region slots (--max-text,
+    --max-regions: others); the settings used are logged and written into metrics.json.
 
     Example: vltrain evaluate --task vqa --checkpoint runs/vqa --step best --data tasks/vqa --split test-dev
 
@@ -626,6 +656,9 @@ def evaluate(
             batch_size,
             limit,
             progress=lambda done, total: bar.update(job, completed=done, total=total),
+            max_regions=max_regions,
+            max_text=max_text,
+            nlvr2_packing=nlvr2_packing,
         )
     if not main:
         return

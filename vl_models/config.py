@@ -174,6 +174,9 @@ class RunSettings(Config):
 
 TASK_SAMPLING = ("round-robin", "proportional", "cycle")  # `vl_models.data.sampler.TaskBatchSampler`'s orders
 PAIR_LOSSES = ("ce", "bce")  # NLVR2: LXMERT's cross-entropy, 12-in-1's BCE on one-hot targets
+# Retrieval's fine-tuned scorer: "new" (12-in-1's vil_logit, a new Linear(H, 1) on the pooled pair vector) or
+# "pretraining" (the pretraining pair head: alignment / matching), `heads.build_transfer_model`.
+RETRIEVAL_HEADS = ("new", "pretraining")
 
 
 @dataclass(frozen=True)
@@ -185,10 +188,16 @@ class TransferSettings(Config):
     val_split: Optional[str] = None  # the split validated every epoch; None: the task's (if the data has it)
     eval_items: int = 0  # rows scored per validation (0: the whole split)
     init_answers: Optional[str] = None  # the --init checkpoint's QA answer table (for a checkpoint not of ours)
-    copy_answers: bool = True  # start answer heads from the --init QA head's rows, by answer string (LXMERT's)
+    # start answer heads from the --init model's answer rows, by answer string: its pretraining QA head's (LXMERT's),
+    # or with --init-answers a published checkpoint's answer head of another table; False: new answer heads
+    copy_answers: bool = True
     hard_negatives: Optional[str] = None  # retrieval: 12-in-1's hard_negative.pkl (the 4th training candidate's pool)
     head_lr: Optional[float] = None  # the heads 12-in-1 names vil_* at this peak lr (its 1e-4); None: --lr
     nlvr2_loss: Optional[str] = None  # "ce" | "bce"; None: the model family's own reference's
+    # ViLBERT: a task-token table (12-in-1's --task_specific_tokens: 20 rows, new ones N(0, initializer_range)) where
+    # the --init model has none; an --init that has one keeps it either way. LXMERT has none: ConfigError.
+    task_tokens: bool = False
+    retrieval_head: Optional[str] = None  # RETRIEVAL_HEADS; None: the model family's own (`ModelFamily.retrieval_head`)
     # Per task (task name -> value), 12-in-1's vilbert_tasks.yml entries; a task not named takes the run's value.
     task_lr: dict = field(default_factory=dict)  # the task's loss x its lr / --lr (12-in-1's loss_scale)
     task_batch: dict = field(default_factory=dict)  # examples per batch of that task
@@ -201,6 +210,8 @@ class TransferSettings(Config):
         at_least(self, {"eval_items": 0})
         if self.nlvr2_loss is not None:
             one_of("nlvr2_loss", self.nlvr2_loss, PAIR_LOSSES)
+        if self.retrieval_head is not None:
+            one_of("retrieval_head", self.retrieval_head, RETRIEVAL_HEADS)
         if self.head_lr is not None and not (math.isfinite(self.head_lr) and self.head_lr >= 0):
             raise ConfigError(f"--head-lr must be finite and >= 0, got {self.head_lr}")
         if not all(math.isfinite(v) and v >= 0 for v in self.task_lr.values()):

@@ -2,7 +2,9 @@
 
 The source is a run folder (its `latest` checkpoint, a step, or its `best` one) or one
 checkpoint file; of a fine-tuning run its backbone is exported (a pretraining model: the
-task heads have no transformers format; the export's record names them as not exported).
+task heads have no transformers format; the export's record names them as not exported),
+built from the run's model config, so a task-token table (``vltrain finetune --task-tokens``,
+or an --init that had one) is exported with it.
 The tokenizer is the run's ``--vocab`` (or `vocab`, which must hold the same vocabulary when
 the run recorded it). One export of an OUT at a time (`output_lock`); OUT is never a
 symbolic link nor a folder holding the checkpoint or the vocab. The folder is built under a

@@ -71,7 +71,7 @@ from vl_models.train.run_folder import answers_digest
 from vl_models.train.trainer import resolve_device
 from vl_models.transfer.dataset import TaskDataset
 from vl_models.transfer.evaluate import pair_scores, predict
-from vl_models.transfer.heads import RetrievalHead, TransferModel, build_transfer_model
+from vl_models.transfer.heads import RetrievalHead, TransferModel, build_transfer_model, run_heads
 from vl_models.transfer.retrieval import FLICKR30K
 from vl_models.transfer.runs import backbone_state, data_settings, is_finetuned
 from vl_models.transfer.vcr import QA2R
@@ -684,7 +684,7 @@ def load_predictor(
         folders = dict(zip(run["tasks"], train.get("task_data") or ()))
         folders.update(task_data or {})
         tables = {t.name: _answer_table(t, folders.get(t.name), run) for t in tasks}
-        model = build_transfer_model(family, mcfg, tasks, [_Table(tables[t.name]) for t in tasks])
+        model = build_transfer_model(family, mcfg, tasks, [_Table(tables[t.name]) for t in tasks], **run_heads(run))
         model.load_state_dict(backbone_state(ckpt, heads=tuple(run["tasks"])))
         for t in tasks:
             folder = folders.get(t.name)

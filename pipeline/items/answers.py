@@ -4,8 +4,8 @@ Two normalizations, for two kinds of table:
 
 * `evaluator_answer`: exactly what the official VQA evaluator (GT-Vision-Lab/VQA
   ``vqaEval.py``, 2021) does to an answer before comparing it, and nothing more: the answer
-  tables and targets of the VQA task (`vl_models.transfer.vqa`) and the official accuracy
-  (`vl_models.eval.metrics`). Its steps:
+  tables of the VQA task (`vl_models.transfer.vqa`; BUTD's ``preprocess_answer`` makes the
+  same strings) and the official accuracy (`vl_models.eval.metrics`). Its steps:
 
   1. newlines and tabs become spaces; outer whitespace stripped;
   2. punctuation (VQA `processPunctuation`, here `process_punctuation`):
@@ -25,7 +25,9 @@ Soft scores are the official VQA values: an answer given by k annotators scores 
 0.9 for k = 1, 2, 3 and 1.0 for k >= 4 (BUTD's ``get_score``, LXMERT's labels). For 10
 annotators (every VQA v2 question) this is exactly the official accuracy of that answer,
 averaged over the 10 sets of 9 annotators; for other annotator counts it is not (5
-annotators: 1 of 5 scores 0.27 officially, 0.3 here).
+annotators: 1 of 5 scores 0.27 officially, 0.3 here). `soft_scores` counts the answers
+normalized (pretraining mixtures); `counted_scores` counts them as given, as BUTD's
+``compute_target`` does (the VQA task's targets, both references' VQA labels).
 
 The answer table (`answer_table`, for mixtures and task datasets alike) is built from answer
 counts by either rule the seeds use: the K most frequent answers (LXMERT: 9,500) or every
@@ -236,6 +238,16 @@ def soft_scores(answers: Iterable[str]) -> dict[str, float]:
     (exact for 10 annotators; see the module docstring)."""
     counts = Counter(normalize_answer(a) for a in answers)
     counts.pop("", None)
+    return {a: _SCORE_OF_COUNT.get(n, 1.0) for a, n in counts.items()}
+
+
+def counted_scores(answers: Iterable[str]) -> dict[str, float]:
+    """Answer as given -> 0.3 / 0.6 / 0.9 / 1.0 for 1 / 2 / 3 / 4+ annotators giving exactly
+    that string: BUTD's ``compute_target`` (``tools/compute_softscore.py``), which counts the
+    annotators' answers unnormalized and keeps those its table (normalized multiple-choice
+    answers) holds, so an answer written otherwise than its normal form (``t-shirt``, ``Two``)
+    gives no target, however many annotators gave it."""
+    counts = Counter(answers)
     return {a: _SCORE_OF_COUNT.get(n, 1.0) for a, n in counts.items()}
 
 

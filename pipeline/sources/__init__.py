@@ -18,6 +18,7 @@ null and blank texts and null answers are `Skip`s, texts are whitespace-normaliz
     karpathy             the Karpathy splits dataset_flickr30k.json / dataset_coco.json
     refcoco              RefCOCO / RefCOCO+ / RefCOCOg refs pickles + their instances.json
     vcr                  VCR's JSON lines (tags rendered as names) and per-image metadata
+    image_ids            lists of image ids (.npy arrays, text): 12-in-1's clean_datasets files
     jsonstream           streaming JSON (members of a huge array or object)
     jsonlines            JSON-lines files (one value a line)
 

@@ -514,7 +514,9 @@ def test_retrieval_reuses_single_stream_states_with_the_same_scores(world, model
     data = TaskData.open(world / "flickr30k")
     family, mcfg = model_of(model, None, str(world / "feats"), 1)
     torch.manual_seed(0)
-    tmodel = build_transfer_model(family, mcfg, [transfer.get("flickr30k")], [data]).eval()
+    tmodel = build_transfer_model(
+        family, mcfg, [transfer.get("flickr30k")], [data], retrieval_head="pretraining"
+    ).eval()
     view = TaskDataset(
         data,
         transfer.get("flickr30k"),

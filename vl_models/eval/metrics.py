@@ -3,7 +3,7 @@
 * retrieval: `ranks` (the one ranking rule), `recall_at_k`, `retrieval_metrics` (both
   directions, R@1/5/10, median and mean rank, as ViLBERT's ``eval_retrieval.py`` reports);
 * VQA: `vqa_score` (stored soft scores), `vqa_answer_scores` (the official accuracy of
-  every answer that scores on a question: the VQA task's targets), `vqa_accuracy` /
+  every answer that scores on a question), `vqa_accuracy` /
   `vqa_official_accuracy` (one answer, and overall) and `vqa_report` (the official tool's
   overall and per-answer-type);
 * GQA: `gqa_accuracy` (the official ``eval.py``'s accuracy, binary and open);
@@ -71,7 +71,8 @@ def vqa_score(predicted: np.ndarray, answer_ids: list[list[int]], answer_scores:
     annotators differs: 1 of 5 scores 0.27, stored 0.3), when a mixture's normalization merges
     what the official tool keeps apart (LXMERT's grey -> gray; ten identical answers not in
     normal form, which the official tool compares raw), and GQA / VG-QA store 1.0 for their
-    single answer. The VQA task's targets (`vqa_answer_scores`) are the official accuracies."""
+    single answer. The VQA task's targets are BUTD's counted scores
+    (`pipeline.items.answers.counted_scores`)."""
     total = 0.0
     for pred, ids, scores in zip(predicted, answer_ids, answer_scores):
         total += dict(zip(ids, scores)).get(int(pred), 0.0)

@@ -10,8 +10,10 @@ A family says
 * its pretraining losses (`losses`, named by `tasks`), its image-text pair score
   (`pair_logit` / `pair_score`, for retrieval), its QA head if it has one (`answer_logits`);
 * what fine-tuning heads read (`encode`: pooled pair vector, region states, pair logit;
-  `widths`), a task's token for a model with task tokens (`task_token`) and the region-feature
-  width it reads (`feature_dim`);
+  `widths`), the dropout before a per-region scorer (`head_dropout`), the scorer a retrieval
+  fine-tune trains by default (`retrieval_head`), the head layers tasks trained together share
+  (`shared_head`), a task's token for a model with task tokens (`task_token`; a new table:
+  `with_task_tokens`) and the region-feature width it reads (`feature_dim`);
 * its validation scores and their direction (`eval_metrics`), the module `torch.compile`
   wraps (`backbone`), and whether DDP must look for unused parameters.
 
@@ -63,6 +65,10 @@ class ModelFamily:
     answers: ClassVar[bool] = False  # a QA head over the mixture's answer table (`answer_logits`)
     pair_task: ClassVar[str]  # the task (in `tasks`) whose head gives `pair_score`
     pair_loss: ClassVar[str] = "ce"  # NLVR2's loss in the family's own reference (`heads.PairHead`)
+    # Retrieval's fine-tuned scorer by default (`vl_models.config.RETRIEVAL_HEADS`): "pretraining" (the pair
+    # head; a family whose reference fine-tunes no retrieval) or "new" (a new Linear(H, 1) on the pooled pair).
+    retrieval_head: ClassVar[str] = "pretraining"
+    task_token_table: ClassVar[Optional[str]] = None  # the task-token table's key in `build`'s state dict
 
     def fit(self, mcfg: Any, layout: StoreLayout, answers: int, store: str) -> Any:
         """`mcfg` with the dimensions the data fixes (feature width, label counts, answer
@@ -190,6 +196,24 @@ class ModelFamily:
     def task_token(self, mcfg: Any, task: str) -> Optional[int]:
         """The id of `task`'s task token for a model of config `mcfg` (None: the model has no
         task tokens)."""
+        return None
+
+    def with_task_tokens(self, mcfg: Any) -> Any:
+        """`mcfg` with a task-token table (``vltrain finetune --task-tokens``; `mcfg` itself when
+        it has one); ConfigError for a family without task tokens."""
+        raise ConfigError(
+            f"--task-tokens: {self.name} has no task tokens (vilbert-multi-task's --task_specific_tokens is "
+            "ViLBERT's); leave it out (a --recipe's value: --no-task-tokens)"
+        )
+
+    def head_dropout(self, mcfg: Any) -> float:
+        """The dropout probability on the region states before a per-region scorer (`heads.RegionHead`)."""
+        return mcfg.hidden_dropout_prob
+
+    def shared_head(self, kind: str) -> Optional[str]:
+        """The name of the scoring layer that the task heads of `kind` (`heads.KINDS`) share when
+        their tasks train together (one module, one set of parameters), as the family's reference
+        shares its heads across tasks; None: each task its own."""
         return None
 
     def feature_dim(self, mcfg: Any) -> int:

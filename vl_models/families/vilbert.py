@@ -26,12 +26,15 @@ class ViLBERT(ModelFamily):
     eval_metrics = {"eval_mlm_acc": "max", "eval_alignment_acc": "max", "eval_region_kl": "min", **RETRIEVAL_METRICS}
     max_text = 36
     position = "5d"
-    img_token = True  # never masked; the mean of the regions the model sees
+    img_token = True  # never masked; the mean of the regions the model sees (scoring a published 12-in-1 / beta
+    # checkpoint: of every region of the record, as their feature reader; `TaskDataset(img_feature="all")`)
     region_masking = RegionMasking(zero=0.9)  # paper §3.2: 90 % zeroed, 10 % unaltered
     region_fields = ("cls_prob",)  # the KL target
     label_tasks = ("region",)  # a KL to the detector's class distribution
     region_overlap = ("keep", "zero")  # zero: 12-in-1's variant (see vl_models.config.DataSettings)
     unused_parameters = True  # q_dense1/2 exist in its checkpoints but take no part in the forward pass
+    retrieval_head = "new"  # 12-in-1 fine-tunes retrieval with a new vil_logit (vilbert_tasks.yml TASK7/8: VL-logit)
+    task_token_table = "bert.embeddings.task_embeddings.weight"
 
     def fit(self, mcfg, layout, answers, store):
         if layout.cls_dim is None and layout.regions != "grid":  # a grid: `check_labels` says it
@@ -78,6 +81,23 @@ class ViLBERT(ModelFamily):
     def feature_dim(self, mcfg):
         return mcfg.v_feature_size
 
+    def with_task_tokens(self, mcfg):
+        """A table of 12-in-1's 20 rows (vilbert.py ``BertEmbeddings``: ``nn.Embedding(20, hidden)``,
+        started by ``init_weights`` as N(0, initializer_range) as every embedding); a config with a
+        table keeps its own."""
+        return mcfg if mcfg.task_tokens else replace(mcfg, task_tokens=TASK_TOKEN_ROWS)
+
+    def head_dropout(self, mcfg):
+        """`VILBertForVLTasks.dropout` (its ``dropout_prob``, 0.1), the dropout it also applies to the
+        pooled product: our ``fusion_dropout``."""
+        return mcfg.fusion_dropout
+
+    def shared_head(self, kind):
+        """12-in-1's heads by kind (`VILBertForVLTasks`): one ``vision_logit`` for every
+        referring-expression task (RefCOCO, RefCOCO+, RefCOCOg), one ``vil_logit`` for every
+        choice-scoring task (VCR, and retrieval's new scorer)."""
+        return SHARED_HEADS.get(kind)
+
     def task_token(self, mcfg, task):
         """vilbert-multi-task's task ids (the N of ``TASKN`` in its vilbert_tasks.yml, the id
         `task_utils.py` fills the task token with) for a model with a task-token table."""
@@ -109,5 +129,8 @@ TASK_TOKENS = {
     "gqa": 15,
 }
 
+
+TASK_TOKEN_ROWS = 20  # vilbert.py BertEmbeddings: nn.Embedding(20, config.hidden_size) with --task_specific_tokens
+SHARED_HEADS = {"regions": "vision_logit", "choice": "vil_logit"}  # `ViLBERT.shared_head`
 
 FAMILY = ViLBERT()

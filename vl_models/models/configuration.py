@@ -139,7 +139,8 @@ class ViLBERTConfig(ModelConfig):
     t_biattention_id: tuple[int, ...] = (6, 7, 8, 9, 10, 11)
     fusion_dropout: float = 0.1
     # Rows of the task-token table (vilbert-multi-task's ``--task_specific_tokens``: 20, the
-    # token of task N of its vilbert_tasks.yml is row N); 0: no table, no task token.
+    # token of task N of its vilbert_tasks.yml is row N); 0: no table, no task token. A published
+    # checkpoint's table sets it (`transfer.published`), ``vltrain finetune --task-tokens`` makes one.
     task_tokens: int = 0
 
     def __post_init__(self) -> None:

@@ -400,13 +400,16 @@ def export_hf(model, folder: Path, tokenizer: Optional[WordPiece] = None, proven
 
 def _export_bert_text_stream(model: ViLBERTModel, folder: Path, tokenizer: Optional[WordPiece]) -> None:
     """ViLBERT's embeddings and text layers (BERT's names) as a `transformers.BertModel`
-    folder without pooler (load it with ``add_pooling_layer=False``)."""
+    folder without pooler (load it with ``add_pooling_layer=False``); a task-token table
+    stays behind (BERT has none)."""
     from safetensors.torch import save_file
 
     cfg = model.cfg
     folder.mkdir(parents=True, exist_ok=True)
     state = {
-        k: v.contiguous() for k, v in model.state_dict().items() if k.startswith(("embeddings.", "encoder.layer."))
+        k: v.contiguous()
+        for k, v in model.state_dict().items()
+        if k.startswith(("embeddings.", "encoder.layer.")) and not k.startswith("embeddings.task_embeddings.")
     }
     save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
     _usual_mode(folder / "model.safetensors")

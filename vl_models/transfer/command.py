@@ -57,8 +57,34 @@ def build_task(
     minival: Path = typer.Option(
         None,
         help=(
-            "LXMERT's minival.json (a list of questions with question_id): its questions form split minival, the "
-            "rest of their split (val) nominival (LXMERT trains on train,nominival)."
+            "LXMERT's minival.json (a list of questions with question_id): its val questions form split minival, "
+            "the rest of val nominival unless --nominival is given (LXMERT trains on train,nominival)."
+        ),
+    ),
+    nominival: Path = typer.Option(
+        None,
+        help=(
+            "LXMERT's nominival.json (as minival.json): its val questions form split nominival (with --minival, "
+            "minival's from that file; without, the rest of val)."
+        ),
+    ),
+    answer_targets: str = typer.Option(
+        "butd",
+        help=(
+            "VQA training targets: butd counts the annotators' answers as given, as BUTD's compute_target does (the "
+            "targets vilbert-multi-task and LXMERT train on: an answer written otherwise than its normal form, "
+            "t-shirt or Two, gets no target); normalized counts them normalized as the answer table is, so those "
+            "questions train too. The report counts the questions the two differ on."
+        ),
+    ),
+    test_images: List[Path] = typer.Option(
+        None,
+        help=(
+            "Images to keep out of training (repeatable): vilbert-multi-task's clean_datasets lists, as it keeps "
+            "them beside its data (cache/coco_test_ids.npy for VQA, RefCOCO/+/g and COCO retrieval, "
+            "genome_test_ids.npy for GQA, flickr_test_ids.npy for Flickr30k), or a text file of one id or image "
+            "name a line. Their rows form split test_images, which the ViLBERT recipes subtract from training "
+            "(train-test_images); without it the split is empty."
         ),
     ),
 ) -> None:
@@ -66,8 +92,10 @@ def build_task(
     `vltrain evaluate`.
 
     It holds Arrow items joined with feature stores by image, an answer table with soft
-    targets for VQA and GQA, named splits (VQA: ViLBERT's minval; with --minival LXMERT's
-    minival and nominival), and malformed rows named and counted (manifest.json, report.md).
+    targets for VQA and GQA, named splits (VQA and GQA: ViLBERT's minval; COCO retrieval:
+    the 1K test folds test1k_0..4 and test1k; with --minival / --nominival LXMERT's minival
+    and nominival; with --test-images the rows on 12-in-1's test images, test_images), and
+    malformed rows named and counted (manifest.json, report.md).
 
     Example:
 
@@ -78,7 +106,18 @@ def build_task(
     from vl_models import transfer
     from vl_models.transfer.build import build_task as build
 
-    manifest = build(transfer.get(task), files, out, image_map, answers_from, min_count, minival=minival)
+    manifest = build(
+        transfer.get(task),
+        files,
+        out,
+        image_map,
+        answers_from,
+        min_count,
+        minival=minival,
+        nominival=nominival,
+        test_images=test_images or (),
+        answer_targets=answer_targets,
+    )
     say = Console()
     splits = ", ".join(f"{s} {n}" for s, n in manifest["splits"].items())
     say.print(f"{task}: {manifest['rows']} rows ({splits}) -> {out}")
@@ -87,6 +126,18 @@ def build_task(
         say.print(
             f"answer table: {a['count']} answers; {a['train_rows_with_target']} of {a['train_rows']} "
             "training rows have a target in it"
+        )
+    held = manifest["test_images"]
+    if held["files"]:
+        say.print(
+            f"test_images: {sum(held['rows'].values())} rows on {held['images']} of the {held['ids']} listed images "
+            f"({', '.join(f'{s} {n}' for s, n in held['rows'].items()) or 'none'}), left out of training by the "
+            "ViLBERT recipes"
+        )
+    elif held["reference_file"]:
+        say.print(
+            f"[yellow]no --test-images[/yellow]: vilbert-multi-task leaves the images of its {held['reference_file']} "
+            "out of training; this data keeps them (see report.md)"
         )
     bad = manifest["malformed"]
     if bad["count"]:

@@ -13,6 +13,14 @@ ground-truth boxes (``given_stores``: built with `vlprep extract --given-boxes`,
 vilbert-multi-task's ``*_gt_*`` LMDBs) are separate: a task that adds ground-truth boxes to the
 detections as the reference does asks for them (`image(key, ground_truth=...)`: RefCOCO in
 training only, so its evaluation never sees a ground-truth box; VCR always).
+
+Two choices follow a published checkpoint's code where it differs from ours (`vltrain
+evaluate` sets them, `vl_models.transfer.published`): ``img_feature``, the IMG token's feature
+when an image has more regions than the slots (``"kept"``: the mean of the regions in the
+slots, ours; ``"all"``: the mean of every region of the image, as vilbert-multi-task's and
+vilbert_beta's feature reader computes it before their datasets cut the regions to the slots),
+and ``packing``, how a two-image example's regions fill its two rows (``"per-image"``: each
+image its own row, ours; ``"mt"``: vilbert-multi-task's NLVR2 packing, `nlvr2.mt_packed`).
 """
 
 from __future__ import annotations
@@ -32,6 +40,8 @@ from vl_models.data.dataset import check_region_slots
 from vl_models.data.tokenize import WordPiece
 
 CANDIDATE_KEYS = ("input_ids", "attention_mask", "token_type_ids", "visual_feats", "visual_pos", "visual_mask")
+IMG_FEATURES = ("kept", "all")  # the IMG token's feature: the mean of the regions in the slots, or of all the image's
+PACKINGS = ("per-image", "mt")  # a two-image example's rows (see the module's docstring)
 
 
 def _mean(features: np.ndarray) -> np.ndarray:
@@ -70,9 +80,10 @@ def check_given_stores(tasks: Sequence, stores: Sequence[Path], training: bool) 
 
 class TaskDataset(torch.utils.data.Dataset):
     """Split `split` (comma-separated: a union) of `data` for `task` and `family`;
-    `given_stores`: the ground-truth boxes' feature stores (see the module's docstring).
-    `data` is a `TaskData` or anything with its reading methods (`vltrain predict`'s queries);
-    `stores` are paths or opened stores; `vocab` a vocab path or a `WordPiece`."""
+    `given_stores`: the ground-truth boxes' feature stores; `img_feature`, `packing`: see the
+    module's docstring. `data` is a `TaskData` or anything with its reading methods (`vltrain
+    predict`'s queries); `stores` are paths or opened stores; `vocab` a vocab path or a
+    `WordPiece`."""
 
     def __init__(
         self,
@@ -87,7 +98,19 @@ class TaskDataset(torch.utils.data.Dataset):
         train: bool = True,
         task_id: int = 0,
         given_stores: Sequence[Path] = (),
+        img_feature: str = "kept",
+        packing: str = "per-image",
     ):
+        if img_feature not in IMG_FEATURES:
+            raise ValueError(f"img_feature: one of {', '.join(IMG_FEATURES)}, not {img_feature!r}")
+        if packing not in PACKINGS:
+            raise ValueError(f"packing: one of {', '.join(PACKINGS)}, not {packing!r}")
+        if packing == "mt" and not family.img_token:
+            raise ConfigError(
+                f"--nlvr2-packing mt packs ViLBERT's IMG tokens and regions (vilbert-multi-task's); a {family.name} "
+                "model has no IMG token: leave it out"
+            )
+        self.img_feature, self.packing = img_feature, packing
         self.data, self.task, self.family, self.cfg = data, task, family, settings
         self.seed, self.train, self.task_id, self.split = seed, train, task_id, split
         self.rows = data.rows(split)
@@ -157,29 +180,33 @@ class TaskDataset(torch.utils.data.Dataset):
             enc = self.tokenizer.encode_pair(text, second, fill, pad_to=self.max_text, **pair)
         return {"input_ids": enc.ids, "attention_mask": enc.mask, "token_type_ids": enc.types}
 
-    def image(self, key: str, ground_truth: Optional[str] = None) -> dict:
+    def image(self, key: str, ground_truth: Optional[str] = None, whole: bool = False) -> dict:
         """An image's padded regions (``visual_*``), with ``boxes`` (slots, 4) in pixels (the
         IMG token's: the whole image, ``0, 0, W, H``, as vilbert-multi-task's reader gives it)
         and ``valid`` (slots,): the slots that hold a region or the IMG token (not padding).
+        The IMG token's feature as ``img_feature`` says; `whole`: every region of the image,
+        in as many slots (no cut to ``max_regions``; at least one slot).
 
         `ground_truth`: the detections followed by the image's ground-truth boxes (the
         `given_stores`'; none there: the detections alone) as vilbert-multi-task merges them:
         ``"fill"`` (`refer_expression_dataset.py`) the ground-truth boxes fill the slots the
-        detections leave, the IMG token the mean of the detections; ``"keep"``
+        detections leave, the IMG token the mean of the detections (those in the slots, or
+        with ``img_feature`` "all" every one, as the reference's reader); ``"keep"``
         (`vcr_dataset.py`) every ground-truth box is kept (as many as the slots hold) and the
         detections fill the slots left, the IMG token ``(d (n + 1) + g (m + 1)) / (n + m + 2)``
         for n detections of mean d and m ground-truth boxes of mean g (the reference's weights:
         each reader's count includes its IMG token)."""
         record = self._record(key)
-        family, slots = self.family, self.cfg.max_regions
+        family = self.family
+        slots = max(record.num_boxes, 1) if whole else self.cfg.max_regions
         if ground_truth not in (None, "fill", "keep"):
             raise ValueError(f"ground_truth: 'fill', 'keep' or None, not {ground_truth!r}")
         gt = next((s.get(key) for s in self.given_stores if key in s), None) if ground_truth else None
-        img = None
+        img = _mean(record.features) if self.img_feature == "all" and record.num_boxes > slots else None
         if gt is not None:
             if ground_truth == "fill":
                 dets, gts = min(record.num_boxes, slots), gt.num_boxes
-                img = _mean(record.features[:dets])
+                img = _mean(record.features[: record.num_boxes if self.img_feature == "all" else dets])
             else:
                 gts = min(gt.num_boxes, slots)
                 dets = min(record.num_boxes, slots - gts)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import logging
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
@@ -37,11 +38,12 @@ from pipeline.task_data import TaskData
 from vl_models import distributed, families, transfer
 from vl_models.config import DataSettings
 from vl_models.data.padding import padded
+from vl_models.models.configuration import check_text_length
 from vl_models.models.weights import init_pretraining
 from vl_models.train.run_folder import answers_digest
 from vl_models.train.trainer import resolve_device
-from vl_models.transfer.dataset import TaskDataset, check_given_stores
-from vl_models.transfer.heads import RetrievalHead, TransferModel, build_transfer_model
+from vl_models.transfer.dataset import PACKINGS, TaskDataset, check_given_stores
+from vl_models.transfer.heads import RetrievalHead, TransferModel, build_transfer_model, run_heads
 from vl_models.transfer.published import read_published
 from vl_models.transfer.runs import backbone_state, data_settings, is_finetuned, model_of, our_run
 from vl_models.transfer.task import Predictions
@@ -211,6 +213,9 @@ def evaluate_checkpoint(
     batch_size: int = 64,
     limit: int = 0,
     progress: Progress = None,
+    max_regions: Optional[int] = None,
+    max_text: Optional[int] = None,
+    nlvr2_packing: Optional[str] = None,
 ) -> dict:
     """`vltrain evaluate`: score a fine-tuned run's `task` head on a split of a task dataset
     (a run of ours, or a published fine-tuned checkpoint: `vl_models.transfer.published`; or,
@@ -223,13 +228,29 @@ def evaluate_checkpoint(
     (`stores`, `given_stores`, `vocab`); one that is not there is named. `given_stores`: the
     ground-truth boxes' feature stores (default: the run's), which VCR merges with the
     detections (RefCOCO scores on detections alone). Under torchrun the
-    ranks share the scoring and rank 0 writes (the other ranks return no files)."""
+    ranks share the scoring and rank 0 writes (the other ranks return no files).
+
+    The examples are made with the settings the model was trained with: a run's own
+    (`data_settings`), a published checkpoint's code's (`Published.data_settings`: text length,
+    region slots, its IMG token's feature); `max_regions` (region slots per image, the IMG token
+    not counted) and `max_text` (text tokens) replace them where given. `nlvr2_packing`
+    ("per-image", the default; "mt": vilbert-multi-task's, `nlvr2.mt_packed`): how NLVR2's two
+    images fill their rows. The settings used are logged and recorded in ``metrics.json``
+    (``settings``)."""
     device = resolve_device(device, distributed.world()[2])
     if batch_size < 1:
         raise ConfigError(f"--batch-size {batch_size}: give 1 or more")
     if limit < 0:
         raise ConfigError(f"--limit {limit}: the rows (retrieval: images) to score, 1 or more (0: all)")
+    if max_regions is not None and max_regions < 1:
+        raise ConfigError(f"--max-regions {max_regions}: region slots per image, 1 or more")
+    if max_text is not None and max_text < 3:
+        raise ConfigError(f"--max-text {max_text}: text tokens, 3 or more ([CLS], a word, [SEP])")
     task = transfer.get(task_name)
+    if nlvr2_packing is not None and task.name != "nlvr2":
+        raise ConfigError(f"--nlvr2-packing: NLVR2's two images' rows; {task.name} has one image per example")
+    if nlvr2_packing not in (None, *PACKINGS):
+        raise ConfigError(f"--nlvr2-packing {nlvr2_packing}: one of {', '.join(PACKINGS)}")
     if not (Path(source).exists() or Path(source).is_symlink()):
         raise ConfigError(f"--checkpoint {source} does not exist")
     data = TaskData.open(data_dir, task=task.name)
@@ -247,6 +268,7 @@ def evaluate_checkpoint(
         what="vltrain evaluate",
         also_ours=_earlier_evaluation,
     )
+    published = None
     if zero_shot:
         if not getattr(task, "pairwise", False):
             raise ConfigError(
@@ -264,7 +286,7 @@ def evaluate_checkpoint(
         if not stores:
             raise ConfigError(f"--shards: the feature store(s) with the images ({source} names none)")
         published.check_store(FeatureStore.open(stores[0]).layout)
-        family = published.family
+        family, mcfg = published.family, published.mcfg
         tmodel = published.transfer_model(task, len(data.answers))
         vocab = vocab or str(published.vocab)
         log.info("%s", published.note(task))
@@ -283,9 +305,22 @@ def evaluate_checkpoint(
             )
         family = families.from_run(run)
         mcfg = family.config_class.from_json(run["model"])
-        tmodel = build_transfer_model(family, mcfg, [task], [data])
+        tmodel = build_transfer_model(family, mcfg, [task], [data], **run_heads(run))
         tmodel.load_state_dict(backbone_state(ckpt, heads=(task.name,)))
-    settings = data_settings(run, task.name) if run else DataSettings()
+    if published is not None:
+        settings = published.data_settings(task, max_regions, max_text)
+        img_feature, origin = published.img_feature, f"{published.layout}: {published.reference}"
+    else:
+        settings = data_settings(run, task.name) if run else DataSettings()
+        given = {k: v for k, v in (("max_regions", max_regions), ("max_text", max_text)) if v is not None}
+        settings = replace(settings, **given)
+        img_feature, origin = "kept", "the run's settings" if run else "the defaults"
+    if max_regions is not None or max_text is not None:
+        origin += ", " + ", ".join(
+            f"--{k.replace('_', '-')} {v}"
+            for k, v in (("max_regions", max_regions), ("max_text", max_text))
+            if v is not None
+        )
     if given_stores is None:
         given_stores = (run and _run_paths(run, "given_stores", "--given-shards", required=False)) or ()
         given_stores = given_stores if task.ground_truth == "always" else ()  # the run's, where evaluation reads them
@@ -301,7 +336,24 @@ def evaluate_checkpoint(
         split,
         train=False,
         given_stores=[Path(s) for s in given_stores],
+        img_feature=img_feature,
+        packing=nlvr2_packing or "per-image",
     )
+    check_text_length(mcfg, view.max_text, f"--max-text {max_text}" if max_text else f"{task.name}'s text length")
+    used = _settings_used(view, family, origin)
+    log.info(
+        "scoring %s %s with %s text tokens and %s region slots per image%s (%s)",
+        task.name,
+        split,
+        used["max_text"],
+        used["max_regions"],
+        " and the IMG token (the mean of every region of the image)"
+        if used.get("img_token") == "all"
+        else (" and the IMG token" if family.img_token else ""),
+        origin,
+    )
+    if task.name == "nlvr2":
+        log.info("NLVR2's images: %s", PACKING_NOTES[used["nlvr2_packing"]])
     missing = view.missing_images()
     if missing:
         raise ConfigError(
@@ -320,12 +372,32 @@ def evaluate_checkpoint(
         "zero_shot": zero_shot,
         "rows": int(len(predictions.rows)),
         "metrics": metrics,
+        "settings": used,
     }
     with replacing_output(out, EVALUATION, inputs, what="vltrain evaluate", also_ours=_earlier_evaluation) as tmp:
         tmp.mkdir()
         files = [out / task.write_submission(data, predictions, tmp).name, out / METRICS]
         atomic_write_json(tmp / METRICS, report)
     return {"metrics": metrics, "files": [str(f) for f in files], "examples": int(len(predictions.rows))}
+
+
+PACKING_NOTES = {
+    "per-image": "each in its own row of region slots",
+    "mt": "packed as vilbert-multi-task packs them (the second's regions begin in the first row where the first has "
+    "fewer regions than its slots)",
+}
+
+
+def _settings_used(view: TaskDataset, family, origin: str) -> dict:
+    """What ``metrics.json`` records of the examples' settings: text tokens, region slots per
+    image (the IMG token not counted), the IMG token's feature (a family with one), NLVR2's
+    packing, and where they come from."""
+    used = {"max_text": int(view.max_text), "max_regions": int(view.cfg.max_regions)}
+    if family.img_token:
+        used["img_token"] = view.img_feature
+    if view.task.name == "nlvr2":
+        used["nlvr2_packing"] = view.packing
+    return {**used, "from": origin}
 
 
 def _earlier_evaluation(folder: Path) -> bool:

@@ -6,10 +6,16 @@ pretraining or fine-tuning run folder or checkpoint of ours — its model config
 with it —, a published fine-tuned checkpoint (`vl_models.transfer.published`: its encoder or
 whole ViLBERT model, task tokens included, and its head for each task where one fits), an HF
 LXMERT or vilbert-multi-task pretraining checkpoint with ``--model``, or none: from scratch)
-and one head per task, new ones started as the references start theirs (`heads.build_head`).
-Answer heads start from the --init QA head's rows where the answers match, the other rows
-zeroed (`weights.copy_answer_rows`, LXMERT's fine-tuning; the QA table is the --init run's
-mixture's, or ``--init-answers``).
+and one head per task, new ones started as the references start theirs (`heads.build_head`;
+retrieval's scorer per --retrieval-head, by default the family's: ViLBERT a new ``vil_logit`` as
+12-in-1, LXMERT its pair head; RefCOCO, RefCOCO+ and RefCOCOg trained together share one
+ViLBERT ``vision_logit``, `heads.build_transfer_model`). Answer heads start from the --init QA
+head's rows where the answers match, the other rows zeroed (`weights.copy_answer_rows`,
+LXMERT's fine-tuning; the QA table is the --init run's mixture's, or ``--init-answers``;
+``--no-copy-answers``: new answer heads). ``--task-tokens`` adds 12-in-1's task-token table to a
+ViLBERT whose --init has none (`ModelFamily.with_task_tokens`: 20 rows, started as the model
+starts its embeddings; the rest of the model from --init); the run's model config records it,
+so a resume, ``vltrain evaluate`` and ``vltrain export`` rebuild it.
 
 Several tasks (``--task vqa --task gqa ...``) train one backbone with a head each, in
 one-task batches ordered round-robin, in proportion to the tasks' sizes, or in 12-in-1's
@@ -54,7 +60,7 @@ from vl_models.train.trainer import (
 )
 from vl_models.transfer.dataset import TaskDataset, check_given_stores
 from vl_models.transfer.evaluate import predict
-from vl_models.transfer.heads import TransferModel, build_transfer_model
+from vl_models.transfer.heads import TransferModel, build_transfer_model, shared_heads
 from vl_models.transfer.published import read_published
 from vl_models.transfer.retrieval import with_hard_negatives
 from vl_models.transfer.runs import backbone_state, is_finetuned, model_of, our_run
@@ -91,6 +97,12 @@ def run_finetune(cfg: FinetuneConfig, on_step: Optional[Callable[[int, dict, int
         family, mcfg = published.family, published.mcfg
     else:
         family, mcfg = model_of(cfg.model, run, cfg.stores[0], len(old_answers or ()))
+    given_mcfg = mcfg
+    if cfg.transfer.task_tokens:
+        mcfg = family.with_task_tokens(mcfg)
+    new_table = mcfg != given_mcfg  # not in the --init model: left as the model starts it
+    # recorded resolved: evaluate, predict and a later resume build the heads trained here (`heads.run_heads`)
+    cfg = cfg.with_(retrieval_head=cfg.transfer.retrieval_head or family.retrieval_head)
     vocab = cfg.vocab or (run and run["train"].get("vocab")) or (published and str(published.vocab))
     if not vocab:
         raise ConfigError("--vocab: name the vocab (there is no --init run of ours to take it from)")
@@ -144,7 +156,16 @@ def run_finetune(cfg: FinetuneConfig, on_step: Optional[Callable[[int, dict, int
         else None
     )
     torch.manual_seed(cfg.run.seed)  # every check passed: build the model
-    model = build_transfer_model(family, mcfg, tasks, datas, pair_loss=cfg.transfer.nlvr2_loss or family.pair_loss)
+    model = build_transfer_model(
+        family,
+        mcfg,
+        tasks,
+        datas,
+        pair_loss=cfg.transfer.nlvr2_loss or family.pair_loss,
+        retrieval_head=cfg.transfer.retrieval_head,
+    )
+    # the new task-token table as initialized: filled in where the --init checkpoint has none
+    fresh = {family.task_token_table: model.backbone.state_dict()[family.task_token_table].clone()} if new_table else {}
     # --task-lr: 12-in-1 runs the optimizer at the lowest task lr and scales each task's loss
     lr = cfg.optim.lr
     loss_scale = {t.name: per_task("task_lr", t.name, lr) / lr if lr else 1.0 for t in tasks}
@@ -162,14 +183,23 @@ def run_finetune(cfg: FinetuneConfig, on_step: Optional[Callable[[int, dict, int
     }
 
     def init() -> str:
+        copy = cfg.transfer.copy_answers
         if published is not None:
-            return _init_published(model, published, tasks, datas, old_answers)
-        if is_finetuned(run):  # a fine-tuned backbone (its heads stay behind)
-            model.backbone.load_state_dict(backbone_state(source))
+            filled = replace(published, encoder={**fresh, **published.encoder})
+            said = _init_published(model, filled, tasks, datas, old_answers, copy)
+        elif is_finetuned(run):  # a fine-tuned backbone (its heads stay behind)
+            model.backbone.load_state_dict({**fresh, **backbone_state(source)})
             said = f"the backbone of fine-tuning run {source}"
         else:
-            said = init_pretraining(model.backbone, source or Path(cfg.init), family.load_checkpoint)
-        return said + _copy_answers(model, family, tasks, datas, old_answers)
+            said = init_pretraining(
+                model.backbone, source or Path(cfg.init), lambda m, state: family.load_checkpoint(m, {**fresh, **state})
+            )
+        if published is None and copy:
+            said += _copy_answers(model, family, tasks, datas, old_answers)
+        if fresh:
+            said += f"; task tokens: a new table of {mcfg.task_tokens} rows (--task-tokens)"
+        shared = [", ".join(names) for names in shared_heads(model).values()]
+        return said + (f"; one scoring layer shared by {'; by '.join(shared)}" if shared else "")
 
     def loss(wrapped, batch, epoch, step):
         name = tasks[int(batch["task_id"][0])].name
@@ -247,13 +277,16 @@ def _init_answers(cfg: FinetuneConfig, run: Optional[dict]) -> Optional[list[str
     return None
 
 
-def _init_published(model: TransferModel, published, tasks, datas, old_answers: Optional[list[str]]) -> str:
+def _init_published(
+    model: TransferModel, published, tasks, datas, old_answers: Optional[list[str]], copy_answers: bool = True
+) -> str:
     """The published checkpoint's encoder into the backbone (a ViLBERT layout: the whole
     pretraining model); into each task head the checkpoint's head for that task
     (`Published.head_for`) when it is of the same shape: whole where the answer tables have the
-    same length (the checkpoint's own table), else (with --init-answers, the checkpoint's table)
-    the hidden layers whole and the rows by answer string, as from a pretraining QA head.
-    Returns a note for the log."""
+    same length (the checkpoint's own table), else (with --init-answers, the checkpoint's table,
+    and `copy_answers`) the hidden layers whole and the rows by answer string, as from a
+    pretraining QA head. A scoring layer tasks share (12-in-1's ``vision_logit``) is the
+    checkpoint's one head for all of them. Returns a note for the log."""
     published.load_encoder(model.backbone)
     notes = []
     for task, data in zip(tasks, datas):
@@ -265,7 +298,7 @@ def _init_published(model: TransferModel, published, tasks, datas, old_answers: 
         elif task.head != "answers" or len(data.answers) == published.answers_of(name):
             published.load_head(head, name)
             notes.append(f"{task.name}: the checkpoint's head {name}")
-        elif old_answers:
+        elif old_answers and copy_answers:
             if len(old_answers) != published.answers_of(name):
                 raise ConfigError(
                     f"--init-answers: {len(old_answers)} answers for the checkpoint's {published.answers_of(name)} "
@@ -275,9 +308,10 @@ def _init_published(model: TransferModel, published, tasks, datas, old_answers: 
             copied = _answer_head_from(head.logit_fc, fc, old_answers, data.answers)
             notes.append(f"{task.name}: {copied} of {len(data.answers)} answer rows from the checkpoint's {name}")
         else:
+            how = "--no-copy-answers" if old_answers else "--init-answers names its table to copy rows by answer"
             notes.append(
                 f"{task.name}: a new answer head ({len(data.answers)} answers; the checkpoint's {name} has "
-                f"{published.answers_of(name)}: --init-answers names its table to copy rows by answer)"
+                f"{published.answers_of(name)}: {how})"
             )
     return f"{published.note(*tasks)}; {'; '.join(notes)}"
 

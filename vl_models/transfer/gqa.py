@@ -1,9 +1,12 @@
 """GQA (Hudson & Manning): the balanced questions JSON (``{qid: {imageId, question, answer,
 ...}}``; train, val, testdev; the submission file without answers; the named split
-``minval``, 12-in-1's: the last 3,000 of train + val by question id), an answer classifier
+``minval``, 12-in-1's: the last 3,000 of train + val sorted by question id, the ids compared as
+the strings GQA writes them, ``"05451384"``), an answer classifier
 over the train+val answers (or exactly the seeds' tables: LXMERT's 1,842 answers, ViLBERT's
 1,533, with ``--answers-from``), scored by exact match; the submission is the official
-``[{"questionId", "prediction"}]`` JSON."""
+``[{"questionId", "prediction"}]`` JSON. 12-in-1 trains on (train + val) - minval less the
+questions on the Visual Genome images of its ``cache/genome_test_ids.npy`` (``clean_datasets``:
+`vlprep build-task --test-images`, split ``test_images``)."""
 
 from __future__ import annotations
 
@@ -53,11 +56,17 @@ class Gqa(Classifier):
                     answer=q.answer,
                 )
 
+    test_images_file = "genome_test_ids.npy"  # 12-in-1's clean_datasets list (cache/ beside its GQA data)
+
     def named_splits(self, rows):
-        """12-in-1's ``minval`` (`vilbert/datasets/gqa_dataset.py`): train + val sorted by
-        question id, the last 3,000 (its ``trainval``, the rest: ``train,val-minval``)."""
+        """12-in-1's ``minval`` (`vilbert/datasets/gqa_dataset.py` `_load_dataset`): train + val
+        sorted by question id, the last 3,000 (its ``trainval``, the rest: ``train-minval,val-minval``:
+        minval holds train questions as well as val ones).
+        Its cached items keep GQA's question ids as the JSON keys they are (strings: the entry it
+        makes of an item converts ``int(item["question_id"])`` after sorting), so they are sorted
+        as strings: ``"10000000"`` before ``"9999999"``; a stable sort, file order among equals."""
         both = [i for i, r in enumerate(rows) if r.split in ("train", "val")]
-        both.sort(key=lambda i: int(rows[i].uid) if rows[i].uid.isdigit() else -1)  # official ids are digits
+        both.sort(key=lambda i: rows[i].uid)
         return {"minval": sorted(both[-VILBERT_MINVAL:])}
 
     def targets(self, row):

@@ -9,20 +9,30 @@ pair score's logit of every candidate):
     pair      NLVR2: the same classifier on the two images' pooled vectors concatenated
               (2H -> 2H -> 2); cross-entropy (LXMERT's), or with ``loss="bce"`` BCE on the
               one-hot targets, mean over both logits (vilbert-multi-task's)
-    regions   RefCOCO+: ``Linear(H_v, 1)`` per region state, -10000 added at padded slots (as
-              vilbert-multi-task's ``vision_logit``); BCE on the IoU targets over the real
-              regions, summed over regions, mean over expressions (x #regions, as MT)
+    regions   RefCOCO+: ``Linear(H_v, 1)`` per region state after dropout (the family's
+              `head_dropout`: ViLBERT's 0.1, `VILBertForVLTasks.dropout`; LXMERT's hidden dropout;
+              off in eval), -10000 added at padded slots (as vilbert-multi-task's
+              ``vision_logit(dropout(sequence_output_v))``);
+              BCE on the IoU targets over the real regions, summed over regions, mean over
+              expressions (x #regions, as MT)
     choice    VCR: ``Linear(H, 1)`` per (question, choice) pair; 4-way cross-entropy. Also
-              the retrieval head of a vilbert-multi-task checkpoint (its fine-tuned ``vil_logit``)
-    retrieval Flickr30k / COCO: the pretraining pair head's logit (alignment / matching) of
-              each candidate, 4-way cross-entropy (positive first); no new parameters, so
-              zero-shot scoring is the same head
+              retrieval's new scorer (``retrieval_head="new"``: 12-in-1's ``vil_logit``, fine-tuned
+              or a vilbert-multi-task checkpoint's) on the pooled pair vector
+    retrieval Flickr30k / COCO with ``retrieval_head="pretraining"``: the pretraining pair head's
+              logit (alignment / matching) of each candidate, 4-way cross-entropy (positive
+              first); no new parameters. Zero-shot scoring always uses this head
 
 `WeightNormAnswerHead` is vilbert_beta's answer classifier (its checkpoints' shape). New heads
 start as both references start theirs (`init_bert_weights`: N(0, 0.02) weights — their
 configs' ``initializer_range`` —, zero biases, unit LayerNorms). The heads 12-in-1 names
 ``vil_*`` (answers, pair, choice) say so (``vil``): `vltrain finetune --head-lr` trains them at
 their own learning rate, as 12-in-1 trains its ``vil_*`` parameters at 1e-4.
+
+Tasks trained together share a head's scoring layer where the family's reference does
+(`ModelFamily.shared_head`: 12-in-1's one ``vision_logit`` for RefCOCO, RefCOCO+ and RefCOCOg,
+one ``vil_logit`` for VCR and retrieval's new scorer): one module under each task's head, one
+set of parameters (the optimizer counts it once; a checkpoint holds it under every task's name,
+so a run's head loads for any one of its tasks).
 
 Every loss returns (loss, metrics) with the batch's accuracy-like figure.
 """
@@ -36,7 +46,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from pipeline.errors import ConfigError
-from vl_models.config import PAIR_LOSSES
+from vl_models.config import PAIR_LOSSES, RETRIEVAL_HEADS, flat_settings
 from vl_models.families.base import Encoded
 from vl_models.models.layers import init_bert_weights
 from vl_models.tasks.losses import global_mean
@@ -124,12 +134,13 @@ class PairHead(nn.Module):
 class RegionHead(nn.Module):
     reads_vision = True  # the region states (`ModelFamily.encode(vision=...)`); the other heads read pooled ones
 
-    def __init__(self, vision: int):
+    def __init__(self, vision: int, dropout: float = 0.1):
         super().__init__()
+        self.dropout = nn.Dropout(dropout)  # VILBertForVLTasks: vision_logit(self.dropout(sequence_output_v))
         self.logit = nn.Linear(vision, 1)
 
     def forward(self, enc: Encoded, batch: dict) -> torch.Tensor:
-        logits = self.logit(enc.vision).squeeze(-1)
+        logits = self.logit(self.dropout(enc.vision)).squeeze(-1)
         return logits + (1.0 - batch["region_valid"].to(logits.dtype)) * -10000.0
 
     @staticmethod
@@ -142,7 +153,7 @@ class RegionHead(nn.Module):
 
 
 class ChoiceHead(nn.Module):
-    vil = True  # vil_logit
+    vil = True  # vil_logit (VCR; retrieval's new scorer)
 
     def __init__(self, pooled: int, candidates: int):
         super().__init__()
@@ -162,7 +173,8 @@ class ChoiceHead(nn.Module):
 
 
 class RetrievalHead(nn.Module):
-    """No parameters: the pretraining pair head scores every candidate."""
+    """No parameters: the pretraining pair head scores every candidate (``retrieval_head=
+    "pretraining"``, and zero-shot retrieval)."""
 
     def __init__(self, candidates: int):
         super().__init__()
@@ -194,10 +206,12 @@ def build_head(
     eps: float,
     std: float = 0.02,
     pair_loss: str = "ce",
+    dropout: float = 0.1,
 ) -> nn.Module:
     """A new head of `kind` for a backbone of pooled width `pooled` and region-state width
     `vision`, initialized as the references do (`init_bert_weights` with `std`); `pair_loss`:
-    the pair head's loss ("ce" or "bce", see `PairHead`)."""
+    the pair head's loss ("ce" or "bce", see `PairHead`); `dropout`: the region scorer's
+    (`RegionHead`; 0.1: vilbert-multi-task's)."""
     if kind == "answers":
         if answers < 1:
             raise ConfigError("an answer classifier needs an answer table: the task dataset has none")
@@ -205,7 +219,7 @@ def build_head(
     else:
         builders = {
             "pair": lambda: PairHead(pooled, eps, pair_loss),
-            "regions": lambda: RegionHead(vision),
+            "regions": lambda: RegionHead(vision, dropout),
             "choice": lambda: ChoiceHead(pooled, candidates),
             "retrieval": lambda: RetrievalHead(candidates),
         }
@@ -218,7 +232,8 @@ def build_head(
 
 class TransferModel(nn.Module):
     """A family's pretraining model (``backbone``: its pair head scores retrieval) with one
-    head per task (``heads.<task>``); ``forward(task, batch)`` gives that task's logits.
+    head per task (``heads.<task>``; scoring layers shared as `build_transfer_model` says);
+    ``forward(task, batch)`` gives that task's logits.
     `task_tokens`: each task's task-token id for a backbone with a task-token table
     (`ModelFamily.task_token`), passed to `ModelFamily.encode`."""
 
@@ -240,18 +255,54 @@ class TransferModel(nn.Module):
         return head(enc, batch)
 
 
-def build_transfer_model(family, mcfg, tasks, datas, pair_loss: str = "ce") -> TransferModel:
+def build_transfer_model(
+    family, mcfg, tasks, datas, pair_loss: str = "ce", retrieval_head: Optional[str] = None
+) -> TransferModel:
+    """The family's model of config `mcfg` with a new head for each of `tasks` (`datas`: their
+    task datasets, for the answer tables). `pair_loss`: NLVR2's (`PairHead`); `retrieval_head`:
+    retrieval's scorer, "new" (a `ChoiceHead`, 12-in-1's ``vil_logit``) or "pretraining" (the pair
+    head, `RetrievalHead`), None: the family's own (`ModelFamily.retrieval_head`). The heads of
+    tasks the family's reference scores with one layer share it (`ModelFamily.shared_head`)."""
     pooled, vision = family.widths(mcfg)
+    retrieval_head = retrieval_head or family.retrieval_head
+    if retrieval_head not in RETRIEVAL_HEADS:
+        raise ConfigError(f"retrieval head {retrieval_head!r}: one of {', '.join(RETRIEVAL_HEADS)}")
+    kinds = {t.name: "choice" if t.head == "retrieval" and retrieval_head == "new" else t.head for t in tasks}
     heads = {
         t.name: build_head(
-            t.head,
+            kinds[t.name],
             pooled,
             vision,
             t.candidates,
             len(d.answers),
             mcfg.layer_norm_eps,
             pair_loss=pair_loss,
+            dropout=family.head_dropout(mcfg),
         )
         for t, d in zip(tasks, datas)
     }
+    shared: dict[str, nn.Module] = {}
+    for name, head in heads.items():
+        layer = family.shared_head(kinds[name])
+        if layer is not None:  # a one-layer scorer (`logit`): the first task's, for every task of the kind
+            head.logit = shared.setdefault(layer, head.logit)
     return TransferModel(family, family.build(mcfg), heads, {t.name: family.task_token(mcfg, t.name) for t in tasks})
+
+
+def shared_heads(model: TransferModel) -> dict[str, list[str]]:
+    """The tasks whose heads share their scoring layer, grouped by the first of them
+    (``{"refcoco": ["refcoco", "refcoco+"]}``); tasks with a head of their own are left out."""
+    groups: dict[int, list[str]] = {}
+    for name, head in model.heads.items():
+        layer = getattr(head, "logit", None)
+        if isinstance(layer, nn.Module):
+            groups.setdefault(id(layer), []).append(name)
+    return {names[0]: names for names in groups.values() if len(names) > 1}
+
+
+def run_heads(run: Optional[dict]) -> dict:
+    """`build_transfer_model`'s keywords for the heads a fine-tuning run (its record: a
+    checkpoint's ``run`` or config.json) was trained with: ``retrieval_head`` as recorded, and
+    "pretraining" for a run saved before the setting (every such run trained the pair head)."""
+    saved = flat_settings((run or {}).get("train") or {})
+    return {"retrieval_head": saved.get("retrieval_head") or "pretraining"}

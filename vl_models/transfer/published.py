@@ -39,6 +39,17 @@ task heads that the task does not read (named in the load note); anything else i
 `ConfigError` naming the keys. The pretraining heads our LXMERT backbone also has (masked LM,
 matching, object / attribute / feature and QA heads) have no tensors in its fine-tuned
 checkpoints and are not used by a task head: they stay as initialized, and the load says so.
+
+A published checkpoint is scored on the inputs its code gave it (`Published.data_settings`):
+the text length and region slots of its task, as the fine-tuning recipes of that code write
+them with their citations (`REFERENCE_RECIPES`, read by `recipes.recipe_settings`: the task's
+own recipe, then the multi-task one's per-task values) — vilbert-multi-task's
+``vilbert_tasks.yml`` (101 region slots: 100 regions and the IMG token; VQA 23 tokens, GQA 26,
+NLVR2 40, RefCOCO/+/g 20, retrieval 30, VCR Q->A 60, QA->R 80), LXMERT's 36 regions and 20
+tokens; vilbert_beta, which no recipe of ours follows, from its ``vlbert_tasks.yml``
+(`BETA_SETTINGS`). Both ViLBERT codes' feature reader makes the IMG token the mean of every
+region the image's record holds, before their datasets cut the regions to the slots
+(`img_feature` "all"). ``vltrain evaluate --max-regions / --max-text`` override them.
 """
 
 from __future__ import annotations
@@ -53,9 +64,11 @@ import torch
 
 from pipeline.errors import ConfigError
 from vl_models import families
+from vl_models.config import DataSettings
 from vl_models.data.tokenize import bundled_bert_vocab
 from vl_models.models.configuration import LxmertConfig, ViLBERTConfig
 from vl_models.models.weights import VILBERT_TASK_HEADS, check_keys, read_state_dict, retie
+from vl_models.train.recipes import recipe_settings
 from vl_models.transfer.heads import ChoiceHead, TransferModel, WeightNormAnswerHead, build_head
 
 HF_QA = "transformers LxmertForQuestionAnswering"
@@ -78,6 +91,29 @@ VILBERT_HEAD_OF_KIND = {
 VILBERT_HEAD_OF_TASK = {"gqa": "vil_prediction_gqa"}
 BETA_HEADS = ("vil_prediction", "vil_logit", "vision_logit", "linguisic_logit")  # vilbert_beta's class
 _OUR_NAMES = {"vision_logit": "logit.", "vil_logit": "logit."}  # Linear(., 1) heads: our `logit` layer
+
+# The fine-tuning recipes that write each layout's task settings (text length, region slots),
+# first match first ("{task}": the task's name); the last names the layout's region slots for a
+# task no recipe trains (vilbert-multi-task's joint VCR task: its Q->A and QA->R lengths are
+# the task's own, `vcr.py`).
+REFERENCE_RECIPES = {
+    VILBERT_MT: ("vilbert-{task}", "vilbert-12in1"),
+    HF_QA: ("lxmert-{task}",),
+    AIRSPLAY: ("lxmert-{task}",),
+}
+REFERENCE_OF = {  # where those settings come from, for the log and metrics.json
+    VILBERT_MT: "the settings of vilbert-multi-task's vilbert_tasks.yml (recipes vilbert-<task>, vilbert-12in1)",
+    VILBERT_BETA: "the settings of vilbert_beta's vlbert_tasks.yml",
+    HF_QA: "airsplay/lxmert's settings (recipes lxmert-<task>)",
+    AIRSPLAY: "airsplay/lxmert's settings (recipes lxmert-<task>)",
+}
+# jiasenlu/vilbert_beta vlbert_tasks.yml (no recipe of ours follows that code): max_region_num 100
+# for every task (99 regions and the IMG token); max_seq_length VQA 16, VCR_Q-A 60, VCR_QA-R 80,
+# RetrievalFlickr30k 30, refcoco+ 20.
+BETA_SETTINGS = {
+    "max_regions": 99,
+    "max_text": {"vqa": 16, "vcr-q2a": 60, "vcr-qa2r": 80, "flickr30k": 30, "refcoco+": 20},
+}
 
 
 @dataclass(frozen=True)
@@ -124,6 +160,42 @@ class Published:
             if self.source.is_dir() and (self.source / name).is_file():
                 return self.source
         return bundled_bert_vocab()
+
+    @property
+    def img_feature(self) -> str:
+        """The IMG token's feature its code computes (`TaskDataset`'s ``img_feature``): "all",
+        the mean of every region of the image's record (both ViLBERT codes' feature reader,
+        before the datasets cut the regions to the slots); "kept" for a layout without one."""
+        return "all" if self.vilbert else "kept"
+
+    @property
+    def reference(self) -> str:
+        """Where `reference_settings` come from, in words."""
+        return REFERENCE_OF[self.layout]
+
+    def reference_settings(self, task) -> dict:
+        """The text length and region slots (``max_text``, ``max_regions``: regions, the IMG
+        token not counted) its code scores `task` with (see the module's docstring); a key
+        left out is the task's or the model family's default (VCR's joint task: its own Q->A
+        and QA->R lengths)."""
+        if self.layout == VILBERT_BETA:
+            text = BETA_SETTINGS["max_text"].get(task.name)
+            return {"max_regions": BETA_SETTINGS["max_regions"], **({"max_text": text} if text else {})}
+        names = [pattern.format(task=task.name) for pattern in REFERENCE_RECIPES[self.layout]]
+        found: dict = {}
+        for name in names:
+            for key, value in recipe_settings(name, task.name).items():
+                found.setdefault(key, value)
+        if "max_regions" not in found:  # a task no recipe trains: the layout's region slots
+            found.update({k: v for k, v in recipe_settings(names[-1]).items() if k == "max_regions"})
+        return found
+
+    def data_settings(self, task, max_regions: Optional[int] = None, max_text: Optional[int] = None) -> DataSettings:
+        """`reference_settings` of `task` as data settings, `max_regions` / `max_text` in their
+        place where given."""
+        values = self.reference_settings(task)
+        values.update({k: v for k, v in (("max_regions", max_regions), ("max_text", max_text)) if v is not None})
+        return DataSettings(**values)
 
     def head_for(self, task) -> Optional[str]:
         """The name of the checkpoint's head that `task` reads (None: none fits)."""

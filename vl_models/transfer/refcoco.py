@@ -1,7 +1,9 @@
 """Referring expressions: RefCOCO+ (and RefCOCO, RefCOCOg): the ``refs(unc).p`` pickle
 (read by the restricted unpickler) and COCO's ``instances.json``, one row per sentence (its
 ``raw`` text, as vilbert-multi-task reads it) with the referred box; splits train / val /
-testA / testB (RefCOCOg: train / val / test).
+testA / testB (RefCOCOg: train / val / test). vilbert-multi-task trains on train less the refs
+on the images of its ``cache/coco_test_ids.npy`` (``clean_datasets``: `vlprep build-task
+--test-images`, split ``test_images``).
 
 The region candidates are as vilbert-multi-task's ``refer_expression_dataset.py`` builds
 them: the detections (the feature stores, `vlprep extract`) with the IMG token first (for a
@@ -37,6 +39,9 @@ class Referring(Task):
     ground_truth = "train"
     head = "regions"
     max_text = 20  # ViLBERT-MT's
+    # 12-in-1's clean_datasets list (cache/ beside its RefCOCO data): refer_expression_dataset.py
+    # drops the refs on these COCO images from "train" (build-task --test-images: split test_images)
+    test_images_file = "coco_test_ids.npy"
 
     def __init__(self, name: str, refs: str):
         self.name, self.metric = name, f"eval_{name}_accuracy"

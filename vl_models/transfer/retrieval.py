@@ -6,8 +6,11 @@ caption. Training is on ``train``, validation (and so ``checkpoints/best``) on `
 Training is 4-way, as vilbert-multi-task's ``RetreivalDataset.__getitem__``: the caption
 with its image, then three negatives — a caption of another image with this image, this
 caption with another image, and one more caption of another image with this image — with
-cross-entropy over the pretraining pair head's logits (`heads.RetrievalHead`: no new
-parameters, so ``--zero-shot`` evaluation scores with the same head). Another image is
+cross-entropy over the four candidates' scores. The scorer (``vltrain finetune
+--retrieval-head``, by default the model family's): ``new``, 12-in-1's ``vil_logit`` (a new
+``Linear(H, 1)`` on the pooled pair vector, `heads.ChoiceHead`, a ``vil_*`` head at --head-lr;
+ViLBERT's), or ``pretraining``, the pretraining pair head's logit (`heads.RetrievalHead`, no new
+parameters; LXMERT's). ``--zero-shot`` evaluation always scores with the pair head. Another image is
 drawn uniformly among the split's other images, then one of its captions uniformly. The
 fourth candidate's image is random too, unless the task carries 12-in-1's hard-negative pool
 (`with_hard_negatives`, ``vltrain finetune --hard-negatives hard_negative.pkl``): then, in
@@ -16,6 +19,17 @@ left out, as 12-in-1 does).
 
 Evaluation scores every caption against every image of the split (`evaluate.score_pairs`)
 and reports R@1/5/10 both ways and the median / mean rank (`metrics.retrieval_metrics`).
+
+COCO's test split is Karpathy's 5,000 images (the "5K test"). The literature also reports a
+1K test, which COCO's task adds as named splits (`Retrieval.named_splits`): ``test1k_0`` ..
+``test1k_4``, the test images in file order cut into consecutive folds of 1,000 (each with all
+its captions), as VSE++ and SCAN cut theirs (``evalrank(fold5=True)``), and ``test1k`` = the
+first fold: the one 1K set vilbert-multi-task scores (``eval_retrieval.py`` over its
+``all_data_final_test_set0_2014.jsonline``, 1,000 images x 5,000 captions, which is also its
+TASK7 validation file). Scoring a split that holds all five folds whole (``test``) reports,
+besides its own metrics, each metric averaged over the five folds as ``1k5fold_<metric>``
+(each fold's captions against that fold's images: a sub-matrix of the 5K scores, as a pair's
+score depends on the pair alone). Flickr30k's test is 1,000 images already.
 """
 
 from __future__ import annotations
@@ -31,19 +45,14 @@ from pipeline.errors import ConfigError, UnsafePickleError
 from pipeline.io import atomic_write_json
 from pipeline.safe_pickle import safe_loads
 from pipeline.sources.base import Malformed, Skip
+from pipeline.sources.image_ids import image_number
 from pipeline.sources.karpathy import read_karpathy
 from vl_models.eval.metrics import retrieval_metrics
 from vl_models.transfer.task import Row, Task, column
 
 POOL_KEYS = ("train_image_list", "train_hard_pool")  # 12-in-1's hard_negative.pkl: what it reads of the dict
-
-
-def image_number(name) -> object:
-    """The id an image has in 12-in-1's files: the number its name ends with (Flickr30k's
-    ``1000092795``, COCO's ``COCO_train2014_000000391895`` -> 391895), else the name."""
-    text = str(name)
-    tail = text.rsplit("_", 1)[-1]
-    return int(tail) if tail.isdigit() else text
+FOLD_IMAGES = 1000  # the 1K test: folds of 1,000 test images
+FOLD_PREFIX, MEAN_PREFIX = "test1k", "1k5fold_"
 
 
 @dataclass(frozen=True)
@@ -113,8 +122,34 @@ class Retrieval(Task):
     max_text = 30  # ViLBERT-MT's
     hard_negatives: Optional[HardNegatives] = None
 
-    def __init__(self, name: str, file: str):
+    def __init__(self, name: str, file: str, test_images_file: str, folds: int = 0):
         self.name, self.files, self.metric = (name, f"{file} (Karpathy's split file)", f"eval_{name}_text_to_image_R@1")
+        self.test_images_file = test_images_file  # 12-in-1's clean_datasets list (cache/ beside its data)
+        self.folds = folds  # 1K folds of the test split (COCO: 5); 0: none
+        self.fold_images = FOLD_IMAGES  # images per fold
+
+    def fold_names(self) -> list[str]:
+        """The named splits of the 1K test folds (``test1k_0`` ..)."""
+        return [f"{FOLD_PREFIX}_{k}" for k in range(self.folds)]
+
+    def named_splits(self, rows):
+        """COCO's 1K test: the test images in file order, consecutive folds of `fold_images`
+        (as many whole folds as the test holds, at most `folds`) with all their captions:
+        ``test1k_0`` .. and ``test1k`` (= ``test1k_0``, vilbert-multi-task's 1K set)."""
+        if not self.folds:
+            return {}
+        fold_of = {}
+        for row in rows:
+            if row.split == "test" and row.group not in fold_of:
+                fold_of[row.group] = len(fold_of) // self.fold_images
+        whole = min(self.folds, len(fold_of) // self.fold_images)
+        splits: dict[str, list[int]] = {name: [] for name in self.fold_names()[:whole]}
+        for i, row in enumerate(rows):
+            if row.split == "test" and fold_of[row.group] < whole:
+                splits[f"{FOLD_PREFIX}_{fold_of[row.group]}"].append(i)
+        if whole:
+            splits[FOLD_PREFIX] = list(splits[f"{FOLD_PREFIX}_0"])
+        return splits
 
     def with_hard_negatives(self, pool: HardNegatives) -> "Retrieval":
         """This task drawing its training examples' fourth candidate from `pool`."""
@@ -195,9 +230,31 @@ class Retrieval(Task):
         return {**view.candidates(pairs), "label": np.int64(0)}
 
     def score(self, data, predictions):
+        """R@K (in %, as the papers) and ranks of the scored split; for a split that holds the
+        five 1K folds whole, also each averaged over them (``1k5fold_``: VSE++'s "mean metrics")."""
         scores, image_of_caption = predictions.values["scores"], predictions.values["image_of_caption"]
-        metrics = retrieval_metrics(scores, image_of_caption)
-        return {k: 100 * v if "_R@" in k else v for k, v in metrics.items()}  # recalls in %, as the papers
+        metrics = _percent(retrieval_metrics(scores, image_of_caption))
+        folds = self._fold_metrics(data, predictions.rows, scores, np.asarray(image_of_caption))
+        if folds:
+            metrics.update({f"{MEAN_PREFIX}{k}": float(np.mean([f[k] for f in folds])) for k in folds[0]})
+        return metrics
+
+    def _fold_metrics(self, data, rows: np.ndarray, scores: np.ndarray, image_of_caption: np.ndarray) -> list[dict]:
+        """Each 1K fold's metrics (its captions against its images), when every caption of
+        every fold is among the scored `rows`; [] otherwise."""
+        names = self.fold_names()
+        counts = data.manifest.get("splits", {})
+        if not names or any(not counts.get(n) for n in names):
+            return []
+        splits = column(data, "splits", rows)
+        out = []
+        for name in names:
+            mine = np.array([p for p, s in enumerate(splits) if name in s], np.int64)
+            if len(mine) != counts[name]:
+                return []
+            images, own = np.unique(image_of_caption[mine], return_inverse=True)
+            out.append(_percent(retrieval_metrics(scores[np.ix_(mine, images)], own)))
+        return out
 
     def write_submission(self, data, predictions, folder):
         """Each caption's ten best images, best first (no official format: ours, JSON)."""
@@ -212,8 +269,13 @@ class Retrieval(Task):
         return path
 
 
-FLICKR30K = Retrieval("flickr30k", "dataset_flickr30k.json")
-COCO = Retrieval("coco-retrieval", "dataset_coco.json")
+def _percent(metrics: dict) -> dict:
+    """Recalls in %, as the papers report them."""
+    return {k: 100 * v if "_R@" in k else v for k, v in metrics.items()}
+
+
+FLICKR30K = Retrieval("flickr30k", "dataset_flickr30k.json", "flickr_test_ids.npy")
+COCO = Retrieval("coco-retrieval", "dataset_coco.json", "coco_test_ids.npy", folds=5)
 
 
 def with_hard_negatives(tasks: Sequence[Task], path: Path) -> list[Task]:

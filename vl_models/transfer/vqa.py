@@ -4,36 +4,47 @@ test-dev2015 and test2015 questions alone), an answer classifier over the answer
 scored by the official accuracy (overall and per answer type); the submission is the
 official results JSON.
 
-Answers are normalized exactly as the official evaluator normalizes them
-(`pipeline.items.answers.evaluator_answer`: ``grey`` and ``gray`` are two answers), and a
-row's targets are the official accuracies of the answers that score on it
-(`vl_models.eval.metrics.vqa_answer_scores`: 0.3 / 0.6 / 0.9 / 1.0 for 1 / 2 / 3 / 4+ of 10
-annotators), so an answer's target is what the evaluator gives it.
+The answer table's entries are normalized exactly as the official evaluator normalizes
+answers (`pipeline.items.answers.evaluator_answer`, the strings BUTD's ``preprocess_answer``
+makes: ``grey`` and ``gray`` are two answers). A row's targets are BUTD's
+(``tools/compute_softscore.py`` ``compute_target``, where vilbert-multi-task's cached targets
+and LXMERT's VQA labels come from; `pipeline.items.answers.counted_scores`): each annotator
+answer counted as given, 0.3 / 0.6 / 0.9 / 1.0 for 1 / 2 / 3 / 4+ annotators, kept where the
+table holds that string. An answer given otherwise than its normal form (``t-shirt``, ``Two``)
+thus scores no target, as in both references; `vlprep build-task` counts the questions this
+leaves without a target, or with other targets than counting normalized answers would give.
+Predictions are scored by the official evaluator (`vl_models.eval.metrics.vqa_report`).
 
 Named splits besides train / val / test-dev / test: ``minval``, ViLBERT's (vilbert-multi-task
 ``vqa_dataset.py`` `_load_dataset`): the val questions sorted by question id, the last 3,000;
-it trains on ``train,val-minval`` (`pipeline.task_data.TaskData.rows`). LXMERT's
-``minival`` / ``nominival`` come from its published ``minival.json`` (`vlprep build-task
---minival`, `vl_models.transfer.build`); it trains on ``train,nominival``.
+it trains on train + (val - minval), less the questions on the images of its
+``cache/coco_test_ids.npy`` (``clean_datasets``: `vlprep build-task --test-images`, split
+``test_images``): ``train-test_images,val-minval-test_images`` (`pipeline.task_data.TaskData.rows`).
+LXMERT's ``minival`` / ``nominival`` come from its published ``minival.json`` /
+``nominival.json`` (`vlprep build-task --minival / --nominival`, `vl_models.transfer.build`);
+it trains on ``train,nominival``.
 """
 
 from __future__ import annotations
 
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
 
 from pipeline.errors import ConfigError
-from pipeline.items.answers import evaluator_answer
+from pipeline.items.answers import counted_scores, evaluator_answer
 from pipeline.sources.base import Malformed, Skip
 from pipeline.sources.coco import coco_split
 from pipeline.sources.vqa import read_vqa, read_vqa_questions
-from vl_models.eval.metrics import vqa_answer_scores, vqa_report
+from vl_models.eval.metrics import vqa_report
 from vl_models.eval.submissions import write_vqa_results
 from vl_models.transfer.task import Predictions, Row, Task, column
 
 SPLIT_NAMES = {"train2014": "train", "val2014": "val", "test2015": "test"}  # test-dev2015: its images are test2015's
 VILBERT_MINVAL = 3000  # the last val questions by question id
+# The evaluator's normalization, memoized: millions of annotator answers, a few hundred thousand distinct
+_normalized = lru_cache(maxsize=1 << 18)(evaluator_answer)
 
 
 class Classifier(Task):
@@ -101,11 +112,20 @@ class Vqa(Classifier):
         val = sorted((i for i, r in enumerate(rows) if r.split == "val"), key=lambda i: int(rows[i].uid))
         return {"minval": sorted(val[-VILBERT_MINVAL:])}
 
+    test_images_file = "coco_test_ids.npy"  # 12-in-1's clean_datasets list (cache/ beside its VQA data)
+
     def targets(self, row):
-        return vqa_answer_scores(row.answers) if row.answers else {}
+        """BUTD's: the annotators' answers counted as given (`counted_scores`)."""
+        return counted_scores(row.answers) if row.answers else {}
+
+    def normalized_targets(self, row) -> dict[str, float]:
+        """The targets counting the answers normalized as the table is (what BUTD's
+        ``compute_target`` docstring asks for and its code does not do): for the build report's
+        count of the questions the references' raw comparison affects."""
+        return counted_scores(map(_normalized, row.answers)) if row.answers else {}
 
     def table_answer(self, answer):
-        return evaluator_answer(answer)
+        return _normalized(answer)
 
     def score(self, data, predictions):
         rows = predictions.rows
