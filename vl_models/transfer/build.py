@@ -287,15 +287,21 @@ def _lxmert_splits(
     return splits, {name: info for name, (_, info) in listed.items()}
 
 
-def _listed_rows(path: Path, rows: list[Row], flag: str) -> tuple[set[int], dict]:
-    """The val rows whose question id the LXMERT split file `path` lists, with the manifest's
-    account of the file; ConfigError when it lists none of them."""
+def _collected(reads) -> tuple[set, int]:
+    """The ids a list reader yields, and how many of its entries were malformed."""
     ids, bad = set(), 0
-    for read in read_question_ids(path):
+    for read in reads:
         if isinstance(read, Malformed):
             bad += 1
         else:
             ids.add(read)
+    return ids, bad
+
+
+def _listed_rows(path: Path, rows: list[Row], flag: str) -> tuple[set[int], dict]:
+    """The val rows whose question id the LXMERT split file `path` lists, with the manifest's
+    account of the file; ConfigError when it lists none of them."""
+    ids, bad = _collected(read_question_ids(path))
     # LXMERT's files list val2014 questions: only val rows are matched (a file may repeat an id across
     # splits, as the shapes world's do), and ids that match no val row are counted, not guessed at
     chosen = {i for i, row in enumerate(rows) if row.split == MINIVAL_OF and row.uid in ids}
@@ -338,12 +344,7 @@ def _test_image_rows(task: Task, paths: list[Path], rows: list[Row]) -> tuple[se
     ids: set = set()
     files = []
     for path in paths:
-        found, bad = set(), 0
-        for read in read_image_ids(path):
-            if isinstance(read, Malformed):
-                bad += 1
-            else:
-                found.add(read)
+        found, bad = _collected(read_image_ids(path))
         if not found:
             malformed = f" ({bad} malformed entries)" if bad else ""
             raise ConfigError(f"--test-images {path}: no image ids in it{malformed}")
