@@ -1,3 +1,4 @@
+import pytest
 import torch
 from torch import nn
 
@@ -15,7 +16,7 @@ def test_decay_groups_and_schedule():
     decay, no_decay = param_groups(Tiny(), 0.01)
     assert [p.shape for p in decay["params"]] == [(2, 3)] and len(no_decay["params"]) == 3
     assert no_decay["weight_decay"] == 0.0
-    assert [lr_at(s, 1.0, 4, 12) for s in (0, 3, 4, 8, 12)] == [0.25, 1.0, 1.0, 0.5, 0.0]
+    assert [lr_at(s, 1.0, 4, 12) for s in (0, 1, 3, 4, 8, 12)] == [0.0, 0.25, 0.75, 1.0, 0.5, 0.0]
 
 
 def _first_step(name: str):
@@ -85,3 +86,17 @@ def test_uncorrected_adamw_is_12in1s():
         stepped = before[n] - 0.1 * direction[n]
         expected = stepped * (1 - 0.1 * 0.01) if n == "dense.weight" else stepped
         torch.testing.assert_close(p.detach(), expected)
+
+
+def test_schedule_is_the_references_warmup_linear():
+    """`lr_at` is transformers' ``get_linear_schedule_with_warmup`` (pytorch-transformers'
+    ``WarmupLinearSchedule``, which vilbert-multi-task steps once per update from 0): the first
+    warm-up step at 0, not at lr / warmup."""
+    from transformers import get_linear_schedule_with_warmup
+
+    optimizer = torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=1.0)
+    schedule = get_linear_schedule_with_warmup(optimizer, num_warmup_steps=7, num_training_steps=30)
+    for step in range(32):
+        assert lr_at(step, 1.0, 7, 30) == pytest.approx(optimizer.param_groups[0]["lr"], abs=1e-12), step
+        optimizer.step()
+        schedule.step()

@@ -35,9 +35,12 @@ def param_groups(model: nn.Module, weight_decay: float, scale_of: Scales = None)
 
 
 def lr_at(step: int, base_lr: float, warmup: int, total: int) -> float:
-    """Linear warmup to `base_lr` over `warmup` steps, then linear decay to 0 at `total`."""
+    """Linear warmup from 0 to `base_lr` over `warmup` steps, then linear decay to 0 at `total`
+    (`step` counts from 0): both references' ``warmup_linear`` — vilbert-multi-task's
+    ``WarmupLinearSchedule`` (``step / warmup_steps``) and LXMERT's BertAdam (its step counter
+    is 0 on the first update) —, so the first warm-up step runs at 0."""
     if warmup and step < warmup:
-        return base_lr * (step + 1) / warmup
+        return base_lr * step / warmup
     if total <= warmup:
         return base_lr
     return base_lr * max(0.0, (total - step) / (total - warmup))
