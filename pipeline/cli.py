@@ -26,6 +26,7 @@ from typing import Iterator, List, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -46,13 +47,12 @@ from pipeline.distribute import DistributeConfig
 from pipeline.download.fetch import FetchConfig
 from pipeline.download.run import DownloadConfig, run_download
 from pipeline.errors import ConfigError, RunFailedError
+from pipeline.formats import FORMATS, exportable, importable
 from pipeline.images import ENCODE_FORMATS, RESAMPLE, ImageConfig
-from pipeline.legacy import FORMATS
 from pipeline.log import cli_app, named_errors
 from pipeline.log import console as err_console
 from pipeline.store.layout import BACKENDS, FLOAT_DTYPES
 
-FORMAT_NAMES = tuple(FORMATS)  # the foreign feature formats (pipeline.legacy)
 DETECTOR_NAMES = "; ".join(
     f"{b.name}: {', '.join(b.config_names())}" for b in BACKENDS_REGISTRY
 )  # every named config, by backend
@@ -60,7 +60,7 @@ DETECTOR_NAMES = "; ".join(
 app = cli_app(
     "vlprep",
     "Prepare vision-and-language pretraining data: image downloads, region-feature stores "
-    "(Arrow IPC or LMDB shards with a manifest), legacy format conversion, and more.\n\n"
+    "(Arrow IPC or LMDB shards with a manifest), conversion to and from other codebases' formats, and more.\n\n"
     "A feature store is a directory with manifest.json, index.arrow and shards/. "
     "See docs/store-format.md.",
 )
@@ -88,12 +88,29 @@ def _progress(description: str, total: Optional[int] = None) -> Iterator:
 def inspect(
     store: Path = typer.Argument(..., help="Feature store directory."),
     as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
+    card: bool = typer.Option(
+        False,
+        "--card",
+        help="Print the store's dataset card instead (README.md with the YAML header the Hugging Face Hub reads, "
+        "and the provenance: detector, weights sha256, preprocessing, box policy, counts, the command); "
+        "vlprep export writes the same card into its folders.",
+    ),
 ) -> None:
     """Summarize a feature store: counts, dims, dtypes, backend, bytes on disk and per
-    image, provenance, and one sample record. Exits 3 naming the shard when one is
-    missing or truncated (every shard's size is checked against the manifest)."""
+    image, provenance, and one sample record; or, with --card, print its dataset card. Exits 3
+    naming the shard when one is missing or truncated (every shard's size is checked against the
+    manifest)."""
     from pipeline.store import describe_store
 
+    if card:
+        from pipeline.formats.card import count_regions, render_card
+        from pipeline.store import FeatureStore
+
+        with FeatureStore.open(store) as fs:
+            fs.check_shards()
+            text = render_card(fs.manifest, name=store.resolve().name, counts=count_regions(fs))
+        typer.echo(text, nl=False)
+        return
     info = describe_store(store)
     if as_json:
         stdout.print_json(json.dumps(info))
@@ -196,41 +213,65 @@ def _sample_size(text: str, total: int) -> int:
     raise ConfigError(f"--sample must be a record count (e.g. 1000) or a fraction in (0, 1] (e.g. 0.01), got {text!r}")
 
 
+def option_help(example: str) -> str:
+    return (
+        f"A format's option, KEY=VALUE (repeatable), e.g. {example}; `vlprep formats` lists each format's options, "
+        "an unknown one is refused."
+    )
+
+
 @app.command("import")
 @named_errors
 def import_(
     paths: List[Path] = typer.Argument(
         ..., metavar="SRC... DEST", help="Source files/folders, then the store to write."
     ),
-    fmt: str = typer.Option(..., "--from", help=f"Source format: {', '.join(FORMAT_NAMES)} (vlprep formats)."),
-    backend: str = typer.Option("arrow", help="Store backend: arrow (memory-mapped IPC files) or lmdb."),
+    fmt: str = typer.Option(..., "--from", help=f"Source format: {', '.join(importable())} (vlprep formats)."),
+    backend: Optional[str] = typer.Option(
+        None, help="Store backend: arrow (memory-mapped IPC files) or lmdb (default: the source's card's, else arrow)."
+    ),
     shard_size: int = typer.Option(1000, help="Records per shard."),
-    dtype: str = typer.Option("float16", help="Stored dtype of features and probability tables: float16 or float32."),
-    feature_dim: int = typer.Option(2048, help="Region feature width the store holds."),
-    cls_prob: str = typer.Option("full", help="How to keep cls_prob: full, topk:K or none."),
-    attr_prob: str = typer.Option("full", help="How to keep attr_prob: full, topk:K or none."),
+    dtype: Optional[str] = typer.Option(
+        None,
+        help="Stored dtype of features and probability tables: float16 or float32 (default: what the source says, "
+        "as an hf-dataset or webdataset export does; else float16).",
+    ),
+    feature_dim: Optional[int] = typer.Option(
+        None, help="Region feature width the store holds (default: what the source says, else 2048)."
+    ),
+    cls_prob: Optional[str] = typer.Option(
+        None, help="How to keep cls_prob: full, topk:K or none (default: the source's card's, else full)."
+    ),
+    attr_prob: Optional[str] = typer.Option(
+        None, help="How to keep attr_prob: full, topk:K or none (default: the source's card's, else full)."
+    ),
     allow_skips: bool = typer.Option(False, help="Exit 0 even if some rows were skipped."),
     trust_pickle: bool = typer.Option(
-        False, help="Allow pickled inputs (vilbert-lmdb, mmf-npy); loaded through a restricted unpickler."
+        False,
+        help="Allow pickled inputs (vilbert-lmdb, mmf-npy, butd-npz's info); loaded through a restricted unpickler.",
     ),
+    options: List[str] = typer.Option([], "--option", "-O", help=option_help("cls-background=last")),
 ) -> None:
-    """Import legacy region-feature files into a store (streaming; resumes an existing
-    store, skipping ids already in it).
+    """Import another codebase's region-feature files into a store (streaming; resumes an
+    existing store, skipping ids already in it).
 
-    Every row is checked (field count, base64, array lengths against num_boxes, finite
-    values, sizes and ids within int32, boxes inside the image, probabilities in [0,1]);
-    bad rows are skipped and listed with file:row and reason in DEST/import_report.json,
-    the good rows are committed, and the command exits 1 if any row was skipped unless
-    --allow-skips. Another process writing DEST: exit 75 at once; disk full: exit 74,
-    the committed shards are kept and a rerun resumes.
+    Every row is checked (field count, base64, array lengths against num_boxes, finite values,
+    sizes and ids within int32, boxes inside the image, probabilities in [0,1]); bad rows, and an
+    id a source repeats, are skipped and listed with file:row and reason in
+    DEST/import_report.json, the good rows are committed, and the command exits 1 if any row was
+    skipped unless --allow-skips. A source of the wrong schema exits 2, a damaged one (a truncated
+    shard, a dataset card that disagrees with its data) exits 3, before anything is written where
+    the format can tell. Another process writing DEST: exit 75 at once; disk full: exit 74, the
+    committed shards are kept and a rerun resumes.
 
     vinvl-tsv reads a folder of predictions.tsv, predictions.hw.tsv (the image sizes) and the
     label map (labelmap.json); oscar-tsv one of feature.tsv, label.tsv and the label map;
-    grid-pth one of <id>.pth maps and grid_sizes.json (store it with --feature-dim of the maps).
+    grid-pth one of `<id>.pth` maps and grid_sizes.json (store it with --feature-dim of the maps);
+    hf-dataset and webdataset an export's folder (its card is checked against the data).
 
     Example: vlprep import --from lxmert-tsv train2014_obj36.tsv val2014_obj36.tsv coco_feats
     """
-    from pipeline.legacy.convert import ImportConfig, run_import
+    from pipeline.formats.convert import ImportConfig, run_import
 
     if len(paths) < 2:
         raise ConfigError("give one or more sources followed by the destination store")
@@ -246,6 +287,7 @@ def import_(
         attr_prob=attr_prob,
         allow_skips=allow_skips,
         trust_pickle=trust_pickle,
+        options=tuple(options),
     )
     with _progress(f"importing {fmt}") as advance:
         report = run_import(cfg, progress=advance)
@@ -268,23 +310,33 @@ def import_(
 @named_errors
 def export(
     store: Path = typer.Argument(..., help="Feature store directory."),
-    dest: Path = typer.Argument(..., help="Output file (lxmert-tsv, butd-tsv) or folder (the other formats)."),
-    fmt: str = typer.Option(..., "--to", help=f"Target format: {', '.join(FORMAT_NAMES)} (vlprep formats)."),
+    dest: Path = typer.Argument(
+        ...,
+        help="Output file ("
+        + ", ".join(n for n, f in FORMATS.items() if f.exportable and f.output == "file")
+        + ") or folder (the other formats).",
+    ),
+    fmt: str = typer.Option(..., "--to", help=f"Target format: {', '.join(exportable())} (vlprep formats)."),
     overwrite: bool = typer.Option(False, help="Replace DEST if it exists."),
+    options: List[str] = typer.Option([], "--option", "-O", help=option_help("shard-bytes=200MB")),
 ) -> None:
-    """Export a store to a format the reference code reads (float32, same field order
-    and encoding as the original extractors). vilbert-lmdb is the LMDB that
-    vilbert-multi-task's script/convert_to_lmdb.py writes. Image ids the format cannot
-    hold (mmf-npy: ids whose files collide, such as `img` and `img_info`; vilbert-lmdb:
-    an id `keys`) are refused with exit 2 before anything is written. vinvl-tsv and oscar-tsv
-    name classes, so they need a store extracted with --labelmap; grid-pth a grid store.
+    """Export a store to a format another codebase reads (the reference formats in float32, same
+    field order and encoding as the original extractors; hf-dataset and webdataset keep the
+    store's dtype). vilbert-lmdb is the LMDB that vilbert-multi-task's
+    script/convert_to_lmdb.py writes. Image ids the format cannot hold (mmf-npy: ids whose files
+    collide, such as `img` and `img_info`; vilbert-lmdb: an id `keys`) are refused with exit 2
+    before anything is written. vinvl-tsv and oscar-tsv name classes, so they need a store
+    extracted with --labelmap; grid-pth a grid store. A folder export gets the store's dataset
+    card as README.md (vlprep inspect --card prints it).
 
     Example: vlprep export --to lxmert-tsv coco_feats val2014_obj36.tsv
+
+    Example: vlprep export --to hf-dataset --option shard-bytes=200MB coco_feats coco_feats_hf
     """
-    from pipeline.legacy.convert import ExportConfig, run_export
+    from pipeline.formats.convert import ExportConfig, run_export
     from pipeline.store.manifest import Manifest
 
-    cfg = ExportConfig(fmt=fmt, store=store, dest=dest, overwrite=overwrite)
+    cfg = ExportConfig(fmt=fmt, store=store, dest=dest, overwrite=overwrite, options=tuple(options))
     with _progress(f"exporting {fmt}", Manifest.read(store).num_records) as advance:
         count = run_export(cfg, progress=advance)
     stdout.print(f"wrote {count:,} records to {dest} ({fmt})")
@@ -773,10 +825,14 @@ def datasets() -> None:
 
 @app.command()
 def formats() -> None:
-    """List the foreign feature formats import/export understand."""
-    table = Table("format", "import", "export", "description")
+    """List the foreign feature formats import/export understand, with what an export writes
+    (a file or a folder) and each format's options (--option KEY=VALUE)."""
+    table = Table("format", "import", "export", "writes", "options", "description")
     for f in FORMATS.values():
-        table.add_row(f.name, "yes" if f.read else "-", "yes" if f.write else "-", f.summary)
+        imported = ("yes (--trust-pickle)" if f.needs_pickle else "yes") if f.importable else "-"
+        options = "\n".join(spec.describe() for spec in f.options.specs()) or "-"
+        cells = (f.name, imported, "yes" if f.exportable else "-", f.output, options, f.summary)
+        table.add_row(*map(escape, cells))  # option help holds brackets: text, not markup
     stdout.print(table)
 
 

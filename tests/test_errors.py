@@ -179,7 +179,7 @@ def test_damaged_files_we_wrote_and_unreadable_sources_are_named(tmp_path):
 CAUGHT_INSIDE = {
     "pipeline.images.ImageError": "an image's decode failure: the download/extract sample's reason",
     "pipeline.download.fetch.FetchError": "a URL's fetch failure: the download sample's reason",
-    "pipeline.legacy.base.RowError": "a legacy row's bad value: the import's skipped row",
+    "pipeline.formats.base.RowError": "a source row's bad value: the import's skipped row",
     "pipeline.sources.vcr._Bad": "a VCR line's malformed field: the row's Malformed reason",
     "pipeline.store.arrow_shard._Damaged": "a damaged shard file: re-raised as StoreError naming it",
 }

@@ -189,8 +189,8 @@ def test_the_cli_loads_without_torch_or_ray():
 @pytest.mark.parametrize(
     "command, config, mapped",
     [
-        ("import", "pipeline.legacy.convert:ImportConfig", {"sources": "paths", "dest": "paths"}),  # SOURCES... DEST
-        ("export", "pipeline.legacy.convert:ExportConfig", {}),
+        ("import", "pipeline.formats.convert:ImportConfig", {"sources": "paths", "dest": "paths"}),  # SOURCES... DEST
+        ("export", "pipeline.formats.convert:ExportConfig", {}),
         ("demo", "vl_models.demo:DemoConfig", {}),  # the plugin command
     ],
 )

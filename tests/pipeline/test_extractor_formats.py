@@ -17,7 +17,7 @@ from helpers import make_record
 from pipeline.detect.backends import open_extractor, resolve
 from pipeline.detect.config import GridPool
 from pipeline.errors import ConfigError
-from pipeline.legacy.convert import ExportConfig, ImportConfig, run_export, run_import
+from pipeline.formats.convert import ExportConfig, ImportConfig, run_export, run_import
 from pipeline.records import grid_shape
 from pipeline.store import FeatureStore, write_records
 

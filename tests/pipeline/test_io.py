@@ -161,7 +161,7 @@ def store(tmp_path):
 
 
 def test_export_overwrite_refuses_a_folder_that_is_not_an_export(tmp_path, store):
-    from pipeline.legacy.convert import ExportConfig
+    from pipeline.formats.convert import ExportConfig
 
     mine = user_folder(tmp_path / "home")
     before = tree(mine)
@@ -178,7 +178,7 @@ def test_export_overwrite_refuses_a_folder_that_is_not_an_export(tmp_path, store
 
 
 def test_export_overwrite_replaces_an_earlier_export(tmp_path, store):
-    from pipeline.legacy.convert import ExportConfig, run_export
+    from pipeline.formats.convert import ExportConfig, run_export
 
     run_export(ExportConfig("mmf-npy", store, tmp_path / "out"))
     (tmp_path / "out" / "stale_info.npy").write_text("from an older export")

@@ -17,7 +17,7 @@ from legacy_files import (
 )
 
 from pipeline.errors import ConfigError
-from pipeline.legacy.convert import ExportConfig, ImportConfig, run_export, run_import
+from pipeline.formats.convert import ExportConfig, ImportConfig, run_export, run_import
 from pipeline.store import FeatureStore, verify_store
 
 D, C = 2048, 1601  # the published feature width and VG class count

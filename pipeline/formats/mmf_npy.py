@@ -24,10 +24,11 @@ from typing import TYPE_CHECKING, Iterable, Iterator, Sequence
 import numpy as np
 
 from pipeline.errors import ConfigError, UnsafePickleError
-from pipeline.legacy.base import (
+from pipeline.formats.base import (
     ReadOptions,
     ReadResult,
     RowError,
+    WriteContext,
     decode_row,
     pickle_refusal,
     record_from_dict,
@@ -35,7 +36,6 @@ from pipeline.legacy.base import (
 )
 from pipeline.records import RegionFeatures
 from pipeline.safe_pickle import legacy_dumps, safe_load_npy_object
-from pipeline.store.manifest import Manifest
 
 if TYPE_CHECKING:
     from pipeline.store import FeatureStore
@@ -54,15 +54,16 @@ def read_mmf_npy(paths: Sequence[Path], opts: ReadOptions) -> Iterator[ReadResul
             feat_path = info_path.with_name(info_path.name[: -len(INFO_SUFFIX)] + ".npy")
             if not feat_path.exists() and info_path.with_name(info_path.name[:-4] + INFO_SUFFIX).exists():
                 continue  # the features of an image whose id ends in "_info"
-            yield decode_row(rel, lambda: _decode(info_path, feat_path, rel[: -len(INFO_SUFFIX)]))
+            image_id = rel[: -len(INFO_SUFFIX)]
+            yield decode_row(rel, lambda: _decode(info_path, feat_path, image_id, opts.options.cls_background))
 
 
-def _decode(info_path: Path, feat_path: Path, image_id: str) -> RegionFeatures:
+def _decode(info_path: Path, feat_path: Path, image_id: str, background: str) -> RegionFeatures:
     if not feat_path.exists():
         raise RowError("missing features", f"{feat_path.name} not found")
     features = _load(feat_path, lambda p: np.load(p, allow_pickle=False))
     info = _load(info_path, lambda p: safe_load_npy_object(p.read_bytes()))
-    return record_from_dict(info, default_id=image_id, features=features)
+    return record_from_dict(info, default_id=image_id, features=features, background=background)
 
 
 def _load(path: Path, load):
@@ -82,7 +83,7 @@ def _collision(first: str, second: str, what: str) -> ConfigError:
     )
 
 
-def check_mmf_ids(store: "FeatureStore") -> None:
+def check_mmf_ids(store: "FeatureStore", ctx: WriteContext) -> None:
     """Refuse ids whose output paths collide, before anything is written: ``x`` and
     ``x_info`` (both write ``x_info.npy``), or ``x`` and ``x.npy/...`` / ``x_info.npy/...``
     (a file where a folder is needed); and ids that would escape the folder."""
@@ -120,7 +121,7 @@ def _info_npy_bytes(info: dict) -> bytes:
     return buf.getvalue()
 
 
-def write_mmf_npy(records: Iterable[RegionFeatures], dest: Path, manifest: Manifest) -> int:
+def write_mmf_npy(records: Iterable[RegionFeatures], dest: Path, ctx: WriteContext) -> int:
     dest.mkdir(parents=True, exist_ok=True)
     count = 0
     for rec in records:

@@ -1,8 +1,12 @@
-"""Shared pieces of the legacy-format adapters: rows and skipped rows, array decoding, registry.
+"""Shared pieces of the format adapters: the registry entry (`Format`), what a reader and a writer
+are handed (`ReadOptions`, `WriteContext`), rows and skipped rows, array decoding.
 
 A reader yields, per source row, either a `Row` (the record and where it came from) or a
 `Skipped` (where, a short kind, the reason). Any bad value in a row must become a
 `RowError` in the decoder (hence a `Skipped`), never an exception that stops the import.
+A source that is not of the format at all (the wrong schema) is a `ConfigError`, damage that
+is no row's (a truncated shard, a card that disagrees with its data) a `FormatDataError`:
+both before anything is written where the format can tell (files' footers, the card).
 """
 
 from __future__ import annotations
@@ -10,21 +14,31 @@ from __future__ import annotations
 import base64
 import binascii
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
-from pipeline.errors import ConfigError, UnsafePickleError
+from pipeline.errors import ConfigError, DataError, UnsafePickleError
+from pipeline.formats.options import IMPORT, FormatOptions, option
 from pipeline.records import RegionFeatures, labels_from_probs
 
 if TYPE_CHECKING:
     from pipeline.store import FeatureStore
     from pipeline.store.manifest import Manifest
 
-# Number of columns of a bottom-up-attention (Visual Genome) class table with background.
+# Number of columns of a bottom-up-attention (Visual Genome) class table with background: a table
+# of one column fewer has none (`with_background_first`, the "auto" of the cls-background option).
 VG_CLASSES_WITH_BG = 1601
+BACKGROUND_MODES = ("auto", "first", "last", "absent")
+# The record fields every format carries (the others: `Format.round_trip`).
+BASE_FIELDS = frozenset({"image_id", "image_h", "image_w", "boxes", "features"})
+
+
+class FormatDataError(DataError):
+    """A source that is damaged as a whole, not in one row: a truncated shard, a card that
+    disagrees with its data (exit 3)."""
 
 
 @dataclass(frozen=True)
@@ -95,24 +109,96 @@ def pickle_refusal(fmt: str) -> ConfigError:
 
 @dataclass(frozen=True)
 class ReadOptions:
+    """What a reader (and a format's `describe`) is handed: whether pickles may be
+    loaded, and the format's options (`--option KEY=VALUE`, parsed)."""
+
     trust_pickle: bool = False
+    options: FormatOptions = FormatOptions()
 
 
 @dataclass(frozen=True)
-class LegacyFormat:
+class WriteContext:
+    """What a writer (and a format's `check`) is handed: the store's manifest (its layout and
+    provenance), the format's options, the store's folder and the export command (the card
+    names both)."""
+
+    manifest: "Manifest"
+    options: FormatOptions = FormatOptions()
+    store: Optional[Path] = None
+    command: str = ""
+
+
+@dataclass(frozen=True)
+class Description:
+    """What sources say of themselves, read before any row (`Format.describe`): the store settings
+    they state (feature_dim, dtype, cls_prob, attr_prob, backend, regions: used where the import
+    command leaves them unset), the provenance an imported store records beyond the format (label
+    names, the most regions a record can have, an exported store's own provenance), and whether a
+    card or the files' metadata vouch for the rows (`checked`: then a row that is not what they say
+    is damage, a `FormatDataError`, not a skipped row)."""
+
+    layout: Mapping = field(default_factory=dict)
+    provenance: Mapping = field(default_factory=dict)
+    checked: bool = False
+
+
+Reader = Callable[[Sequence[Path], ReadOptions], Iterator[ReadResult]]
+Writer = Callable[[Iterable[RegionFeatures], Path, WriteContext], int]
+
+
+@dataclass(frozen=True)
+class Format:
+    """One foreign format: a module's reader and writer and what the registry says of them. Help
+    texts, `vlprep formats`, the docs' tables and the registry's round-trip test read these."""
+
     name: str
     summary: str
-    read: Optional[Callable[[Sequence[Path], ReadOptions], Iterator[ReadResult]]] = None
-    # write(records, dest, the store's manifest: its layout and provenance) -> records written
-    write: Optional[Callable[[Iterable[RegionFeatures], Path, "Manifest"], int]] = None
+    read: Optional[Reader] = None
+    # write(records, dest, ctx) -> records written; `dest` is a new path (a file or a folder, as
+    # `output` says) under a temporary name, renamed into place when the writer returns
+    write: Optional[Writer] = None
+    output: str = "folder"  # what an export writes: "file" or "folder"
     needs_pickle: bool = False
-    # check(store): raise ConfigError naming what of the store the format cannot hold (ids,
+    # check(store, ctx): raise ConfigError naming what of the store the format cannot hold (ids,
     # records lacking a field it needs); run before anything is written
-    check: Optional[Callable[["FeatureStore"], None]] = None
+    check: Optional[Callable[["FeatureStore", WriteContext], None]] = None
     regions: str = "detections"  # what an imported store holds ("grid": feature-map cells, row-major)
-    # provenance(sources): what an imported store records of the sources beyond its format
-    # (label names, the most regions a record can have); read before any row
-    provenance: Optional[Callable[[Sequence[Path]], dict]] = None
+    # describe(sources, opts): what the sources say of themselves (`Description`), before any row;
+    # where it can tell, a source of the wrong schema or damaged as a whole is refused here
+    describe: Optional[Callable[[Sequence[Path], ReadOptions], "Description"]] = None
+    options: type[FormatOptions] = FormatOptions
+    # how the format spells each record field it holds (the docs' field table)
+    fields: Mapping[str, str] = field(default_factory=dict)
+    # the optional record fields an export then an import gives back exactly (beyond BASE_FIELDS)
+    round_trip: frozenset = frozenset()
+    # what a store needs to be exported: "labels" (label names), "grid" (a grid store)
+    needs: str = ""
+    card: bool = True  # a folder export gets the store's dataset card as README.md
+    store_dtype: bool = False  # the writer gets the store's dtype (float16 stays float16), not float32 copies
+
+    @property
+    def importable(self) -> bool:
+        return self.read is not None
+
+    @property
+    def exportable(self) -> bool:
+        return self.write is not None
+
+    def parse_options(self, pairs: Sequence[str], direction: str) -> FormatOptions:
+        return self.options.parse(pairs, self.name, direction)
+
+
+@dataclass(frozen=True)
+class ClassTableOptions(FormatOptions):
+    """The option of formats whose class tables may put the background elsewhere than column 0."""
+
+    cls_background: str = option(
+        "auto",
+        "where the source's cls_prob has its background column (auto: absent from a 1600-column table, else "
+        "first; last: detectron2's order)",
+        when=IMPORT,
+        choices=BACKGROUND_MODES,
+    )
 
 
 def decode_array(field: str, value: Union[str, bytes], dtype, num: int, width: Optional[int] = None) -> np.ndarray:
@@ -164,9 +250,14 @@ def parse_int(field: str, value) -> int:
         raise RowError("bad integer", f"field {field}: {value!r}") from err
 
 
-def with_background_first(cls_prob: np.ndarray) -> np.ndarray:
-    """A 1600-column VG table has no background column: prepend a zero one (index 0)."""
-    if cls_prob.shape[1] == VG_CLASSES_WITH_BG - 1:
+def with_background_first(cls_prob: np.ndarray, background: str = "auto") -> np.ndarray:
+    """A class table with the background at column 0, as a store keeps it. `background` says where
+    the source has it: "first" (Caffe, maskrcnn-benchmark), "last" (detectron2, the HF port: moved
+    to column 0), "absent" (a zero column is prepended), or "auto": absent when the table has 1600
+    columns (a Visual Genome table without background, as MMF writes by default), else first."""
+    if background == "last":
+        return np.concatenate([cls_prob[:, -1:], cls_prob[:, :-1]], axis=1)
+    if background == "absent" or (background == "auto" and cls_prob.shape[1] == VG_CLASSES_WITH_BG - 1):
         return np.concatenate([np.zeros((cls_prob.shape[0], 1), cls_prob.dtype), cls_prob], axis=1)
     return cls_prob
 
@@ -246,21 +337,21 @@ def _image_id(raw, default_id: str) -> str:
     raise RowError("bad image id", f"a {type(raw).__name__}: {raw!r:.80}")
 
 
-def record_from_dict(obj: dict, default_id: str, features=None) -> RegionFeatures:
+def record_from_dict(obj: dict, default_id: str, features=None, background: str = "auto") -> RegionFeatures:
     """Convert a legacy per-image dict (ViLBERT / MMF spellings) to a record.
 
     `features` overrides the dict's (MMF keeps them in a separate `.npy`). A 1-d
-    `cls_prob` (MMF's frcnn script) is the objects' confidence vector; a 2-d one with
-    1600 columns has no background and gets a zero background column prepended.
+    `cls_prob` (MMF's frcnn script) is the objects' confidence vector; a 2-d one gets its
+    background to column 0 as `background` says (`with_background_first`).
     Any bad value is a `RowError` (the row is skipped with the reason).
     """
     if not isinstance(obj, dict):
         raise RowError("not a dict", f"value is a {type(obj).__name__}")
     with row_errors():
-        return _record_from_dict(obj, default_id, features)
+        return _record_from_dict(obj, default_id, features, background)
 
 
-def _record_from_dict(obj: dict, default_id: str, features) -> RegionFeatures:
+def _record_from_dict(obj: dict, default_id: str, features, background: str) -> RegionFeatures:
     def pick(name: str):
         for key in _ALIASES.get(name, (name,)):
             if obj.get(key) is not None:
@@ -303,7 +394,7 @@ def _record_from_dict(obj: dict, default_id: str, features) -> RegionFeatures:
         if cls_prob.ndim == 1:
             fields["objects_conf"] = _as_matrix("cls_prob", cls_prob, n, 1).reshape(n)
         else:
-            fields["cls_prob"] = with_background_first(_as_matrix("cls_prob", cls_prob, n, None))
+            fields["cls_prob"] = with_background_first(_as_matrix("cls_prob", cls_prob, n, None), background)
     if pick("attr_prob") is not None:
         fields["attr_prob"] = _as_matrix("attr_prob", pick("attr_prob"), n, None)
     for ids, conf in (("objects_id", "objects_conf"), ("attrs_id", "attrs_conf")):

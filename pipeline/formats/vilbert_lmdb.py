@@ -26,11 +26,18 @@ import lmdb
 import numpy as np
 
 from pipeline.errors import ConfigError
-from pipeline.legacy.base import ReadOptions, ReadResult, Skipped, decode_row, pickle_refusal, record_from_dict
+from pipeline.formats.base import (
+    ReadOptions,
+    ReadResult,
+    Skipped,
+    WriteContext,
+    decode_row,
+    pickle_refusal,
+    record_from_dict,
+)
 from pipeline.records import RegionFeatures
 from pipeline.safe_pickle import legacy_dumps, safe_loads
 from pipeline.store.lmdb_shard import put_all, write_error
-from pipeline.store.manifest import Manifest
 
 if TYPE_CHECKING:
     from pipeline.store import FeatureStore
@@ -52,6 +59,7 @@ def _open(path: Path) -> lmdb.Environment:
 def read_vilbert_lmdb(paths: Sequence[Path], opts: ReadOptions) -> Iterator[ReadResult]:
     if not opts.trust_pickle:
         raise pickle_refusal("vilbert-lmdb")
+    background = opts.options.cls_background
     for path in paths:
         env = _open(path)
         with env.begin(buffers=False) as txn:
@@ -63,7 +71,10 @@ def read_vilbert_lmdb(paths: Sequence[Path], opts: ReadOptions) -> Iterator[Read
                     yield Skipped(where, "missing value", "listed in the keys entry but not stored")
                     continue
                 default_id = key.decode("utf-8", "replace")
-                yield decode_row(where, lambda: record_from_dict(safe_loads(value, encoding="latin1"), default_id))
+                yield decode_row(
+                    where,
+                    lambda: record_from_dict(safe_loads(value, encoding="latin1"), default_id, background=background),
+                )
         env.close()
 
 
@@ -80,7 +91,7 @@ def _key_order(txn: lmdb.Transaction, path: Path) -> list[bytes]:
     return [k for k, _ in txn.cursor() if k != KEYS_ENTRY]
 
 
-def check_vilbert_ids(store: "FeatureStore") -> None:
+def check_vilbert_ids(store: "FeatureStore", ctx: WriteContext) -> None:
     """Refuse ids the format cannot hold: one spelled like the ``keys`` entry, or keys
     longer than LMDB allows."""
     if KEYS_ENTRY.decode() in store:
@@ -96,8 +107,8 @@ def check_vilbert_ids(store: "FeatureStore") -> None:
         )
 
 
-def write_vilbert_lmdb(records: Iterable[RegionFeatures], dest: Path, manifest: Manifest) -> int:
-    layout = manifest.layout
+def write_vilbert_lmdb(records: Iterable[RegionFeatures], dest: Path, ctx: WriteContext) -> int:
+    layout = ctx.manifest.layout
     if layout.feature_dim != VILBERT_FEATURE_DIM:
         log.warning(
             "features are %d wide; vilbert-multi-task reads them as (-1, %d)", layout.feature_dim, VILBERT_FEATURE_DIM

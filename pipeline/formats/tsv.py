@@ -22,11 +22,12 @@ from typing import IO, TYPE_CHECKING, Iterable, Iterator, Sequence
 import numpy as np
 
 from pipeline.errors import ConfigError
-from pipeline.legacy.base import (
+from pipeline.formats.base import (
     ReadOptions,
     ReadResult,
     RowError,
     Skipped,
+    WriteContext,
     decode_array,
     decode_row,
     decode_vector,
@@ -36,7 +37,6 @@ from pipeline.legacy.base import (
 )
 from pipeline.records import RegionFeatures
 from pipeline.store.layout import StoreLayout
-from pipeline.store.manifest import Manifest
 
 if TYPE_CHECKING:
     from pipeline.store import FeatureStore
@@ -160,7 +160,7 @@ def _require_all(store: "FeatureStore", names: Sequence[str], fmt: str, advice: 
         )
 
 
-def check_lxmert_fields(store: "FeatureStore") -> None:
+def check_lxmert_fields(store: "FeatureStore", ctx: WriteContext) -> None:
     """Refuse a store whose records lack the object and attribute labels LXMERT's loader
     reads (a store imported from butd-tsv without cls_prob, say)."""
     _require_all(store, LXMERT_LABELS, "lxmert-tsv", "Export it --to butd-tsv, which needs no labels.")
@@ -173,7 +173,7 @@ def butd_with_cls_prob(layout: StoreLayout) -> bool:
     return layout.cls_prob.mode != "none" and layout.cls_dim is not None
 
 
-def check_butd_fields(store: "FeatureStore") -> None:
+def check_butd_fields(store: "FeatureStore", ctx: WriteContext) -> None:
     """Refuse a store where some records have cls_prob and others not: one file holds 6 or 7
     fields a row, never both."""
     if butd_with_cls_prob(store.layout):
@@ -182,7 +182,7 @@ def check_butd_fields(store: "FeatureStore") -> None:
         )
 
 
-def write_lxmert_tsv(records: Iterable[RegionFeatures], dest: Path, manifest: Manifest) -> int:
+def write_lxmert_tsv(records: Iterable[RegionFeatures], dest: Path, ctx: WriteContext) -> int:
     with open(dest, "w", encoding="utf-8", newline="") as out:
         return _write_lines(records, out, _lxmert_fields)
 
@@ -211,9 +211,9 @@ def _lxmert_fields(rec: RegionFeatures) -> list[str]:
     ]
 
 
-def write_butd_tsv(records: Iterable[RegionFeatures], dest: Path, manifest: Manifest) -> int:
+def write_butd_tsv(records: Iterable[RegionFeatures], dest: Path, ctx: WriteContext) -> int:
     """6 fields, or 7 (ViLBERT's variant) when the store holds cls_prob (`butd_with_cls_prob`)."""
-    with_cls_prob = butd_with_cls_prob(manifest.layout)
+    with_cls_prob = butd_with_cls_prob(ctx.manifest.layout)
 
     def fields_of(rec: RegionFeatures) -> list[str]:
         fields = [

@@ -34,7 +34,16 @@ from typing import TYPE_CHECKING, Iterable, Iterator, Optional, Sequence
 import numpy as np
 
 from pipeline.errors import ConfigError
-from pipeline.legacy.base import ReadOptions, ReadResult, RowError, Skipped, array_from_bytes, decode_row
+from pipeline.formats.base import (
+    Description,
+    ReadOptions,
+    ReadResult,
+    RowError,
+    Skipped,
+    WriteContext,
+    array_from_bytes,
+    decode_row,
+)
 from pipeline.records import RegionFeatures, box_positions
 from pipeline.store.manifest import Manifest
 
@@ -233,7 +242,8 @@ def _vinvl_attributes(rec: RegionFeatures, names: list[str], thresh: float, most
     return out
 
 
-def write_vinvl_tsv(records: Iterable[RegionFeatures], dest: Path, manifest: Manifest) -> int:
+def write_vinvl_tsv(records: Iterable[RegionFeatures], dest: Path, ctx: WriteContext) -> int:
+    manifest = ctx.manifest
     labels = labels_of(manifest, "vinvl-tsv")
     config = (manifest.provenance.get("extractor") or {}).get("config") or {}
     thresh = float(config.get("attribute_thresh", DEFAULT_ATTRIBUTE_THRESH))
@@ -320,15 +330,15 @@ def read_vinvl_tsv(paths: Sequence[Path], opts: ReadOptions) -> Iterator[ReadRes
         yield _skip_or(location, complete, decode)
 
 
-def check_vinvl(store: "FeatureStore") -> None:
+def check_vinvl(store: "FeatureStore", ctx: WriteContext) -> None:
     check_labels(store, "vinvl-tsv")
 
 
 # -- oscar-tsv -----------------------------------------------------------------------------------
 
 
-def write_oscar_tsv(records: Iterable[RegionFeatures], dest: Path, manifest: Manifest) -> int:
-    labels = labels_of(manifest, "oscar-tsv")
+def write_oscar_tsv(records: Iterable[RegionFeatures], dest: Path, ctx: WriteContext) -> int:
+    labels = labels_of(ctx.manifest, "oscar-tsv")
     dest.mkdir(parents=True, exist_ok=True)
     label_rows: list[tuple[str, str]] = []
 
@@ -426,9 +436,10 @@ def read_oscar_tsv(paths: Sequence[Path], opts: ReadOptions) -> Iterator[ReadRes
         yield _skip_or(location, complete, decode)
 
 
-def check_oscar(store: "FeatureStore") -> None:
+def check_oscar(store: "FeatureStore", ctx: WriteContext) -> None:
     check_labels(store, "oscar-tsv")
 
 
-def labels_provenance(paths: Sequence[Path]) -> dict:
-    return _labelmap_provenance(paths)
+def labels_described(paths: Sequence[Path], opts: ReadOptions) -> Description:
+    """The label names of the label map among the sources (the imported store records them)."""
+    return Description(provenance=_labelmap_provenance(paths))

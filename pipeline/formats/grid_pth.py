@@ -26,9 +26,16 @@ import numpy as np
 from pipeline.detect.backends.grid.cells import bins, cell_boxes
 from pipeline.detect.config import GridPool
 from pipeline.errors import ConfigError
-from pipeline.legacy.base import ReadOptions, ReadResult, RowError, decode_row, safe_relative_path
+from pipeline.formats.base import (
+    Description,
+    ReadOptions,
+    ReadResult,
+    RowError,
+    WriteContext,
+    decode_row,
+    safe_relative_path,
+)
 from pipeline.records import RegionFeatures, grid_shape
-from pipeline.store.manifest import Manifest
 
 if TYPE_CHECKING:
     from pipeline.store import FeatureStore
@@ -37,7 +44,7 @@ SIZES = "grid_sizes.json"
 DEFAULTS = {"min_size": 600, "max_size": 1000, "stride": 32, "pool": None}  # grid-feats-vqa's
 
 
-def check_grid(store: "FeatureStore") -> None:
+def check_grid(store: "FeatureStore", ctx: WriteContext) -> None:
     if store.layout.regions != "grid":
         raise ConfigError(
             f"{store.path}: grid-pth holds feature maps, and this store holds a detector's regions "
@@ -45,7 +52,8 @@ def check_grid(store: "FeatureStore") -> None:
         )
 
 
-def write_grid_pth(records: Iterable[RegionFeatures], dest: Path, manifest: Manifest) -> int:
+def write_grid_pth(records: Iterable[RegionFeatures], dest: Path, ctx: WriteContext) -> int:
+    manifest = ctx.manifest
     config = (manifest.provenance.get("extractor") or {}).get("config") or {}
     run = manifest.provenance.get("config") or {}
     stride = 32 if int(config.get("res5_dilation", 1)) == 1 else 16
@@ -96,14 +104,14 @@ def read_sizes(paths: Sequence[Path]) -> tuple[dict, Path]:
     return sizes, found[0]
 
 
-def grid_provenance(paths: Sequence[Path]) -> dict:
+def grid_described(paths: Sequence[Path], opts: ReadOptions) -> Description:
     """The most cells an imported record can have (the trainer's slot check reads it)."""
     sizes, _ = read_sizes(paths)
     pool: Optional[GridPool] = sizes["pool"]
     if pool is not None:
-        return {"max_regions": pool.rows * pool.cols}
+        return Description(provenance={"max_regions": pool.rows * pool.cols})
     stride = sizes["stride"]
-    return {"max_regions": -(-sizes["min_size"] // stride) * -(-sizes["max_size"] // stride)}
+    return Description(provenance={"max_regions": -(-sizes["min_size"] // stride) * -(-sizes["max_size"] // stride)})
 
 
 def read_grid_pth(paths: Sequence[Path], opts: ReadOptions) -> Iterator[ReadResult]:
