@@ -61,7 +61,6 @@ class ModelFamily:
     region_overlap: ClassVar[tuple[str, ...]] = ("keep",)  # the masking variants it supports
     region_fields: ClassVar[tuple[str, ...]] = ()  # the optional record fields `visual_targets` reads
     label_tasks: ClassVar[tuple[str, ...]] = ()  # pretraining losses that learn a detector's labels
-    unused_parameters: ClassVar[bool] = False  # parameters outside the forward pass (DDP must look)
     answers: ClassVar[bool] = False  # a QA head over the mixture's answer table (`answer_logits`)
     pair_task: ClassVar[str]  # the task (in `tasks`) whose head gives `pair_score`
     pair_loss: ClassVar[str] = "ce"  # NLVR2's loss in the family's own reference (`heads.PairHead`)

@@ -32,7 +32,6 @@ class ViLBERT(ModelFamily):
     region_fields = ("cls_prob",)  # the KL target
     label_tasks = ("region",)  # a KL to the detector's class distribution
     region_overlap = ("keep", "zero")  # zero: 12-in-1's variant (see vl_models.config.DataSettings)
-    unused_parameters = True  # q_dense1/2 exist in its checkpoints but take no part in the forward pass
     retrieval_head = "new"  # 12-in-1 fine-tunes retrieval with a new vil_logit (vilbert_tasks.yml TASK7/8: VL-logit)
     task_token_table = "bert.embeddings.task_embeddings.weight"
 

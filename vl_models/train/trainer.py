@@ -14,7 +14,8 @@ The run folder gets ``config.json`` (resolved), ``metrics.jsonl`` (rank 0), with
 and, with ``best_metric``, ``best`` pointers; older ones pruned to ``keep_last``).
 ``resume`` continues from ``latest`` with model, optimizer, scaler, RNG states and the
 sampler position restored, so N steps straight equal N/2 + resume + N/2, after a SIGKILL
-too. A non-finite loss stops the run on every rank before its optimizer step
+too, and under torchrun with any number of ranks (DDP's gradient buckets never change:
+`train_loop`). A non-finite loss stops the run on every rank before its optimizer step
 (`DivergedError`); parameters are checked finite before every checkpoint.
 
 Under torchrun (one node or several) rank 0 writes the run folder; every rank validates
@@ -130,7 +131,6 @@ class Job:
     checks: tuple[str, ...]
     validate: Optional[Callable[[torch.nn.Module], dict]]
     compile_target: Callable[[torch.nn.Module], torch.nn.Module]
-    unused_parameters: bool
     lr_scale: Optional[Callable[[str], float]] = None
 
 
@@ -220,7 +220,6 @@ def run(cfg: TrainConfig, on_step: Optional[Callable[[int, dict, int], None]] = 
         checks=(*family.tasks, "total"),
         validate=(lambda m: evaluate(family, m, val, device, batch_size=cfg.optim.batch_size)) if val else None,
         compile_target=family.backbone,
-        unused_parameters=family.unused_parameters,
     )
     return launch(cfg, model, resolved, job, device, best_metric, on_step, init if cfg.init else None)
 
@@ -324,11 +323,16 @@ def train_loop(
                 module.sparse = False
     if cfg.run.compile:
         job.compile_target(model).compile()  # in place: checkpoint keys unchanged
-    wrapped = (
-        torch.nn.parallel.DistributedDataParallel(model, find_unused_parameters=job.unused_parameters)
-        if world > 1
-        else model
-    )
+    # DDP all-reduces the gradients bucket by bucket, and the all-reduce adds each element's
+    # values from the ranks in an order set by where the element lies in its bucket: from
+    # three ranks on, the order shows in the rounding. Without find_unused_parameters, DDP
+    # reduces a process's first step in the buckets it was built with (torch 2.14: one of
+    # every parameter) and rebuilds them after that step's backward, in the order the
+    # gradients became ready; a restarted process (torchrun's restart, any resume) would
+    # reduce the checkpoint's next step in other buckets than the uninterrupted run did.
+    # With it DDP never rebuilds: every step of every process has the same buckets, and a
+    # resume continues the run bit for bit. (torch warns once when it finds none unused.)
+    wrapped = torch.nn.parallel.DistributedDataParallel(model, find_unused_parameters=True) if world > 1 else model
     metrics_log = runlog.RunLog(out, cfg.run.report_to, step) if main else None
     if metrics_log and start.notes:
         metrics_log.note(step, f"resumed at step {step} with changed settings: {'; '.join(start.notes)}")
@@ -433,9 +437,6 @@ def train_loop(
     finally:
         if metrics_log:
             metrics_log.close()
-    import os as _os  # DEBUG
-    if _os.environ.get("VLTRAIN_DEBUG_DUMP"):
-        torch.save(model.state_dict(), out / f"rank{distributed.world()[0]}.pt")
     return metrics
 
 

@@ -222,7 +222,6 @@ def run_finetune(cfg: FinetuneConfig, on_step: Optional[Callable[[int, dict, int
         checks=(*cfg.tasks, "total"),
         validate=validate if known else None,
         compile_target=lambda m: family.backbone(m.backbone),
-        unused_parameters=True,
         lr_scale=_head_lr_scale(model, cfg),
     )
     return launch(cfg, model, resolved, job, device, best_metric, on_step, init if cfg.init else None)
