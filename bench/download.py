@@ -159,7 +159,9 @@ def command(name: str, resize: bool, root: Path, out: Path, args) -> list[str]:
         ]
         return cmd + (["--max-side", "512"] if resize else [])
     cmd = [
-        "img2dataset",
+        sys.executable,
+        "-m",
+        "img2dataset.main",
         "--url_list",
         str(root / "urls.txt"),
         "--input_format",

@@ -27,6 +27,7 @@ import shlex
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 from contextlib import contextmanager
@@ -164,6 +165,8 @@ class RayCluster:
         while command and "=" in command[0] and not command[0].startswith("-"):  # NAME=VALUE before `ray`
             key, value = command.pop(0).split("=", 1)
             env[key] = value
+        assert command[0] == "ray", command
+        command[:1] = [sys.executable, "-m", "ray.scripts.scripts"]  # this environment's `ray`, not PATH's
         ports = [
             "--dashboard-agent-listen-port",
             "--dashboard-agent-grpc-port",

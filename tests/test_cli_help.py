@@ -1,10 +1,10 @@
 """Every command explains itself; the installed console scripts start and list their commands."""
 
-import shutil
 import subprocess
 
 import pytest
 from helpers import make_records, run_cli, run_vltrain
+from interpreter import console_script
 
 from pipeline.store import write_records
 
@@ -22,10 +22,8 @@ VLPREP = [
 
 
 def _run(*args):
-    exe = shutil.which(args[0])
-    assert exe, f"{args[0]} console script is not installed (pip install -e .)"
     return subprocess.run(
-        [exe, *args[1:]],
+        [console_script(args[0]), *args[1:]],  # this environment's, not the first on PATH
         capture_output=True,
         text=True,
         timeout=120,

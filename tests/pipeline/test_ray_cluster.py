@@ -27,6 +27,7 @@ import pytest
 from detector_layouts import random_weights, write_d2_pickle
 from helpers import REPO
 from image_server import ImageServer, write_tsv
+from interpreter import running_env
 from ray_cluster import ray_cluster
 
 from pipeline.detect.backends.butd_c4.config import DetectorConfig
@@ -62,7 +63,7 @@ def weights(tmp_path_factory):
 
 
 def driver_env(cluster, **extra) -> dict:
-    return {**os.environ, **cluster.env, "COLUMNS": "200", "NO_COLOR": "1", **extra}
+    return {**running_env(), **cluster.env, "COLUMNS": "200", "NO_COLOR": "1", **extra}  # the recipe's `vlprep`
 
 
 def vlprep(cluster, *args) -> list:

@@ -1,10 +1,14 @@
 """torchrun across nodes, on one host: two agents of
-workflows/cluster/torchrun-node.sh (2 "nodes" x 1 process, c10d rendezvous, gloo) train as
+workflows/cluster/torchrun-node.sh (2 "nodes" x 2 processes, c10d rendezvous, gloo) train as
 one process with the same global batch and write the run once; a worker SIGKILLed mid-run
-makes torchrun (--max-restarts 1) restart the group, which continues from the last
-checkpoint by itself (--resume auto) to the weights of an uninterrupted run; every rank
-evaluates its share of the val split, so the scores are one process's and a collective
-timeout shorter than one process's evaluation passes.
+makes torchrun (--max-restarts 1) restart the group on both nodes, which continues from the
+last checkpoint by itself (--resume auto) to the weights of an uninterrupted run, bit for
+bit, with dynamic padding and with --group-by-length; every rank evaluates its share of the
+val split, so the scores are one process's and a collective timeout shorter than one
+process's evaluation passes.
+
+Four ranks, not two: the gradient all-reduce adds two ranks' values as a + b whatever the
+order, while from three on the order (set by DDP's gradient buckets) shows in the rounding.
 
 Every launch has a hard time limit; what is left running is killed by pid, the agent and
 every process under it (torchrun starts its workers in sessions of their own)."""
@@ -16,12 +20,14 @@ import signal
 import subprocess
 import time
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 import pytest
 import torch
 import yaml
 from helpers import REPO, free_port, make_record, process_tree, run_vltrain
+from interpreter import running_env
 from train_helpers import VOCAB, config, no_dropout_config
 
 from pipeline.mixture.build import MixtureSpec, build_mixture
@@ -31,6 +37,7 @@ from vl_models.train import checkpoint
 LAUNCHER = REPO / "workflows" / "cluster" / "torchrun-node.sh"
 LIMIT = 240  # seconds a launch may take before it is killed
 STEPS, EVERY = 8, 2  # the kill lands after the first checkpoint (step 2) and before step 8
+NODES, PROCS = 2, 2  # 4 ranks of batch 1: one process's batch of 4
 
 
 @contextlib.contextmanager
@@ -39,7 +46,7 @@ def nodes(tmp_path, name: str, args: list, count: int, procs: int, restarts: int
     ``vltrain ARGS``; their output in tmp_path/NAME-<node>.log. Yields the agents; on the
     way out every process of theirs still running is SIGKILLed by pid."""
     env = {
-        **os.environ,
+        **running_env(),  # the launcher's python: this environment's
         "NNODES": str(count),
         "NPROC_PER_NODE": str(procs),
         "RDZV_ID": name,
@@ -71,12 +78,16 @@ def nodes(tmp_path, name: str, args: list, count: int, procs: int, restarts: int
             agent.wait(timeout=30)
 
 
+def logs(tmp_path, name: str, tail: Optional[int] = 3000) -> str:
+    """The agents' logs of launch NAME (the last `tail` characters of each)."""
+    return "\n".join(p.read_text()[-tail if tail else 0 :] for p in sorted(tmp_path.glob(f"{name}-*.log")))
+
+
 def finish(agents, tmp_path, name: str) -> None:
     deadline = time.monotonic() + LIMIT
     for agent in agents:
         agent.wait(timeout=max(1.0, deadline - time.monotonic()))  # TimeoutExpired: `nodes` kills them
-    logs = "\n".join(p.read_text()[-3000:] for p in sorted(tmp_path.glob(f"{name}-*.log")))
-    assert [a.returncode for a in agents] == [0] * len(agents), logs
+    assert [a.returncode for a in agents] == [0] * len(agents), logs(tmp_path, name)
 
 
 def pretrain_args(data, tmp_path, out, batch_size: int, *extra) -> list:
@@ -129,11 +140,14 @@ def rows(out) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def runs(data, tmp_path_factory):
-    """The same run on two nodes (1 process each, batch 2) and in one process (batch 4)."""
+    """The same run on two nodes (2 processes each, batch 1) and in one process (batch 4),
+    both with dynamic padding (the default) and --group-by-length: each step's 8 items are
+    drawn grouped by length (runs of 4, one per rank or one batch of the single process)."""
     root = tmp_path_factory.mktemp("multinode")
-    with nodes(root, "two-nodes", pretrain_args(data, root, root / "nodes", 2, "--resume", "auto"), 2, 1) as agents:
+    args = pretrain_args(data, root, root / "nodes", 1, "--resume", "auto", "--group-by-length")
+    with nodes(root, "two-nodes", args, NODES, PROCS) as agents:
         finish(agents, root, "two-nodes")
-    one = run_vltrain(*pretrain_args(data, root, root / "one", 4))
+    one = run_vltrain(*pretrain_args(data, root, root / "one", 4, "--group-by-length"))
     assert one.returncode == 0, one.stderr[-3000:]
     return root
 
@@ -142,7 +156,7 @@ def test_two_nodes_train_as_one_process_and_write_the_run_once(runs):
     a, b = weights(runs / "nodes"), weights(runs / "one")
     worst = max((a[k].float() - b[k].float()).abs().max().item() for k in a)
     assert worst < 1e-5, worst  # SGD: differences are the gradients' float noise
-    assert json.loads((runs / "nodes" / "config.json").read_text())["world_size"] == 2
+    assert json.loads((runs / "nodes" / "config.json").read_text())["world_size"] == NODES * PROCS
     every = list(range(EVERY, STEPS + 1, EVERY))
     assert checkpoint.steps_in(runs / "nodes" / "checkpoints") == every
     assert sorted(p.name for p in (runs / "nodes" / "checkpoints").iterdir()) == sorted(
@@ -154,24 +168,26 @@ def test_two_nodes_train_as_one_process_and_write_the_run_once(runs):
 
 
 def test_a_killed_worker_restarts_the_group_which_resumes_by_itself(runs, data, tmp_path):
-    """1 node x 2 processes, --max-restarts 1: rank 0 (the writer) is SIGKILLed once a
-    checkpoint exists; torchrun restarts both workers, --resume auto continues from the
-    last checkpoint, and the run ends with the two-node run's weights, bit for bit."""
+    """2 nodes x 2 processes, --max-restarts 1: rank 0 (the writer) is SIGKILLed once a
+    checkpoint exists; torchrun restarts the workers of both nodes, --resume auto continues
+    from the last checkpoint, and the run ends with the uninterrupted run's weights, bit for
+    bit (dynamic padding and --group-by-length, as there)."""
     out = tmp_path / "elastic"
-    args = pretrain_args(data, tmp_path, out, 2, "--resume", "auto")
-    with nodes(tmp_path, "elastic", args, 1, 2, restarts=1) as (agent,):
+    args = pretrain_args(data, tmp_path, out, 1, "--resume", "auto", "--group-by-length")
+    with nodes(tmp_path, "elastic", args, NODES, PROCS, restarts=1) as agents:
         deadline = time.monotonic() + LIMIT
         while not (out / "checkpoints" / "latest").exists():
-            assert agent.poll() is None and time.monotonic() < deadline, (tmp_path / "elastic-0.log").read_text()
+            assert all(a.poll() is None for a in agents) and time.monotonic() < deadline, logs(tmp_path, "elastic")
             time.sleep(0.02)
-        workers = [pid for pid in process_tree(agent.pid)[1:] if rank_of(pid) == 0]
+        workers = [pid for pid in process_tree(agents[0].pid)[1:] if rank_of(pid) == 0]
         assert len(workers) == 1, workers
         os.kill(workers[0], signal.SIGKILL)
         killed_after = checkpoint.step_of((out / "checkpoints" / "latest").read_text())
-        finish([agent], tmp_path, "elastic")
-    log = (tmp_path / "elastic-0.log").read_text()
+        finish(agents, tmp_path, "elastic")
+    log = logs(tmp_path, "elastic", tail=None)
     assert killed_after < STEPS and "failed (exitcode: -9) local_rank: 0" in log, log[-3000:]
-    assert f"resumed {out} at step {killed_after}" in log, log[-3000:]  # the restarted workers, by themselves
+    # the restarted workers of both nodes, by themselves
+    assert log.count(f"resumed {out} at step {killed_after}") == NODES * PROCS, log[-3000:]
     a, b = weights(out), weights(runs / "nodes")
     assert all(torch.equal(a[k], b[k]) for k in a), max((a[k] - b[k]).abs().max().item() for k in a)
     assert [r["step"] for r in rows(out) if "lr" in r] == list(range(1, STEPS + 1))

@@ -4,7 +4,6 @@ metrics and the official submission files, the command lines."""
 
 import csv
 import json
-import shutil
 import subprocess
 import sys
 
@@ -265,7 +264,9 @@ def test_torchrun_two_processes_finetune_like_one(world, tmp_path):
     ]
     two = subprocess.run(
         [
-            shutil.which("torchrun"),
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
             "--nproc_per_node",
             "2",
             "--master_port",
@@ -501,22 +502,46 @@ def test_wordpiece_pairs_truncate_the_second_side():
     assert enc.types.tolist() == [0] * 7 + [1] * 2
 
 
+def full_pair_scores(tmodel, view, rows, images) -> np.ndarray:
+    """(len(rows), len(images)) scores of the view's rows' captions against `images` by full
+    pair forwards (`ModelFamily.encode`, each pair padded to the maximum on its own): the
+    uncached reference of `score_pairs`, through the task's head (the pair head, or a fine-tuned
+    scorer of the pooled pair vector)."""
+    from vl_models.transfer.heads import RetrievalHead
+
+    family, head = tmodel.family, tmodel.heads[view.task.name]
+    token = tmodel.task_tokens.get(view.task.name)
+    collate = torch.utils.data.default_collate
+    out = np.zeros((len(rows), len(images)), np.float32)
+    for c, row in enumerate(rows):
+        i = int(np.nonzero(view.rows == row)[0][0])
+        text = view.text(view.value("text", i))
+        batch = collate([{**view.candidates([(text, view.image(key))]), "x": 0} for key in images])
+        with torch.no_grad():
+            enc = family.encode(tmodel.backbone, batch, token)
+            out[c] = (enc.pair if isinstance(head, RetrievalHead) else head.score(enc.pooled)).float().numpy()
+    return out
+
+
+@pytest.mark.parametrize("head", ["pretraining", "new"])
 @pytest.mark.parametrize("model", ["vilbert-tiny", "lxmert-tiny"])
-def test_retrieval_reuses_single_stream_states_with_the_same_scores(world, model):
-    """`score_pairs` runs each caption's and each image's single-modality layers once: its
-    scores equal full pair forwards (`ModelFamily.encode`) of the same pairs."""
+def test_retrieval_reuses_single_stream_states_with_the_same_scores(world, model, head):
+    """`score_pairs` runs each caption's and each image's single-modality layers once (captions
+    sorted by length, each batch and each image padded to what it uses): its scores equal full
+    pair forwards (`ModelFamily.encode`, padded to the maximum) of the same pairs to 1e-5, with
+    the pretraining pair head and with a new scorer of the pooled pair (``retrieval_head="new"``:
+    a `ChoiceHead`, 12-in-1's ``vil_logit``)."""
     from vl_models.config import DataSettings
     from vl_models.transfer.dataset import TaskDataset
     from vl_models.transfer.evaluate import score_pairs
-    from vl_models.transfer.heads import build_transfer_model
+    from vl_models.transfer.heads import ChoiceHead, RetrievalHead, build_transfer_model
     from vl_models.transfer.runs import model_of
 
     data = TaskData.open(world / "flickr30k")
     family, mcfg = model_of(model, None, str(world / "feats"), 1)
     torch.manual_seed(0)
-    tmodel = build_transfer_model(
-        family, mcfg, [transfer.get("flickr30k")], [data], retrieval_head="pretraining"
-    ).eval()
+    tmodel = build_transfer_model(family, mcfg, [transfer.get("flickr30k")], [data], retrieval_head=head).eval()
+    assert isinstance(tmodel.heads["flickr30k"], RetrievalHead if head == "pretraining" else ChoiceHead)
     view = TaskDataset(
         data,
         transfer.get("flickr30k"),
@@ -527,18 +552,38 @@ def test_retrieval_reuses_single_stream_states_with_the_same_scores(world, model
         "test",
         train=False,
     )
+    assert view.cfg.padding == "batch"
     found = score_pairs(tmodel, view, "cpu", batch_size=7, limit=3)
     scores, images = found.values["scores"], found.values["images"]
     assert scores.shape == (15, 3) and images == ["img_24", "img_25", "img_26"]
-    collate = torch.utils.data.default_collate
-    for c, row in enumerate(found.rows[:6]):
-        i = int(np.nonzero(view.rows == row)[0][0])
-        batch = collate(
-            [{**view.candidates([(view.text(view.value("text", i)), view.image(key))]), "x": 0} for key in images]
-        )
-        with torch.no_grad():
-            full = family.encode(tmodel.backbone, batch).pair.numpy()
-        assert np.abs(full - scores[c]).max() < 1e-5, (c, full, scores[c])
+    lengths = [int(view.text(view.value("text", int(np.nonzero(view.rows == r)[0][0])))["attention_mask"].sum())
+               for r in found.rows]  # fmt: skip
+    assert len(set(lengths)) > 1  # captions of several lengths: batches padded differently
+    full = full_pair_scores(tmodel, view, found.rows, images)
+    assert np.abs(full - scores).max() < 1e-5, np.abs(full - scores).max()
+
+
+def test_zero_shot_retrieval_reuses_single_stream_states_with_the_same_scores(world, finetuned, tmp_path, monkeypatch):
+    """`vltrain evaluate --zero-shot` (the pretraining pair head on a run's backbone) scores
+    through the cached path: its scores equal full pair forwards to 1e-5."""
+    from vl_models.transfer import evaluate as ev
+
+    seen = {}
+    original = ev.pair_scores
+
+    def spy(model, view, captions, images, *args, **kwargs):
+        scores = original(model, view, captions, images, *args, **kwargs)
+        seen.update(model=model, view=view, rows=view.rows[list(captions)], images=list(images), scores=scores)
+        return scores
+
+    monkeypatch.setattr(ev, "pair_scores", spy)
+    result = ev.evaluate_checkpoint(
+        "flickr30k", str(finetuned["vqa"]), world / "flickr30k", "test", out=tmp_path / "z", zero_shot=True, limit=3
+    )
+    assert result["examples"] == 15 and seen["scores"].shape == (15, 3)
+    model = seen["model"].eval()  # `predict` gave it back in the mode it was built in
+    full = full_pair_scores(model, seen["view"], seen["rows"], seen["images"])
+    assert np.abs(full - seen["scores"]).max() < 1e-5, np.abs(full - seen["scores"]).max()
 
 
 # --- where the model comes from: a pretraining run of ours, HF LXMERT, vilbert-multi-task ---

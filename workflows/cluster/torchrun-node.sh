@@ -20,13 +20,17 @@
 #                   node's workers restart together and, with --resume auto, continue from the last
 #                   checkpoint of the run
 #   RDZV_TIMEOUT    seconds to wait for every node to join (default 600)
+#   PYTHON          the interpreter of the environment vltrain is installed in (default: python, else
+#                   python3, on PATH: the activated environment's). torchrun is started as its
+#                   `-m torch.distributed.run`, so the agent and its workers run that environment
+#                   whatever `torchrun` PATH would find first (a base interpreter's, another venv's)
 #
 # Everything every rank reads lives on a filesystem all nodes share: the feature stores
 # (each step reads its batch's regions from them, memory-mapped), the mixture or task data,
 # the vocab, and --out (rank 0 writes config.json, metrics.jsonl and checkpoints/ there; every
 # rank reads the checkpoint it resumes from). Use absolute paths.
 #
-# Signals: the script becomes torchrun (exec), so SIGTERM (SLURM preemption, a Kubernetes
+# Signals: the script becomes the torchrun agent (exec), so SIGTERM (SLURM preemption, a Kubernetes
 # pod deletion) stops the agent and its workers; resubmit the same command to continue.
 set -euo pipefail
 
@@ -40,6 +44,8 @@ conf="join_timeout=${RDZV_TIMEOUT:-600}"
 if [ -n "${NODE_RANK:-}" ]; then
   conf="$conf,is_host=$([ "$NODE_RANK" = 0 ] && echo 1 || echo 0)"
 fi
-exec torchrun --nnodes "${NNODES:-1}" --nproc-per-node "${NPROC_PER_NODE:-1}" \
+python=${PYTHON:-$(command -v python || command -v python3 || true)}
+: "${python:?no python on PATH: activate the environment vltrain is installed in, or set PYTHON}"
+exec "$python" -m torch.distributed.run --nnodes "${NNODES:-1}" --nproc-per-node "${NPROC_PER_NODE:-1}" \
   --rdzv-backend c10d --rdzv-endpoint "$RDZV_ENDPOINT" --rdzv-id "${RDZV_ID:-vltrain}" --rdzv-conf "$conf" \
   --max-restarts "${MAX_RESTARTS:-3}" -m vl_models.cli "$@"
