@@ -40,6 +40,7 @@ LONGEST_FIRST = (
     "tests/pipeline/test_detect.py",
     "tests/vl_models/test_transfer.py",
     "tests/vl_models/test_runs.py",
+    "tests/serve/test_serve_site.py",
 )
 
 

@@ -182,6 +182,11 @@ CAUGHT_INSIDE = {
     "pipeline.formats.base.RowError": "a source row's bad value: the import's skipped row",
     "pipeline.sources.vcr._Bad": "a VCR line's malformed field: the row's Malformed reason",
     "pipeline.store.arrow_shard._Damaged": "a damaged shard file: re-raised as StoreError naming it",
+    # vlprep serve's request errors: each a message on the page (HTTP 400 / 413), never a traceback
+    "vl_models.serve.app.BodyTooLarge": "an upload over the size cap: the ask page's message (413)",
+    "vl_models.serve.ask.AskError": "a query a run cannot answer: the ask page's message",
+    "vl_models.serve.gallery.QueryError": "a bad page query or form: the page's message",
+    "vl_models.serve.images.UploadError": "an upload that is no image: the ask page's message",
 }
 
 

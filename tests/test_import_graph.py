@@ -4,7 +4,7 @@ inside functions too, relative ones resolved) is an edge, and no edge may point 
     1. shared basics     pipeline.errors, pipeline.io, pipeline.log, pipeline.config, pipeline.registry
     2. pipeline          the rest of it
     3. vl_models         the rest of it
-    4. the demo          vl_models.demo (it orchestrates both packages)
+    4. the demo          vl_models.demo, vl_models.serve (they orchestrate both packages)
 
 Within a layer, a few packages stay below others (`BELOW`): the model data and models never
 import the tasks, the trainer or evaluation; the model families, the trainer and evaluation
@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("pipeline", "vl_models")
 BASICS = ("pipeline.errors", "pipeline.io", "pipeline.log", "pipeline.config", "pipeline.registry")
 LAYERS = (
-    (4, "the demo", ("vl_models.demo",)),
+    (4, "the demo and the web page", ("vl_models.demo", "vl_models.serve")),
     (1, "shared basics", BASICS),
     (2, "pipeline", ("pipeline",)),
     (3, "vl_models", ("vl_models",)),

@@ -835,6 +835,12 @@ def demo(
         f"report: {out / 'report.md'} ({report['total_seconds']:.0f} s); pictures: "
         + ", ".join(str(out / p) for p in report["pictures"].values())
     )
+    stdout.print(  # its stores, task datasets, mixtures and runs on a local page (pip install 'vlprep[serve]')
+        f"look at it all and ask the models in a browser: vlprep serve {out / 'features'} --tasks {out} "
+        f"--runs {out} --images {out / 'world'}",
+        soft_wrap=True,
+        highlight=False,
+    )
 
 
 def register(app: typer.Typer) -> None:

@@ -9,8 +9,9 @@
     p.match("photo.jpg", "a dog in the snow")         # the pair head's probability
     p.ask([{"image": ..., "question": ...}, ...])      # a batch: one JSON-ready dict per query
 
-An image is a file, an ``http(s)`` URL (fetched under the downloader's rules), or a
-`StoreImage` (an id of a feature store: no detector runs); the images a caption ranks may be
+An image is a file, an ``http(s)`` URL (fetched under the downloader's rules), an
+`ImageBytes` (an image's bytes, held in memory: an upload), or a `StoreImage` (an id of a
+feature store: no detector runs); the images a caption ranks may be
 folders too (their image files). New
 images go through the detector of the store the model was trained on, as that store's run
 extracted its own (`pipeline.detect.like_store.StoreDetector`: same weights, preprocessing,
@@ -46,7 +47,7 @@ import hashlib
 import json
 import logging
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Optional, Sequence, Union
 
@@ -83,6 +84,14 @@ PAIR_HEAD = "pair-head"  # the pretraining pair head, under the name the model's
 TEXT_FIELDS = ("question", "statement", "expression", "caption", "text")
 KEPT_IMAGES = 64  # extracted images kept for later questions
 DEFAULT_ANSWERS = 5  # answers a question gets unless it says (rankings: every item)
+ASKED = {  # a query's kind, as an error names what was asked
+    "answers": "a question",
+    "choice": "a question with choices",
+    "pair": "a statement",
+    "regions": "an expression",
+    "retrieval": "a caption",
+    "match": "a text",
+}
 
 
 @dataclass(frozen=True)
@@ -92,7 +101,25 @@ class StoreImage:
     image_id: str
 
 
-ImageLike = Union[str, Path, StoreImage]
+@dataclass(frozen=True)
+class ImageBytes:
+    """An image given as its bytes (an upload, say: nothing is written to disk), read under the
+    same rules as a file (size cap, sniffing, decompression-bomb checks) and, like a file, known
+    by its content: the same bytes asked about again reuse their features. ``str()`` names it
+    by `name` and the start of its sha256."""
+
+    data: bytes = field(repr=False)
+    name: str = "upload"
+
+    def __post_init__(self) -> None:
+        digest = hashlib.sha256(self.data).hexdigest()
+        object.__setattr__(self, "_label", f"{self.name}#{digest[:12]}")
+
+    def __str__(self) -> str:
+        return self._label
+
+
+ImageLike = Union[str, Path, StoreImage, ImageBytes]
 
 
 class PredictError(VlprepError, ValueError):
@@ -217,6 +244,7 @@ class Predictor:
         # an image is known by what it holds, so a file replaced at the same path is a new picture
         self._images: OrderedDict = OrderedDict()
         self._sources: dict[str, tuple] = {}  # a file or URL of the current batch -> its key in _images
+        self.extracted = 0  # images run through the detector so far (those asked about again are not)
 
     @property
     def tasks(self) -> list[str]:
@@ -346,7 +374,7 @@ class Predictor:
         if not fits:
             raise PredictError(
                 "no head",
-                f"{self.source} has no head for {'a ' + asked if asked != 'answers' else 'a question'} "
+                f"{self.source} has no head for {ASKED.get(asked, 'a ' + asked)} "
                 f"(its heads: {', '.join(self.heads) or 'none'})",
             )
         if len(fits) > 1:
@@ -413,7 +441,7 @@ class Predictor:
 
     @staticmethod
     def _expand(image) -> list:
-        return [image] if isinstance(image, StoreImage) else image_sources([image])
+        return [image] if isinstance(image, (StoreImage, ImageBytes)) else image_sources([image])
 
     def keys_of(self, query: dict) -> list[str]:
         """The store keys of the query's images (each extracted once, then kept)."""
@@ -455,6 +483,7 @@ class Predictor:
         detector's batches; an image the detector fails on fails alone), so that questions about
         them find them ready; returns the ones that could not be used, by source, with their
         errors."""
+        given = {str(s): s for s in sources if isinstance(s, ImageBytes)}
         todo = list(dict.fromkeys(str(s) for s in sources if not isinstance(s, StoreImage)))
         todo = [source for source in todo if source not in self._sources]
         if not todo:
@@ -464,7 +493,7 @@ class Predictor:
         fresh, failed = {}, {}
         for source in todo:
             try:
-                data = self._detector.read(source)
+                data = self._detector.read(source) if source not in given else self._held(given[source])
                 key = ("content", hashlib.sha256(data).hexdigest())
                 if key not in self._images and key not in fresh:
                     fresh[key] = (source, self._detector.load(source, data))
@@ -477,7 +506,15 @@ class Predictor:
                 self._sources = {s: k for s, k in self._sources.items() if k != key}
             else:
                 self._images[key] = (image.image_id, record, image.data)
+                self.extracted += 1
         return failed
+
+    def _held(self, image: ImageBytes) -> bytes:
+        """An in-memory image's bytes, under the size cap a file or a download has."""
+        cap = self._detector.fetch_cfg.max_bytes
+        if len(image.data) > cap:
+            raise ImageInputError(str(image), "too large", f"{len(image.data):,} bytes, more than {cap:,}")
+        return image.data
 
     def _extract_each(self, loaded: list) -> list:
         """The records of `loaded` (source, image) pairs in the detector's batches; where a batch

@@ -107,6 +107,8 @@ def _run_quick_demo(out: Path, bin_dir: Path) -> dict:
     proc = run_cli(*args, timeout=1800, exe=bin_dir / "vlprep", cwd=out.parent)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "pretrained" in proc.stdout and "report.md" in proc.stdout and "side by side" not in proc.stdout
+    serve = next(line for line in proc.stdout.splitlines() if "vlprep serve " in line)  # the page's command, last
+    assert f"--runs {out}" in serve and f"--images {out / 'world'}" in serve and f"{out / 'features'}" in serve
     assert "Token authentication" not in proc.stdout + proc.stderr  # Ray's notice is none of the user's business
     assert "INFO vl_models.train.run_folder: " in proc.stderr
     report = json.loads((out / "report.json").read_text())
