@@ -22,6 +22,17 @@ Measured in one run (`--parts`; all by default):
               batch 1 / 4 / 8, identical resized sizes stacked (exact; the default), and with
               `--pad-tolerance` (similar aspect ratios padded to one size): images/s, backbone
               runs, and how much padding changes the padded images' regions;
+  cpu         the VG R101 on a CPU, today's path (the model's modules: ``kernels="torch"``) and
+              the fast one (``kernels="fast"``, the default on a CPU: `pipeline.detect.cpu`, res5 in
+              oneDNN over units of ten proposals on worker threads, the same bits at any thread
+              count) side by side, batch 1, BUTD's default selection, in alternating order round
+              after round: each at one thread (what `vltrain predict` and `vlprep extract`'s actors
+              ran with: one CPU per actor) and at every core. With the FLOPs per image (counted on
+              today's path: the same multiply-adds), the time by stage (backbone, RPN, ROI head,
+              the rest: predictor, selection, attributes), the agreement of the two paths'
+              records, and the machine's float32 matmul peak at each thread count (MKL's sgemm,
+              torch.mm, and oneDNN's, a 1x1 convolution: a large GEMM), so that the distance to
+              the limit is on the page;
   backends    the extraction backends side by side on the same 640x480 JPEGs (600x800 after
               each backend's resize) in this process, batch 1, alternating order round after
               round: `vg-r101` (BUTD, its default selection), `vinvl-x152c4` (its default: per-class
@@ -43,6 +54,7 @@ per image. Target on an H200: >= 30 images/s end to end.
     python bench/extract.py --parts hf,batching --hf-frcnn-dir ~/transformers/examples/research_projects/lxmert
     python bench/extract.py --device cuda --fp16 --n 256 --batch-sizes 1,8 --parts in_process,end_to_end
     python bench/extract.py --parts backends      # CPU: 2 images x 2 rounds, ~3 min on 2 cores
+    python bench/extract.py --parts cpu           # today's CPU path vs the fast one: 2 images x 2 rounds, ~8 min
     python bench/extract.py --parts backends --device cuda --fp16 --backends-n 32 --rounds 2
 """
 
@@ -81,7 +93,7 @@ from pipeline.detect.preprocess import prepare_image
 from pipeline.detect.resnet import Bottleneck
 from pipeline.images import load_rgb
 
-PARTS = ("in_process", "end_to_end", "hf", "batching", "backends")
+PARTS = ("in_process", "end_to_end", "hf", "batching", "backends", "cpu")
 HF_DIR_ENV = "VLPREP_HF_FRCNN_DIR"
 
 
@@ -535,6 +547,178 @@ def backends(n: int, rounds: int, grid_pool: GridPool, extra: list[str], device:
         print(f"  peak GPU memory: {torch.cuda.max_memory_allocated() / 2**20:.0f} MB")
 
 
+# -- today's CPU path against the fast one --------------------------------------------
+
+
+def matmul_peak(threads: int, size: int = 4096, repeats: int = 4) -> dict[str, float]:
+    """GFLOP/s of a large float32 GEMM at `threads` torch threads, best of `repeats`: MKL's
+    (``torch.mm``, size x size x size) and oneDNN's (a 1x1 convolution of a channels-last
+    (1, size/2, 64, 64) map to size/2 channels, the prepared weights of the fast path: a
+    4096 x size/2 x size/2 GEMM)."""
+    from pipeline.detect.cpu import FusedConv, onednn
+
+    saved = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        out = {}
+        a, b = torch.randn(size, size), torch.randn(size, size)
+        best = min(_seconds(lambda: torch.mm(a, b)) for _ in range(repeats + 1))
+        out["MKL sgemm (torch.mm)"] = 2 * size**3 / best / 1e9
+        if onednn():
+            c = size // 2
+            conv = torch.nn.Conv2d(c, c, 1, bias=False)
+            x = torch.randn(1, c, 64, 64).contiguous(memory_format=torch.channels_last)
+            fused = FusedConv(conv, x.shape)
+            with torch.no_grad():
+                best = min(_seconds(lambda: fused(x)) for _ in range(repeats + 1))
+            out["oneDNN (1x1 convolution)"] = 2 * 64 * 64 * c * c / best / 1e9
+        return out
+    finally:
+        torch.set_num_threads(saved)
+
+
+def _seconds(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+class StageClock:
+    """Seconds an extractor spends in its backbone, RPN and ROI head, by wrapping them."""
+
+    STAGES = {"backbone": "backbone_features", "RPN": "proposals", "ROI head": "region_features"}
+
+    def __init__(self, ex):
+        self.ex, self.seconds = ex, dict.fromkeys(self.STAGES, 0.0)
+        for stage, method in self.STAGES.items():
+            inner = getattr(ex, method)
+
+            def timed(*a, _inner=inner, _stage=stage, **kw):
+                start = time.perf_counter()
+                try:
+                    return _inner(*a, **kw)
+                finally:
+                    self.seconds[_stage] += time.perf_counter() - start
+
+            setattr(ex, method, timed)
+
+    def stop(self) -> None:
+        for method in self.STAGES.values():
+            del self.ex.__dict__[method]
+
+
+def cpu_paths(n: int, rounds: int, all_threads: int) -> None:
+    """The VG R101 at BUTD's default selection, today's CPU path against the fast one (see the
+    module doc), batch 1, on the same `n` photo-like JPEGs, alternating order, `rounds` rounds."""
+    model = random_detector(DetectorConfig.load("vg-r101"))
+    today = build_extractor("vg-r101", model, kernels="torch")
+    fast = build_extractor("vg-r101", model, kernels="fast")
+    counts = sorted({1, all_threads})
+
+    def side(ex, threads):
+        def run(rgb):
+            saved = torch.get_num_threads()
+            torch.set_num_threads(threads)  # today's path runs at the caller's count; the fast one at one
+            ex.threads = threads  # the fast path's workers
+            try:
+                return ex([rgb], ["x"])
+            finally:
+                torch.set_num_threads(saved)
+
+        return run
+
+    sides = {}
+    for threads in counts:
+        sides[f"today, {threads} thread{'s' * (threads > 1)}"] = side(today, threads)
+        sides[f"fast, {threads} thread{'s' * (threads > 1)}"] = side(fast, threads)
+    rgbs = [load_rgb(b) for b in make_jpegs(n)]
+    load = [os.getloadavg()[0]]
+    _, flops, modules = count_flops(sides["today, 1 thread"], rgbs[0])  # also the warm-up of today's path
+    sides["fast, 1 thread"](rgbs[0])  # the fast path's warm-up: weights prepared, oneDNN primitives made
+    per_round: dict[str, list[float]] = {}
+    seconds, outputs = timed_rounds(sides, rgbs, rounds, per_round)
+    load.append(os.getloadavg()[0])
+    stages = {}
+    for name, ex, threads in (("today", today, 1), ("fast", fast, all_threads)):
+        clock = StageClock(ex)
+        start = time.perf_counter()
+        side(ex, threads)(rgbs[0])
+        total = time.perf_counter() - start
+        clock.stop()
+        stages[f"{name}, {threads} thread{'s' * (threads > 1)}"] = {
+            **clock.seconds,
+            "rest": total - sum(clock.seconds.values()),
+            "total": total,
+        }
+    peaks = {threads: matmul_peak(threads) for threads in counts}
+    load.append(os.getloadavg()[0])
+
+    print(
+        f"\nVG R101 on a CPU, today's path vs the fast one: {n} photo-like 640x480 JPEGs (600x800 after the "
+        f"resize) x {rounds} rounds, batch 1, BUTD 10-100 boxes, alternating order; random weights (seed 0); "
+        f"load average {load[0]:.2f} at the start, {load[1]:.2f} after the rounds, {load[2]:.2f} at the end"
+    )
+    print(f"  {'path':20s} {'images/s':>9s} {'s/image':>8s} {'by round':>16s} {'GFLOP/s':>8s}")
+    rates = {}
+    for label in sides:
+        rates[label] = rounds * n / seconds[label]
+        by_round = ", ".join(f"{sec / n:.2f}" for sec in per_round[label])
+        print(
+            f"  {label:20s} {rates[label]:9.4f} {1 / rates[label]:8.2f} {by_round:>16s} "
+            f"{flops * rates[label] / 1e9:8.1f}"
+        )
+    top = f"{all_threads} thread{'s' * (all_threads > 1)}"
+    for a, b, title in (
+        (f"fast, {top}", "today, 1 thread", "vltrain predict / one-CPU actors (today at 1 thread, fast on every core)"),
+        (f"fast, {top}", f"today, {top}", "the same threads (every core)"),
+        ("fast, 1 thread", "today, 1 thread", "the same threads (one)"),
+    ):
+        if a in rates and b in rates:
+            best = min(per_round[b]) / min(per_round[a])
+            print(f"  ratio {a} / {b}: {rates[a] / rates[b]:.2f}x (best rounds: {best:.2f}x) -- {title}")
+    where = module_paths(today.model, list(modules))
+    parts = ", ".join(f"{where[name]} {value / 1e9:.1f}" for name, value in modules.items())
+    print(f"  FLOPs per image: {flops / 1e9:.0f} GFLOP (2 per multiply-add, today's path counted); by module: {parts}")
+    for label, parts in stages.items():
+        print(
+            f"  time by stage, {label}: "
+            + ", ".join(
+                f"{stage} {sec:.2f} s ({sec / parts['total']:.0%})" for stage, sec in parts.items() if stage != "total"
+            )
+            + f"; total {parts['total']:.2f} s"
+        )
+    for threads, peak in peaks.items():
+        limit = max(peak.values())
+        print(
+            f"  matmul peak at {threads} thread{'s' * (threads > 1)}: "
+            + ", ".join(f"{name} {value:.0f} GFLOP/s" for name, value in peak.items())
+            + f"; at {limit:.0f} GFLOP/s an image's {flops / 1e9:.0f} GFLOP take {flops / limit / 1e9:.2f} s"
+        )
+    reference = outputs["today, 1 thread"]
+    for label in sides:
+        if label == "today, 1 thread":
+            continue
+        same_boxes = sum(np.array_equal(a.boxes, b.boxes) for a, b in zip(reference, outputs[label]))
+        labels = sum(np.array_equal(a.objects_id, b.objects_id) for a, b in zip(reference, outputs[label]))
+        rel = max(
+            float(np.abs(a.features - b.features).max() / np.abs(a.features).max())
+            for a, b in zip(reference, outputs[label])
+            if a.features.shape == b.features.shape
+        )
+        print(
+            f"  {label} vs today, 1 thread: boxes identical on {same_boxes} of {n} images, labels on {labels}, "
+            f"features within {rel:.1e} of their largest (float16 rounds by up to 4.9e-4)"
+        )
+    fast_runs = [outputs[label] for label in sides if label.startswith("fast")]
+    bitwise = all(
+        all(np.array_equal(x, y) for x, y in zip(a.array_fields().values(), b.array_fields().values()))
+        for other in fast_runs[1:]
+        for a, b in zip(fast_runs[0], other)
+    )
+    print(f"  the fast path at 1 and {all_threads} threads: records {'bitwise equal' if bitwise else 'DIFFER'}")
+    print(f"  peak RSS of this process: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated, of {', '.join(PARTS)}")
@@ -564,6 +748,10 @@ def main() -> None:
     )
     parser.add_argument(
         "--backends-extra", default="", help="more detector configs, comma-separated: grid-r50,grid-x101 (backends)"
+    )
+    parser.add_argument("--cpu-n", type=int, default=2, help="images per path and round (cpu)")
+    parser.add_argument(
+        "--cpu-threads", type=int, default=os.cpu_count() or 1, help="every core: the threads of the second pair (cpu)"
     )
     args = parser.parse_args()
     parts = args.parts.split(",")
@@ -615,6 +803,8 @@ def main() -> None:
     if "backends" in parts:
         extra = [name for name in args.backends_extra.split(",") if name]
         backends(args.backends_n, args.rounds, args.grid_pool, extra, args.device, args.fp16)
+    if "cpu" in parts:
+        cpu_paths(args.cpu_n, args.rounds, args.cpu_threads)
     print(
         (
             "\nreference points: py-bottom-up-attention ~3 images/s on a T4; Caffe < 1 s/image; target >= 30 images/s "

@@ -22,9 +22,15 @@ batch `ask` builds (same tokens, same regions), the bare forward of our model an
 `transformers.LxmertForQuestionAnswering` holding the same weights (the anchor; there is no
 runnable anchor for the detector: the HF FRCNN port is a research example, not a package).
 
-The model runs with `--threads` torch threads (2); the detector with the store's actor
-threads (``--actor-cpus`` of its extract run, 1 by default: `StoreDetector` sets them itself, so
-that features are bitwise the store's).
+The model runs with `--threads` torch threads (2). The detector: the region detectors' fast CPU
+path (`pipeline.detect.cpu`, the default) gives the same bits at any thread count, so
+`StoreDetector` runs it on every core and its features are still bitwise the store's.
+
+Side by side (``--paths``, batch 1, per detector): today's detector path — the model's modules
+(``kernels="torch"``) at the store's actor threads (``--actor-cpus`` of its extract run, 1 by
+default), as `vltrain predict` ran it before the fast path, to keep features bitwise the store's
+— against the fast one on every core, each `ask` with the image cache cleared, in alternating
+order round after round (``--path-rounds``), with the records' agreement.
 
     python bench/predict.py                 # shapes-tiny (lxmert-small, lxmert-base) and vg-r101 (lxmert-base)
     python bench/predict.py --quick         # shapes-tiny with lxmert-small only: a few seconds
@@ -42,6 +48,7 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
 import ray
 import torch
 import transformers
@@ -210,6 +217,49 @@ def anchor(predictor: Predictor, mcfg, device: str):
     return hf.to(device).eval()
 
 
+def today_detector(store: Path, device: str, actor_cpus: int) -> StoreDetector:
+    """`store`'s detector as `vltrain predict` ran it before the fast CPU path: the model's modules
+    at the store's actor threads."""
+    detector = StoreDetector.of(store, device=device)
+    if detector.extractor.device.type == "cpu":
+        detector.extractor.kernels = "torch"  # no longer thread-invariant: StoreDetector sets the threads
+        detector.threads = actor_cpus
+    return detector
+
+
+def paths_side_by_side(predictor: Predictor, store: Path, queries: list[dict], rounds: int, args) -> dict:
+    """ms per query of `ask` (image cache cleared) with today's detector path and the fast one,
+    alternating, `rounds` rounds; and the agreement of their records on the queries' images."""
+    detectors = {"today": today_detector(store, args.device, args.actor_cpus), "fast": predictor._detector_of()}
+    seconds: dict = {name: [] for name in detectors}
+    predictor._detector = detectors["today"]  # its warm-up (the fast one is warm from `measure`)
+    predictor._images.clear()
+    predictor.ask(queries)
+    for r in range(rounds):
+        for name in list(detectors) if r % 2 == 0 else list(detectors)[::-1]:
+            predictor._detector = detectors[name]
+            predictor._images.clear()
+            start = now(args.device)
+            predictor.ask(queries)
+            seconds[name].append(now(args.device) - start)
+    images = [detectors["fast"].load(q["image"]) for q in queries]
+    records = {name: det.extract(images) for name, det in detectors.items()}
+    # the records come back as the store gives them (features rounded to its float16): count the
+    # float16 steps between the two paths' values
+    steps = max(
+        float((np.abs(a.features - b.features) / np.spacing(np.abs(a.features).astype(np.float16))).max())
+        for a, b in zip(records["today"], records["fast"])
+    )
+    same = all(np.array_equal(a.boxes, b.boxes) for a, b in zip(records["today"], records["fast"]))
+    predictor._detector = detectors["fast"]
+    return {
+        "ms": {name: [1000 * t / len(queries) for t in times] for name, times in seconds.items()},
+        "threads": {"today": args.actor_cpus, "fast": detectors["fast"].threads},
+        "boxes equal": same,
+        "features steps": steps,
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cpu")
@@ -224,6 +274,10 @@ def main() -> None:
     parser.add_argument("--extract-batch", type=int, default=1, help="the stores' --batch-size (the detector's)")
     parser.add_argument("--actor-cpus", type=int, default=1, help="the stores' --actor-cpus (the detector's threads)")
     parser.add_argument("--quick", action="store_true", help="smoke run: shapes-tiny with lxmert-small only")
+    parser.add_argument(
+        "--paths", action=argparse.BooleanOptionalAction, default=True, help="today's detector path vs the fast one"
+    )
+    parser.add_argument("--path-rounds", type=int, default=4, help="alternating rounds of the two paths (batch 1)")
     args = parser.parse_args()
     if args.quick:
         args.detectors, args.shapes_models, args.reps, args.model_reps = "shapes-tiny", "lxmert-small", 2, 3
@@ -231,7 +285,8 @@ def main() -> None:
     logging.basicConfig(level=logging.WARNING)
     batches = [int(b) for b in args.batches.split(",")]
     detectors = args.detectors.split(",")
-    rows = []
+    rows, paths = [], {}
+    load = [os.getloadavg()[0]]
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         images: dict[str, list[Path]] = {}
@@ -273,6 +328,10 @@ def main() -> None:
                         f"model {r['model']:.1f}",
                         flush=True,
                     )
+                if args.paths and det not in paths and args.device == "cpu":
+                    paths[det] = paths_side_by_side(predictor, stores[det], queries[:1], args.path_rounds, args)
+                    paths[det]["model"] = name
+                    print(f"  {det}: detector paths side by side {paths[det]['ms']}", flush=True)
                 del predictor, hf
 
     where = torch.cuda.get_device_name() if args.device.startswith("cuda") else f"CPU, {os.cpu_count()} cores"
@@ -297,6 +356,23 @@ def main() -> None:
         "model: ask on cached images; fwd: the bare forward on ask's batch (ours, and transformers' with the same "
         "weights); |diff|: the largest difference of their answer logits; det load s: StoreDetector.of"
     )
+    if paths:
+        print(
+            f"\ndetector paths side by side, batch 1 (ask with the image cache cleared, ms per query; alternating "
+            f"order, {args.path_rounds} rounds; load average {load[0]:.2f} at the start, {os.getloadavg()[0]:.2f} "
+            "at the end): today = the model's modules at the store's actor threads, fast = `pipeline.detect.cpu` "
+            "on every core"
+        )
+        for det, r in paths.items():
+            today, fast = r["ms"]["today"], r["ms"]["fast"]
+            print(
+                f"  {det} + {r['model']}: today ({r['threads']['today']} thread) {statistics.median(today):.1f} "
+                f"(by round {', '.join(f'{t:.0f}' for t in today)}), fast ({r['threads']['fast']} threads) "
+                f"{statistics.median(fast):.1f} (by round {', '.join(f'{t:.0f}' for t in fast)}); "
+                f"today / fast {statistics.median(today) / statistics.median(fast):.2f}x "
+                f"(best rounds {min(today) / min(fast):.2f}x); boxes {'equal' if r['boxes equal'] else 'DIFFER'}, "
+                f"features (as the store returns them) at most {r['features steps']:.0f} float16 step apart"
+            )
 
 
 if __name__ == "__main__":

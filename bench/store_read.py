@@ -10,7 +10,9 @@ One run, the same synthetic records (default 5,000 images x 36 boxes x 2048-d, w
                              one reused RegionBuffer in the stored float16 (ids looked up
                              together, one slice copy per record and field): all fields, or
                              only LXMERT's / ViLBERT's (ratios count the bytes read);
-                             "batched f32" converts to float32 on the way
+                             "batched f32" converts to float32 on the way; "shards of 100":
+                             the same gather from a store of 100-record shards (a random batch
+                             of 32 then meets ~27 shards; the main store has one)
   (a) vilbert-pickle-lmdb    vilbert-multi-task's reader: keys.index(id) + pickle.loads
                              of the dict of float32 arrays (cls_prob kept, as MMF does)
   (b) lxmert-tsv-decode      one LXMERT TSV row (10 fields; already located in a
@@ -24,6 +26,12 @@ One run, the same synthetic records (default 5,000 images x 36 boxes x 2048-d, w
 
 Methods are timed in turn, several rounds, best of each (a loaded box slows them alike);
 the load average is printed with the numbers.
+
+Then where the gap between a gather and (c) goes ("the floor, field by field"): each of the two
+large fields (features, cls_prob: 99 % of a record's bytes) copied alone, 32 records at a time
+from the map into a batch, against a memcpy of the same number of bytes per record from
+contiguous memory, with where the records' values start in the map (address modulo 64: a
+record's cls_prob is 36 x 1601 x 2 = 115,272 bytes, so its rows start at every multiple of 8).
 
 Prints records/s, ratios, and bytes per image on disk (also for stores without cls_prob).
 
@@ -70,9 +78,11 @@ def build(root: Path, n: int) -> dict:
         "ours-lmdb": dict(backend="lmdb"),
         "ours-arrow-no-cls": dict(backend="arrow", cls_prob="none"),
         "ours-lmdb-no-cls": dict(backend="lmdb", cls_prob="none"),
+        "ours-arrow-shards-100": dict(backend="arrow", shard_size=100),
     }
     writers = {
-        name: FeatureStoreWriter(root / name, shard_size=1000, attr_prob="none", **kw) for name, kw in stores.items()
+        name: FeatureStoreWriter(root / name, attr_prob="none", **{"shard_size": 1000, **kw})
+        for name, kw in stores.items()
     }
     for w in writers.values():
         w.open()
@@ -241,6 +251,36 @@ class MappedMemcpy:
                 at += view.size
 
 
+def floor_profile(store: FeatureStore, ids: list, chunks: list, repeats: int) -> dict:
+    """Per large field (features, cls_prob): µs per record to copy its values from the map into a
+    batch-sized destination (32 records), and to memcpy as many bytes per record from contiguous
+    memory into the same destination; and the records' start addresses modulo 64 in the map."""
+    out = {}
+    for field in ("features", "cls_prob"):
+        views = {i: getattr(store.get(i), field).reshape(-1).view(np.uint8) for i in ids}
+        size = views[ids[0]].size
+        dst = np.empty((BATCH, size), np.uint8)
+        src = np.random.default_rng(0).integers(0, 255, len(ids) * size, dtype=np.uint8)
+        at = {image_id: k * size for k, image_id in enumerate(ids)}
+
+        def from_map(chunk, views=views, dst=dst):
+            for b, image_id in enumerate(chunk):
+                dst[b] = views[image_id]
+
+        def contiguous(chunk, src=src, dst=dst, at=at, size=size):
+            for b, image_id in enumerate(chunk):
+                dst[b] = src[at[image_id] : at[image_id] + size]
+
+        rates = interleaved({"map": (from_map, chunks, BATCH), "memcpy": (contiguous, chunks, BATCH)}, repeats)
+        out[field] = {
+            "bytes": size,
+            "map us": 1e6 / rates["map"],
+            "memcpy us": 1e6 / rates["memcpy"],
+            "starts mod 64": sorted({v.ctypes.data % 64 for v in views.values()}),
+        }
+    return out
+
+
 def loader_rates(workdir, images: int = 512, batches: int = 30, repeats: int = 3) -> dict:
     """PretrainDataset + DataLoader, batch 32, 1 worker, LXMERT and ViLBERT items: the
     per-record path (`__getitem__` per item, then the default collate) vs the batched one
@@ -324,13 +364,14 @@ def main() -> None:
         positions = {image_id: i for i, image_id in enumerate(ids)}
 
         arrow, lmdb_store = FeatureStore.open(root / "ours-arrow"), FeatureStore.open(root / "ours-lmdb")
+        small_shards = FeatureStore.open(root / "ours-arrow-shards-100")
         record_bytes = sum(a.nbytes for a in arrow.get(ids[0]).array_fields().values())
         vil, tsv, mem = (
             VilbertPickleReader(root / "vilbert.lmdb"),
             LxmertRowReader(root / "lxmert.tsv"),
             Memcpy(len(ids), record_bytes),
         )
-        for reader in (arrow.get, lmdb_store.get, vil.get, tsv.get):  # warm the page cache
+        for reader in (arrow.get, lmdb_store.get, small_shards.get, vil.get, tsv.get):  # warm the page cache
             for k in order:
                 reader(k)
         slow_keys = order[: max(200, len(order) // 5)]  # the slow baselines need fewer samples
@@ -343,6 +384,11 @@ def main() -> None:
             for what, chosen in fields.items():
                 gathers[f"ours-{label} batched f16, {what}"] = (batched(store, "float16", chosen), chunks, BATCH)
             gathers[f"ours-{label} batched f32, all fields"] = (batched(store, "float32"), chunks, BATCH)
+        gathers["ours-arrow batched f16, all fields, shards of 100"] = (
+            batched(small_shards, "float16"),
+            chunks,
+            BATCH,
+        )
         rates = interleaved(
             {
                 "(c) memcpy": (lambda k: mem.get(positions[k]), order, 1),
@@ -362,6 +408,7 @@ def main() -> None:
                 args.repeats,
             )
         )
+        floor = floor_profile(arrow, ids, chunks, args.repeats)
         load.append(os.getloadavg()[0])
         # bytes a gather copies per record (fields read): its rate counts as that share of a memcpy record
         share = {
@@ -414,6 +461,13 @@ def main() -> None:
                 rate / rates["(c) memcpy from the map into a batch"]
             )
         ratios[f"{ours} batched f32, all fields / (c)"] = rates[f"{ours} batched f32, all fields"] / rates["(c) memcpy"]
+    small = rates["ours-arrow batched f16, all fields, shards of 100"]
+    ratios["ours-arrow batched f16, all fields, shards of 100 / (c) into a batch"] = (
+        small / rates["(c) memcpy into a batch"]
+    )
+    ratios["ours-arrow batched f16, all fields, shards of 100 / (c) from the map"] = (
+        small / rates["(c) memcpy from the map into a batch"]
+    )
     # the batched target is against the like-for-like baseline: memcpy into a batch-sized destination
     targets = {
         "/ (a)": 10,
@@ -427,6 +481,13 @@ def main() -> None:
         target = next((t for suffix, t in targets.items() if name.endswith(suffix) and "+copy / (a)" not in name), None)
         mark = "" if target is None else f"   target >= {target:g}: {'met' if value >= target else 'MISSED'}"
         print(f"  {name:58s} {value:8.2f}{mark}")
+    print("\nthe floor, field by field (µs per record, 32 records into a batch-sized destination)")
+    for field, f in floor.items():
+        print(
+            f"  {field:9s} {f['bytes']:8,d} B: from the map {f['map us']:6.2f}, memcpy of as many bytes "
+            f"{f['memcpy us']:6.2f} ({f['memcpy us'] / f['map us']:.0%}); starts mod 64 in the map: "
+            f"{f['starts mod 64']}"
+        )
     print("\nbytes per image on disk")
     for name, size in per_image.items():
         note = "   target <= 155 KB: " + ("met" if size <= 155_000 else "MISSED") if name.endswith("no-cls") else ""
@@ -445,6 +506,7 @@ def main() -> None:
                     "rates": rates,
                     "ratios": ratios,
                     "bytes_per_image": per_image,
+                    "floor": floor,
                     "loader": loader,
                 },
                 indent=2,

@@ -689,8 +689,9 @@ def load_predictor(
     a fine-tuning run's task heads, or a pretraining run's zero-shot heads (the pair head;
     LXMERT's QA head over its mixture's answers). New images go through the detector of the
     run's store (or `store`'s) as `StoreDetector` finds it (`weights` / `detector` where the
-    recorded ones are not at hand; `detector_threads`: CPU threads for it, default the store's
-    run's, for bitwise-equal features). `task_data`: task name -> task dataset folder, where the
+    recorded ones are not at hand; `detector_threads`: CPU threads for it, default every CPU for
+    the region detectors, whose features are the same at any thread count, and the store's run's
+    for the others, for bitwise-equal features). `task_data`: task name -> task dataset folder, where the
     run's recorded one is not there (its answer table)."""
     device = resolve_device(device, distributed.world()[2])
     path = Path(source)

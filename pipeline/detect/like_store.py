@@ -16,11 +16,13 @@ What happens to the bytes then is the store's own path: a store extracted from a
 its image options (downscale, re-encode) before decoding; one extracted from ``--images``
 decoded the bytes as they were. The regions come back through the store's column encoding
 (features in its dtype, read back as float32), so for the same image they equal what
-`FeatureStore.get` returns for it (bitwise: `tests/pipeline/test_like_store.py`), batched as
+`FeatureStore.get` returns for it (bitwise: `tests/vl_models/test_predict.py`), batched as
 the store's run batched (its ``--batch-size``: the detector's backbone stacks images of one
-size) and, on CPU, with its actors' threads (``--actor-cpus``, 1 by default: a convolution's
-sums run in an order that depends on the thread count; measured, 2 threads differ from 1 in
-the last bits).
+size). On a CPU the region detectors (BUTD, VinVL) compute the same bits at any thread count
+(`pipeline.detect.cpu`), so new images use every core this process may run on; other extractors
+(the grid) run with the store's actors' threads (``--actor-cpus``, 1 by default: their
+convolutions' sums run in an order that depends on the thread count; measured, 2 threads differ
+from 1 in the last bits).
 
 Every bad input is an `ImageInputError` naming the image and the reason (the downloader's and
 the decoder's reason names: ``too large``, ``private address``, ``decode error``,
@@ -42,6 +44,7 @@ from pipeline.config import from_json
 from pipeline.datasets.folder import image_files
 from pipeline.detect.backends import Detector, Extractor, build_extractor, detector_from_json, load_model, resolve
 from pipeline.detect.config import GridPool, SelectionConfig
+from pipeline.detect.cpu import cpu_threads
 from pipeline.download.fetch import FetchConfig, FetchError, HostLimiter, fetch, read_local, redact_url
 from pipeline.errors import EXIT_CONFIG, ConfigError, VlprepError
 from pipeline.images import ImageConfig, ImageError, load_rgb, process_image
@@ -163,12 +166,13 @@ class StoreDetector:
     ) -> "StoreDetector":
         """The detector `store`'s features came from: its recorded weights file (or `weights`,
         checked against the recorded sha256) and detector config (or `detector`), preprocessing
-        and box policy; on CPU with the store's actors' thread count unless `threads` says
-        otherwise (faster on more cores; the features then differ from the store's in the last
-        bits). The thread count is set for the process around each `extract`: one predictor
-        per process, not shared between threads. ConfigError when the store records no
-        extraction (imported features, ground-truth boxes) or the weights are not there;
-        `ProvenanceError` on a mismatch."""
+        and box policy. On a CPU with `threads` threads: for an extractor whose results do not
+        depend on the thread count (`thread_invariant`: BUTD, VinVL), default every CPU this
+        process may run on; for another, default the store's actors' thread count (more are
+        faster, but the features then differ from the store's in the last bits), set for the
+        process around each `extract`: one predictor per process, not shared between threads.
+        ConfigError when the store records no extraction (imported features, ground-truth
+        boxes) or the weights are not there; `ProvenanceError` on a mismatch."""
         opened = FeatureStore.open(store, dtype="float32")
         provenance = opened.manifest.provenance
         run = provenance.get("config")
@@ -236,7 +240,10 @@ class StoreDetector:
             **options,
         )
         normalize = from_json(ImageConfig, run.get("image") or {}, "image options") if run.get("dataset") else None
-        threads = threads or max(1, int(run.get("actor_cpus") or 1))
+        if getattr(extractor, "thread_invariant", False):
+            threads = extractor.threads = threads or cpu_threads()
+        else:
+            threads = threads or max(1, int(run.get("actor_cpus") or 1))
         return cls(extractor, opened, normalize, int(run.get("batch_size") or 1), threads, fetch_cfg)
 
     def read(self, source: str) -> bytes:
@@ -258,8 +265,10 @@ class StoreDetector:
     def extract(self, images: Sequence[Image]) -> list[RegionFeatures]:
         """Each image's regions as the store returns its own (float32), in `images`' order."""
         out, threads = [], torch.get_num_threads()
-        cpu = self.extractor.device.type == "cpu"
-        if cpu:  # the actor's threads: CPU kernels sum in an order that depends on the thread count
+        # the actor's threads: CPU kernels sum in an order that depends on the thread count
+        # (a thread-invariant extractor runs its own workers, `self.threads` of them)
+        cpu = self.extractor.device.type == "cpu" and not getattr(self.extractor, "thread_invariant", False)
+        if cpu:
             torch.set_num_threads(self.threads)
         try:
             for start in range(0, len(images), self.batch_size):

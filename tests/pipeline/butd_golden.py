@@ -3,9 +3,12 @@
 The fixture was written by `outputs()` with the code as it was before extraction gained its
 backend seam (`pipeline/detect/backends/`): the packaged shapes detector (trained weights, so
 boxes and labels mean something) and the random `tiny` detector, each policy, both resize
-conventions, given boxes, batches of one and of three. `test_backends.py` runs `outputs()` again
-and compares every array exactly. Regenerate only when a change is *meant* to move BUTD's
-outputs: ``python tests/pipeline/butd_golden.py --write``.
+conventions, given boxes, batches of one and of three, on one thread. `test_backends.py` runs
+`outputs()` again: through the model's own modules (``kernels="torch"``) every array is equal bit
+for bit; through the fast CPU ROI head (``kernels="fast"``, the default on a CPU since its
+arithmetic changed: `pipeline.detect.cpu`) the labels, counts and proposal boxes are equal and
+every float within the store's float16 rounding. Regenerate only when a change is *meant* to move
+BUTD's outputs: ``python tests/pipeline/butd_golden.py --write``.
 """
 
 from __future__ import annotations
@@ -36,15 +39,22 @@ GIVEN = [
 ]
 
 
-def runs():
-    """(name, extractor, given boxes or None, batch size) of every pinned run."""
+def runs(kernels: str = "torch", threads=None):
+    """(name, extractor, given boxes or None, batch size) of every pinned run, on `kernels`
+    (and the fast path's `threads`)."""
     from pipeline.detect.backends import open_extractor
     from pipeline.detect.backends.butd_c4.weights import shapes_tiny_weights
     from pipeline.detect.config import BoxCount, SelectionConfig
 
     def butd(detector, weights=None, policy="butd", boxes="10-100", preprocess="caffe"):
         return open_extractor(
-            detector, weights, seed=0, selection=SelectionConfig(policy, BoxCount.parse(boxes)), preprocess=preprocess
+            detector,
+            weights,
+            seed=0,
+            selection=SelectionConfig(policy, BoxCount.parse(boxes)),
+            preprocess=preprocess,
+            kernels=kernels,
+            threads=threads,
         )
 
     shapes = shapes_tiny_weights()
@@ -59,14 +69,15 @@ def runs():
     ]
 
 
-def outputs() -> dict[str, np.ndarray]:
-    """Every pinned run's records, flattened to ``"<run>/<image>/<field>" -> array``."""
+def outputs(kernels: str = "torch", threads=None) -> dict[str, np.ndarray]:
+    """Every pinned run's records, flattened to ``"<run>/<image>/<field>" -> array``, torch at one
+    thread (the fast path's ROI head on `threads` workers: None, one)."""
     pictures = images()
     out: dict[str, np.ndarray] = {}
-    threads = torch.get_num_threads()
+    saved = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        for name, extractor, given, batch in runs():
+        for name, extractor, given, batch in runs(kernels, threads):
             for start in range(0, len(pictures), batch):
                 chunk = list(range(start, min(start + batch, len(pictures))))
                 records = extractor(
@@ -78,7 +89,7 @@ def outputs() -> dict[str, np.ndarray]:
                     for field, value in rec.array_fields().items():
                         out[f"{name}/img{i}/{field}"] = value
     finally:
-        torch.set_num_threads(threads)
+        torch.set_num_threads(saved)
     return out
 
 

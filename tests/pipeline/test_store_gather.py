@@ -98,3 +98,27 @@ def test_colliding_hashes_probe_on_to_each_record(tmp_path, backend, monkeypatch
     assert_batch_equal(got, pad_regions([stored[i] for i in ids], 9))
     with pytest.raises(KeyError, match=re.escape(f"'absent' is not in the feature store {tmp_path / 's'}")):
         store.get_many_into([ids[0], "absent"], store.region_buffer(2, 9))
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+@pytest.mark.parametrize("max_regions", [5, 3])
+def test_batches_of_one_shard_and_of_many_equal_single_reads(tmp_path, dtype, max_regions):
+    """Equal-size records (the fixed-36 case) read in batches that lie in one Arrow shard (in
+    storage order, reversed) or across shards (shuffled; two from each of two shards), from
+    shards of several record batches, into buffers that hold all of a record's regions or its
+    first few, in the stored float16 and converted to float32: every field equals
+    `pad_regions` over single reads; an absent id among present ones is named."""
+    rng = np.random.default_rng(4)
+    recs = [make_record(rng, f"img{i:03d}", num_boxes=5, feature_dim=16) for i in range(20)]
+    write_records(tmp_path / "s", recs, shard_size=10, feature_dim=16, batch_rows=3)
+    stored, as_f32 = FeatureStore.open(tmp_path / "s"), FeatureStore.open(tmp_path / "s", dtype="float32")
+    ids = [r.image_id for r in recs]
+    for batch in (ids[:10], ids[12:20][::-1], [ids[i] for i in rng.permutation(20)], ids[3:5] + ids[11:13]):
+        buffer = stored.region_buffer(len(batch), max_regions, dtype=dtype)
+        got = stored.get_many_into(batch, buffer).batch()
+        want = pad_regions(as_f32.get_many(batch), max_regions)
+        for name in FIELDS:
+            a, b = getattr(got, name), getattr(want, name)
+            assert a is not None and np.array_equal(np.asarray(a).astype(np.asarray(b).dtype), b), name
+    with pytest.raises(KeyError, match=re.escape(f"'img999' is not in the feature store {tmp_path / 's'}")):
+        stored.get_many_into([ids[0], "img999", ids[1]], stored.region_buffer(3, 5))

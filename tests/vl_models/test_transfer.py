@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 from helpers import REPO, free_port, run_cli, run_vltrain
+from retrieval_helpers import assert_scores_as_full_forwards, full_pair_scores, spy_on_pair_scores
 from task_files import COLORS, IMAGES, write_task_world
 from train_helpers import VOCAB, finetune_config, no_dropout_config
 
@@ -502,27 +503,6 @@ def test_wordpiece_pairs_truncate_the_second_side():
     assert enc.types.tolist() == [0] * 7 + [1] * 2
 
 
-def full_pair_scores(tmodel, view, rows, images) -> np.ndarray:
-    """(len(rows), len(images)) scores of the view's rows' captions against `images` by full
-    pair forwards (`ModelFamily.encode`, each pair padded to the maximum on its own): the
-    uncached reference of `score_pairs`, through the task's head (the pair head, or a fine-tuned
-    scorer of the pooled pair vector)."""
-    from vl_models.transfer.heads import RetrievalHead
-
-    family, head = tmodel.family, tmodel.heads[view.task.name]
-    token = tmodel.task_tokens.get(view.task.name)
-    collate = torch.utils.data.default_collate
-    out = np.zeros((len(rows), len(images)), np.float32)
-    for c, row in enumerate(rows):
-        i = int(np.nonzero(view.rows == row)[0][0])
-        text = view.text(view.value("text", i))
-        batch = collate([{**view.candidates([(text, view.image(key))]), "x": 0} for key in images])
-        with torch.no_grad():
-            enc = family.encode(tmodel.backbone, batch, token)
-            out[c] = (enc.pair if isinstance(head, RetrievalHead) else head.score(enc.pooled)).float().numpy()
-    return out
-
-
 @pytest.mark.parametrize("head", ["pretraining", "new"])
 @pytest.mark.parametrize("model", ["vilbert-tiny", "lxmert-tiny"])
 def test_retrieval_reuses_single_stream_states_with_the_same_scores(world, model, head):
@@ -568,22 +548,12 @@ def test_zero_shot_retrieval_reuses_single_stream_states_with_the_same_scores(wo
     through the cached path: its scores equal full pair forwards to 1e-5."""
     from vl_models.transfer import evaluate as ev
 
-    seen = {}
-    original = ev.pair_scores
-
-    def spy(model, view, captions, images, *args, **kwargs):
-        scores = original(model, view, captions, images, *args, **kwargs)
-        seen.update(model=model, view=view, rows=view.rows[list(captions)], images=list(images), scores=scores)
-        return scores
-
-    monkeypatch.setattr(ev, "pair_scores", spy)
+    seen = spy_on_pair_scores(monkeypatch, ev)
     result = ev.evaluate_checkpoint(
         "flickr30k", str(finetuned["vqa"]), world / "flickr30k", "test", out=tmp_path / "z", zero_shot=True, limit=3
     )
     assert result["examples"] == 15 and seen["scores"].shape == (15, 3)
-    model = seen["model"].eval()  # `predict` gave it back in the mode it was built in
-    full = full_pair_scores(model, seen["view"], seen["rows"], seen["images"])
-    assert np.abs(full - seen["scores"]).max() < 1e-5, np.abs(full - seen["scores"]).max()
+    assert_scores_as_full_forwards(seen)  # `predict` gave the model back in the mode it was built in
 
 
 # --- where the model comes from: a pretraining run of ours, HF LXMERT, vilbert-multi-task ---

@@ -32,9 +32,12 @@ if TYPE_CHECKING:
 class Extractor(Protocol):
     """Images in, `RegionFeatures` out: a batch of (H, W, 3) uint8 RGB images and their ids;
     `given_boxes` (per image, (N, 4) x1y1x2y2 original pixels, or None) where the backend
-    extracts features for given boxes."""
+    extracts features for given boxes. `thread_invariant`: whether its outputs are the same bit for
+    bit at any CPU thread count (then `threads` sets how many it uses; see `pipeline.detect.cpu`)."""
 
     device: Any
+    thread_invariant: bool
+    threads: Optional[int]
 
     def __call__(
         self,

@@ -52,5 +52,5 @@ class ButdC4(Backend):
             device=device,
             fp16=fp16,
             preprocess=preprocess,
-            **self.take_options(options, "pad_tolerance"),
+            **self.take_options(options, "pad_tolerance", "kernels", "threads"),
         )

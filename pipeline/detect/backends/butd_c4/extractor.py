@@ -15,6 +15,15 @@ maps boxes back to original-image pixels by the preprocessing's convention (one 
 per-axis scales) — for ``butd`` before its NMS, as Caffe does. Boxes come back in
 original-image pixels, `cls_prob` with the background first, objects/attributes as
 argmax/max over the non-background columns (not renormalized).
+
+On a CPU (``kernels="fast"``, the default there) the ROI heads run through `pipeline.detect.cpu`:
+res5 over units of ten proposals on `threads` worker threads (default: the caller's torch thread
+count), each kernel at one intra-op thread, the backbone and the RPN on the calling thread at one
+intra-op thread. The results are then the same bit for bit at any thread count
+(`thread_invariant`): the proposals those of a one-thread run of the model's modules, the region
+features within ~1e-6 (relative) of theirs (and so the scores, and maxnms's regressed boxes);
+the box deltas are computed only for maxnms. ``kernels="torch"`` runs the model's modules at the
+caller's thread count as before (the GPU path; on a CPU, the reference for benchmarks and tests).
 """
 
 from __future__ import annotations
@@ -31,6 +40,7 @@ from pipeline.detect.backends.butd_c4.model import VGDetector
 from pipeline.detect.backends.butd_c4.selection import select_regions
 from pipeline.detect.boxes import cell_anchors, clip, decode, grid_anchors
 from pipeline.detect.config import SelectionConfig
+from pipeline.detect.cpu import RoiHead, one_thread
 from pipeline.detect.inference import OnDevice
 from pipeline.detect.preprocess import check_preprocess, prepare_image
 from pipeline.records import RegionFeatures, labels_from_probs
@@ -92,10 +102,19 @@ class RegionFeatureExtractor(OnDevice):
         fp16: bool = False,
         preprocess: str = "caffe",
         pad_tolerance: float = 0.0,
+        kernels: str = "fast",
+        threads: Optional[int] = None,
     ):
         if pad_tolerance < 0:
             raise ValueError(f"pad_tolerance must be >= 0, got {pad_tolerance}")
-        self.place(model, device, fp16)
+        self.place(model, device, fp16, kernels, threads)
+        cfg = self.cfg
+        self._head = RoiHead(
+            model.roi_heads.res5,
+            cfg.res4_channels,
+            cfg.pooler_resolution,
+            lambda fmap, boxes: roi_pool(fmap, [boxes], cfg.pooler_resolution, 1.0 / cfg.feature_stride),
+        )
         self.pad_tolerance = pad_tolerance
         self.selection = selection.resolved(DEFAULT_SELECTION)
         if self.selection.policy not in POLICIES:
@@ -106,7 +125,13 @@ class RegionFeatureExtractor(OnDevice):
     def proposals(self, features: torch.Tensor, height: int, width: int) -> torch.Tensor:
         return rpn_proposals(self.model, self._cell, features, height, width)
 
-    def region_features(self, features: torch.Tensor, boxes: torch.Tensor) -> torch.Tensor:
+    def region_features(
+        self, features: torch.Tensor, boxes: torch.Tensor, threads: Optional[int] = None
+    ) -> torch.Tensor:
+        """(R, C5) region features of `boxes`: with `threads`, through the CPU ROI head on that many
+        workers (`pipeline.detect.cpu.RoiHead`), else through the model's modules."""
+        if threads is not None:
+            return self._head(features, boxes, threads)
         return pooled_region_features(self.model, features, boxes)
 
     def backbone_features(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
@@ -136,6 +161,12 @@ class RegionFeatureExtractor(OnDevice):
         """Extract regions for a batch of (H, W, 3) uint8 RGB images. With `given_boxes`
         (per image, (N, 4) x1y1x2y2 original pixels, or None to detect), features and
         predictions are computed for exactly those boxes."""
+        if self.thread_invariant:
+            with one_thread() as threads:
+                return self._extract(images, image_ids, given_boxes, self.threads or threads)
+        return self._extract(images, image_ids, given_boxes, None)
+
+    def _extract(self, images, image_ids, given_boxes, threads: Optional[int]) -> list[RegionFeatures]:
         given_boxes = list(given_boxes) if given_boxes is not None else [None] * len(images)
         per_image = []
         feats = []
@@ -148,12 +179,14 @@ class RegionFeatureExtractor(OnDevice):
                     boxes = resize.to_resized(given_t)
                 else:
                     boxes = self.proposals(fmap, resize.new_height, resize.new_width)
-                feats.append(self.region_features(fmap, boxes).float())
+                feats.append(self.region_features(fmap, boxes, threads).float())
                 per_image.append((resize, boxes.float()))
             region = torch.cat(feats)
             predictor = self.model.roi_heads.box_predictor
             cls_prob = F.softmax(predictor.cls_score(region).float(), dim=1)
-            deltas = predictor.bbox_pred(region).float()
+            # the box deltas only serve maxnms's regressed boxes (the fast path skips them otherwise)
+            needed = self.selection.policy == "maxnms" and any(g is None for g in given_boxes)
+            deltas = predictor.bbox_pred(region).float() if needed or threads is None else None
         out = []
         start = 0
         for image_id, given, (resize, boxes) in zip(image_ids, given_boxes, per_image):
@@ -165,7 +198,12 @@ class RegionFeatureExtractor(OnDevice):
                 kept_boxes = torch.as_tensor(np.asarray(given, np.float32).reshape(-1, 4))
             else:
                 keep, kept_boxes = select_regions(
-                    self.selection, boxes, probs, deltas[sl], resize, self.cfg.bbox_reg_weights
+                    self.selection,
+                    boxes,
+                    probs,
+                    None if deltas is None else deltas[sl],
+                    resize,
+                    self.cfg.bbox_reg_weights,
                 )
             out.append(
                 self._record(

@@ -17,6 +17,8 @@ named and recorded in store provenance:
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 from torchvision.ops import nms
 
@@ -88,13 +90,13 @@ def select_regions(
     selection: SelectionConfig,
     proposals: torch.Tensor,
     probs: torch.Tensor,
-    deltas: torch.Tensor,
+    deltas: Optional[torch.Tensor],
     resize: Resize,
     bbox_reg_weights,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(kept indices, their boxes in original pixels) for one image's `proposals` (resized
-    pixels), `probs` (background first) and box `deltas`, by the selection policy (its unset
-    fields BUTD's defaults)."""
+    pixels), `probs` (background first) and box `deltas` (only maxnms reads them: None will do
+    for butd), by the selection policy (its unset fields BUTD's defaults)."""
     selection = selection.resolved(DEFAULT_SELECTION)
     if selection.policy == "butd":
         original = resize.to_original(proposals)  # Caffe's NMS runs at the original scale

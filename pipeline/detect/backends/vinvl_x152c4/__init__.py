@@ -85,5 +85,11 @@ class VinvlX152C4(Backend):
     def extractor(self, model, *, selection, preprocess, device, fp16, options):
         from pipeline.detect.backends.vinvl_x152c4.extractor import VinvlExtractor
 
-        self.take_options(options)
-        return VinvlExtractor(model, selection, device=device, fp16=fp16, preprocess=preprocess)
+        return VinvlExtractor(
+            model,
+            selection,
+            device=device,
+            fp16=fp16,
+            preprocess=preprocess,
+            **self.take_options(options, "kernels", "threads"),
+        )

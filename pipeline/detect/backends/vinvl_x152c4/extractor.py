@@ -14,6 +14,10 @@ label (0-based) and score, ``attr_prob`` the attribute softmax ("no attribute" a
 ``attrs_id`` / ``attrs_conf`` its best attribute. With given boxes, features and predictions
 are those of exactly those boxes (the label and score: the best foreground class, as the
 reference's ``FORCE_BOXES``).
+
+On a CPU (``kernels="fast"``, the default there) the box head runs through `pipeline.detect.cpu`
+as BUTD's does: ROIAlign and res5 over units of ten boxes on `threads` worker threads, every kernel
+at one intra-op thread, so the records are the same bit for bit at any thread count.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from pipeline.detect.backends.vinvl_x152c4.model import AttrRCNN
 from pipeline.detect.backends.vinvl_x152c4.postprocess import select
 from pipeline.detect.boxes import clip, decode, grid_anchors
 from pipeline.detect.config import SelectionConfig
+from pipeline.detect.cpu import RoiHead, one_thread
 from pipeline.detect.inference import OnDevice
 from pipeline.detect.preprocess import prepare_image
 from pipeline.records import RegionFeatures, labels_from_probs
@@ -43,10 +48,22 @@ class VinvlExtractor(OnDevice):
         device: str = "cpu",
         fp16: bool = False,
         preprocess: str = "maskrcnn",
+        kernels: str = "fast",
+        threads: Optional[int] = None,
     ):
-        self.place(model, device, fp16)
+        self.place(model, device, fp16, kernels, threads)
         self.selection = selection.resolved(DEFAULT_SELECTION)
         self.preprocess = preprocess
+        cfg = self.cfg
+        self._head = RoiHead(model.roi_heads.res5, cfg.res4_channels, cfg.pooler_resolution, model.pooled_maps)
+        self._threads: Optional[int] = None  # the fast path's workers during a call
+
+    def box_features(self, fmap: torch.Tensor, boxes: torch.Tensor) -> torch.Tensor:
+        """(R, D) features of `boxes` (resized pixels): the model's `box_features`, or on the fast
+        CPU path the same through `RoiHead`."""
+        if self._threads is not None:
+            return self._head(fmap, boxes, self._threads)
+        return self.model.box_features(fmap, boxes)
 
     def proposals(self, features: torch.Tensor, height: int, width: int) -> torch.Tensor:
         """(R, 4) RPN proposals in resized-image pixels, by descending objectness."""
@@ -71,7 +88,14 @@ class VinvlExtractor(OnDevice):
         given_boxes: Optional[Sequence[Optional[np.ndarray]]] = None,
     ) -> list[RegionFeatures]:
         given_boxes = list(given_boxes) if given_boxes is not None else [None] * len(images)
-        return [self._one(rgb, image_id, given) for rgb, image_id, given in zip(images, image_ids, given_boxes)]
+        if not self.thread_invariant:
+            return [self._one(rgb, image_id, given) for rgb, image_id, given in zip(images, image_ids, given_boxes)]
+        with one_thread() as threads:
+            self._threads = self.threads or threads
+            try:
+                return [self._one(rgb, image_id, given) for rgb, image_id, given in zip(images, image_ids, given_boxes)]
+            finally:
+                self._threads = None
 
     def _one(self, rgb: np.ndarray, image_id: str, given: Optional[np.ndarray]) -> RegionFeatures:
         cfg, model = self.cfg, self.model
@@ -84,7 +108,7 @@ class VinvlExtractor(OnDevice):
                 proposals = proposals.to(self.device)
             else:
                 proposals = self.proposals(fmap, h, w)
-            feat = model.box_features(fmap, proposals).float()
+            feat = self.box_features(fmap, proposals).float()
             predictor = model.roi_heads.box_predictor
             probs = F.softmax(predictor.cls_score(feat).float(), -1)
             if given is not None:
@@ -102,7 +126,7 @@ class VinvlExtractor(OnDevice):
             fields["objects_conf"] = scores.cpu().numpy().astype(np.float32)
             if model.attribute is not None and len(keep):
                 same = given is not None or not self.selection.regression  # the boxes are the proposals
-                attr_feat = feat[keep] if same else model.box_features(fmap, boxes).float()
+                attr_feat = feat[keep] if same else self.box_features(fmap, boxes).float()
                 attr_logits = model.attribute(attr_feat.to(model.attribute.fc_attr.weight.dtype), labels)
                 attr_prob = F.softmax(attr_logits.float(), -1).cpu().numpy().astype(np.float32)
                 fields["attr_prob"] = attr_prob

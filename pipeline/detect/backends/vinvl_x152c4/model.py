@@ -100,13 +100,13 @@ class AttrRCNN(nn.Module):
         """Random initialization (--random-weights)."""
         init_random(self, self.backbone.stem)
 
-    def box_features(self, features: torch.Tensor, boxes: torch.Tensor) -> torch.Tensor:
-        """(R, D) features of `boxes` (resized-image pixels): ROIAlign 14 x 14 at 1/16 (sampling
-        ratio 0, not aligned: maskrcnn-benchmark's), res5, average pool."""
+    def pooled_maps(self, features: torch.Tensor, boxes: torch.Tensor) -> torch.Tensor:
+        """(R, C, 14, 14) maps of `boxes` (resized-image pixels): ROIAlign 14 x 14 at 1/16 (sampling
+        ratio 0, not aligned: maskrcnn-benchmark's)."""
         from torchvision.ops import roi_align
 
         cfg = self.cfg
-        pooled = roi_align(
+        return roi_align(
             features,
             [boxes.to(features.dtype)],
             cfg.pooler_resolution,
@@ -114,4 +114,7 @@ class AttrRCNN(nn.Module):
             cfg.pooler_sampling_ratio,
             aligned=False,
         )
-        return F.adaptive_avg_pool2d(self.roi_heads.res5(pooled), 1).flatten(1)
+
+    def box_features(self, features: torch.Tensor, boxes: torch.Tensor) -> torch.Tensor:
+        """(R, D) features of `boxes` (resized-image pixels): `pooled_maps`, res5, average pool."""
+        return F.adaptive_avg_pool2d(self.roi_heads.res5(self.pooled_maps(features, boxes)), 1).flatten(1)
