@@ -301,9 +301,28 @@ def output_lock(out: Path, what: str = "output") -> Iterator[None]:
         yield
 
 
+_HELD_LOCKS: set[int] = set()  # descriptors of the locks this process holds
+
+
+def _close_inherited_locks() -> None:
+    """In a forked child (a DataLoader worker, say): close the lock descriptors it inherited.
+    The parent keeps its locks; the child no longer shares them, so that once the parent is
+    gone (killed, say) its locks are free at once, not when its last child has noticed."""
+    for fd in _HELD_LOCKS:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    _HELD_LOCKS.clear()
+
+
+os.register_at_fork(after_in_child=_close_inherited_locks)
+
+
 @contextmanager
 def _flock(lock_file: Path, guarded: Path, what: str) -> Iterator[None]:
     fd = os.open(lock_file, os.O_RDWR | os.O_CREAT, 0o644)
+    _HELD_LOCKS.add(fd)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -317,7 +336,9 @@ def _flock(lock_file: Path, guarded: Path, what: str) -> Iterator[None]:
         os.pwrite(fd, str(os.getpid()).encode(), 0)
         yield
     finally:
-        os.close(fd)  # releases the lock
+        if fd in _HELD_LOCKS:  # (a forked child closed its copy already)
+            _HELD_LOCKS.discard(fd)
+            os.close(fd)  # releases the lock
 
 
 # -- replacing an output: only one we wrote -----------------------------------------

@@ -155,6 +155,16 @@ def _pairs(flag: str, convert) -> Callable[[list[str]], dict]:
     return parse
 
 
+def _count_or_auto(text: str) -> Optional[int]:
+    """A count, or "auto" (None: the default's own rule)."""
+    if text.strip().lower() == "auto":
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise ConfigError(f"a count or auto, not {text!r}") from None
+
+
 def _zero_is_none(convert) -> dict:
     """Keyword arguments of a Flag whose 0 means "none" (the field's None)."""
     return {"parse": lambda text: convert(text) or None, "show": lambda v: str(v or 0)}
@@ -191,7 +201,15 @@ DATA_FLAGS = {
     ),
     "group_by_length": "Batches of items of similar text length (less padding; the order stays seeded and "
     "resumable, the same on every rank).",
-    "workers": "DataLoader worker processes.",
+    "workers": Flag(
+        "DataLoader worker processes per rank, building the next batches while the model steps (auto: on CUDA "
+        "the rank's CPUs less one, at most 8; on a CPU none below 8 cores, the model's threads need them). "
+        "The batches are the same with any number.",
+        parse=_count_or_auto,
+        show=lambda v: "auto" if v is None else str(v),
+        default="auto",
+    ),
+    "prefetch": "Batches each worker reads ahead.",
     "verify_shards": "Check each feature-store shard's sha256 on first use (also: VLPREP_VERIFY_SHARDS=1).",
 }
 RUN_FLAGS = {

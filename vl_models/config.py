@@ -119,11 +119,14 @@ class DataSettings(Config):
     padding: str = "batch"
     # Batches of similar text length (`vl_models.data.sampler`, transformers' --group_by_length).
     group_by_length: bool = False
-    workers: int = 0
+    # DataLoader worker processes per rank (None: the device's default, `vl_models.data.loader`)
+    # and the batches each reads ahead
+    workers: Optional[int] = None
+    prefetch: int = 2
     verify_shards: bool = False  # check each store shard's sha256 on first use
 
     def __post_init__(self) -> None:
-        at_least(self, {"max_regions": 1, "workers": 0})
+        at_least(self, {"max_regions": 1, "prefetch": 1, **({"workers": 0} if self.workers is not None else {})})
         if self.max_text is not None:
             at_least(self, {"max_text": 3})  # [CLS], one word, [SEP]
         one_of("region_overlap", self.region_overlap, REGION_OVERLAP)

@@ -416,6 +416,8 @@ def test_every_train_config_field_has_a_flag_and_every_flag_a_field():
         default = field.default if field.default is not dataclasses.MISSING else field.default_factory()
         if name in zero_is_none:
             assert default is None and param.default in (None, "0"), name
+        elif name == "workers":  # None: the device's default, "auto" on the command line
+            assert default is None and param.default == "auto", name
         elif isinstance(default, (dict, tuple)):
             assert not default and not param.default, name  # repeatable: none by default
         else:

@@ -20,6 +20,7 @@ from pipeline.mixture import Mixture
 from pipeline.records import RegionBuffer, empty_array, img_token_feature, pad_regions
 from pipeline.store import FeatureStore
 from vl_models.config import DataSettings
+from vl_models.data.loader import drawn
 from vl_models.data.masking import mask_regions, mask_tokens, mismatch, overlapping, sample_answer
 from vl_models.data.tokenize import WordPiece
 
@@ -219,14 +220,16 @@ class PretrainDataset(torch.utils.data.Dataset):
             store.get_many_into([keys[b] for b in slots], out, slots)
         return out
 
-    def __getitems__(self, indices: Sequence[int]) -> list[dict]:
-        """The examples of `indices` (what a DataLoader asks for one batch): the same
+    def __getitems__(self, indices: Sequence) -> list[dict]:
+        """The examples of `indices` (what a DataLoader asks for one batch; an index or an
+        ``(epoch, index)`` draw of `vl_models.data.loader.EpochBatches` each): the same
         examples as ``[self[i] for i in indices]``, with every image's regions read in one
         batched gather, converted to float32 once per batch and masked in place, so that an
         example's region arrays are rows of batch arrays (in shared memory in a DataLoader
         worker) which `collate` hands on without copying."""
         memory = "shared" if torch.utils.data.get_worker_info() is not None else "plain"
-        regions = self._gather([self.images[int(self.rows[i])] for i in indices], memory)
+        draws = [drawn(key, self.epoch) for key in indices]
+        regions = self._gather([self.images[int(self.rows[i])] for _, i in draws], memory)
         batch = regions.batch(img_feature=False)  # the IMG feature is computed after masking
         converted = {
             name: _float32(getattr(batch, name), memory)
@@ -238,17 +241,20 @@ class PretrainDataset(torch.utils.data.Dataset):
         features[:] = batch.features
         visual_mask = empty_array(batch.mask.shape, np.int64, memory)
         visual_mask[:] = batch.mask
-        return [self._example(i, batch.image(b), features[b], visual_mask[b]) for b, i in enumerate(indices)]
+        return [self._example(d, batch.image(b), features[b], visual_mask[b]) for b, d in enumerate(draws)]
 
-    def __getitem__(self, i: int) -> dict:
+    def __getitem__(self, key) -> dict:
+        """Example `key`: an index (in the dataset's epoch, `set_epoch`) or an ``(epoch, index)`` draw."""
+        epoch, i = drawn(key, self.epoch)
         batch = self._regions(self.images[int(self.rows[i])])
-        return self._example(i, batch, batch.features[0].copy(), batch.mask[0].astype(np.int64))
+        return self._example((epoch, i), batch, batch.features[0].copy(), batch.mask[0].astype(np.int64))
 
-    def _example(self, i: int, batch, features: np.ndarray, visual_mask: np.ndarray) -> dict:
-        """Example `i` over its image's padded, unmasked regions `batch` (a one-image
-        `RegionBatch`): `features`, a copy of them, is masked in place."""
+    def _example(self, draw: tuple[int, int], batch, features: np.ndarray, visual_mask: np.ndarray) -> dict:
+        """Example ``draw = (epoch, i)`` over its image's padded, unmasked regions `batch` (a
+        one-image `RegionBatch`): `features`, a copy of them, is masked in place."""
         cfg = self.cfg
-        rng = np.random.default_rng([self.seed, self.epoch, int(i)])
+        epoch, i = draw
+        rng = np.random.default_rng([self.seed, epoch, int(i)])
         row = int(self.rows[i])
         image = self.images[row]
         captions_only = cfg.pair_texts == "captions"

@@ -47,7 +47,7 @@ _TENSORBOARD_EVENTS = "events.out.tfevents."
 # Training settings (fields of TrainConfig and its sections) a resume may change. They decide how the run is carried
 # out, kept or reported, not what it computes: where it is (out; the paths of mixture, stores and vocab,
 # whose contents are compared instead), when it stops, evaluates, checkpoints and logs,
-# loader workers (examples do not depend on them), retention, reporting, shard
+# loader workers and read-ahead (examples do not depend on them), retention, reporting, shard
 # verification, the device and torch.compile (same math; bit-exactness holds on one device
 # kind). `steps` is allowed: it moves the end of the lr schedule, so the
 # remaining steps' lr changes; the note in metrics.jsonl records it.
@@ -67,6 +67,7 @@ RESUME_SAFE = frozenset(
         "checkpoint_every",
         "log_every",
         "workers",
+        "prefetch",
         "padding",
         "keep_last",
         "best_metric",

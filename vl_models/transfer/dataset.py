@@ -37,6 +37,7 @@ from pipeline.store import FeatureStore
 from pipeline.task_data import TaskData
 from vl_models.config import DataSettings
 from vl_models.data.dataset import check_region_slots
+from vl_models.data.loader import drawn
 from vl_models.data.tokenize import WordPiece
 
 CANDIDATE_KEYS = ("input_ids", "attention_mask", "token_type_ids", "visual_feats", "visual_pos", "visual_mask")
@@ -240,8 +241,11 @@ class TaskDataset(torch.utils.data.Dataset):
         merged = [{**text, **image} for text, image in pairs]
         return {k: np.stack([m[k] for m in merged]) for k in CANDIDATE_KEYS}
 
-    def __getitem__(self, i: int) -> dict:
-        rng = np.random.default_rng([self.seed, self.epoch, int(i)])
+    def __getitem__(self, key) -> dict:
+        """Example `key`: an index (in the dataset's epoch, `set_epoch`) or an ``(epoch, index)``
+        draw (`vl_models.data.loader.EpochBatches`)."""
+        epoch, i = drawn(key, self.epoch)
+        rng = np.random.default_rng([self.seed, epoch, i])
         example = self.task.example(self, int(i), rng)
         example["task_id"] = np.int64(self.task_id)
         example["index"] = np.int64(i)

@@ -28,6 +28,7 @@ the heads 12-in-1 names ``vil_*`` at their own learning rate (an optimizer param
 
 from __future__ import annotations
 
+import bisect
 import logging
 import math
 from dataclasses import replace
@@ -43,6 +44,7 @@ from pipeline.store import FeatureStore
 from pipeline.task_data import TaskData
 from vl_models import distributed, transfer
 from vl_models.config import FinetuneConfig
+from vl_models.data.loader import loader_batches
 from vl_models.data.sampler import TaskBatchSampler
 from vl_models.models.configuration import check_text_length
 from vl_models.models.weights import copy_answer_rows, init_pretraining
@@ -55,7 +57,6 @@ from vl_models.train.trainer import (
     check_out,
     check_vocab,
     launch,
-    loader_batches,
     resolve_device,
 )
 from vl_models.transfer.dataset import TaskDataset, check_given_stores
@@ -69,11 +70,19 @@ log = logging.getLogger(__name__)
 
 
 class _Tasks(torch.utils.data.ConcatDataset):
-    """The tasks' training views end to end (the `TaskBatchSampler`'s offsets)."""
+    """The tasks' training views end to end (the `TaskBatchSampler`'s offsets); a key is an
+    index or an ``(epoch, index)`` draw (`vl_models.data.loader.EpochBatches`)."""
 
     def set_epoch(self, epoch: int) -> None:
         for view in self.datasets:
             view.set_epoch(epoch)
+
+    def __getitem__(self, key) -> dict:
+        if not isinstance(key, tuple):
+            return super().__getitem__(key)
+        epoch, index = key
+        t = bisect.bisect_right(self.cumulative_sizes, index)
+        return self.datasets[t][(epoch, index - (self.cumulative_sizes[t - 1] if t else 0))]
 
 
 def run_finetune(cfg: FinetuneConfig, on_step: Optional[Callable[[int, dict, int], None]] = None) -> dict:
@@ -217,7 +226,7 @@ def run_finetune(cfg: FinetuneConfig, on_step: Optional[Callable[[int, dict, int
     data = _Tasks(views)
     job = Job(
         sampler=sampler,
-        batches=lambda s, consumed: loader_batches(data, s, cfg, consumed, batched=True),
+        batches=lambda s, consumed, device: loader_batches(data, s, cfg, consumed, device, batched=True),
         loss=loss,
         checks=(*cfg.tasks, "total"),
         validate=validate if known else None,

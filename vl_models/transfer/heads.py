@@ -71,7 +71,7 @@ class AnswerHead(nn.Module):
         target = batch["target"].to(logits.dtype)
         bce = F.binary_cross_entropy_with_logits(logits.float(), target.float(), reduction="sum")
         loss = global_mean(bce, torch.tensor(logits.shape[0], device=logits.device))
-        score = target.gather(1, logits.argmax(-1, keepdim=True)).float().mean().item()
+        score = target.gather(1, logits.argmax(-1, keepdim=True)).float().mean().detach()
         return loss, {"score": score}
 
 
@@ -128,7 +128,7 @@ class PairHead(nn.Module):
         target = F.one_hot(labels.clamp(min=0), 2).float()
         bce = F.binary_cross_entropy_with_logits(logits.float(), target, reduction="sum")
         loss = global_mean(bce, torch.tensor(2 * logits.shape[0], device=logits.device))  # mean over both logits
-        return loss, {"acc": (logits.argmax(-1) == labels).float().mean().item()}
+        return loss, {"acc": (logits.argmax(-1) == labels).float().mean().detach()}
 
 
 class RegionHead(nn.Module):
@@ -149,7 +149,7 @@ class RegionHead(nn.Module):
         bce = F.binary_cross_entropy_with_logits(logits.float(), batch["region_target"].float(), reduction="none")
         loss = global_mean((bce * valid).sum(), torch.tensor(logits.shape[0], device=logits.device))
         hit = batch["region_iou"].gather(1, logits.argmax(-1, keepdim=True)).squeeze(1) > 0.5
-        return loss, {"acc": hit.float().mean().item()}
+        return loss, {"acc": hit.float().mean().detach()}
 
 
 class ChoiceHead(nn.Module):
@@ -191,7 +191,7 @@ class RetrievalHead(nn.Module):
 def _cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, dict]:
     ce = F.cross_entropy(logits.float(), labels, reduction="sum")
     loss = global_mean(ce, torch.tensor(logits.shape[0], device=logits.device))
-    return loss, {"acc": (logits.argmax(-1) == labels).float().mean().item()}
+    return loss, {"acc": (logits.argmax(-1) == labels).float().mean().detach()}
 
 
 KINDS = ("answers", "pair", "regions", "choice", "retrieval")
