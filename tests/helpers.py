@@ -172,6 +172,44 @@ def shared_ray() -> None:
         )
 
 
+def extract_shapes_world(root: Path, scenes: int) -> Path:
+    """A `scenes`-scene shapes world under ``root/world`` (a quarter held out) extracted into
+    ``root/features`` as the demo extracts it: served on 127.0.0.1, through the real download
+    path, with the committed shapes detector (10-20 regions, on the shared Ray). Returns the
+    world's folder."""
+    from pipeline.detect.backends.butd_c4.weights import shapes_tiny_weights
+    from pipeline.detect.config import BoxCount, ExtractConfig, SelectionConfig
+    from pipeline.detect.run import run_extract
+    from pipeline.distribute import DistributeConfig
+    from pipeline.download.fetch import FetchConfig
+    from pipeline.synthetic import write_cc_tsvs, write_world
+    from vl_models.demo import serve
+
+    world = root / "world"
+    write_world(world, scenes, 0, val_fraction=0.25)
+    shared_ray()
+    server, url = serve(world)
+    try:
+        write_cc_tsvs(world, url)
+        run_extract(
+            ExtractConfig(
+                out=root / "features",
+                dataset="conceptual_captions",
+                inputs=(world / "Train_GCC-training.tsv", world / "Validation_GCC-1.1.0-Validation.tsv"),
+                weights=shapes_tiny_weights(),
+                detector="shapes-tiny",
+                selection=SelectionConfig("butd", BoxCount.parse("10-20")),
+                batch_size=4,
+                device="cpu",
+                distribute=DistributeConfig(shard_size=8, workers=2),
+                fetch=FetchConfig(allow_private_network=True),
+            )
+        )
+    finally:
+        server.shutdown()
+    return world
+
+
 def no_shared_ray() -> None:
     """Stop this process's shared Ray (for a test of how a run starts and stops its own)."""
     import ray

@@ -51,42 +51,15 @@ def build_shapes_site(root: Path) -> Path:
     download path, the committed shapes detector), the world's VQA and RefCOCO+ task datasets, a
     captions + questions mixture, and a 4-step lxmert-tiny fine-tuning run of both tasks (validated,
     so it has a best checkpoint)."""
-    from helpers import shared_ray
+    from helpers import extract_shapes_world
     from train_helpers import finetune_config
 
-    from pipeline.detect.backends.butd_c4.weights import shapes_tiny_weights
-    from pipeline.detect.config import BoxCount, ExtractConfig, SelectionConfig
-    from pipeline.detect.run import run_extract
-    from pipeline.distribute import DistributeConfig
-    from pipeline.download.fetch import FetchConfig
-    from pipeline.synthetic import write_cc_tsvs, write_world
     from vl_models import transfer
-    from vl_models.demo import TRANSFER_FILES, VQA_MIN_COUNT, _mixture, serve
+    from vl_models.demo import TRANSFER_FILES, VQA_MIN_COUNT, _mixture
     from vl_models.transfer.build import build_task
     from vl_models.transfer.finetune import run_finetune
 
-    world = root / "world"
-    write_world(world, 12, 0, val_fraction=0.25)
-    shared_ray()
-    server, url = serve(world)
-    try:
-        write_cc_tsvs(world, url)
-        run_extract(
-            ExtractConfig(
-                out=root / "features",
-                dataset="conceptual_captions",
-                inputs=(world / "Train_GCC-training.tsv", world / "Validation_GCC-1.1.0-Validation.tsv"),
-                weights=shapes_tiny_weights(),
-                detector="shapes-tiny",
-                selection=SelectionConfig("butd", BoxCount.parse("10-20")),
-                batch_size=4,
-                device="cpu",
-                distribute=DistributeConfig(shard_size=8, workers=2),
-                fetch=FetchConfig(allow_private_network=True),
-            )
-        )
-    finally:
-        server.shutdown()
+    world = extract_shapes_world(root, 12)
     for name in ("vqa", "refcoco+"):
         build_task(
             transfer.get(name),

@@ -10,23 +10,21 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import run_vltrain, shared_ray
+from helpers import extract_shapes_world, run_vltrain
 from train_helpers import config, finetune_config
 
 from pipeline.detect.backends.butd_c4.config import DetectorConfig
 from pipeline.detect.backends.butd_c4.model import VGDetector
-from pipeline.detect.backends.butd_c4.weights import save_detector, shapes_tiny_weights
-from pipeline.detect.config import BoxCount, ExtractConfig, SelectionConfig
+from pipeline.detect.backends.butd_c4.weights import save_detector
+from pipeline.detect.config import ExtractConfig
 from pipeline.detect.like_store import ImageInputError, ProvenanceError, StoreDetector
 from pipeline.detect.run import run_extract
-from pipeline.distribute import DistributeConfig
 from pipeline.download.fetch import FetchConfig
 from pipeline.mixture import Mixture
 from pipeline.store import FeatureStore
-from pipeline.synthetic import write_cc_tsvs, write_world
 from pipeline.task_data import TaskData
 from vl_models import load_predictor, transfer
-from vl_models.demo import _mixture, _task_datasets, serve
+from vl_models.demo import _mixture, _task_datasets
 from vl_models.predict import PredictError, StoreImage
 from vl_models.train.trainer import run as run_pretraining
 from vl_models.transfer.evaluate import evaluate_checkpoint
@@ -47,28 +45,7 @@ def shapes(tmp_path_factory):
     """A 16-scene world extracted with the shapes detector (as the demo: through the download
     path), its task datasets, a fine-tuning run of every task and a pretraining run."""
     root = tmp_path_factory.mktemp("predict")
-    world = root / "world"
-    write_world(world, 16, 0, val_fraction=0.25)
-    shared_ray()
-    server, url = serve(world)
-    try:
-        write_cc_tsvs(world, url)
-        run_extract(
-            ExtractConfig(
-                out=root / "features",
-                dataset="conceptual_captions",
-                inputs=(world / "Train_GCC-training.tsv", world / "Validation_GCC-1.1.0-Validation.tsv"),
-                weights=shapes_tiny_weights(),
-                detector="shapes-tiny",
-                selection=SelectionConfig("butd", BoxCount.parse("10-20")),
-                batch_size=4,
-                device="cpu",
-                distribute=DistributeConfig(shard_size=8, workers=2),
-                fetch=FetchConfig(allow_private_network=True),
-            )
-        )
-    finally:
-        server.shutdown()
+    world = extract_shapes_world(root, 16)
     _task_datasets(root)
     run_finetune(
         finetune_config(
