@@ -28,7 +28,7 @@ def _clean_env() -> dict:
 
 
 def test_a_venv_made_from_a_virtualenv_sees_that_virtualenvs_packages(tmp_path):
-    """Issue 44: the plain-install venv made from a virtualenv's interpreter. With
+    """The plain-install venv made from a virtualenv's interpreter. With
     --system-site-packages it saw the base interpreter's packages, not the virtualenv's; the
     .pth of `venv_seeing_this_environment` makes it see the virtualenv's, their .pth files
     included, and hides what it is told to hide."""
@@ -128,7 +128,6 @@ def test_running_env_finds_this_environments_tools_first(tmp_path):
 # Start them as `sys.executable -m MODULE`, or a console script of this package through
 # `interpreter.console_script`; shell recipes get `interpreter.running_env()`.
 TOOLS = {"python", "python3", "pip", "vlprep", "vltrain", "torchrun", "ray", "pytest", "ruff", "img2dataset"}
-# Found and reported to their owners (issue 44); to be removed once changed as given there.
 # The calls that start a command list, and the names a command list is kept under first.
 STARTERS = {"run", "Popen", "call", "check_call", "check_output", "run_measured", "execv", "execvp"}
 COMMAND_NAMES = re.compile(r"^\w*(cmd|command|argv|args)\w*\s*[:=]", re.IGNORECASE)
