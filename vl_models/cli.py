@@ -4,7 +4,6 @@ line and an exit code (`pipeline.log.named_errors`)."""
 from __future__ import annotations
 
 import itertools
-import logging
 import sys
 from inspect import Parameter
 from pathlib import Path
@@ -35,6 +34,8 @@ from vl_models.config import (
     TrainConfig,
     TransferSettings,
 )
+from vl_models.progress import bar as progress_bar
+from vl_models.progress import train_with_progress
 
 app = cli_app("vltrain", "Train ViLBERT- and LXMERT-style models on vlprep feature stores.")
 out = Console()
@@ -364,7 +365,7 @@ def pretrain(cfg: TrainConfig) -> None:
     """
     from vl_models.train.trainer import run
 
-    _train_with_progress(run, cfg, "pretraining")
+    train_with_progress(run, cfg, "pretraining")
 
 
 _FT = FinetuneConfig(tasks=("vqa",), task_data=(".",), stores=(".",), out=".")  # the sections' defaults
@@ -558,25 +559,7 @@ def finetune(cfg: FinetuneConfig) -> None:
     """
     from vl_models.transfer.finetune import run_finetune
 
-    _train_with_progress(run_finetune, cfg, "fine-tuning")
-
-
-def _bar(label: str, disable: bool = False, info: bool = False):
-    """A progress bar on stderr (done of total, elapsed, time left) that goes away when done;
-    `info`: a text column the task's ``info`` field fills (training's loss and speed)."""
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-        TimeRemainingColumn,
-    )
-
-    columns = [TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn()]
-    if info:
-        columns.insert(3, TextColumn("{task.fields[info]}"))
-    return Progress(*columns, console=Console(stderr=True), transient=True, disable=disable)
+    train_with_progress(run_finetune, cfg, "fine-tuning")
 
 
 @app.command()
@@ -657,7 +640,7 @@ def evaluate(
 
     source = str(resolve(checkpoint, step, role="--checkpoint")) if step else checkpoint
     main = distributed.is_main()  # under torchrun: the ranks share the scoring, rank 0 reports
-    with _bar(f"{task} {split}", disable=not main) as bar:
+    with progress_bar(f"{task} {split}", disable=not main) as bar:
         job = bar.add_task("scoring", total=None)
         result = evaluate_checkpoint(
             task,
@@ -856,7 +839,7 @@ def predict(
         check(predictor.inputs)  # the run's own inputs, now known: its store, vocab, task datasets
         results = []
         stream = read_queries(queries) if queries is not None else iter(asked)
-        with _bar("predict", disable=queries is None) as bar:
+        with progress_bar("predict", disable=queries is None) as bar:
             job = bar.add_task("queries", total=None)
             while True:  # the images of a chunk are kept, not all of them
                 chunk = list(itertools.islice(stream, PREDICT_CHUNK))
@@ -972,35 +955,6 @@ def preview_batch(
             table.add_row(name, str(tuple(value.shape)), str(value.dtype))
     out.print(table)
     out.print(f"real slots per image: {batch.num_regions.tolist()}")
-
-
-def _train_with_progress(run, cfg, label: str) -> None:
-    """Call ``run(cfg, on_step)`` with a progress bar on a terminal (a log line per logged step
-    in a batch job), then print the last losses and validation scores (under torchrun: rank 0)."""
-    from vl_models import distributed
-    from vl_models.train.runlog import progress_line
-
-    stderr = Console(stderr=True)
-    if not stderr.is_terminal:  # a batch job: a log line per logged step instead of a bar
-        last = run(
-            cfg, on_step=lambda step, metrics, total: logging.getLogger("vltrain").info(progress_line(metrics, total))
-        )
-    else:
-        with _bar(label, info=True) as bar:
-            task = bar.add_task("steps", total=None, info="")  # the total comes with the first step
-
-            def update(step: int, metrics: dict, total: int) -> None:
-                loss = sum(v for k, v in metrics.items() if k.startswith("loss_"))
-                bar.update(
-                    task, completed=step, total=total, info=f"loss {loss:.3f}, {metrics['samples_per_s']:.1f} samples/s"
-                )
-
-            last = run(cfg, on_step=update)
-    if not distributed.is_main():  # the other ranks log nothing either
-        return
-    shown = {k: round(v, 4) for k, v in last.items() if k.startswith(("loss_", "eval_"))}
-    Console().print(f"done: step {last.get('step', 'unchanged: the run was at its end')} -> {cfg.out}")
-    Console().print(shown)
 
 
 def bare_resume(args: list[str]) -> list[str]:

@@ -1,15 +1,13 @@
 """Where a run's numbers go (rank 0): ``metrics.jsonl`` always (training rows carry
 ``lr``; validation rows ``eval_*``; notes ``note``), and TensorBoard event files in
 ``RUN/tensorboard`` with ``--report-to tensorboard`` (the optional ``tensorboard``
-package). Also the one-line progress text that batch jobs log."""
+package)."""
 
 from __future__ import annotations
 
-import datetime
 import json
-import math
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Sequence
 
 from pipeline.errors import ConfigError
 
@@ -67,15 +65,3 @@ class RunLog:
     def close(self) -> None:
         if self.tensorboard is not None:
             self.tensorboard.close()
-
-
-def progress_line(metrics: dict, steps: int) -> str:
-    """``step 120/1000: loss 2.345, lr 1.0e-04, 88.1 samples/s, ETA 0:12:03 (mlm 1.2, ...)``."""
-    losses = {k[len("loss_") :]: v for k, v in metrics.items() if k.startswith("loss_")}
-    eta: Optional[float] = metrics.get("eta_s")
-    eta_text = str(datetime.timedelta(seconds=round(eta))) if eta is not None and math.isfinite(eta) else "?"
-    parts = ", ".join(f"{k} {v:.4g}" for k, v in losses.items())
-    return (
-        f"step {metrics['step']}/{steps}: loss {sum(losses.values()):.4g}, lr {metrics['lr']:.2e}, "
-        f"{metrics['samples_per_s']:.1f} samples/s, ETA {eta_text} ({parts})"
-    )
