@@ -64,7 +64,7 @@ from pipeline.synthetic import write_world
 from vl_models import transfer
 from vl_models.config import DataSettings
 from vl_models.data.tokenize import WordPiece, bundled_bert_vocab
-from vl_models.predict import Predictor, _Head
+from vl_models.predict import Predictor, TaskHead
 from vl_models.transfer.heads import build_transfer_model
 from vl_models.transfer.runs import model_of
 
@@ -116,14 +116,14 @@ def build_predictor(store: Path, model: str, device: str) -> tuple[Predictor, ob
     family, mcfg = model_of(model, None, str(store), len(answers))
     vqa = transfer.get("vqa")
     net = build_transfer_model(family, mcfg, [vqa], [SimpleNamespace(answers=answers)])
-    head = _Head(vqa, answers, DataSettings(max_text=20, max_regions=36))
+    head = TaskHead(task=vqa, answers=answers, settings=DataSettings(max_text=20, max_regions=36))
     predictor = Predictor(
-        net,
-        {"vqa": head},
-        WordPiece(bundled_bert_vocab()),
-        FeatureStore.open(store, dtype="float32"),
-        lambda: StoreDetector.of(store, device=device),
-        device,
+        model=net,
+        heads={"vqa": head},
+        tokenizer=WordPiece(bundled_bert_vocab()),
+        store=FeatureStore.open(store, dtype="float32"),
+        detector_of=lambda: StoreDetector.of(store, device=device),
+        device=device,
         batch_size=16,
         source="bench",
     )
@@ -154,22 +154,20 @@ class DetectorClock:
 
 def the_batch(predictor: Predictor, queries: list[dict]) -> dict:
     """The batch `ask` forwards for `queries` (their images cached): the same view and loader."""
-    head = predictor.heads["vqa"]
-    rows = [predictor._row({**q, "_keys": predictor.keys_of(q)}, head.task) for q in queries]
-    view = predictor._view(head, rows)
-    loader = torch.utils.data.DataLoader(view, batch_sampler=[list(range(len(rows)))])
+    view = predictor.view("vqa", queries)
+    loader = torch.utils.data.DataLoader(view, batch_sampler=[list(range(len(queries)))])
     return {k: v.to(predictor.device) if torch.is_tensor(v) else v for k, v in next(iter(loader)).items()}
 
 
 def measure(predictor: Predictor, queries: list[dict], reps: int, model_reps: int, hf, warm: bool) -> dict:
     device, b = predictor.device, len(queries)
     if warm:
-        predictor._images.clear()
+        predictor.cache.clear()
         predictor.ask(queries)
     total, images = [], []
     for _ in range(reps):
-        predictor._images.clear()
-        clock = DetectorClock(predictor._detector, device)
+        predictor.cache.clear()
+        clock = DetectorClock(predictor.cache.detector, device)
         start = now(device)
         out = predictor.ask(queries)
         total.append(now(device) - start)
@@ -230,15 +228,15 @@ def today_detector(store: Path, device: str, actor_cpus: int) -> StoreDetector:
 def paths_side_by_side(predictor: Predictor, store: Path, queries: list[dict], rounds: int, args) -> dict:
     """ms per query of `ask` (image cache cleared) with today's detector path and the fast one,
     alternating, `rounds` rounds; and the agreement of their records on the queries' images."""
-    detectors = {"today": today_detector(store, args.device, args.actor_cpus), "fast": predictor._detector_of()}
+    detectors = {"today": today_detector(store, args.device, args.actor_cpus), "fast": predictor.cache.detector_of()}
     seconds: dict = {name: [] for name in detectors}
-    predictor._detector = detectors["today"]  # its warm-up (the fast one is warm from `measure`)
-    predictor._images.clear()
+    predictor.cache.detector = detectors["today"]  # its warm-up (the fast one is warm from `measure`)
+    predictor.cache.clear()
     predictor.ask(queries)
     for r in range(rounds):
         for name in list(detectors) if r % 2 == 0 else list(detectors)[::-1]:
-            predictor._detector = detectors[name]
-            predictor._images.clear()
+            predictor.cache.detector = detectors[name]
+            predictor.cache.clear()
             start = now(args.device)
             predictor.ask(queries)
             seconds[name].append(now(args.device) - start)
@@ -251,7 +249,7 @@ def paths_side_by_side(predictor: Predictor, store: Path, queries: list[dict], r
         for a, b in zip(records["today"], records["fast"])
     )
     same = all(np.array_equal(a.boxes, b.boxes) for a, b in zip(records["today"], records["fast"]))
-    predictor._detector = detectors["fast"]
+    predictor.cache.detector = detectors["fast"]
     return {
         "ms": {name: [1000 * t / len(queries) for t in times] for name, times in seconds.items()},
         "threads": {"today": args.actor_cpus, "fast": detectors["fast"].threads},
@@ -315,7 +313,7 @@ def main() -> None:
                 predictor, mcfg = build_predictor(stores[det], name, args.device)
                 hf = anchor(predictor, mcfg, args.device)
                 start = now(args.device)
-                predictor._detector = predictor._detector_of()
+                predictor.cache.detector = predictor.cache.detector_of()
                 load_s = now(args.device) - start
                 for i, b in enumerate(batches):
                     # vg-r101: the warm-up is a whole extraction per image; batch 16 runs cold (its

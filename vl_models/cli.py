@@ -3,7 +3,6 @@ line and an exit code (`pipeline.log.named_errors`)."""
 
 from __future__ import annotations
 
-import itertools
 import sys
 from inspect import Parameter
 from pathlib import Path
@@ -34,6 +33,7 @@ from vl_models.config import (
     TrainConfig,
     TransferSettings,
 )
+from vl_models.predict import command as predict_command
 from vl_models.progress import bar as progress_bar
 from vl_models.progress import train_with_progress
 
@@ -673,197 +673,7 @@ def evaluate(
     out_console.print("wrote " + ", ".join(result["files"]))
 
 
-PREDICT_CHUNK = 256  # --queries lines answered at a time (their images held in memory meanwhile)
-
-
-@app.command()
-@named_errors
-def predict(
-    checkpoint: str = typer.Option(
-        ...,
-        help="A fine-tuning or pretraining run folder (its latest checkpoint; --step best: the best) or checkpoint.",
-    ),
-    image: List[str] = typer.Option([], "--image", help="An image: a file or an http(s) URL (twice for --statement)."),
-    images: List[str] = typer.Option(
-        [], "--images", help="Images to rank for --caption: files, folders (their images) or URLs; repeatable."
-    ),
-    more_images: List[str] = typer.Argument(
-        None, metavar="IMAGES", help="More images to rank for --caption (a shell glob: --images photos/*.jpg)."
-    ),
-    image_id: List[str] = typer.Option(
-        [], "--image-id", help="An image of the feature store (--store, default the run's) by id, instead of --image."
-    ),
-    question: str = typer.Option(None, help="A question (VQA, GQA; with 4 --choice: VCR)."),
-    statement: str = typer.Option(None, help="A statement about two images, true or false (NLVR2)."),
-    expression: str = typer.Option(None, help="A referring expression: the box it names (RefCOCO+)."),
-    caption: List[str] = typer.Option(
-        [], "--caption", help="With --images: rank them for it; with one --image, several: rank them for the image."
-    ),
-    text: str = typer.Option(None, help="The pair head's probability that this text describes --image."),
-    choice: List[str] = typer.Option([], "--choice", help="VCR: an answer choice (4 times)."),
-    rationale: List[str] = typer.Option([], "--rationale", help="VCR: a rationale (4 times)."),
-    answer: int = typer.Option(None, help="VCR QA->R: the answer (0-3) the rationales are conditioned on."),
-    task: str = typer.Option(None, help="The head to ask where the run has several of a kind (e.g. vqa or gqa)."),
-    top_k: int = typer.Option(None, "--top-k", help="Answers (default 5) or ranked images / captions (default all)."),
-    queries: Path = typer.Option(
-        None, help="A JSON-lines file of queries (fields as the flags: image, images, image_id, question, ...)."
-    ),
-    out: Path = typer.Option(None, help="Write the results here as JSON lines (default: standard output)."),
-    show: Path = typer.Option(None, help="Draw the image, its regions and the answer into this PNG (one query)."),
-    step: str = typer.Option(None, help="In a run folder: the checkpoint of this step, or best."),
-    store: Path = typer.Option(None, help="The feature store whose detector runs on new images (default: the run's)."),
-    weights: Path = typer.Option(
-        None, help="The detector weights file, where the store's recorded one is not here (checked by its sha256)."
-    ),
-    detector: str = typer.Option(
-        None, help="The detector config (a name or JSON), where the recorded one is not here."
-    ),
-    vocab: Path = typer.Option(None, help="Vocab (default: the run's)."),
-    task_data: List[str] = typer.Option(
-        [], "--task-data", help="TASK=FOLDER: a task dataset with the head's answer table, where the run's is not here."
-    ),
-    allow_private_network: bool = typer.Option(
-        False, "--allow-private-network", help="Fetch image URLs on private networks too (refused by default)."
-    ),
-    device: Literal[DEVICES] = typer.Option("cpu", help="cpu or cuda."),
-    batch_size: int = typer.Option(16, help="Examples per forward (queries of one task share them)."),
-    detector_threads: int = typer.Option(
-        None,
-        help="CPU threads for the detector (default: the store's extract actors', for features bitwise equal to the "
-        "store's; more is faster, equal to the last bits).",
-    ),
-) -> None:
-    """Ask a trained model about your own images: an answer, a verdict, a box, a ranking, a choice.
-
-    New images go through the detector of the store the model was trained on, exactly as
-    `vlprep extract` extracted that store (same weights, preprocessing and box policy).
-
-    Examples:
-
-    vltrain predict --checkpoint runs/vqa --image photo.jpg --question "what is on the table?"
-
-    vltrain predict --checkpoint runs/nlvr2 --image left.jpg --image right.jpg --statement "..."
-
-    vltrain predict --checkpoint runs/refcoco+ --image photo.jpg --expression "the man on the left" --show box.png
-
-    vltrain predict --checkpoint runs/f30k --caption "a dog in the snow" --images photos/*.jpg --top-k 10
-
-    vltrain predict --checkpoint runs/vqa --queries queries.jsonl --out predictions.jsonl
-    """
-    import contextlib
-    import json
-
-    from pipeline.download.fetch import FetchConfig
-    from pipeline.io import atomic_write_bytes, check_output, output_lock
-    from vl_models.predict import (
-        PredictError,
-        StoreImage,
-        load_predictor,
-        local_images,
-        picture,
-        query_of,
-        read_queries,
-        recorded_inputs,
-    )
-
-    flagged = bool(caption) or any(v is not None for v in (question, statement, expression, text))
-    images = [*images, *(more_images or [])]
-    if more_images and not caption:
-        raise ConfigError(f"{more_images[0]}: images after the flags are ranked for a --caption; there is none")
-    if (queries is None) != flagged:
-        raise ConfigError("ask with the flags (--question, --statement, ...) or with --queries FILE, one of them")
-    if show is not None and queries is not None:
-        raise ConfigError("--show draws one query: leave out --queries")
-    for value, flag in ((batch_size, "--batch-size"), (detector_threads, "--detector-threads"), (top_k, "--top-k")):
-        if value is not None and value < 1:
-            raise ConfigError(
-                f"{flag} must be >= 1, got {value}" + " (leave it out: 5 answers, whole rankings)" * (flag == "--top-k")
-            )
-    if show is not None and show.suffix.lower() != ".png":
-        raise ConfigError(f"--show {show}: the picture is a PNG; give a .png path")
-    folders = {}
-    for entry in task_data:
-        name, sep, folder = entry.partition("=")
-        if not sep or not name or not folder:
-            raise ConfigError(f"--task-data {entry!r}: TASK=FOLDER")
-        folders[name] = folder
-    if queries is None:
-        asked = [
-            query_of(
-                [*image, *(StoreImage(i) for i in image_id)],
-                images,
-                question,
-                statement,
-                expression,
-                caption,
-                text,
-                choice,
-                rationale,
-                answer,
-                task,
-            )
-        ]
-    outputs = [(path, flag) for path, flag in ((out, "--out"), (show, "--show")) if path is not None]
-    if out is not None and show is not None and out.resolve() == show.resolve():
-        raise ConfigError(f"--out and --show are the same file ({out}); give each its own")
-    # every input of the command is an input of its outputs: none is written over
-    inputs = [Path(checkpoint), *[Path(f) for f in folders.values()]]
-    inputs += [Path(p) for p in (queries, weights, store, vocab) if p is not None]
-    inputs += [Path(i) for i in (*image, *images) if "://" not in i]
-    if queries is not None:
-        inputs += [p for q in read_queries(queries) for p in local_images(q)]
-
-    def check(extra=()) -> None:
-        for path, flag in outputs:
-            check_output(path, "predictions", inputs=[*inputs, *extra], flag=flag, folder=False)
-            if not path.parent.is_dir():
-                raise ConfigError(f"{flag} {path}: its folder {path.parent} does not exist")
-
-    check(recorded_inputs(checkpoint))  # the run's own inputs too, as its config.json names them
-    with contextlib.ExitStack() as held:
-        for path, flag in outputs:  # a second predict writing the same file is turned away at once
-            held.enter_context(output_lock(path, "predictions"))
-        predictor = load_predictor(
-            checkpoint,
-            device,
-            step,
-            weights,
-            detector,
-            store,
-            vocab,
-            folders,
-            FetchConfig(allow_private_network=allow_private_network),
-            batch_size,
-            detector_threads,
-        )
-        check(predictor.inputs)  # the run's own inputs, now known: its store, vocab, task datasets
-        results = []
-        stream = read_queries(queries) if queries is not None else iter(asked)
-        with progress_bar("predict", disable=queries is None) as bar:
-            job = bar.add_task("queries", total=None)
-            while True:  # the images of a chunk are kept, not all of them
-                chunk = list(itertools.islice(stream, PREDICT_CHUNK))
-                if not chunk:
-                    break
-                answered = iter(predictor.ask([q for q in chunk if "_bad" not in q], top_k))
-                results += [
-                    {"id": q["id"], "error": "bad query", "detail": q["_bad"]} if "_bad" in q else next(answered)
-                    for q in chunk
-                ]
-                bar.update(job, completed=len(results))
-        if queries is None and "error" in results[0]:
-            raise PredictError(results[0]["error"], results[0]["detail"])
-        text_out = "".join(json.dumps(r) + "\n" for r in results)
-        if out is not None:
-            atomic_write_bytes(out, text_out.encode())
-        else:
-            sys.stdout.write(text_out)
-        if show is not None:
-            picture(predictor, asked[0], results[0]).save(show, format="PNG")
-    failed = sum("error" in r for r in results)
-    if failed:
-        Console(stderr=True).print(f"{failed} of {len(results)} queries failed (their lines name the reason)")
-        raise typer.Exit(2)
+predict_command.register(app)  # `vltrain predict`: vl_models/predict/command.py
 
 
 @app.command()

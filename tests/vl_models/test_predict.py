@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import extract_shapes_world, run_vltrain
+from helpers import REPO, extract_shapes_world, run_vltrain
 from train_helpers import config, finetune_config
 
 from pipeline.detect.backends.butd_c4.config import DetectorConfig
@@ -298,6 +298,87 @@ def test_the_command_line_writes_json_lines_a_picture_and_exits_2_on_bad_input(s
     assert proc.returncode == 2 and "empty text" in proc.stderr
     proc = run_vltrain("predict", "--checkpoint", run, "--image", str(tmp_path / "x.jpg"), "--question", "what?")
     assert proc.returncode == 2 and "file not found" in proc.stderr
+
+
+PREDICT_FLAG_NAMES = (
+    "--checkpoint --image --images --image-id --question --statement --expression --caption --text --choice "
+    "--rationale --answer --task --top-k --queries --out --show --step --store --weights --detector --vocab "
+    "--task-data --allow-private-network --device --batch-size --detector-threads"
+).split()
+
+
+def test_predict_flags_come_from_its_config():
+    """`vltrain predict`'s options are `PredictConfig`'s fields, one each: the flag names as
+    they are, each field's default and declared help, shown by --help in its group's panel; the
+    images after the flags are its one argument."""
+    import dataclasses
+
+    import typer
+    from typer.testing import CliRunner
+
+    from vl_models.cli import app
+    from vl_models.predict.command import PREDICT_FLAGS
+    from vl_models.predict.config import PredictConfig
+
+    command = typer.main.get_command(app).commands["predict"]
+    options = {p.name: p for p in command.params if p.param_type_name == "option" and p.name != "help"}
+    fields = {f.name: f for f in dataclasses.fields(PredictConfig)}
+    assert sorted(options) == sorted(fields)
+    assert sorted(o for p in options.values() for o in (*p.opts, *p.secondary_opts)) == sorted(PREDICT_FLAG_NAMES)
+    declared = {name: (group, group.flag(name)) for group in PREDICT_FLAGS for name in group.flags}
+    assert sorted(declared) == sorted(fields) and sum(len(g.flags) for g in PREDICT_FLAGS) == len(fields)
+    shown = CliRunner().invoke(app, ["predict", "--help"], env={"COLUMNS": "250", "NO_COLOR": "1"}, terminal_width=250)
+    assert shown.exit_code == 0, shown.output
+    for name, field in fields.items():
+        group, flag = declared[name]
+        option = options[name]
+        assert (option.help, option.rich_help_panel) == (flag.help, group.panel), name
+        assert flag.help in shown.output and f"╭─ {group.panel} " in shown.output, name
+        if field.default is dataclasses.MISSING:
+            assert option.required and option.default is None, name
+            continue
+        default = list(field.default) if isinstance(field.default, tuple) else field.default
+        assert not option.required and option.default == default, name
+        if default not in (None, [], False):
+            assert f"[default: {default}]" in shown.output, name
+    arguments = [(p.name, p.metavar, p.nargs) for p in command.params if p.param_type_name == "argument"]
+    assert arguments == [("more_images", "IMAGES", -1)]
+
+
+def test_predict_config_refuses_what_the_command_refuses():
+    """`PredictConfig` checks itself (the Python API as the command line): each message names the flag."""
+    from pipeline.errors import ConfigError
+    from vl_models.predict.config import PredictConfig
+
+    ask = {"checkpoint": "run", "image": ["a.jpg"], "question": "what?"}
+    assert PredictConfig(**ask).task_folders == {}
+    assert PredictConfig(**ask, task_data=["vqa=tasks/vqa"]).task_folders == {"vqa": "tasks/vqa"}
+    cases = [
+        ({"checkpoint": "run"}, "ask with the flags"),
+        ({**ask, "queries": "q.jsonl"}, "ask with the flags"),
+        ({"checkpoint": "run", "queries": "q.jsonl", "show": "a.png"}, "--show draws one query"),
+        ({**ask, "batch_size": 0}, "--batch-size must be >= 1, got 0"),
+        ({**ask, "detector_threads": 0}, "--detector-threads must be >= 1"),
+        ({**ask, "top_k": 0}, "--top-k must be >= 1, got 0 (leave it out"),
+        ({**ask, "show": "box.jpg"}, "the picture is a PNG"),
+        ({**ask, "task_data": ["vqa"]}, "--task-data 'vqa': TASK=FOLDER"),
+        ({**ask, "device": "tpu"}, "--device must be one of cpu, cuda"),
+        ({**ask, "out": "a.png", "show": "a.png"}, "--out and --show are the same file"),
+    ]
+    for values, words in cases:
+        with pytest.raises(ConfigError) as err:
+            PredictConfig(**values)
+        assert words in str(err.value), (values, str(err.value))
+
+
+def test_the_vltrain_command_line_loads_without_torch():
+    """`vltrain --help` builds predict's flags from its config without loading a model."""
+    import subprocess
+    import sys
+
+    code = "import sys, vl_models.cli; print('torch' in sys.modules)"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert proc.returncode == 0 and proc.stdout.strip() == "False", proc.stderr
 
 
 # -- hostile and careless use (round 3) -----------------------------------------------------------

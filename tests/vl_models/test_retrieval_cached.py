@@ -11,8 +11,8 @@ from task_files import write_task_world
 from train_helpers import finetune_config
 
 from vl_models import load_predictor, transfer
-from vl_models import predict as predict_module
 from vl_models.predict import StoreImage
+from vl_models.predict import predictor as predict_module
 from vl_models.transfer import evaluate as ev
 from vl_models.transfer.build import build_task
 from vl_models.transfer.finetune import run_finetune
