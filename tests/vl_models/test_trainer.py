@@ -56,11 +56,13 @@ def test_init_from_a_checkpoint(data, tmp_path):
 def test_compiled_backbone_trains_like_eager(data, tmp_path):
     """`--compile`: same losses as eager (to float tolerance), same checkpoint keys."""
     model = no_dropout_config(tmp_path)
-    # Batches of 2: the validation's batches and retrieval queries are all of that size too, so
-    # the compiled backbone is compiled once for training and once for evaluation (a batch of
-    # another size would recompile it for dynamic shapes: ~20 s more on one CPU thread).
-    eager = run(config(data, tmp_path / "eager", model, steps=2, batch_size=2))
-    compiled = run(config(data, tmp_path / "compiled", model, steps=2, batch_size=2, compile=True))
+    # Batches of 2 padded to the maximum: the validation's batches and retrieval queries are all
+    # of that shape too, so the compiled backbone is compiled once for training and once for
+    # evaluation (a batch of another size, or one cut to its own longest text and region count,
+    # recompiles it for dynamic shapes: a minute more on one CPU thread).
+    shapes = dict(steps=2, batch_size=2, padding="max")
+    eager = run(config(data, tmp_path / "eager", model, **shapes))
+    compiled = run(config(data, tmp_path / "compiled", model, compile=True, **shapes))
     for key in ("loss_mlm", "loss_matching", "loss_obj", "loss_feat"):
         assert compiled[key] == pytest.approx(eager[key], rel=1e-3, abs=1e-4), key
     a = torch.load(tmp_path / "eager" / "run" / "checkpoints" / "step_0000002.pt", weights_only=True)["model"]
