@@ -333,7 +333,7 @@ def separable(out: Path, images: int, steps: int, seed: int, real: bool) -> list
     import torch
     import torch.nn.functional as F
 
-    from pipeline.records import pad_regions
+    from pipeline.store.buffer import pad_regions
 
     torch.manual_seed(seed)
     store, family, model = bare_model(out, MODEL)
@@ -403,7 +403,7 @@ def plain_loop(
     import torch.nn.functional as F
 
     from pipeline.mixture import Mixture
-    from pipeline.records import pad_regions
+    from pipeline.store.buffer import pad_regions
     from pipeline.synthetic.scenes import COLORS, SHAPES
     from pipeline.synthetic.world import load_scenes
     from vl_models.data.tokenize import WordPiece, bundled_bert_vocab

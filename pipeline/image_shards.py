@@ -37,9 +37,9 @@ import pyarrow.parquet as pq
 
 from pipeline import distribute
 from pipeline.distribute import STATS_SUFFIX, shard_name, stats_path
+from pipeline.download.source_item import SourceItem, Text
 from pipeline.errors import ConfigError
 from pipeline.io import atomic_write_json, commit_path, tmp_path_for
-from pipeline.records import SourceItem, Text
 from pipeline.sources.base import replace_surrogates
 
 log = logging.getLogger(__name__)

@@ -27,7 +27,7 @@ def rng() -> np.random.Generator:
 # worker holds two scopes at a time, so short files come right after the demo: the one that
 # waits behind it costs nothing.
 LONGEST_FIRST = (
-    "tests/pipeline/test_demo.py::TestQuickDemo",
+    "tests/vl_models/test_demo.py::TestQuickDemo",
     "tests/test_errors.py",
     "tests/pipeline/test_config.py",
     "tests/pipeline/test_extract.py",

@@ -127,6 +127,38 @@ def run_vltrain(*args: str, **kwargs) -> subprocess.CompletedProcess:
     return run_cli(*args, tool="vltrain", **kwargs)
 
 
+def extract_args(
+    out,
+    *,
+    images=None,
+    dataset: Optional[str] = None,
+    input=None,
+    weights=None,
+    detector: Optional[str] = "tiny",
+    **flags,
+) -> list[str]:
+    """`vlprep extract`'s arguments, for `run_cli` or a process of its own: the source
+    (``--images`` folder, or a `dataset` reader's ``--input`` file), ``--weights`` (None:
+    ``--random-weights``), ``--detector`` (None: the default), ``--out``; then each keyword is
+    its flag: ``shard_size=4`` is ``--shard-size 4``, True the bare flag, None or False none."""
+    args = ["extract"]
+    if images is not None:
+        args += ["--images", images]
+    if dataset is not None:
+        args += ["--dataset", dataset, "--input", input]
+    args += ["--weights", weights] if weights is not None else ["--random-weights"]
+    if detector is not None:
+        args += ["--detector", detector]
+    args += ["--out", out]
+    for name, value in flags.items():
+        flag = "--" + name.replace("_", "-")
+        if value is True:
+            args.append(flag)
+        elif value is not None and value is not False:
+            args += [flag, value]
+    return [str(a) for a in args]
+
+
 TOOLS = {"vlprep": "pipeline.cli", "vltrain": "vl_models.cli"}  # each command's module (python -m)
 
 

@@ -5,7 +5,8 @@ referring expressions and VCR choices are about them, so a model that reads the 
 learn each task.
 
 `write_task_world(root)` writes ``feats/`` (the store, keys ``img_<i>``) and the official
-files under ``files/``; returns their paths by task."""
+files under ``files/``; returns their paths by task. `build_task_world(root)` also builds every
+task's dataset from them (the transfer tests' session fixture ``world``)."""
 
 from __future__ import annotations
 
@@ -299,3 +300,27 @@ def write_task_world(root: Path) -> dict:
         "vcr": write_vcr(files),
         "gqa": write_gqa(files),
     }
+
+
+BUILT_TASKS = ("vqa", "gqa", "nlvr2", "flickr30k", "refcoco+", "refcoco", "vcr")
+
+
+def build_task_world(root: Path) -> Path:
+    """`write_task_world`, then each of `BUILT_TASKS` built into ``root/<task>`` (VQA's table:
+    every answer, ``min_count=1``; RefCOCO+ and RefCOCO: the same refs file, with its image
+    map), and ``tiny.json``: a vilbert-tiny config of the store's width (vilbert-tiny-16)."""
+    from vl_models import families, transfer
+    from vl_models.transfer.build import build_task
+
+    root = Path(root)
+    files = write_task_world(root)
+    refs = root / "files" / "refcoco+" / "image_map.tsv"
+    for name in BUILT_TASKS:
+        official = files["refcoco+" if name == "refcoco" else name]
+        image_map = refs if name.startswith("refcoco") else files["image_map"]
+        build_task(
+            transfer.get(name), official, root / name, image_map=image_map, min_count=1 if name == "vqa" else None
+        )
+    config = {**families.load_config("vilbert-tiny").to_json(), "model_type": "vilbert", "v_feature_size": DIM}
+    (root / "tiny.json").write_text(json.dumps({**config, "name": "vilbert-tiny-16"}))
+    return root

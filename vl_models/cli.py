@@ -736,8 +736,8 @@ def preview_batch(
 ) -> None:
     """Read the first images of a store and show the padded batch a model receives:
     tensor shapes, dtypes and how many slots are real."""
-    from pipeline.records import pad_regions
     from pipeline.store import FeatureStore
+    from pipeline.store.buffer import pad_regions
 
     with FeatureStore.open(store) as store_obj:
         count = min(batch_size, len(store_obj))

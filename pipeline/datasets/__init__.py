@@ -1,7 +1,7 @@
 """Dataset readers: the image lists `vlprep download` / `extract` fetch; one module per
 source, a registry by name.
 
-Each reader streams its files into `pipeline.records.SourceItem`s (an image to fetch:
+Each reader streams its files into `pipeline.download.source_item.SourceItem`s (an image to fetch:
 stable id, URL or local path, its texts) and reports rows it cannot read as `Malformed`
 (file and line or position). Official formats that other stages read too (COCO captions,
 VG image_data, the CC TSV) are parsed by `pipeline.sources`, the readers here only turn

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, Optional, Sequence, Union
 
-from pipeline.records import SourceItem
+from pipeline.download.source_item import SourceItem
 from pipeline.sources.base import Malformed
 
 ReaderResult = Union[SourceItem, Malformed]

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Iterator, Sequence
 
 from pipeline.datasets.base import Malformed, ReaderOptions, ReaderResult
-from pipeline.records import SourceItem, Text
+from pipeline.download.source_item import SourceItem, Text
 from pipeline.sources.base import base_name
 from pipeline.sources.coco import CocoCaption, coco_split, read_captions
 

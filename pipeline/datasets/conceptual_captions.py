@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Iterator, Sequence
 
 from pipeline.datasets.base import Malformed, ReaderOptions, ReaderResult, url_sha1
-from pipeline.records import SourceItem, Text
+from pipeline.download.source_item import SourceItem, Text
 from pipeline.sources.conceptual_captions import read_tsv
 
 NAME = "conceptual_captions"

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Iterator, Sequence
 
 from pipeline.datasets.base import Malformed, ReaderOptions, ReaderResult
-from pipeline.records import SourceItem, Text
+from pipeline.download.source_item import SourceItem, Text
 from pipeline.sources.base import clean_text, open_text
 
 NAME = "flickr30k"

@@ -7,8 +7,8 @@ from pathlib import Path
 from typing import Iterator, Sequence
 
 from pipeline.datasets.base import ReaderOptions, ReaderResult
+from pipeline.download.source_item import SourceItem
 from pipeline.errors import ConfigError
-from pipeline.records import SourceItem
 
 NAME = "folder"
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".webp", ".gif", ".bmp", ".tif", ".tiff"}

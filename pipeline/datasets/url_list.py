@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Iterator, Sequence
 
 from pipeline.datasets.base import Malformed, ReaderOptions, ReaderResult, url_sha1
+from pipeline.download.source_item import SourceItem, Text
 from pipeline.errors import ConfigError
-from pipeline.records import SourceItem, Text
 from pipeline.sources.base import base_name, clean_text, load_json, open_text
 
 NAME = "url_list"

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Iterator, Sequence
 
 from pipeline.datasets.base import Malformed, ReaderOptions, ReaderResult
-from pipeline.records import SourceItem
+from pipeline.download.source_item import SourceItem
 from pipeline.sources.visual_genome import read_image_data
 
 NAME = "visual_genome"

@@ -24,10 +24,10 @@ from typing import Callable, Iterator, Optional, Sequence
 from pipeline.datasets import Malformed, ReaderOptions, read_items
 from pipeline.distribute import MalformedRows, chunks, shard_name, this_node
 from pipeline.download.fetch import FetchConfig, Fetched, FetchError, HostLimiter, fetch, read_local, redact_url
+from pipeline.download.source_item import SourceItem
 from pipeline.failures import Policy, should_retry
 from pipeline.image_shards import item_row, read_shard_rows, row_item, write_shard
 from pipeline.images import ImageConfig, ImageError, process_image
-from pipeline.records import SourceItem
 
 log = logging.getLogger(__name__)
 

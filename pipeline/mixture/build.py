@@ -234,24 +234,92 @@ def _build(
     drop_missing: bool,
     progress: Optional[Callable[[int], None]],
 ) -> dict:
-    ids = ImageIds(
-        spec.image_data, [f for s in spec.sources if s.kind == "coco_captions" for f in s.files], spec.image_map
+    """Two passes over the sources (the training answers' counts, then the items) into the
+    folder `tmp`, then the checks of what they found, the manifest and the answer table."""
+    selection = _Selection.of(spec, feature_stores)
+    counts = _train_answer_counts(spec, selection, drop_missing)
+    answers = _AnswerTable.of(spec, counts)
+    with ItemsWriter(tmp, ITEMS_SCHEMA) as writer:
+        written = _write_items(writer, spec, selection, answers.index, drop_missing, progress)
+    if written.missing and not drop_missing:
+        examples = ", ".join(sorted(written.missing)[:LISTED_EXAMPLES])
+        raise ConfigError(
+            f"{len(written.missing)} images have no features in the given stores (e.g. {examples}); "
+            "extract them, or pass --drop-missing to leave their items out"
+        )
+    heldout_matches = [_list_matches(p, listed, written.seen) for p, listed in selection.heldout_lists.items()]
+    drop_matches = [_list_matches(p, listed, written.seen) for p, listed in selection.drop_lists.items()]
+    _check_lists(heldout_matches, drop_matches)
+    for name, reasons in written.skipped.items():
+        log.warning("%s: skipped %s", name, ", ".join(f"{n:,} x {reason}" for reason, n in sorted(reasons.items())))
+
+    manifest = {
+        "format": FORMAT,
+        "schema_version": MIXTURE_SCHEMA_VERSION,
+        "answer_scores": ANSWER_SCORES,
+        "name": spec.name,
+        "producer": f"vlprep {__version__} build-mixture",
+        "spec": spec.raw,
+        "inputs": [{"path": str(p), "bytes": p.stat().st_size, "sha256": sha256_file(p)} for p in spec.all_files()],
+        **written.counts(),
+        "identity_groups": _identity_groups(written.images, selection.ids),
+        "heldout": heldout_matches,
+        "drop": drop_matches,
+        "answers": {**answers.info(spec), "distinct_train_answers": len(counts), **written.coverage()},
+        "stores": [str(p) for p in stores],
+        "missing_features": {
+            "images": len(written.missing),
+            "items_dropped": sum(written.missing.values()) if drop_missing else 0,
+            "examples": sorted(written.missing)[:50],
+        },
+    }
+    dead = set(answers.unreachable)
+    table_counts = [0 if i in dead else counts[a] for i, a in enumerate(answers.table)]
+    writer.finish(
+        answers={"answers": answers.table, "counts": table_counts, "unreachable": answers.unreachable},
+        report=render_report(manifest),
+        manifest=manifest,
     )
-    heldout_lists = {p: _read_id_list(p, ids) for p in spec.heldout}
-    drop_lists = {p: _read_id_list(p, ids) for p in spec.drop}
-    heldout = {c for listed in heldout_lists.values() for c in listed.values()}
-    dropped = {c for listed in drop_lists.values() for c in listed.values()}
-    listed = heldout | dropped
+    return manifest
 
-    def has_features(image: str) -> bool:
-        return not feature_stores or any(image in s for s in feature_stores)
 
-    def split_of(src: SourceSpec, image: str) -> Optional[str]:
-        if image in dropped or (spec.drop_coco_test and image.startswith("COCO_test")):
+@dataclass
+class _Selection:
+    """Which split an annotation's image goes to: the identity of image ids, the held-out and
+    drop lists (each: id as written -> canonical id) and the feature stores to look in."""
+
+    spec: MixtureSpec
+    ids: ImageIds
+    heldout_lists: dict[Path, dict[str, str]]
+    drop_lists: dict[Path, dict[str, str]]
+    feature_stores: list
+
+    @classmethod
+    def of(cls, spec: MixtureSpec, feature_stores: list) -> "_Selection":
+        ids = ImageIds(
+            spec.image_data, [f for s in spec.sources if s.kind == "coco_captions" for f in s.files], spec.image_map
+        )
+        heldout_lists = {p: _read_id_list(p, ids) for p in spec.heldout}
+        drop_lists = {p: _read_id_list(p, ids) for p in spec.drop}
+        return cls(spec, ids, heldout_lists, drop_lists, feature_stores)
+
+    def __post_init__(self) -> None:
+        self.heldout = {c for listed in self.heldout_lists.values() for c in listed.values()}
+        self.dropped = {c for listed in self.drop_lists.values() for c in listed.values()}
+        self.listed = self.heldout | self.dropped
+
+    def has_features(self, image: str) -> bool:
+        return not self.feature_stores or any(image in s for s in self.feature_stores)
+
+    def split_of(self, src: SourceSpec, image: str) -> Optional[str]:
+        """ "train" or "val", None when the image is dropped."""
+        if image in self.dropped or (self.spec.drop_coco_test and image.startswith("COCO_test")):
             return None
-        return "val" if (src.split == "val" or image in heldout) else "train"
+        return "val" if (src.split == "val" or image in self.heldout) else "train"
 
-    # Pass 1: answer counts over the training questions that will be written (QA sources only).
+
+def _train_answer_counts(spec: MixtureSpec, selection: _Selection, drop_missing: bool) -> Counter:
+    """Pass 1: answer counts over the training questions that will be written (QA sources only)."""
     counts: Counter = Counter()
     for src in spec.sources:
         if src.kind not in QUESTION_KINDS:
@@ -259,10 +327,28 @@ def _build(
         for _, item in read_source(src.kind, src.name, src.files):
             if isinstance(item, Skip) or not item.answers:
                 continue
-            image = ids.canonical(item)
-            if split_of(src, image) == "train" and (has_features(image) or not drop_missing):
+            image = selection.ids.canonical(item)
+            if selection.split_of(src, image) == "train" and (selection.has_features(image) or not drop_missing):
                 counts.update(a for a, s in item.answers.items() if s > 0)
-    if spec.answers_from is not None:
+    return counts
+
+
+@dataclass
+class _AnswerTable:
+    """The answer table: the file's entries (`answers_from`; else none), the answers by id,
+    the id of each answer, and the ids of entries no answer maps to."""
+
+    entries: list
+    table: list[str]
+    index: dict[str, int]
+    unreachable: list[int]
+
+    @classmethod
+    def of(cls, spec: MixtureSpec, counts: Counter) -> "_AnswerTable":
+        """The ``top_k`` most frequent of `counts`, or the fixed table of `spec.answers_from`."""
+        if spec.answers_from is None:
+            table = answer_table(counts, top_k=spec.top_k)
+            return cls([], table, {a: i for i, a in enumerate(table)}, [])
         entries = read_answer_file(spec.answers_from)
         fixed = fixed_table(entries[: spec.top_k] if spec.top_k is not None else entries, spec.answers_from)
         table, index, unreachable = fixed.answers, fixed.index, fixed.unreachable
@@ -276,132 +362,123 @@ def _build(
                 unreachable[0],
                 entries[unreachable[0]],
             )
-    else:
-        entries, table, unreachable = [], answer_table(counts, top_k=spec.top_k), []
-        index = {a: i for i, a in enumerate(table)}
+        return cls(entries, table, index, unreachable)
 
-    # Pass 2: items.
-    stats = defaultdict(Counter)  # source -> split/kind counts
-    skipped = defaultdict(Counter)  # source -> reason -> count
-    images = defaultdict(set)  # source -> canonical image ids
-    seen: set[str] = set()  # the listed (held-out / drop) images that the annotations name
-    missing: dict[str, int] = {}
-    answered = covered = 0
-    score_total = score_covered = 0.0
-    with ItemsWriter(tmp, ITEMS_SCHEMA) as writer:
-        for src in spec.sources:
-            per_image = Counter()
-            for name, item in read_source(src.kind, src.name, src.files):
-                if isinstance(item, Skip):
-                    skipped[name][item.reason] += 1
-                    continue
-                image = ids.canonical(item)
-                if image in listed:
-                    seen.add(image)
-                split = split_of(src, image)
-                if split is None:
-                    stats[name]["dropped"] += 1
-                    continue
-                if not has_features(image):
-                    missing[image] = missing.get(image, 0) + 1
-                    if drop_missing:
-                        stats[name]["missing_features"] += 1
-                        continue
-                answer_ids, answer_scores = None, None
-                if item.kind == "question" and item.answers is not None:
-                    kept = sorted((index[a], s) for a, s in item.answers.items() if a in index)
-                    answer_ids, answer_scores = [i for i, _ in kept], [s for _, s in kept]
-                    if split == "train" and item.answers:  # all answers may normalize away ("the")
-                        answered += 1
-                        best = max(item.answers.items(), key=lambda kv: (kv[1], kv[0]))[0]
-                        covered += best in index
-                        score_total += sum(item.answers.values())
-                        score_covered += sum(s for a, s in item.answers.items() if a in index)
-                for r in range(src.repeat):
-                    n = per_image[(name, image)]
-                    per_image[(name, image)] += 1
-                    writer.add(
-                        {
-                            "uid": f"{image}_{name}_{n:03d}" + (f"_r{r}" if r else ""),
-                            "image_id": image,
-                            "store_key": image,
-                            "text": item.text,
-                            "kind": item.kind,
-                            "source": name,
-                            "split": split,
-                            "weight": src.weight,
-                            "answer_ids": answer_ids,
-                            "answer_scores": answer_scores,
-                        }
-                    )
-                    stats[name][f"{split}/{item.kind}"] += 1
-                images[name].add(image)
-                if progress:
-                    progress(1)
-    if missing and not drop_missing:
-        examples = ", ".join(sorted(missing)[:LISTED_EXAMPLES])
-        raise ConfigError(
-            f"{len(missing)} images have no features in the given stores (e.g. {examples}); "
-            "extract them, or pass --drop-missing to leave their items out"
-        )
-    heldout_matches = [_list_matches(p, listed, seen) for p, listed in heldout_lists.items()]
-    drop_matches = [_list_matches(p, listed, seen) for p, listed in drop_lists.items()]
-    _check_lists(heldout_matches, drop_matches)
-    for name, reasons in skipped.items():
-        log.warning("%s: skipped %s", name, ", ".join(f"{n:,} x {reason}" for reason, n in sorted(reasons.items())))
+    def info(self, spec: MixtureSpec) -> dict:
+        """The manifest's description of the table."""
+        info: dict = {"table_size": len(self.table), "top_k": spec.top_k}
+        if spec.answers_from is not None:
+            info["file"] = {
+                "path": str(spec.answers_from),
+                "name": spec.answers_from.name,
+                "entries": len(self.entries),
+                "sha256": sha256_file(spec.answers_from),
+            }
+            info["unreachable"] = len(self.unreachable)
+            info["unreachable_examples"] = [
+                {"id": i, "entry": self.entries[i], "answer": self.table[i], "first_id": self.index.get(self.table[i])}
+                for i in self.unreachable[:LISTED_EXAMPLES]
+            ]
+        return info
 
-    groups = _identity_groups(images, ids)
-    table_info: dict = {"table_size": len(table), "top_k": spec.top_k}
-    if spec.answers_from is not None:
-        table_info["file"] = {
-            "path": str(spec.answers_from),
-            "name": spec.answers_from.name,
-            "entries": len(entries),
-            "sha256": sha256_file(spec.answers_from),
+
+@dataclass
+class _Written:
+    """What pass 2 wrote and met, per source: split/kind counts, skips by reason, canonical
+    image ids; the listed images the annotations name, the images without features (->
+    their items), and the training questions' answer coverage."""
+
+    stats: defaultdict = field(default_factory=lambda: defaultdict(Counter))
+    skipped: defaultdict = field(default_factory=lambda: defaultdict(Counter))
+    images: defaultdict = field(default_factory=lambda: defaultdict(set))
+    seen: set = field(default_factory=set)
+    missing: dict = field(default_factory=dict)
+    answered: int = 0
+    covered: int = 0
+    score_total: float = 0.0
+    score_covered: float = 0.0
+
+    def counts(self) -> dict:
+        """The manifest's counts, totals, skips and images per source."""
+        stats = self.stats
+        totals = sum((Counter({k: v for k, v in c.items() if "/" in k}) for c in stats.values()), Counter())
+        return {
+            "counts": {name: dict(sorted(c.items())) for name, c in stats.items()},
+            "totals": dict(sorted(totals.items())),
+            "skipped": {name: dict(sorted(c.items())) for name, c in self.skipped.items()},
+            "images": {name: len(v) for name, v in self.images.items()},
         }
-        table_info["unreachable"] = len(unreachable)
-        table_info["unreachable_examples"] = [
-            {"id": i, "entry": entries[i], "answer": table[i], "first_id": index.get(table[i])}
-            for i in unreachable[:LISTED_EXAMPLES]
-        ]
-    manifest = {
-        "format": FORMAT,
-        "schema_version": MIXTURE_SCHEMA_VERSION,
-        "answer_scores": ANSWER_SCORES,
-        "name": spec.name,
-        "producer": f"vlprep {__version__} build-mixture",
-        "spec": spec.raw,
-        "inputs": [{"path": str(p), "bytes": p.stat().st_size, "sha256": sha256_file(p)} for p in spec.all_files()],
-        "counts": {name: dict(sorted(c.items())) for name, c in stats.items()},
-        "totals": dict(
-            sorted(sum((Counter({k: v for k, v in c.items() if "/" in k}) for c in stats.values()), Counter()).items())
-        ),
-        "skipped": {name: dict(sorted(c.items())) for name, c in skipped.items()},
-        "images": {name: len(v) for name, v in images.items()},
-        "identity_groups": groups,
-        "heldout": heldout_matches,
-        "drop": drop_matches,
-        "answers": {
-            **table_info,
-            "distinct_train_answers": len(counts),
-            "questions_best_answer_covered": round(covered / answered, 4) if answered else None,
-            "score_mass_covered": round(score_covered / score_total, 4) if score_total else None,
-        },
-        "stores": [str(p) for p in stores],
-        "missing_features": {
-            "images": len(missing),
-            "items_dropped": sum(missing.values()) if drop_missing else 0,
-            "examples": sorted(missing)[:50],
-        },
-    }
-    dead = set(unreachable)
-    table_counts = [0 if i in dead else counts[a] for i, a in enumerate(table)]
-    writer.finish(
-        answers={"answers": table, "counts": table_counts, "unreachable": unreachable},
-        report=render_report(manifest),
-        manifest=manifest,
-    )
-    return manifest
+
+    def coverage(self) -> dict:
+        """How much of the training questions' answers the table covers."""
+        answered, total = self.answered, self.score_total
+        return {
+            "questions_best_answer_covered": round(self.covered / answered, 4) if answered else None,
+            "score_mass_covered": round(self.score_covered / total, 4) if total else None,
+        }
+
+
+def _write_items(
+    writer: ItemsWriter,
+    spec: MixtureSpec,
+    selection: _Selection,
+    index: dict[str, int],
+    drop_missing: bool,
+    progress: Optional[Callable[[int], None]],
+) -> _Written:
+    """Pass 2: every source's items, in spec order, file order (each `repeat` times), their
+    answers as ids of `index`."""
+    written = _Written()
+    for src in spec.sources:
+        per_image = Counter()
+        for name, item in read_source(src.kind, src.name, src.files):
+            if isinstance(item, Skip):
+                written.skipped[name][item.reason] += 1
+                continue
+            image = selection.ids.canonical(item)
+            if image in selection.listed:
+                written.seen.add(image)
+            split = selection.split_of(src, image)
+            if split is None:
+                written.stats[name]["dropped"] += 1
+                continue
+            if not selection.has_features(image):
+                written.missing[image] = written.missing.get(image, 0) + 1
+                if drop_missing:
+                    written.stats[name]["missing_features"] += 1
+                    continue
+            answer_ids, answer_scores = None, None
+            if item.kind == "question" and item.answers is not None:
+                kept = sorted((index[a], s) for a, s in item.answers.items() if a in index)
+                answer_ids, answer_scores = [i for i, _ in kept], [s for _, s in kept]
+                if split == "train" and item.answers:  # all answers may normalize away ("the")
+                    written.answered += 1
+                    best = max(item.answers.items(), key=lambda kv: (kv[1], kv[0]))[0]
+                    written.covered += best in index
+                    written.score_total += sum(item.answers.values())
+                    written.score_covered += sum(s for a, s in item.answers.items() if a in index)
+            for r in range(src.repeat):
+                n = per_image[(name, image)]
+                per_image[(name, image)] += 1
+                writer.add(
+                    {
+                        "uid": f"{image}_{name}_{n:03d}" + (f"_r{r}" if r else ""),
+                        "image_id": image,
+                        "store_key": image,
+                        "text": item.text,
+                        "kind": item.kind,
+                        "source": name,
+                        "split": split,
+                        "weight": src.weight,
+                        "answer_ids": answer_ids,
+                        "answer_scores": answer_scores,
+                    }
+                )
+                written.stats[name][f"{split}/{item.kind}"] += 1
+            written.images[name].add(image)
+            if progress:
+                progress(1)
+    return written
 
 
 def _check_lists(heldout: list[dict], drop: list[dict]) -> None:

@@ -32,7 +32,7 @@ T = TypeVar("T")
 class TextItem:
     """One text of a mixture — a caption, region description or question — about an image,
     with its normalized answers: it becomes a row of ``items.arrow``. Not a
-    `pipeline.records.SourceItem`, which is an image to fetch (URL or path, carrying its
+    `pipeline.download.source_item.SourceItem`, which is an image to fetch (URL or path, carrying its
     texts along): a mixture item is one text (many per image), needs no URL, and names its
     image as the annotation file does, before `ImageIds` makes it canonical."""
 

@@ -13,7 +13,7 @@ One writer at a time (a second one gets BusyError); damage is a StoreError namin
 shard. The on-disk format is documented in docs/store-format.md.
 """
 
-from pipeline.records import RegionBuffer
+from pipeline.store.buffer import RegionBuffer
 from pipeline.store.layout import ProbStorage, StoreLayout
 from pipeline.store.manifest import Manifest, ShardInfo
 from pipeline.store.store import FeatureStore, FeatureStoreWriter, write_records

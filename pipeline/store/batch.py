@@ -1,4 +1,4 @@
-"""Batched reads: which stored columns fill which fields of a `pipeline.records.RegionBuffer`,
+"""Batched reads: which stored columns fill which fields of a `pipeline.store.buffer.RegionBuffer`,
 and the `Part` a shard reader hands a gather.
 
 `FeatureStore.get_many_into` looks a batch's ids up at once, then asks each shard holding
@@ -18,7 +18,8 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from pipeline.records import OPTIONAL_ARRAYS, PROB_FIELDS, RegionBuffer
+from pipeline.records import OPTIONAL_ARRAYS, PROB_FIELDS
+from pipeline.store.buffer import RegionBuffer
 from pipeline.store.columns import columns
 from pipeline.store.layout import StoreLayout
 

@@ -45,9 +45,10 @@ from pipeline.io import (
     sha256_mismatch,
     tmp_path_for,
 )
-from pipeline.records import RegionBuffer, RegionFeatures, validate_record
+from pipeline.records import RegionFeatures, validate_record
 from pipeline.store import arrow_shard, lmdb_shard
 from pipeline.store.batch import Gather, Part, buffer_for
+from pipeline.store.buffer import RegionBuffer
 from pipeline.store.index import INDEX_FILE, IdIndex, id_hash, id_hashes
 from pipeline.store.layout import ProbStorage, StoreLayout
 from pipeline.store.manifest import IDENTITY_KEYS, MANIFEST_FILE, SHARDS_DIR, Manifest, ShardInfo, now_iso

@@ -38,7 +38,7 @@ streams of their own, so the other files stay as they were.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -194,23 +194,64 @@ def _write_split(
 ) -> tuple[dict, SplitDraws, list[str]]:
     """Write the split's images and files; returns its counts, its draws for the task files and
     its NLVR2 image map lines."""
-    names, scenes, caption_anns, q_list, a_list, refexps = [], [], [], [], [], []
-    retrieval, referring, vcr = [], [], []
+    drawn = _Drawn()
     for i in range(n):
+        drawn.add_image(out, split, i, seed, textures)
+        if progress:
+            progress(1)
+    statements, nlvr2_map = _pair_statements(split, n, seed, base_url, drawn)
+    _write_annotations(out / "annotations", split, seed, base_url, drawn, statements)
+    counts = {
+        "images": n,
+        "objects": sum(len(s.objects) for s in drawn.scenes),
+        "captions": len(drawn.caption_anns),
+        "questions": len(drawn.question_anns),
+        "refexps": len(drawn.refexps),
+        "nlvr2_statements": len(statements),
+        "nlvr2_true": sum(s["label"] == "True" for s in statements),
+    }
+    draws = SplitDraws(
+        split.name,
+        [coco_file_name(split.coco, i + 1) for i in range(n)],
+        drawn.scenes,
+        drawn.retrieval,
+        drawn.referring,
+        drawn.vcr,
+    )
+    return counts | task_counts(draws), draws, nlvr2_map
+
+
+@dataclass
+class _Drawn:
+    """A split's images, in order, as drawn: their file names and scenes; the COCO caption
+    annotations, VQA questions and answers, referring expressions; and the task files' draws
+    (retrieval captions, referring expressions by object index, VCR questions)."""
+
+    names: list = field(default_factory=list)
+    scenes: list = field(default_factory=list)
+    caption_anns: list = field(default_factory=list)
+    question_anns: list = field(default_factory=list)
+    answer_anns: list = field(default_factory=list)
+    refexps: list = field(default_factory=list)
+    retrieval: list = field(default_factory=list)
+    referring: list = field(default_factory=list)
+    vcr: list = field(default_factory=list)
+
+    def add_image(self, out: Path, split: _Split, i: int, seed: int, textures: bool) -> None:
+        """Draw image `i`'s scene and texts (each from its own random stream), save the image."""
         name = image_name(split.name, i)
         scene = generate_scene(_rng(seed, split, i, STREAM_SCENE), IMAGE_SIZE, textures)
         rng = _rng(seed, split, i, STREAM_TEXT)
         render(scene).save(out / "images" / name, "JPEG", quality=JPEG_QUALITY)
-        names.append(name)
-        scenes.append(scene)
+        self.names.append(name)
+        self.scenes.append(scene)
         image_captions = captions(scene, rng)
-        caption_anns += [
-            {"id": len(caption_anns) + j + 1, "image_id": i + 1, "caption": c} for j, c in enumerate(image_captions)
-        ]
+        first = len(self.caption_anns) + 1
+        self.caption_anns += [{"id": first + j, "image_id": i + 1, "caption": c} for j, c in enumerate(image_captions)]
         for j, qa in enumerate(questions(scene, rng)):
             qid = (i + 1) * 1000 + j
-            q_list.append({"image_id": i + 1, "question": qa.question, "question_id": qid})
-            a_list.append(
+            self.question_anns.append({"image_id": i + 1, "question": qa.question, "question_id": qid})
+            self.answer_anns.append(
                 {
                     "question_id": qid,
                     "image_id": i + 1,
@@ -221,13 +262,17 @@ def _write_split(
                 }
             )
         image_refexps = referring_expressions(scene, rng)
-        refexps += [{"image": name, "box": list(obj.box), "sentence": s} for obj, s in image_refexps]
-        referring.append([(scene.objects.index(obj), s) for obj, s in image_refexps])  # boxes are unique
-        retrieval.append(retrieval_captions(scene, image_captions, _rng(seed, split, i, STREAM_RETRIEVAL)))
-        vcr.append(vcr_question(scene, _rng(seed, split, i, STREAM_VCR)))
-        if progress:
-            progress(1)
+        self.refexps += [{"image": name, "box": list(obj.box), "sentence": s} for obj, s in image_refexps]
+        self.referring.append([(scene.objects.index(obj), s) for obj, s in image_refexps])  # boxes are unique
+        self.retrieval.append(retrieval_captions(scene, image_captions, _rng(seed, split, i, STREAM_RETRIEVAL)))
+        self.vcr.append(vcr_question(scene, _rng(seed, split, i, STREAM_VCR)))
+
+
+def _pair_statements(split: _Split, n: int, seed: int, base_url: str, drawn: _Drawn) -> tuple[list, list[str]]:
+    """NLVR2 statements about image pairs (one pair drawn per image), and the NLVR2 image map
+    lines of the pairs that got any."""
     statements, nlvr2_map = [], []
+    names, scenes = drawn.names, drawn.scenes
     for p in range(n if n > 1 else 0):
         rng = _rng(seed, split, p, STREAM_PAIR)
         left, right = (int(v) for v in rng.choice(n, 2, replace=False))
@@ -246,9 +291,14 @@ def _write_split(
                     "label": str(label),
                 }
             )
+    return statements, nlvr2_map
 
+
+def _write_annotations(ann: Path, split: _Split, seed: int, base_url: str, drawn: _Drawn, statements: list) -> None:
+    """The split's official-format files: COCO captions, VQA questions and annotations,
+    referring expressions, the scenes, NLVR2 statements."""
     info = {"description": f"shapes world ({split.name} split), seed {seed}", "version": "1.0"}
-    ann = out / "annotations"
+    names, scenes = drawn.names, drawn.scenes
     _dump(
         ann / f"captions_{split.coco}.json",
         {
@@ -263,7 +313,7 @@ def _write_split(
                 }
                 for i, s in enumerate(scenes)
             ],
-            "annotations": caption_anns,
+            "annotations": drawn.caption_anns,
         },
     )
     _dump(
@@ -273,29 +323,16 @@ def _write_split(
             "task_type": "Open-Ended",
             "data_type": "mscoco",
             "data_subtype": split.coco,
-            "questions": q_list,
+            "questions": drawn.question_anns,
         },
     )
     _dump(
         ann / f"v2_mscoco_{split.coco}_annotations.json",
-        {"info": info, "data_type": "mscoco", "data_subtype": split.coco, "annotations": a_list},
+        {"info": info, "data_type": "mscoco", "data_subtype": split.coco, "annotations": drawn.answer_anns},
     )
-    _dump(ann / f"refexp_{split.name}.json", refexps)
+    _dump(ann / f"refexp_{split.name}.json", drawn.refexps)
     _dump(ann / f"scenes_{split.name}.json", [scene_to_json(s, names[i]) for i, s in enumerate(scenes)])
     (ann / f"nlvr2_{split.nlvr2}.json").write_text("".join(json.dumps(s) + "\n" for s in statements), encoding="utf-8")
-    counts = {
-        "images": n,
-        "objects": sum(len(s.objects) for s in scenes),
-        "captions": len(caption_anns),
-        "questions": len(q_list),
-        "refexps": len(refexps),
-        "nlvr2_statements": len(statements),
-        "nlvr2_true": sum(s["label"] == "True" for s in statements),
-    }
-    draws = SplitDraws(
-        split.name, [coco_file_name(split.coco, i + 1) for i in range(n)], scenes, retrieval, referring, vcr
-    )
-    return counts | task_counts(draws), draws, nlvr2_map
 
 
 def write_world(

@@ -6,8 +6,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipeline.datasets import READERS, Malformed, ReaderOptions, read_items
+from pipeline.download.source_item import SourceItem, Text
 from pipeline.errors import ConfigError
-from pipeline.records import SourceItem, Text
 
 
 def split_results(results):

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import run_cli
+from helpers import extract_args, run_cli
 from PIL import Image
 from torchvision.ops import nms
 
@@ -172,17 +172,18 @@ def test_extract_records_the_preprocess_mode(tmp_path):
     folder.mkdir()
     for i, hw in enumerate([(100, 157), (90, 60)]):
         Image.fromarray(noise(*hw, seed=i)).save(folder / f"img{i}.png")
-    common = ["extract", "--images", folder, "--random-weights", "--detector", "tiny", "--boxes", "4", "--workers", "1"]
-    proc = run_cli(*common, "--preprocess", "detectron2", "--out", tmp_path / "d2")
+    proc = run_cli(*extract_args(tmp_path / "d2", images=folder, boxes=4, workers=1, preprocess="detectron2"))
     assert proc.returncode == 0, proc.stderr[-3000:]
-    proc = run_cli(*common, "--out", tmp_path / "caffe")
+    proc = run_cli(*extract_args(tmp_path / "caffe", images=folder, boxes=4, workers=1))
     assert proc.returncode == 0, proc.stderr[-3000:]
     d2, caffe = FeatureStore.open(tmp_path / "d2"), FeatureStore.open(tmp_path / "caffe")
     assert d2.manifest.provenance["preprocess"] == "detectron2"
     assert d2.manifest.provenance["config"]["preprocess"] == "detectron2"
     assert caffe.manifest.provenance["preprocess"] == "caffe"
     assert not np.array_equal(d2.get("img0").features, caffe.get("img0").features)
-    proc = run_cli(*common, "--out", tmp_path / "d2")  # resuming with the default caffe resize
+    proc = run_cli(
+        *extract_args(tmp_path / "d2", images=folder, boxes=4, workers=1)
+    )  # resuming with the default caffe resize
     assert proc.returncode == 2 and "--preprocess detectron2" in proc.stderr
     assert json.loads((tmp_path / "d2" / "manifest.json").read_text())["provenance"]["preprocess"] == "detectron2"
 

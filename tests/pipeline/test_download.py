@@ -421,8 +421,8 @@ def test_relative_paths_are_absolute_before_they_reach_the_tasks(tmp_path, monke
 def test_an_unexpected_error_in_one_item_becomes_its_failure():
     from pipeline.download.fetch import Fetched
     from pipeline.download.shard import process_item
+    from pipeline.download.source_item import SourceItem
     from pipeline.images import ImageConfig
-    from pipeline.records import SourceItem
 
     item = SourceItem(image_id="x", url="http://u:p@example.com/x.jpg")
     raised = Future()
@@ -437,8 +437,8 @@ def test_an_unexpected_error_in_one_item_becomes_its_failure():
 def test_local_paths_no_file_can_have_fail_alone(tmp_path):
     from pipeline.download.fetch import FetchConfig
     from pipeline.download.shard import fetch_rows
+    from pipeline.download.source_item import SourceItem
     from pipeline.images import ImageConfig
-    from pipeline.records import SourceItem
 
     items = [
         SourceItem(image_id="nul", path=str(tmp_path / "a\x00b.jpg")),

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from detector_layouts import random_weights, write_d2_pickle
-from helpers import REPO, command_lines, process_tree, run_cli
+from helpers import REPO, command_lines, extract_args, process_tree, run_cli
 from image_server import ImageServer, write_tsv
 from PIL import Image
 
@@ -38,25 +38,16 @@ def test_extract_downloads_and_fills_a_verified_store(tmp_path, server, weights)
     write_tsv(tsv, urls)
     out = tmp_path / "feats"
     proc = run_cli(
-        "extract",
-        "--dataset",
-        "conceptual_captions",
-        "--input",
-        tsv,
-        "--weights",
-        weights,
-        "--detector",
-        "tiny",
-        "--boxes",
-        "5-12",
-        "--out",
-        out,
-        "--shard-size",
-        "4",
-        "--batch-size",
-        "2",
-        "--keep-images",
-        tmp_path / "images",
+        *extract_args(
+            out,
+            dataset="conceptual_captions",
+            input=tsv,
+            weights=weights,
+            boxes="5-12",
+            shard_size=4,
+            batch_size=2,
+            keep_images=tmp_path / "images",
+        ),
         *NET,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -83,19 +74,7 @@ def test_extract_downloads_and_fills_a_verified_store(tmp_path, server, weights)
 
     # the downloaded image shards are an image source too; same detector -> same features
     proc = run_cli(
-        "extract",
-        "--images",
-        tmp_path / "images",
-        "--weights",
-        weights,
-        "--detector",
-        "tiny",
-        "--boxes",
-        "5-12",
-        "--out",
-        tmp_path / "again",
-        "--workers",
-        "2",
+        *extract_args(tmp_path / "again", images=tmp_path / "images", weights=weights, boxes="5-12", workers=2)
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     again = FeatureStore.open(tmp_path / "again")
@@ -128,20 +107,7 @@ def test_random_weights_are_stamped_into_provenance(tmp_path, server):
     for name in ("rgb.jpg", "gray.jpg"):
         (folder / name).write_bytes(server.corpus[name][0])
     (folder / "broken.jpg").write_bytes(b"\xff\xd8\xff not really")
-    proc = run_cli(
-        "extract",
-        "--images",
-        folder,
-        "--random-weights",
-        "--detector",
-        "tiny",
-        "--boxes",
-        "4",
-        "--out",
-        tmp_path / "s",
-        "--backend",
-        "lmdb",
-    )
+    proc = run_cli(*extract_args(tmp_path / "s", images=folder, boxes=4, backend="lmdb"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     store = FeatureStore.open(tmp_path / "s")
     assert sorted(store.ids()) == ["gray", "rgb"] and store.manifest.provenance["random_weights"] is True
@@ -159,23 +125,9 @@ def test_killed_extract_resumes_without_loss_or_duplicates(tmp_path, weights):
             sys.executable,
             "-m",
             "pipeline.cli",
-            "extract",
-            "--dataset",
-            "conceptual_captions",
-            "--input",
-            str(tsv),
-            "--weights",
-            str(weights),
-            "--detector",
-            "tiny",
-            "--boxes",
-            "5-12",
-            "--out",
-            str(out),
-            "--shard-size",
-            "3",
-            "--threads",
-            "1",
+            *extract_args(
+                out, dataset="conceptual_captions", input=tsv, weights=weights, boxes="5-12", shard_size=3, threads=1
+            ),
             *NET,
         ]
         proc = subprocess.Popen(
@@ -205,19 +157,9 @@ def test_given_boxes_file(tmp_path, server, weights):
     boxes = {"rgb": [[0, 0, 64, 48], [5, 5, 20, 30]], "big": [[10, 10, 600, 470]], "gray": [[0, 0, 500, 500]]}
     (tmp_path / "boxes.json").write_text(json.dumps(boxes))
     proc = run_cli(
-        "extract",
-        "--images",
-        folder,
-        "--weights",
-        weights,
-        "--detector",
-        "tiny",
-        "--given-boxes",
-        tmp_path / "boxes.json",
-        "--out",
-        tmp_path / "s",
-        "--dtype",
-        "float32",
+        *extract_args(
+            tmp_path / "s", images=folder, weights=weights, given_boxes=tmp_path / "boxes.json", dtype="float32"
+        )
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     store = FeatureStore.open(tmp_path / "s")
@@ -227,19 +169,7 @@ def test_given_boxes_file(tmp_path, server, weights):
     assert stats["failures"] == {"invalid record": 1} and stats["failed_images"][0]["image_id"] == "gray"
     assert store.manifest.provenance["box_policy"].startswith("given boxes from boxes.json")
     (tmp_path / "bad.json").write_text(json.dumps({"x": [[5, 5, 1, 1]]}))
-    proc = run_cli(
-        "extract",
-        "--images",
-        folder,
-        "--weights",
-        weights,
-        "--detector",
-        "tiny",
-        "--given-boxes",
-        tmp_path / "bad.json",
-        "--out",
-        tmp_path / "t",
-    )
+    proc = run_cli(*extract_args(tmp_path / "t", images=folder, weights=weights, given_boxes=tmp_path / "bad.json"))
     assert proc.returncode == 2 and "x1 <= x2" in proc.stderr
 
 
@@ -260,23 +190,9 @@ def test_a_dead_detector_actor_is_replaced_and_its_shard_retried(tmp_path, weigh
             sys.executable,
             "-m",
             "pipeline.cli",
-            "extract",
-            "--dataset",
-            "conceptual_captions",
-            "--input",
-            str(tsv),
-            "--weights",
-            str(weights),
-            "--detector",
-            "tiny",
-            "--boxes",
-            "5",
-            "--out",
-            str(out),
-            "--shard-size",
-            "3",
-            "--threads",
-            "1",
+            *extract_args(
+                out, dataset="conceptual_captions", input=tsv, weights=weights, boxes=5, shard_size=3, threads=1
+            ),
             *NET,
         ]
         proc = subprocess.Popen(args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -302,27 +218,9 @@ def test_extract_where_all_failed_exits_1_and_retry_failed_extracts_them_once(tm
     tsv = tmp_path / "val.tsv"
     write_tsv(tsv, urls)
     out = tmp_path / "feats"
-    common = [
-        "extract",
-        "--dataset",
-        "conceptual_captions",
-        "--input",
-        tsv,
-        "--weights",
-        weights,
-        "--detector",
-        "tiny",
-        "--boxes",
-        "5",
-        "--out",
-        out,
-        "--shard-size",
-        "2",
-        "--workers",
-        "2",
-        "--threads",
-        "2",
-    ]
+    common = extract_args(
+        out, dataset="conceptual_captions", input=tsv, weights=weights, boxes=5, shard_size=2, workers=2, threads=2
+    )
     proc = run_cli(*common)  # loopback is refused by default: every image fails
     assert proc.returncode == 1 and "private address x 4" in proc.stderr and "--allow-private-network" in proc.stderr
     summary = json.loads((out / "extract_summary.json").read_text())
@@ -360,9 +258,7 @@ def test_extract_reads_img2dataset_files_output(tmp_path):
     from test_image_shards import write_img2dataset_files_output
 
     source = write_img2dataset_files_output(tmp_path / "i2d")
-    proc = run_cli(
-        "extract", "--images", source, "--random-weights", "--detector", "tiny", "--boxes", "4", "--out", tmp_path / "s"
-    )
+    proc = run_cli(*extract_args(tmp_path / "s", images=source, boxes=4))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert sorted(FeatureStore.open(tmp_path / "s").ids()) == ["000000000", "000000002", "000010000"]
 
@@ -456,10 +352,7 @@ def test_the_newer_backends_extract_downloads_on_ray(tmp_path, server, detector,
         source = tmp_path / "val.tsv"
         write_tsv(source, urls)
     out = tmp_path / "feats"
-    proc = run_cli(
-        "extract", "--dataset", dataset, "--input", source, "--detector", detector, "--random-weights",
-        "--out", out, "--shard-size", "2", *extra, *NET,
-    )  # fmt: skip
+    proc = run_cli(*extract_args(out, dataset=dataset, input=source, detector=detector, shard_size=2), *extra, *NET)
     assert proc.returncode == 0, proc.stderr[-3000:]
     store = FeatureStore.open(out)
     assert len(store) == 3 and verify_store(out).ok
@@ -476,9 +369,8 @@ def test_a_weights_file_of_another_family_is_refused_before_any_work(tmp_path, w
     (tmp_path / "images").mkdir()
     for detector in ("vinvl-tiny", "grid-tiny"):
         proc = run_cli(
-            "extract", "--images", tmp_path / "images", "--detector", detector, "--weights", weights,
-            "--out", tmp_path / detector,
-        )  # fmt: skip
+            *extract_args(tmp_path / detector, images=tmp_path / "images", detector=detector, weights=weights)
+        )
         assert proc.returncode == 2, proc.stderr[-2000:]
         assert "a butd-c4 weights file (its key names), not a" in proc.stderr and "--detector vg-r101" in proc.stderr
         assert not (tmp_path / detector).exists()
@@ -498,6 +390,6 @@ def test_options_a_backend_cannot_take_are_named_before_any_work(tmp_path, args,
     labelmap = tmp_path / "labelmap.json"
     labelmap.write_text(json.dumps({"label_to_idx": {"a": 1, "b": 2, "c": 3}, "attribute_to_idx": {}}))
     args = [str(labelmap) if a == "LABELMAP" else a for a in args]
-    proc = run_cli("extract", "--images", tmp_path / "images", "--random-weights", "--out", tmp_path / "out", *args)
+    proc = run_cli(*extract_args(tmp_path / "out", images=tmp_path / "images", detector=None), *args)
     assert proc.returncode == 2 and message in proc.stderr, proc.stderr[-2000:]
     assert not (tmp_path / "out").exists()

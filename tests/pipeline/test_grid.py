@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import load_reference
+from helpers import extract_args, load_reference
 
 from pipeline.detect.backends import BACKENDS, Detector, build_extractor, load_model, resolve
 from pipeline.detect.backends.grid.config import GridConfig
@@ -228,9 +228,8 @@ def test_a_grid_store_is_replayed_bitwise(checkpoint, tmp_path):
     for i, rgb in enumerate(REF.images()):
         Image.fromarray(rgb).save(folder / f"im{i}.png")
     proc = run_cli(
-        "extract", "--images", folder, "--detector", "grid-tiny", "--weights", checkpoint, "--grid-pool", "2x3",
-        "--out", tmp_path / "store",
-    )  # fmt: skip
+        *extract_args(tmp_path / "store", images=folder, detector="grid-tiny", weights=checkpoint, grid_pool="2x3")
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     store = FeatureStore.open(tmp_path / "store", dtype="float32")
     assert store.manifest.provenance["box_policy"] == "grid cells pooled to 2x3"

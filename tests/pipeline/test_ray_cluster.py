@@ -25,7 +25,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 from detector_layouts import random_weights, write_d2_pickle
-from helpers import REPO
+from helpers import REPO, extract_args
 from image_server import ImageServer, write_tsv
 from interpreter import running_env
 from ray_cluster import ray_cluster
@@ -276,8 +276,8 @@ def test_the_node_holding_the_detector_actor_is_killed_and_the_actor_restarts_on
     for i in range(16):
         (folder / f"im{i:02d}.jpg").write_bytes(slow_server.corpus["big.jpg" if i % 2 else "rgb.jpg"][0])
     out = tmp_path / "feats"
-    args = ["--weights", weights, "--detector", "tiny", "--boxes", "5", "--shard-size", "2", "--actors", "1"]
-    driver = start(cluster, vlprep(cluster, "extract", "--images", folder, "--out", out, *args))
+    args = extract_args(out, images=folder, weights=weights, boxes=5, shard_size=2, actors=1)
+    driver = start(cluster, vlprep(cluster, *args))
     wait_for(lambda: shard_stats(out / "extract") or driver.poll() is not None, "a first extracted shard", cluster)
     first = shard_stats(out / "extract")[0]["node_id"]
     cluster.node_of(first).kill()

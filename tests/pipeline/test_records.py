@@ -5,7 +5,8 @@ import pytest
 from helpers import make_record
 
 from pipeline.errors import InvalidRecordError
-from pipeline.records import RegionFeatures, labels_from_probs, pad_regions, validate_record
+from pipeline.records import RegionFeatures, labels_from_probs, validate_record
+from pipeline.store.buffer import pad_regions
 
 
 def _simple() -> RegionFeatures:

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from pipeline.datasets import Malformed, read_items
+from pipeline.download.source_item import SourceItem
 from pipeline.errors import ConfigError
 from pipeline.mixture.sources import ImageIds, TextItem, read_coco_captions, read_conceptual_captions, read_vg_regions
-from pipeline.records import SourceItem
 from pipeline.sources.base import EMPTY_TEXT, NULL_TEXT, Skip, clean_text
 from pipeline.sources.jsonstream import iter_json
 

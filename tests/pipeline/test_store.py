@@ -12,8 +12,9 @@ import torch
 from helpers import REPO, assert_same_record, make_record, make_records, run_cli
 
 from pipeline.errors import BusyError, ConfigError, InvalidRecordError, StoreError
-from pipeline.records import RegionFeatures, pad_regions
+from pipeline.records import RegionFeatures
 from pipeline.store import FeatureStore, FeatureStoreWriter, verify_store, write_records
+from pipeline.store.buffer import pad_regions
 from pipeline.store.index import INDEX_FILE, IdIndex
 
 BACKENDS = ["arrow", "lmdb"]

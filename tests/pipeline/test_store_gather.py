@@ -11,8 +11,9 @@ from helpers import make_record
 
 import pipeline.store.index as index_module
 import pipeline.store.store as store_module
-from pipeline.records import OPTIONAL_ARRAYS, pad_regions
+from pipeline.records import OPTIONAL_ARRAYS
 from pipeline.store import FeatureStore, write_records
+from pipeline.store.buffer import pad_regions
 
 BACKENDS = ["arrow", "lmdb"]
 FIELDS = ("image_ids", "features", "positions", "mask", "num_regions", *OPTIONAL_ARRAYS)

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from helpers import REPO, make_records, run_cli
 
-from pipeline.records import pad_regions
 from pipeline.store import FeatureStore, Manifest, verify_store, write_records
+from pipeline.store.buffer import pad_regions
 from pipeline.store.store import build_index
 from pipeline.store.verify import sample_positions
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import load_reference
+from helpers import extract_args, load_reference
 from torchvision.ops import box_iou
 
 from pipeline.detect.backends import BACKENDS, build_extractor, load_model, resolve
@@ -261,9 +261,15 @@ def test_a_vinvl_store_is_extracted_on_ray_and_replayed_bitwise(checkpoint, tmp_
         Image.fromarray(rgb).save(folder / f"im{i}.png")
     labels = _labelmap(tmp_path / "labelmap.json", 13, 8)
     proc = run_cli(
-        "extract", "--images", folder, "--detector", "vinvl-tiny", "--weights", checkpoint, "--labelmap", labels,
-        "--out", tmp_path / "store", "--policy", "class-agnostic",
-    )  # fmt: skip
+        *extract_args(
+            tmp_path / "store",
+            images=folder,
+            detector="vinvl-tiny",
+            weights=checkpoint,
+            labelmap=labels,
+            policy="class-agnostic",
+        )
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     store = FeatureStore.open(tmp_path / "store", dtype="float32")
     prov = store.manifest.provenance

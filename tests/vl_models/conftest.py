@@ -1,11 +1,14 @@
-"""Fixtures of the model and trainer tests: a small store and mixture built with our tools."""
+"""Fixtures of the model and trainer tests: a small store and mixture built with our tools, and
+the transfer tests' task world."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
 import yaml
 from helpers import make_record
+from task_files import build_task_world
 
 from pipeline.mixture.build import MixtureSpec, build_mixture
 from pipeline.store import write_records
@@ -66,3 +69,11 @@ def data(tmp_path_factory):
     )
     build_mixture(MixtureSpec.load(root / "spec.yaml"), root / "mix", stores=(root / "feats",))
     return root
+
+
+@pytest.fixture(scope="session")
+def world(tmp_path_factory) -> Path:
+    """The task world (`task_files.build_task_world`: the store, the official files, every
+    task's dataset), built once per test process and shared by the transfer tests: read it;
+    a test that changes a file changes a copy in its tmp_path."""
+    return build_task_world(tmp_path_factory.mktemp("tasks"))

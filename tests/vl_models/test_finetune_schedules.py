@@ -8,7 +8,6 @@ import json
 import pytest
 import torch
 from helpers import run_vltrain
-from task_files import write_task_world
 from train_helpers import VOCAB, finetune_config
 
 from pipeline.errors import ConfigError
@@ -17,7 +16,6 @@ from vl_models import transfer
 from vl_models.config import FinetuneConfig
 from vl_models.train import checkpoint
 from vl_models.train.recipes import FINETUNE_RECIPE_DIR, load_recipe
-from vl_models.transfer.build import build_task
 from vl_models.transfer.finetune import run_finetune
 from vl_models.transfer.task import Row
 
@@ -59,15 +57,6 @@ def test_finetune_recipes_hold_the_published_numbers_each_cited(name):
         if line and not line.startswith("#"):
             assert any(f"[{tag}" in line for tag in ("code", "bash", "yml", "readme")), f"uncited: {line}"
     assert sorted(p.stem for p in FINETUNE_RECIPE_DIR.glob("*.yaml")) == sorted(PUBLISHED)
-
-
-@pytest.fixture(scope="module")
-def world(tmp_path_factory):
-    root = tmp_path_factory.mktemp("tasks")
-    files = write_task_world(root)
-    for name in ("vqa", "nlvr2", "flickr30k"):
-        build_task(transfer.get(name), files[name], root / name, image_map=files["image_map"])
-    return root
 
 
 def _flags(world, out, *tasks):

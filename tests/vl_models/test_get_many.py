@@ -6,8 +6,8 @@ import pytest
 import torch
 from train_helpers import VOCAB
 
-from pipeline.records import pad_regions
 from pipeline.store import FeatureStore, write_records
+from pipeline.store.buffer import pad_regions
 from vl_models import families
 from vl_models.config import DataSettings
 from vl_models.data.dataset import PretrainDataset, collate

@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 import yaml
-from helpers import run_cli, run_vltrain
+from helpers import extract_args, run_cli, run_vltrain
 from PIL import Image
 from train_helpers import pretrain_args
 
@@ -19,8 +19,8 @@ from pipeline.store import FeatureStore
 IDS = [9, 25, 30, 42, 51, 52]
 
 
-def extracted_data(root, *extract_args):
-    """A store of six images extracted with `extract_args` (random weights) and a caption
+def extracted_data(root, *flags):
+    """A store of six images extracted with `flags` (random weights) and a caption
     mixture over them, made with our commands."""
     images = root / "images"
     images.mkdir()
@@ -29,7 +29,7 @@ def extracted_data(root, *extract_args):
     for k, stem in enumerate(stems):
         size = (120 + 20 * k, 160 - 10 * k, 3)
         Image.fromarray(rng.integers(0, 256, size, dtype=np.uint8)).save(images / f"{stem}.png")
-    proc = run_cli("extract", "--images", images, "--random-weights", "--out", root / "feats", *extract_args)
+    proc = run_cli(*extract_args(root / "feats", images=images, detector=None), *flags)
     assert proc.returncode == 0, proc.stderr[-3000:]
     (root / "captions_train2014.json").write_text(
         json.dumps(

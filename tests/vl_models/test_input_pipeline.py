@@ -10,19 +10,15 @@ import subprocess
 import sys
 import time
 
-import pytest
 import torch
 from helpers import REPO
-from task_files import write_task_world
 from train_helpers import config, finetune_config
 
 from pipeline.io import exclusive_lock
-from vl_models import transfer
 from vl_models.config import TrainConfig
 from vl_models.data.loader import Consumed, EpochBatches, default_workers, loader_batches
 from vl_models.data.sampler import ResumableSampler, TaskBatchSampler
 from vl_models.train.trainer import run
-from vl_models.transfer.build import build_task
 from vl_models.transfer.finetune import run_finetune
 
 
@@ -69,19 +65,11 @@ def test_a_resume_with_workers_on_is_bit_exact(data, tmp_path):
     _same(_weights(straight / "run"), _weights(split / "run"))
 
 
-@pytest.fixture(scope="module")
-def vqa_world(tmp_path_factory):
-    root = tmp_path_factory.mktemp("tasks")
-    files = write_task_world(root)
-    build_task(transfer.get("vqa"), files["vqa"], root / "vqa", image_map=files["image_map"], min_count=1)
-    return root
-
-
-def test_finetuning_is_the_same_with_any_number_of_workers(vqa_world, tmp_path):
+def test_finetuning_is_the_same_with_any_number_of_workers(world, tmp_path):
     outs = []
     for workers in (0, 2):
         out = tmp_path / f"w{workers}"
-        run_finetune(finetune_config(vqa_world, out, steps=6, checkpoint_every=6, workers=workers))
+        run_finetune(finetune_config(world, out, steps=6, checkpoint_every=6, workers=workers))
         outs.append(out)
     assert _losses(outs[0]) == _losses(outs[1])
     _same(_weights(outs[0]), _weights(outs[1]))

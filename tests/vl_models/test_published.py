@@ -13,7 +13,6 @@ import pytest
 import torch
 import transformers
 from helpers import REPO, run_vltrain
-from task_files import write_task_world
 from train_helpers import VOCAB
 
 from pipeline.errors import ConfigError
@@ -23,7 +22,6 @@ from vl_models import families, transfer
 from vl_models.config import DataSettings, FinetuneConfig
 from vl_models.data.tokenize import WordPiece, bundled_bert_vocab
 from vl_models.train import checkpoint
-from vl_models.transfer.build import build_task
 from vl_models.transfer.dataset import TaskDataset
 from vl_models.transfer.finetune import run_finetune
 from vl_models.transfer.published import AIRSPLAY, HF_QA, read_published
@@ -40,16 +38,6 @@ def _module(name: str, path):
 
 reference = _module("airsplay_lxmert", REPO / "tests" / "reference" / "airsplay_lxmert.py")  # the fixture's maker
 finetune_step = _module("finetune_step", REPO / "bench" / "finetune_step.py")  # transformers' QA call
-
-
-@pytest.fixture(scope="module")
-def world(tmp_path_factory):
-    root = tmp_path_factory.mktemp("published")
-    files = write_task_world(root)
-    for name in ("vqa", "nlvr2"):
-        min_count = 1 if name == "vqa" else None
-        build_task(transfer.get(name), files[name], root / name, image_map=files["image_map"], min_count=min_count)
-    return root
 
 
 def _hf_config(world, answers: int) -> transformers.LxmertConfig:

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 from helpers import REPO, run_vltrain
-from task_files import DIM, write_task_world
+from task_files import DIM
 from train_helpers import VOCAB
 
 from pipeline.errors import ConfigError
@@ -191,17 +191,6 @@ def test_loading_is_strict_and_names_the_keys(tmp_path):
         read_published(_saved(tmp_path, shapes), "vilbert-tiny").transfer_model(transfer.get("vcr"), 0)
     note = read_published(_saved(tmp_path, shapes), "vilbert-tiny").note(vqa)
     assert "its vil_prediction head" in note and "linguisic_logit" in note and "q_dense" in note
-
-
-@pytest.fixture(scope="module")
-def world(tmp_path_factory):
-    root = tmp_path_factory.mktemp("published-vilbert")
-    files = write_task_world(root)
-    for name in ("nlvr2", "flickr30k"):
-        build_task(transfer.get(name), files[name], root / name, image_map=files["image_map"])
-    config = {**families.load_config("vilbert-tiny").to_json(), "model_type": "vilbert", "v_feature_size": DIM}
-    (root / "tiny.json").write_text(json.dumps({**config, "name": "vilbert-tiny-16"}))
-    return root
 
 
 def _world_checkpoint(world, tmp_path) -> str:

@@ -7,25 +7,15 @@ with a fine-tuned head: `test_transfer.py`."""
 
 import pytest
 from retrieval_helpers import assert_scores_as_full_forwards, spy_on_pair_scores
-from task_files import write_task_world
 from train_helpers import finetune_config
 
-from vl_models import load_predictor, transfer
+from vl_models import load_predictor
 from vl_models.predict import StoreImage
 from vl_models.predict import predictor as predict_module
 from vl_models.transfer import evaluate as ev
-from vl_models.transfer.build import build_task
 from vl_models.transfer.finetune import run_finetune
 
 FAMILIES = ("lxmert-tiny", "vilbert-tiny")
-
-
-@pytest.fixture(scope="module")
-def world(tmp_path_factory):
-    root = tmp_path_factory.mktemp("retrieval")
-    files = write_task_world(root)
-    build_task(transfer.get("flickr30k"), files["flickr30k"], root / "flickr30k", image_map=files["image_map"])
-    return root
 
 
 @pytest.fixture(scope="module", params=FAMILIES)

@@ -12,7 +12,7 @@ import pytest
 import torch
 from helpers import REPO, free_port, run_cli, run_vltrain
 from retrieval_helpers import assert_scores_as_full_forwards, full_pair_scores, spy_on_pair_scores
-from task_files import COLORS, IMAGES, write_task_world
+from task_files import COLORS, IMAGES
 from train_helpers import VOCAB, finetune_config, no_dropout_config
 
 from pipeline.errors import ConfigError
@@ -26,18 +26,6 @@ from vl_models.transfer.evaluate import evaluate_checkpoint
 from vl_models.transfer.finetune import run_finetune
 
 TASKS = ("vqa", "gqa", "nlvr2", "flickr30k", "refcoco+", "vcr")
-
-
-@pytest.fixture(scope="module")
-def world(tmp_path_factory):
-    root = tmp_path_factory.mktemp("tasks")
-    files = write_task_world(root)
-    for name in TASKS:
-        image_map = root / "files" / "refcoco+" / "image_map.tsv" if name == "refcoco+" else files["image_map"]
-        build_task(
-            transfer.get(name), files[name], root / name, image_map=image_map, min_count=1 if name == "vqa" else None
-        )
-    return root
 
 
 def settings(world, tmp_path, tasks, model="lxmert-tiny", **kw):

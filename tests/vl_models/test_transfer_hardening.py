@@ -10,27 +10,16 @@ import stat
 import pytest
 import torch
 from helpers import run_vltrain
-from task_files import write_task_world
 from train_helpers import VOCAB, config, finetune_config
 
 from pipeline.errors import EXIT_CONFIG, EXIT_DATA, CheckpointError, ConfigError
 from pipeline.io import OUTPUT_MARKER
-from vl_models import transfer
 from vl_models.config import FinetuneConfig
 from vl_models.models.weights import load_exported, read_state_dict
 from vl_models.train import checkpoint
 from vl_models.train.trainer import run
-from vl_models.transfer.build import build_task
 from vl_models.transfer.evaluate import evaluate_checkpoint
 from vl_models.transfer.finetune import run_finetune
-
-
-@pytest.fixture(scope="module")
-def world(tmp_path_factory):
-    root = tmp_path_factory.mktemp("tasks")
-    files = write_task_world(root)
-    build_task(transfer.get("vqa"), files["vqa"], root / "vqa", image_map=files["image_map"], min_count=1)
-    return root
 
 
 def settings(world, out, **kw) -> FinetuneConfig:

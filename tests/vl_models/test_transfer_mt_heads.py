@@ -15,7 +15,7 @@ import safetensors.torch
 import torch
 import torch.nn.functional as F
 from helpers import REPO, run_vltrain
-from task_files import DIM, write_task_world
+from task_files import DIM
 from train_helpers import VOCAB, finetune_config
 
 from pipeline.errors import ConfigError
@@ -28,33 +28,12 @@ from vl_models.models.weights import load_exported
 from vl_models.train import checkpoint
 from vl_models.train.optim import param_groups
 from vl_models.train.recipes import FINETUNE_RECIPE_DIR, load_recipe
-from vl_models.transfer.build import build_task
 from vl_models.transfer.dataset import TaskDataset
 from vl_models.transfer.evaluate import evaluate_checkpoint
 from vl_models.transfer.finetune import run_finetune
 from vl_models.transfer.heads import ChoiceHead, RegionHead, RetrievalHead, build_transfer_model, run_heads
 
 TABLE = "bert.embeddings.task_embeddings.weight"
-
-
-@pytest.fixture(scope="module")
-def world(tmp_path_factory):
-    root = tmp_path_factory.mktemp("mt-heads")
-    files = write_task_world(root)
-    for name in ("vqa", "nlvr2", "flickr30k"):
-        build_task(
-            transfer.get(name),
-            files[name],
-            root / name,
-            image_map=files["image_map"],
-            min_count=1 if name == "vqa" else None,
-        )
-    refs = root / "files" / "refcoco+" / "image_map.tsv"
-    for name in ("refcoco+", "refcoco"):  # the same refs file read as either task
-        build_task(transfer.get(name), files["refcoco+"], root / name, image_map=refs)
-    config = {**families.load_config("vilbert-tiny").to_json(), "model_type": "vilbert", "v_feature_size": DIM}
-    (root / "tiny.json").write_text(json.dumps({**config, "name": "vilbert-tiny-16"}))
-    return root
 
 
 def _settings(world, out, tasks, **kw):

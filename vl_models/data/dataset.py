@@ -17,8 +17,8 @@ import torch
 
 from pipeline.errors import ConfigError
 from pipeline.mixture import Mixture
-from pipeline.records import RegionBuffer, empty_array, img_token_feature, pad_regions
 from pipeline.store import FeatureStore
+from pipeline.store.buffer import RegionBuffer, empty_array, img_token_feature, pad_regions
 from vl_models.config import DataSettings
 from vl_models.data.loader import drawn
 from vl_models.data.masking import mask_regions, mask_tokens, mismatch, overlapping, sample_answer

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from pipeline.errors import ConfigError
-from pipeline.records import RegionBatch
+from pipeline.store.buffer import RegionBatch
 from pipeline.store.layout import StoreLayout
 from vl_models.data.masking import RegionMasking
 

@@ -32,8 +32,9 @@ import numpy as np
 import torch
 
 from pipeline.errors import ConfigError
-from pipeline.records import RegionFeatures, pad_regions
+from pipeline.records import RegionFeatures
 from pipeline.store import FeatureStore
+from pipeline.store.buffer import pad_regions
 from pipeline.task_data import TaskData
 from vl_models.config import DataSettings
 from vl_models.data.dataset import check_region_slots

@@ -31,9 +31,9 @@ from __future__ import annotations
 import bisect
 import logging
 import math
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -46,6 +46,7 @@ from vl_models import distributed, transfer
 from vl_models.config import FinetuneConfig
 from vl_models.data.loader import loader_batches
 from vl_models.data.sampler import TaskBatchSampler
+from vl_models.families import ModelFamily
 from vl_models.models.configuration import check_text_length
 from vl_models.models.weights import copy_answer_rows, init_pretraining
 from vl_models.train import run_folder, runlog
@@ -62,7 +63,7 @@ from vl_models.train.trainer import (
 from vl_models.transfer.dataset import TaskDataset, check_given_stores
 from vl_models.transfer.evaluate import predict
 from vl_models.transfer.heads import TransferModel, build_transfer_model, shared_heads
-from vl_models.transfer.published import read_published
+from vl_models.transfer.published import Published, read_published
 from vl_models.transfer.retrieval import with_hard_negatives
 from vl_models.transfer.runs import backbone_state, is_finetuned, model_of, our_run
 
@@ -98,37 +99,111 @@ def run_finetune(cfg: FinetuneConfig, on_step: Optional[Callable[[int, dict, int
     if cfg.transfer.hard_negatives:
         tasks = with_hard_negatives(tasks, Path(cfg.transfer.hard_negatives))
     datas = [TaskData.open(path, task=t.name) for t, path in zip(tasks, cfg.task_data)]
-    source, run = our_run(cfg.init)
-    published = None if run else read_published(cfg.init, cfg.model)
-    old_answers = _init_answers(cfg, run)
-    if published is not None:
-        published.check_store(FeatureStore.open(cfg.stores[0]).layout)
-        family, mcfg = published.family, published.mcfg
-    else:
-        family, mcfg = model_of(cfg.model, run, cfg.stores[0], len(old_answers or ()))
-    given_mcfg = mcfg
-    if cfg.transfer.task_tokens:
-        mcfg = family.with_task_tokens(mcfg)
-    new_table = mcfg != given_mcfg  # not in the --init model: left as the model starts it
+    start = _Start.of(cfg)
+    family = start.family
     # recorded resolved: evaluate, predict and a later resume build the heads trained here (`heads.run_heads`)
     cfg = cfg.with_(retrieval_head=cfg.transfer.retrieval_head or family.retrieval_head)
-    vocab = cfg.vocab or (run and run["train"].get("vocab")) or (published and str(published.vocab))
-    if not vocab:
-        raise ConfigError("--vocab: name the vocab (there is no --init run of ours to take it from)")
-    cfg = absolute_paths(cfg.with_(vocab=str(vocab)))  # recorded: a run fine-tuned from this one finds it
-    stores, given = [Path(s) for s in cfg.stores], [Path(s) for s in cfg.given_stores]
-    check_given_stores(tasks, given, training=True)
-    per_task = cfg.transfer.of_task
-    batch_sizes = [per_task("task_batch", t.name, cfg.optim.batch_size) for t in tasks]
+    cfg = absolute_paths(cfg.with_(vocab=str(start.vocab)))  # recorded: a run fine-tuned from this one finds it
+    check_given_stores(tasks, [Path(s) for s in cfg.given_stores], training=True)
+    batch_sizes = [cfg.transfer.of_task("task_batch", t.name, cfg.optim.batch_size) for t in tasks]
+    _check_text_lengths(cfg, tasks, start)
+    views, vals = _views(cfg, tasks, datas, family, Path(start.vocab))
+    _check_data(cfg, views, vals, batch_sizes, world)
+    check_vocab(views[0].tokenizer, start.mcfg)
+    sampler = TaskBatchSampler(
+        [len(v) for v in views],
+        batch_sizes,
+        rank,
+        world,
+        cfg.run.seed,
+        cfg.transfer.task_sampling,
+        lengths=[v.text_lengths() for v in views] if cfg.data.group_by_length else None,
+    )
+    cfg = _schedule(cfg, len(sampler))
+    known = {t.metric: "max" for t, v in zip(tasks, vals) if v is not None}
+    spec = cfg.run.best_metric or next(iter(known), None)
+    best_metric = (
+        BestMetric.parse(spec, known, f"the tasks with a validation split ({', '.join(known) or 'none'})")
+        if spec
+        else None
+    )
+    torch.manual_seed(cfg.run.seed)  # every check passed: build the model
+    model = build_transfer_model(
+        family,
+        start.mcfg,
+        tasks,
+        datas,
+        pair_loss=cfg.transfer.nlvr2_loss or family.pair_loss,
+        retrieval_head=cfg.transfer.retrieval_head,
+    )
+    # the new task-token table as initialized: filled in where the --init checkpoint has none
+    fresh = (
+        {family.task_token_table: model.backbone.state_dict()[family.task_token_table].clone()}
+        if start.new_table
+        else {}
+    )
+    job = _job(cfg, model, tasks, views, vals, sampler, device, validates=bool(known))
+    resolved = _resolved(cfg, start, tasks, datas, views[0].tokenizer.path, world)
+    init = _initializer(cfg, model, start, tasks, datas, fresh) if cfg.init else None
+    return launch(cfg, model, resolved, job, device, best_metric, on_step, init)
+
+
+@dataclass
+class _Start:
+    """What --init gives the run: the run folder or checkpoint of ours it names (`source`; its
+    record: `run`) or the published checkpoint (`published`), the answer table of its QA head,
+    the model family and config (with --task-tokens' table; `new_table`: --init has none) and
+    the vocab (--vocab, else --init's)."""
+
+    source: Optional[Path]
+    run: Optional[dict]
+    published: Optional[Published]
+    old_answers: Optional[list[str]]
+    family: ModelFamily
+    mcfg: Any
+    new_table: bool
+    vocab: str
+
+    @classmethod
+    def of(cls, cfg: FinetuneConfig) -> "_Start":
+        source, run = our_run(cfg.init)
+        published = None if run else read_published(cfg.init, cfg.model)
+        old_answers = _init_answers(cfg, run)
+        if published is not None:
+            published.check_store(FeatureStore.open(cfg.stores[0]).layout)
+            family, mcfg = published.family, published.mcfg
+        else:
+            family, mcfg = model_of(cfg.model, run, cfg.stores[0], len(old_answers or ()))
+        given_mcfg = mcfg
+        if cfg.transfer.task_tokens:
+            mcfg = family.with_task_tokens(mcfg)
+        new_table = mcfg != given_mcfg  # not in the --init model: left as the model starts it
+        vocab = cfg.vocab or (run and run["train"].get("vocab")) or (published and str(published.vocab))
+        if not vocab:
+            raise ConfigError("--vocab: name the vocab (there is no --init run of ours to take it from)")
+        return cls(source, run, published, old_answers, family, mcfg, new_table, vocab)
+
+
+def _check_text_lengths(cfg: FinetuneConfig, tasks, start: _Start) -> None:
+    """Each task's text length (--task-max-text, else --max-text, the task's or the family's)
+    fits the model."""
     for t in tasks:
-        length = per_task("task_max_text", t.name, cfg.data.max_text) or t.max_text or family.max_text
+        length = cfg.transfer.of_task("task_max_text", t.name, cfg.data.max_text) or t.max_text or start.family.max_text
         named = t.name in cfg.transfer.task_max_text
-        check_text_length(mcfg, length, f"--task-max-text {t.name}={length}" if named else f"--max-text {length}")
+        check_text_length(start.mcfg, length, f"--task-max-text {t.name}={length}" if named else f"--max-text {length}")
+
+
+def _views(
+    cfg: FinetuneConfig, tasks, datas, family: ModelFamily, vocab: Path
+) -> tuple[list[TaskDataset], list[Optional[TaskDataset]]]:
+    """Each task's training view, and its validation view (None where its data has no such split)."""
+    stores, given = [Path(s) for s in cfg.stores], [Path(s) for s in cfg.given_stores]
+    per_task = cfg.transfer.of_task
 
     def view(t: int, split: str, train: bool) -> TaskDataset:
         data = replace(cfg.data, max_text=per_task("task_max_text", tasks[t].name, cfg.data.max_text))
         return TaskDataset(
-            datas[t], tasks[t], stores, Path(vocab), family, data, split, cfg.run.seed, train, t, given_stores=given
+            datas[t], tasks[t], stores, vocab, family, data, split, cfg.run.seed, train, t, given_stores=given
         )
 
     splits = [
@@ -141,74 +216,26 @@ def run_finetune(cfg: FinetuneConfig, on_step: Optional[Callable[[int, dict, int
     _check_val_splits(cfg, tasks, datas)
     views = [view(t, train, True) for t, (train, _) in enumerate(splits)]
     vals = [view(t, val, False) if val in datas[t].splits else None for t, (_, val) in enumerate(splits)]
-    _check_data(cfg, views, vals, batch_sizes, world)
-    check_vocab(views[0].tokenizer, mcfg)
-    sampler = TaskBatchSampler(
-        [len(v) for v in views],
-        batch_sizes,
-        rank,
-        world,
-        cfg.run.seed,
-        cfg.transfer.task_sampling,
-        lengths=[v.text_lengths() for v in views] if cfg.data.group_by_length else None,
-    )
-    per_epoch = max(1, len(sampler) // cfg.optim.grad_accum)
+    return views, vals
+
+
+def _schedule(cfg: FinetuneConfig, batches: int) -> FinetuneConfig:
+    """--epochs as steps, and --eval-every 0 as once an epoch, over an epoch of `batches`."""
+    per_epoch = max(1, batches // cfg.optim.grad_accum)
     if cfg.optim.epochs is not None:
         cfg = cfg.with_(steps=max(1, math.ceil(cfg.optim.epochs * per_epoch)))
     if cfg.run.eval_every == 0:
         cfg = cfg.with_(eval_every=per_epoch)  # validation each epoch
-    known = {t.metric: "max" for t, v in zip(tasks, vals) if v is not None}
-    spec = cfg.run.best_metric or next(iter(known), None)
-    best_metric = (
-        BestMetric.parse(spec, known, f"the tasks with a validation split ({', '.join(known) or 'none'})")
-        if spec
-        else None
-    )
-    torch.manual_seed(cfg.run.seed)  # every check passed: build the model
-    model = build_transfer_model(
-        family,
-        mcfg,
-        tasks,
-        datas,
-        pair_loss=cfg.transfer.nlvr2_loss or family.pair_loss,
-        retrieval_head=cfg.transfer.retrieval_head,
-    )
-    # the new task-token table as initialized: filled in where the --init checkpoint has none
-    fresh = {family.task_token_table: model.backbone.state_dict()[family.task_token_table].clone()} if new_table else {}
+    return cfg
+
+
+def _job(cfg: FinetuneConfig, model: TransferModel, tasks, views, vals, sampler, device, validates: bool) -> Job:
+    """The trainer's job: one-task batches of the tasks' views, each task's head's loss
+    (scaled by --task-lr), validation of every task with a validation view."""
+    family = model.family
     # --task-lr: 12-in-1 runs the optimizer at the lowest task lr and scales each task's loss
     lr = cfg.optim.lr
-    loss_scale = {t.name: per_task("task_lr", t.name, lr) / lr if lr else 1.0 for t in tasks}
-    resolved = {
-        "train": cfg.to_json(),
-        "model": mcfg.to_json(),
-        "kind": family.name,
-        "tasks": list(cfg.tasks),
-        "answers": {t.name: run_folder.answers_digest(d) for t, d in zip(tasks, datas)},
-        "world_size": world,
-        "inputs": {
-            **run_folder.input_digests(None, stores, views[0].tokenizer.path),
-            "task_data": [run_folder.content_digest(d) for d in datas],
-        },
-    }
-
-    def init() -> str:
-        copy = cfg.transfer.copy_answers
-        if published is not None:
-            filled = replace(published, encoder={**fresh, **published.encoder})
-            said = _init_published(model, filled, tasks, datas, old_answers, copy)
-        elif is_finetuned(run):  # a fine-tuned backbone (its heads stay behind)
-            model.backbone.load_state_dict({**fresh, **backbone_state(source)})
-            said = f"the backbone of fine-tuning run {source}"
-        else:
-            said = init_pretraining(
-                model.backbone, source or Path(cfg.init), lambda m, state: family.load_checkpoint(m, {**fresh, **state})
-            )
-        if published is None and copy:
-            said += _copy_answers(model, family, tasks, datas, old_answers)
-        if fresh:
-            said += f"; task tokens: a new table of {mcfg.task_tokens} rows (--task-tokens)"
-        shared = [", ".join(names) for names in shared_heads(model).values()]
-        return said + (f"; one scoring layer shared by {'; by '.join(shared)}" if shared else "")
+    loss_scale = {t.name: cfg.transfer.of_task("task_lr", t.name, lr) / lr if lr else 1.0 for t in tasks}
 
     def loss(wrapped, batch, epoch, step):
         name = tasks[int(batch["task_id"][0])].name
@@ -224,16 +251,58 @@ def run_finetune(cfg: FinetuneConfig, on_step: Optional[Callable[[int, dict, int
         return scores
 
     data = _Tasks(views)
-    job = Job(
+    return Job(
         sampler=sampler,
         batches=lambda s, consumed, device: loader_batches(data, s, cfg, consumed, device, batched=True),
         loss=loss,
         checks=(*cfg.tasks, "total"),
-        validate=validate if known else None,
+        validate=validate if validates else None,
         compile_target=lambda m: family.backbone(m.backbone),
         lr_scale=_head_lr_scale(model, cfg),
     )
-    return launch(cfg, model, resolved, job, device, best_metric, on_step, init if cfg.init else None)
+
+
+def _resolved(cfg: FinetuneConfig, start: _Start, tasks, datas, vocab_path, world: int) -> dict:
+    """The run's record of its settings, model and inputs."""
+    return {
+        "train": cfg.to_json(),
+        "model": start.mcfg.to_json(),
+        "kind": start.family.name,
+        "tasks": list(cfg.tasks),
+        "answers": {t.name: run_folder.answers_digest(d) for t, d in zip(tasks, datas)},
+        "world_size": world,
+        "inputs": {
+            **run_folder.input_digests(None, [Path(s) for s in cfg.stores], vocab_path),
+            "task_data": [run_folder.content_digest(d) for d in datas],
+        },
+    }
+
+
+def _initializer(cfg: FinetuneConfig, model: TransferModel, start: _Start, tasks, datas, fresh: dict):
+    """What starts the model from --init (the trainer calls it on a new run, not on a resume):
+    it loads the weights and says what it did."""
+    family, published, source, old_answers = start.family, start.published, start.source, start.old_answers
+
+    def init() -> str:
+        copy = cfg.transfer.copy_answers
+        if published is not None:
+            filled = replace(published, encoder={**fresh, **published.encoder})
+            said = _init_published(model, filled, tasks, datas, old_answers, copy)
+        elif is_finetuned(start.run):  # a fine-tuned backbone (its heads stay behind)
+            model.backbone.load_state_dict({**fresh, **backbone_state(source)})
+            said = f"the backbone of fine-tuning run {source}"
+        else:
+            said = init_pretraining(
+                model.backbone, source or Path(cfg.init), lambda m, state: family.load_checkpoint(m, {**fresh, **state})
+            )
+        if published is None and copy:
+            said += _copy_answers(model, family, tasks, datas, old_answers)
+        if fresh:
+            said += f"; task tokens: a new table of {start.mcfg.task_tokens} rows (--task-tokens)"
+        shared = [", ".join(names) for names in shared_heads(model).values()]
+        return said + (f"; one scoring layer shared by {'; by '.join(shared)}" if shared else "")
+
+    return init
 
 
 def _head_lr_scale(model: TransferModel, cfg: FinetuneConfig) -> Optional[Callable[[str], float]]:
