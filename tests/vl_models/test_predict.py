@@ -24,6 +24,7 @@ from pipeline.mixture import Mixture
 from pipeline.store import FeatureStore
 from pipeline.task_data import TaskData
 from vl_models import load_predictor, transfer
+from vl_models.config import EvaluateConfig
 from vl_models.demo import _mixture, _task_datasets
 from vl_models.predict import PredictError, StoreImage
 from vl_models.train.trainer import run as run_pretraining
@@ -127,7 +128,7 @@ def test_every_task_predicts_what_evaluate_scores(shapes, predictor, tmp_path):
 
     def evaluated(task: str, split: str) -> Path:
         out = tmp_path / task
-        evaluate_checkpoint(task, str(run), shapes / "tasks" / task, split, out=out, given_stores=[])
+        evaluate_checkpoint(EvaluateConfig(task, str(run), shapes / "tasks" / task, split, out=out, given_stores=[]))
         return out
 
     # VQA: the answers of the official results file
@@ -203,7 +204,9 @@ def test_a_pretraining_run_answers_zero_shot(shapes, tmp_path):
     probability = p.match(image, "a red ball")
     assert 0 < probability < 1
     zero_shot = evaluate_checkpoint(
-        "flickr30k", str(shapes / "pretrained"), shapes / "tasks" / "flickr30k", "val", out=tmp_path, zero_shot=True
+        EvaluateConfig(
+            "flickr30k", str(shapes / "pretrained"), shapes / "tasks" / "flickr30k", "val", out=tmp_path, zero_shot=True
+        )
     )
     assert ranked(shapes, p) == pytest.approx(zero_shot["metrics"], abs=1e-9)  # the pair head, as --zero-shot
     with pytest.raises(PredictError, match="no head"):

@@ -50,7 +50,7 @@ def test_recipes_hold_the_published_numbers_each_cited(name):
 def _pretrain(data, tmp_path, *extra):
     args = [
         "pretrain",
-        "--shards",
+        "--stores",
         str(data / "feats"),
         "--mixture",
         str(data / "mix"),
@@ -147,7 +147,7 @@ def test_a_recipe_with_yaml_aliases_is_refused_at_once(data, tmp_path):
     levels = ["&l0 [" + ", ".join(["lol"] * 10) + "]"]
     levels += [f"&l{i} [" + ", ".join([f"*l{i - 1}"] * 10) + "]" for i in range(1, 7)]
     bad = tmp_path / "laughs.yaml"
-    bad.write_text("model: lxmert-tiny\nweight: [" + ", ".join(levels) + "]\n")
+    bad.write_text("model: lxmert-tiny\nloss_weight: [" + ", ".join(levels) + "]\n")
     _refused_in_one_line(_pretrain(data, tmp_path, "--recipe", str(bad)), "alias")
 
 
@@ -158,8 +158,8 @@ def test_a_recipe_with_yaml_aliases_is_refused_at_once(data, tmp_path):
         ("steps: null\n", ["steps"]),
         ("lr: [1.0e-4, 2.0e-4]\n", ["lr", "list"]),
         ("verify_shards: 1\n", ["verify_shards", "true or false"]),
-        ("weight: [[mlm, 1]]\n", ["weight"]),
-        ("weight: {mlm: [1]}\n", ["weight"]),
+        ("loss_weight: [[mlm, 1]]\n", ["loss_weight"]),
+        ("loss_weight: {mlm: [1]}\n", ["loss_weight"]),
         ("steps: " + "[" * 5000 + "]" * 5000 + "\n", ["nested deeper"]),  # RecursionError in the loader
         # PyYAML's own message spans several lines
         ("steps: [1, 2\nlr: 3\n", ["invalid YAML", "at line 3, column 3", "sequence begun at line 2"]),

@@ -12,6 +12,7 @@ from train_helpers import finetune_config
 
 from vl_models import load_predictor, transfer
 from vl_models import predict as predict_module
+from vl_models.config import EvaluateConfig
 from vl_models.predict import StoreImage
 from vl_models.transfer import evaluate as ev
 from vl_models.transfer.build import build_task
@@ -44,7 +45,7 @@ def assert_as_full_forwards(seen: dict) -> None:
 def test_zero_shot_evaluation_scores_as_full_forwards(world, run, tmp_path, monkeypatch):
     seen = spy_on_pair_scores(monkeypatch, ev)
     result = ev.evaluate_checkpoint(
-        "flickr30k", str(run), world / "flickr30k", "test", out=tmp_path / "z", zero_shot=True, limit=3
+        EvaluateConfig("flickr30k", str(run), world / "flickr30k", "test", out=tmp_path / "z", zero_shot=True, limit=3)
     )
     assert result["examples"] == 15 and seen["scores"].shape == (15, 3)
     assert_as_full_forwards(seen)

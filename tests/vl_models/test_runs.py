@@ -422,7 +422,7 @@ def test_every_train_config_field_has_a_flag_and_every_flag_a_field():
             assert not default and not param.default, name  # repeatable: none by default
         else:
             assert param.default == default, (name, param.default, default)
-    assert params["stores"].opts == ["--shards"] and params["weights"].opts == ["--weight"]
+    assert params["stores"].opts == ["--stores"] and params["weights"].opts == ["--loss-weight"]
     assert params["from_step"].opts == ["--task-from"]
 
 
