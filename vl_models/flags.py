@@ -15,7 +15,7 @@ from typing import Callable, Collection, Optional
 import typer
 
 from pipeline.cli_flags import Flag, Flags, or_none
-from pipeline.config import is_device
+from pipeline.config import flag, is_device
 from pipeline.errors import ConfigError
 from vl_models.config import (
     AMP,
@@ -154,6 +154,11 @@ def _pairs(flag: str, convert) -> Callable[[list[str]], dict]:
         return out
 
     return parse
+
+
+def _per_task(help: str, name: str, convert) -> Flag:
+    """A repeatable TASK=VALUE flag `name`: its items become {task: convert(value)} (`_pairs`)."""
+    return Flag(help, name=name, parse=_pairs(name, convert), many=True)
 
 
 def _count_or_auto(text: str) -> Optional[int]:
@@ -300,19 +305,17 @@ PRETRAIN_FLAGS = (
         TaskConfig,
         "Tasks",
         {
-            "weights": Flag(
+            "weights": _per_task(
                 "TASK=W: a task's loss weight (default 1; repeatable). Tasks: ViLBERT mlm, region, alignment; "
                 "LXMERT mlm, matching, obj, attr, feat, qa.",
-                name="--loss-weight",
-                parse=_pairs("--loss-weight", float),
-                many=True,
+                "--loss-weight",
+                float,
             ),
-            "from_step": Flag(
+            "from_step": _per_task(
                 "TASK=N: a task's loss is off for the first N optimizer steps (repeatable), e.g. alignment=1000 "
                 "to let the streams learn before the pair head trains.",
-                name="--task-from",
-                parse=_pairs("--task-from", int),
-                many=True,
+                "--task-from",
+                int,
             ),
             "visual_weighting": Flag(
                 "LXMERT obj/attr losses: confidence (reference) or masked.", choices=VISUAL_WEIGHTING
@@ -469,11 +472,7 @@ FINETUNE_FLAGS = (
                 parse=or_none,
             ),
             **{  # repeatable TASK=VALUE flags: 12-in-1's per-task settings
-                field: Flag(
-                    f"TASK={value} (repeatable): that task's {what}.",
-                    parse=_pairs("--" + field.replace("_", "-"), convert),
-                    many=True,
-                )
+                field: _per_task(f"TASK={value} (repeatable): that task's {what}.", flag(field), convert)
                 for field, convert, value, what in (
                     (
                         "task_lr",

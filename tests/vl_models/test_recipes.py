@@ -105,6 +105,20 @@ def test_every_recipe_value_reaches_the_run(data, tmp_path):
     assert train["verify_shards"] is True and train["seed"] == 5 and train["steps"] == 1
 
 
+def test_a_recipe_key_of_a_renamed_flag_is_read_as_the_flag_with_a_line(data, tmp_path):
+    """A recipe's weight (the former spelling of --loss-weight) still sets the loss weights, said
+    on stderr; with loss_weight beside it the recipe is refused."""
+    mine = tmp_path / "mine.yaml"
+    mine.write_text("model: lxmert-tiny\nweight: {mlm: 0.5}\nsteps: 1\nbatch_size: 4\n")
+    result = _pretrain(data, tmp_path, "--recipe", str(mine))
+    assert result.exit_code == 0, result.output
+    assert f"{mine}: weight is deprecated: use loss_weight" in result.stderr
+    train = flat_settings(json.loads((tmp_path / "run" / "config.json").read_text())["train"])
+    assert train["weights"] == {"mlm": 0.5}
+    mine.write_text("model: lxmert-tiny\nweight: {mlm: 0.5}\nloss_weight: {mlm: 2}\n")
+    _refused_in_one_line(_pretrain(data, tmp_path, "--recipe", str(mine)), "weight and loss_weight are one option")
+
+
 def test_a_recipe_file_is_checked(data, tmp_path):
     bad = tmp_path / "mine.yaml"
     bad.write_text("model: lxmert-tiny\nlearning_rate: 0.1\n")

