@@ -230,19 +230,7 @@ def evaluate_checkpoint(cfg: EvaluateConfig, progress: Progress = None) -> dict:
         raise ConfigError(f"--checkpoint {source} does not exist")
     data = TaskData.open(cfg.data, task=task.name)
     ckpt, run = our_run(source, role="--checkpoint")
-    out = cfg.out
-    if out is None and ckpt is None:
-        raise ConfigError("--out: where to write the metrics and predictions (the checkpoint is no run folder's)")
-    if out is None:
-        out = ckpt.parent.parent / "eval" / f"{task.name}-{cfg.split}{'-zero-shot' if cfg.zero_shot else ''}"
-    inputs = [cfg.data, *cfg.stores, *(cfg.given_stores or ()), ckpt or Path(source)]
-    check_output(
-        out,
-        EVALUATION,
-        inputs=inputs + ([cfg.vocab] if cfg.vocab else []),
-        what="vltrain evaluate",
-        also_ours=_earlier_evaluation,
-    )
+    out, inputs = _output(cfg, task, source, ckpt)
     model = _load_model(cfg, task, data, source, ckpt, run)
     view, used = _view(cfg, task, data, run, model)
     model.transfer.to(device)
@@ -262,6 +250,25 @@ def evaluate_checkpoint(cfg: EvaluateConfig, progress: Progress = None) -> dict:
     }
     files = _write(out, inputs, task, data, predictions, report)
     return {"metrics": metrics, "files": [str(f) for f in files], "examples": int(len(predictions.rows))}
+
+
+def _output(cfg: EvaluateConfig, task, source: str, ckpt: Optional[Path]) -> tuple[Path, list[Path]]:
+    """(the evaluation folder: ``cfg.out``, default the run folder's ``eval/<task>-<split>/``,
+    the inputs it must not overlap), checked before any work (`pipeline.io.check_output`)."""
+    out = cfg.out
+    if out is None and ckpt is None:
+        raise ConfigError("--out: where to write the metrics and predictions (the checkpoint is no run folder's)")
+    if out is None:
+        out = ckpt.parent.parent / "eval" / f"{task.name}-{cfg.split}{'-zero-shot' if cfg.zero_shot else ''}"
+    inputs = [cfg.data, *cfg.stores, *(cfg.given_stores or ()), ckpt or Path(source)]
+    check_output(
+        out,
+        EVALUATION,
+        inputs=inputs + ([cfg.vocab] if cfg.vocab else []),
+        what="vltrain evaluate",
+        also_ours=_earlier_evaluation,
+    )
+    return out, inputs
 
 
 class _Loaded(NamedTuple):
