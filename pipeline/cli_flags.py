@@ -1,5 +1,5 @@
 """Command-line flags generated from config fields (`vlprep download` / `extract`, `vltrain
-pretrain` / `finetune`).
+pretrain` / `finetune` / `evaluate` / `preview-batch`).
 
 Each config field is declared once as a `Flag` (its help, and how its text becomes the
 field's value), in a group (`Flags`) shown as one help panel; `config_command` turns a
@@ -38,21 +38,26 @@ class Flag:
     show: Callable[[Any], str] = str  # with `parse`: the field's default -> the flag's default text
     many: bool = False  # with `parse`: repeatable, `parse` takes the list of texts
     default: Any = FIELD_DEFAULT  # the flag's default when it is not the field's (None: optional on the command line)
+    argument: bool = False  # a positional argument, not an option (shown in the command's Arguments panel)
 
     def parameter(self, field: str, kind: Any, default: Any, panel: str) -> Parameter:
         if self.default is not FIELD_DEFAULT:
             default = self.default
+        repeated = _repeated(kind)
         if self.parse is not None and self.many:
             kind, default = List[str], []
         elif self.parse is not None:
             kind, default = str, default if default in (None, ...) else self.show(default)
         elif self.choices is not None:
             kind = Literal[tuple(self.choices)]
-        elif typing.get_origin(kind) is tuple:  # repeatable
-            kind, default = List[typing.get_args(kind)[0]], default if default is ... else list(default)
+        elif repeated is not None:  # tuple[X, ...], or an Optional one: None when not given
+            kind, default = List[repeated], default if default in (None, ...) else list(default)
         if default is None:
             kind = Optional[kind]
-        option = typer.Option(default, *[self.name] if self.name else [], help=self.help, rich_help_panel=panel)
+        if self.argument:
+            option = typer.Argument(default, help=self.help)
+        else:
+            option = typer.Option(default, *[self.name] if self.name else [], help=self.help, rich_help_panel=panel)
         return Parameter(field, Parameter.KEYWORD_ONLY, default=option, annotation=kind)
 
     def value(self, given: Any) -> Any:
@@ -85,6 +90,14 @@ class Flags:
             return _default(fields[name]) if self.defaults is None else getattr(self.defaults, name)
 
         return [self.flag(name).parameter(name, hints[name], default(name), self.panel) for name in self.flags]
+
+
+def _repeated(kind: Any) -> Any:
+    """X of a repeatable field's type, ``tuple[X, ...]`` or ``Optional[tuple[X, ...]]``; None for any other."""
+    if typing.get_origin(kind) is Union:
+        kinds = [k for k in typing.get_args(kind) if k is not type(None)]
+        kind = kinds[0] if len(kinds) == 1 else kind
+    return typing.get_args(kind)[0] if typing.get_origin(kind) is tuple else None
 
 
 def _default(field: dataclasses.Field) -> Any:

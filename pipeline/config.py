@@ -9,12 +9,13 @@ every config class, so no class re-implements them:
   dicts; a value with its own ``to_json`` or a ``str``-round-tripping type uses it);
 * `from_json(cls, obj)`: the config back (lists become tuples, nested config classes are
   read recursively); an unknown key is a ConfigError that names it;
-* `at_least` and `one_of`: the common checks, with the flag's name in the message.
+* `at_least`, `one_of` and `check_device`: the common checks, with the flag's name in the message.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import re
 import typing
 from collections.abc import Mapping
 from pathlib import PurePath
@@ -101,3 +102,18 @@ def one_of(name: str, value: Any, allowed: Iterable[Any]) -> None:
     allowed = tuple(allowed)
     if value not in allowed:
         raise ConfigError(f"{flag(name)} must be one of {', '.join(map(str, allowed))}, got {value!r}")
+
+
+DEVICE_NAMES = "auto, cpu, cuda or cuda:N"  # what a --device takes (each command says what auto picks)
+_DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")
+
+
+def is_device(value: Any) -> bool:
+    """Whether `value` is a device name a --device takes (`DEVICE_NAMES`)."""
+    return isinstance(value, str) and _DEVICE.fullmatch(value) is not None
+
+
+def check_device(name: str, value: Any) -> None:
+    """ConfigError unless `value` is a device name (`DEVICE_NAMES`; field `name`, shown as its flag)."""
+    if not is_device(value):
+        raise ConfigError(f"{flag(name)} must be {DEVICE_NAMES}, got {value!r}")

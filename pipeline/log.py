@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import logging
 import sys
+from typing import Optional
 
 import typer
 from rich.console import Console
@@ -33,11 +34,13 @@ def setup_logging(verbose: int = 0, quiet: bool = False) -> None:
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
-def cli_app(name: str, help: str) -> typer.Typer:
-    """A Typer app whose callback takes -v/--verbose and -q/--quiet and sets up logging."""
+def cli_app(name: str, help: str, cls: Optional[type] = None) -> typer.Typer:
+    """A Typer app whose callback takes -v/--verbose and -q/--quiet and sets up logging;
+    `cls`: its click group class (a `typer.core.TyperGroup`), where not Typer's own."""
     app = typer.Typer(
         name=name,
         help=help,
+        cls=cls,
         no_args_is_help=True,
         add_completion=False,
         pretty_exceptions_enable=False,

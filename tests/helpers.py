@@ -172,9 +172,7 @@ def _invoke(tool: str, args: tuple[str, ...], cwd: Optional[Path]) -> subprocess
 
         load_plugins()
     else:
-        from vl_models.cli import app, bare_resume
-
-        args = tuple(bare_resume(list(args)))  # as `main` reads sys.argv
+        from vl_models.cli import app  # its commands complete their own arguments (`vl_models.flags.command_args`)
     if tool == "vlprep" and args and args[0] in RAY_COMMANDS:
         shared_ray()
     root = logging.getLogger()

@@ -88,3 +88,113 @@ def test_vltrain_preview_batch(tmp_path):
     assert "(3, 11, 16)" in proc.stdout and "(3, 11, 5)" in proc.stdout and "real slots per image" in proc.stdout
     proc = run_vltrain("preview-batch", tmp_path)
     assert proc.returncode == 3 and "not a feature store" in proc.stderr
+
+
+def _config_commands():
+    from vl_models import flags
+
+    groups = {
+        "pretrain": flags.PRETRAIN_FLAGS,
+        "finetune": flags.FINETUNE_FLAGS,
+        "evaluate": flags.EVALUATE_FLAGS,
+        "preview-batch": flags.PREVIEW_FLAGS,
+    }
+    return [(name, group) for name, command in groups.items() for group in command]
+
+
+def _panels(text: str) -> dict[str, list[list[str]]]:
+    """The option rows of each panel of a rendered --help: panel title -> blocks, each block
+    the text rows of one option (its first row and the rows its help wraps onto)."""
+    panels: dict[str, list[list[str]]] = {}
+    rows = None
+    for line in text.splitlines():
+        if line.startswith("╭─"):
+            rows = panels.setdefault(line.strip("╭─╮ ").strip(), [])
+        elif line.startswith("╰"):
+            rows = None
+        elif rows is not None and line.startswith("│"):
+            content = line[1:].rstrip().rstrip("│").rstrip()
+            if len(content) - len(content.lstrip()) <= 5:  # an option's first row; deeper: its help wrapped
+                rows.append([content])
+            else:
+                rows[-1].append(content)
+    return panels
+
+
+def _expected_default(group, name: str):
+    """What --help shows as the flag's default: None where it shows none (required, optional,
+    repeatable, or a flag with no --no- form that is off)."""
+    import dataclasses
+
+    from pipeline.cli_flags import FIELD_DEFAULT, _default
+
+    flag = group.flag(name)
+    fields = {f.name: f for f in dataclasses.fields(group.cls)}
+    value = _default(fields[name]) if group.defaults is None else getattr(group.defaults, name)
+    if flag.default is not FIELD_DEFAULT:
+        value = flag.default
+    if value in (None, ...) or flag.many or isinstance(value, (tuple, dict)):
+        return None
+    if flag.parse is not None and value != flag.default:
+        return flag.show(value)
+    if isinstance(value, bool):
+        return None if flag.name else ("" if value else "no-") + name.replace("_", "-")
+    return str(value)
+
+
+@pytest.mark.parametrize("command, group", _config_commands(), ids=lambda v: v if isinstance(v, str) else v.panel)
+def test_config_made_commands_show_each_field_with_its_default_and_help(command, group):
+    """`vltrain pretrain`, `finetune`, `evaluate` and `preview-batch` take their flags from
+    their configs' fields: --help shows every field's flag (an argument's name) in its group's
+    panel, with the help text and default the flag table declares."""
+    from typer.testing import CliRunner
+
+    from vl_models.cli import app
+
+    result = CliRunner().invoke(app, [command, "--help"], env={"COLUMNS": "250", "NO_COLOR": "1"}, terminal_width=250)
+    assert result.exit_code == 0, result.output
+    panels = _panels(result.output)
+    for name in group.flags:
+        flag = group.flag(name)
+        shown = name if flag.argument else flag.name or "--" + name.replace("_", "-")
+        blocks = [
+            " ".join(" ".join(block).split())
+            for block in panels["Arguments" if flag.argument else group.panel]
+            if block[0].lstrip(" *").split()[0] == shown
+        ]
+        assert len(blocks) == 1, (command, group.panel, shown)
+        assert " ".join(flag.help.replace("`", "").split()) in blocks[0], (command, shown, blocks[0])
+        default = _expected_default(group, name)
+        if default is None:
+            assert "[default:" not in blocks[0], (command, shown, blocks[0])
+        else:
+            assert f"[default: {default}]" in blocks[0], (command, shown, default, blocks[0])
+
+
+def test_former_spellings_of_renamed_flags_are_taken_with_one_line_each(tmp_path):
+    """--shards, --given-shards, --weight (and a recipe's weight key) and predict's --task-data
+    still work, read as --stores, --given-stores, --loss-weight and --data, each said once on
+    stderr; a command without the new flag and values after -- are left as they are."""
+    from vl_models.flags import RENAMED, command_args
+
+    assert RENAMED == {
+        "--shards": "--stores",
+        "--given-shards": "--given-stores",
+        "--weight": "--loss-weight",
+        "--task-data": "--data",
+    }
+    proc = run_vltrain("predict", "--task-data", f"vqa={tmp_path}", "--help")
+    assert proc.returncode == 0 and "--task-data is deprecated: use --data" in proc.stderr, proc.stderr
+    proc = run_vltrain("evaluate", "--shards", tmp_path / "a", "--shards", tmp_path / "b", "--help")
+    assert proc.returncode == 0 and proc.stderr.count("--shards is deprecated: use --stores") == 1, proc.stderr
+    proc = run_vltrain("finetune", "--given-shards", tmp_path, "--help")
+    assert proc.returncode == 0 and "--given-shards is deprecated: use --given-stores" in proc.stderr, proc.stderr
+    proc = run_vltrain("preview-batch", "--shards", tmp_path)  # no --stores there: the flag stays unknown
+    assert proc.returncode == 2 and "deprecated" not in proc.stderr and "No such option: --shards" in proc.stderr
+    assert command_args({"--stores", "--resume"}, ["--shards=x", "--resume", "--", "--shards"]) == [
+        "--stores=x",
+        "--resume",
+        "yes",
+        "--",
+        "--shards",
+    ]

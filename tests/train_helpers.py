@@ -82,7 +82,7 @@ def pretrain_args(data, out, *extra, model: str = "lxmert-tiny") -> list:
         "pretrain",
         "--model",
         model,
-        "--shards",
+        "--stores",
         data / "feats",
         "--mixture",
         data / "mix",

@@ -1,11 +1,12 @@
 """The trainer's settings: frozen dataclasses that check themselves when built, so a bad
 value is a `ConfigError` naming its flag before any model, data or file is touched.
 
-No torch here: the `vltrain` command line reads its choices (`OPTIMIZERS`, `AMP`, ...) from
-this module without loading the trainer. Every field of `TrainConfig` and `TaskConfig` is a
-`vltrain pretrain` flag (checked by a test); the config and the CLI's help have these sections:
+No torch here: the `vltrain` command line (`vl_models.flags`) reads its choices (`OPTIMIZERS`,
+`AMP`, ...) from this module without loading the trainer. Every field of `TrainConfig` and
+`TaskConfig` is a `vltrain pretrain` flag (checked by a test); the config and the CLI's help
+have these sections:
 
-* inputs and output (`TrainConfig` itself): model, stores (``--shards``), mixture, out,
+* inputs and output (`TrainConfig` itself): model, stores (``--stores``), mixture, out,
   vocab, init;
 * ``optim`` (`OptimConfig`): steps / epochs, batch_size, grad_accum, lr, optimizer, warmup,
   weight_decay, clip;
@@ -14,20 +15,23 @@ this module without loading the trainer. Every field of `TrainConfig` and `TaskC
 * ``task`` (`TaskConfig`): per-task weights and start steps, LXMERT's visual weighting and QA epoch;
 * ``run`` (`RunSettings`): seed, device, amp, compile, resume / overwrite / stop_at,
   checkpoint_every, eval_every, log_every, keep_last, best_metric, report_to, dist_timeout.
+
+`FinetuneConfig` has the same sections but ``task`` (``transfer``: `TransferSettings`);
+`EvaluateConfig` (`vltrain evaluate`) and `PreviewConfig` (`vltrain preview-batch`) are flat.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
 from typing import ClassVar, Optional
 
-from pipeline.config import Config, at_least, flag, one_of
+from pipeline.config import Config, at_least, check_device, flag, one_of
 from pipeline.errors import ConfigError
 
 OPTIMIZERS = ("adamw", "bertadam", "adamw-uncorrected", "sgd")
 AMP = ("none", "bf16", "fp16")
-DEVICES = ("cpu", "cuda")
 REGION_OVERLAP = ("keep", "zero")
 PAIR_TEXTS = ("all", "captions")
 PADDINGS = ("batch", "max")  # DataSettings.padding (`vl_models.data.padding`)
@@ -143,7 +147,8 @@ class RunSettings(Config):
     """Devices, checkpoints, logging, and how this invocation relates to an earlier run."""
 
     seed: int = 0
-    device: str = "cpu"  # cpu | cuda (one GPU per rank)
+    # auto | cpu | cuda | cuda:N (`pipeline.config.check_device`; what each means: `trainer.resolve_device`)
+    device: str = "cpu"
     amp: str = "none"  # none | bf16 | fp16 (fp16 with a GradScaler, CUDA only)
     compile: bool = False  # torch.compile the backbone (the heads decode at data-dependent positions)
     # An earlier run in `out`: "no" refuses it (see `overwrite`); "yes" continues it (a new run
@@ -170,8 +175,8 @@ class RunSettings(Config):
             raise ConfigError(f"--dist-timeout must be finite and > 0 seconds, got {self.dist_timeout}")
         at_least(self, {"log_every": 1, "checkpoint_every": 1, "eval_every": 0, "keep_last": 0})
         one_of("amp", self.amp, AMP)
-        one_of("device", self.device, DEVICES)
-        if self.amp == "fp16" and self.device != "cuda":
+        check_device("device", self.device)
+        if self.amp == "fp16" and self.device == "cpu":  # auto: checked once the device is known
             raise ConfigError("--amp fp16 needs --device cuda (use bf16 on CPU)")
 
 
@@ -323,7 +328,7 @@ class FinetuneConfig(_Sectioned, Config):
         if len(set(self.tasks)) != len(self.tasks):
             raise ConfigError(f"--task: a task is named twice ({', '.join(self.tasks)})")
         if not self.stores:
-            raise ConfigError("--shards: name the feature store(s) of the tasks' images")
+            raise ConfigError("--stores: name the feature store(s) of the tasks' images")
         for name in self.transfer.PER_TASK:
             unknown = sorted(set(getattr(self.transfer, name)) - set(self.tasks))
             if unknown:
@@ -331,6 +336,72 @@ class FinetuneConfig(_Sectioned, Config):
                     f"--{name.replace('_', '-')}: {', '.join(unknown)} is no --task of this run "
                     f"({', '.join(self.tasks)})"
                 )
+
+
+NLVR2_PACKINGS = ("per-image", "mt")  # NLVR2's two images in rows of region slots (`vl_models.transfer.dataset`)
+
+
+@dataclass(frozen=True)
+class EvaluateConfig(Config):
+    """A checkpoint scored on a task split (`vltrain evaluate`,
+    `vl_models.transfer.evaluate.evaluate_checkpoint`). The stores, given stores, vocab and
+    data settings left out are the run's (a published checkpoint's: its code's)."""
+
+    task: str
+    checkpoint: str  # a run folder (its latest checkpoint, or `step`'s) or a checkpoint
+    data: Path  # the task dataset
+    split: str
+    stores: tuple[Path, ...] = ()  # (): the run's
+    given_stores: Optional[tuple[Path, ...]] = None  # ground-truth boxes' stores; None: the run's, (): none
+    vocab: Optional[Path] = None
+    out: Optional[Path] = None  # None: RUN/eval/TASK-SPLIT
+    zero_shot: bool = False  # retrieval with the pretraining pair head
+    model: Optional[str] = None  # a model config, for a checkpoint that holds none
+    step: Optional[str] = None  # in a run folder: the checkpoint of this step, or best
+    device: str = "cpu"  # auto | cpu | cuda | cuda:N
+    batch_size: int = 64
+    limit: int = 0  # score the first N rows (retrieval: images) only; 0: all
+    max_regions: Optional[int] = None  # region slots per image, the IMG token not counted
+    max_text: Optional[int] = None  # text tokens per example
+    nlvr2_packing: Optional[str] = None  # NLVR2_PACKINGS; None: per-image
+
+    def __post_init__(self) -> None:
+        for name in ("data", "vocab", "out"):
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, Path(getattr(self, name)))
+        object.__setattr__(self, "stores", tuple(Path(s) for s in self.stores))
+        if self.given_stores is not None:
+            object.__setattr__(self, "given_stores", tuple(Path(s) for s in self.given_stores))
+        check_device("device", self.device)
+        if self.batch_size < 1:
+            raise ConfigError(f"--batch-size {self.batch_size}: give 1 or more")
+        if self.limit < 0:
+            raise ConfigError(f"--limit {self.limit}: the rows (retrieval: images) to score, 1 or more (0: all)")
+        if self.max_regions is not None and self.max_regions < 1:
+            raise ConfigError(f"--max-regions {self.max_regions}: region slots per image, 1 or more")
+        if self.max_text is not None and self.max_text < 3:
+            raise ConfigError(f"--max-text {self.max_text}: text tokens, 3 or more ([CLS], a word, [SEP])")
+        if self.nlvr2_packing not in (None, *NLVR2_PACKINGS):
+            raise ConfigError(f"--nlvr2-packing {self.nlvr2_packing}: one of {', '.join(NLVR2_PACKINGS)}")
+
+
+POSITIONS = ("5d", "4d")  # box encodings: ViLBERT's, LXMERT's (`pipeline.records.box_positions`)
+
+
+@dataclass(frozen=True)
+class PreviewConfig(Config):
+    """`vltrain preview-batch`: the first images of a feature store as the padded batch a model receives."""
+
+    store: Path
+    batch_size: int = 4  # images in the batch
+    max_regions: int = 36  # region slots per image (the IMG token not counted)
+    position: str = "5d"  # POSITIONS
+    img_token: bool = False  # prepend ViLBERT's IMG token
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "store", Path(self.store))
+        at_least(self, {"batch_size": 1, "max_regions": 1})
+        one_of("position", self.position, POSITIONS)
 
 
 def flat_settings(saved: dict) -> dict:

@@ -14,12 +14,11 @@
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Optional
 
-from pipeline.config import Config, at_least, flag, from_json, one_of
+from pipeline.config import Config, at_least, check_device, flag, from_json, one_of
 from pipeline.datasets import READERS, ReaderOptions, check_inputs
 from pipeline.distribute import DistributeConfig, absolute
 from pipeline.download.fetch import FetchConfig
@@ -33,7 +32,6 @@ from pipeline.store.layout import BACKENDS, FLOAT_DTYPES, ProbStorage
 POLICIES = ("butd", "maxnms", "per-class", "class-agnostic")
 # Resize conventions (pipeline.detect.preprocess): Caffe BUTD, detectron2, maskrcnn-benchmark.
 PREPROCESS_MODES = ("caffe", "detectron2", "maskrcnn")
-_DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")
 
 
 class ResNeXtWidths:
@@ -207,8 +205,7 @@ class ExtractConfig(Config):
         object.__setattr__(self, "selection", backend.check_selection(self.selection))
         backend.check_options(self, detector.config)
         at_least(self, {"batch_size": 1, "actor_cpus": 0, **({"actors": 1} if self.actors is not None else {})})
-        if not _DEVICE.fullmatch(self.device):
-            raise ConfigError(f"--device must be auto, cpu, cuda or cuda:N, got {self.device!r}")
+        check_device("device", self.device)
         one_of("backend", self.backend, BACKENDS)
         one_of("dtype", self.dtype, FLOAT_DTYPES)
         for name in ("cls_prob", "attr_prob"):

@@ -190,7 +190,7 @@ def test_finetune_on_a_damaged_task_folder_fails_before_writing(files, tmp_path)
         "nlvr2",
         "--data",
         tmp_path / "t",
-        "--shards",
+        "--stores",
         tmp_path / "feats",
         "--model",
         "lxmert-tiny",

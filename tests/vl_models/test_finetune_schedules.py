@@ -64,7 +64,7 @@ def _flags(world, out, *tasks):
         "finetune",
         *(x for t in tasks for x in ("--task", t)),
         *(x for t in tasks for x in ("--data", str(world / t))),
-        "--shards",
+        "--stores",
         str(world / "feats"),
         "--model",
         "vilbert-tiny",

@@ -76,10 +76,10 @@ def test_pretraining_on_a_grid_store_turns_off_the_label_losses_by_name(grid_dat
     refused = run_vltrain(*pretrain_args(grid_data, tmp_path / "no", model=model), "--max-regions", "9")
     assert refused.returncode == 2, refused.stderr[-2000:]
     assert "holds grid features, which carry no detector labels" in refused.stderr
-    assert " ".join(f"--weight {t}=0" for t in off) in refused.stderr
+    assert " ".join(f"--loss-weight {t}=0" for t in off) in refused.stderr
     assert not (tmp_path / "no").exists()  # refused before anything is written
 
-    weights = [a for t in off for a in ("--weight", f"{t}=0")]
+    weights = [a for t in off for a in ("--loss-weight", f"{t}=0")]
     proc = run_vltrain(*pretrain_args(grid_data, tmp_path / "run", model=model), "--max-regions", "9", *weights)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
@@ -91,7 +91,13 @@ def test_pretraining_on_a_grid_store_turns_off_the_label_losses_by_name(grid_dat
 
 def test_fewer_slots_than_cells_would_crop_the_grid_and_are_refused(grid_data, tmp_path):
     proc = run_vltrain(
-        *pretrain_args(grid_data, tmp_path / "run"), "--max-regions", "4", "--weight", "obj=0", "--weight", "attr=0"
+        *pretrain_args(grid_data, tmp_path / "run"),
+        "--max-regions",
+        "4",
+        "--loss-weight",
+        "obj=0",
+        "--loss-weight",
+        "attr=0",
     )
     assert proc.returncode == 2
     assert "holds grid features of up to 9 cells per image" in proc.stderr and "--max-regions 9" in proc.stderr

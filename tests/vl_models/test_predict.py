@@ -24,6 +24,7 @@ from pipeline.mixture import Mixture
 from pipeline.store import FeatureStore
 from pipeline.task_data import TaskData
 from vl_models import load_predictor, transfer
+from vl_models.config import EvaluateConfig
 from vl_models.demo import _mixture, _task_datasets
 from vl_models.predict import PredictError, StoreImage
 from vl_models.train.trainer import run as run_pretraining
@@ -127,7 +128,7 @@ def test_every_task_predicts_what_evaluate_scores(shapes, predictor, tmp_path):
 
     def evaluated(task: str, split: str) -> Path:
         out = tmp_path / task
-        evaluate_checkpoint(task, str(run), shapes / "tasks" / task, split, out=out, given_stores=[])
+        evaluate_checkpoint(EvaluateConfig(task, str(run), shapes / "tasks" / task, split, out=out, given_stores=[]))
         return out
 
     # VQA: the answers of the official results file
@@ -203,7 +204,9 @@ def test_a_pretraining_run_answers_zero_shot(shapes, tmp_path):
     probability = p.match(image, "a red ball")
     assert 0 < probability < 1
     zero_shot = evaluate_checkpoint(
-        "flickr30k", str(shapes / "pretrained"), shapes / "tasks" / "flickr30k", "val", out=tmp_path, zero_shot=True
+        EvaluateConfig(
+            "flickr30k", str(shapes / "pretrained"), shapes / "tasks" / "flickr30k", "val", out=tmp_path, zero_shot=True
+        )
     )
     assert ranked(shapes, p) == pytest.approx(zero_shot["metrics"], abs=1e-9)  # the pair head, as --zero-shot
     with pytest.raises(PredictError, match="no head"):
@@ -303,7 +306,7 @@ def test_the_command_line_writes_json_lines_a_picture_and_exits_2_on_bad_input(s
 PREDICT_FLAG_NAMES = (
     "--checkpoint --image --images --image-id --question --statement --expression --caption --text --choice "
     "--rationale --answer --task --top-k --queries --out --show --step --store --weights --detector --vocab "
-    "--task-data --allow-private-network --device --batch-size --detector-threads"
+    "--data --allow-private-network --device --batch-size --detector-threads"
 ).split()
 
 
@@ -361,8 +364,8 @@ def test_predict_config_refuses_what_the_command_refuses():
         ({**ask, "detector_threads": 0}, "--detector-threads must be >= 1"),
         ({**ask, "top_k": 0}, "--top-k must be >= 1, got 0 (leave it out"),
         ({**ask, "show": "box.jpg"}, "the picture is a PNG"),
-        ({**ask, "task_data": ["vqa"]}, "--task-data 'vqa': TASK=FOLDER"),
-        ({**ask, "device": "tpu"}, "--device must be one of cpu, cuda"),
+        ({**ask, "task_data": ["vqa"]}, "--data 'vqa': TASK=FOLDER"),
+        ({**ask, "device": "tpu"}, "--device must be auto, cpu, cuda or cuda:N"),
         ({**ask, "out": "a.png", "show": "a.png"}, "--out and --show are the same file"),
     ]
     for values, words in cases:
@@ -417,7 +420,7 @@ def test_predict_never_writes_over_its_inputs_or_a_device(shapes, tmp_path):
         (["--image", image, "--question", "what?", "--batch-size", "-1"], "--batch-size must be >= 1"),
         (["--image", image, "--question", "what?", "--detector-threads", "-1"], "--detector-threads must be >= 1"),
         (["--image", image, "--question", "what?", "--top-k", "0"], "--top-k must be >= 1"),
-        (["--image", image, "--question", "what?", "--task-data", "foo=bar"], "--task-data foo: "),
+        (["--image", image, "--question", "what?", "--data", "foo=bar"], "--data foo: "),
     ]
     for args, words in cases:
         proc = _predict(shapes, *args)

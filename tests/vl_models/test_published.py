@@ -112,7 +112,7 @@ def test_vltrain_evaluate_scores_a_transformers_qa_folder(world, hf_vqa, tmp_pat
             world / "vqa",
             "--split",
             "val",
-            "--shards",
+            "--stores",
             world / "feats",
             "--out",
             out,
@@ -330,7 +330,7 @@ def test_a_damaged_published_folder_is_one_named_error(world, hf_vqa, tmp_path):
     for source, words in cases:
         proc = run_vltrain(
             "evaluate", "--task", "vqa", "--checkpoint", source, "--data", world / "vqa", "--split", "val",
-            "--shards", world / "feats", "--out", tmp_path / f"eval-{source.name}",
+            "--stores", world / "feats", "--out", tmp_path / f"eval-{source.name}",
         )  # fmt: skip
         assert proc.returncode == 2 and "Traceback" not in proc.stderr, (source.name, proc.stderr[-2000:])
         assert words in " ".join(proc.stderr.split()), (source.name, proc.stderr[-2000:])

@@ -25,7 +25,7 @@ from pipeline.records import RegionFeatures
 from pipeline.store import write_records
 from pipeline.task_data import TaskData
 from vl_models import families, transfer
-from vl_models.config import DataSettings, FinetuneConfig
+from vl_models.config import DataSettings, EvaluateConfig, FinetuneConfig
 from vl_models.train import checkpoint
 from vl_models.train.recipes import recipe_settings
 from vl_models.transfer.build import build_task
@@ -205,7 +205,7 @@ def test_vltrain_evaluate_scores_a_multi_task_checkpoint(world, tmp_path):
     (--max-text, --max-regions, --nlvr2-packing), said in the log and in metrics.json."""
     source = _world_checkpoint(world, tmp_path)
     args = ["--task", "nlvr2", "--checkpoint", source, "--data", world / "nlvr2", "--split", "dev"]
-    args += ["--shards", world / "feats", "--model", world / "tiny.json"]
+    args += ["--stores", world / "feats", "--model", world / "tiny.json"]
     proc = run_vltrain("evaluate", *args, "--out", tmp_path / "eval")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "vilbert-multi-task VILBertForVLTasks" in proc.stderr and "vil_binary_prediction head" in proc.stderr
@@ -458,7 +458,9 @@ def test_vltrain_evaluate_gives_the_references_answers_and_boxes(mt_world, tmp_p
         out = tmp_path / f"{name}-{len(list(tmp_path.iterdir()))}"
         stores = [str(mt_world / "feats")]
         result = evaluate_checkpoint(
-            name, source, mt_world / name, SPLITS[name], stores, out=out, model="vilbert-tiny", **options
+            EvaluateConfig(
+                name, source, mt_world / name, SPLITS[name], stores, out=out, model="vilbert-tiny", **options
+            )
         )
         return result, json.loads((out / "metrics.json").read_text())["settings"]
 

@@ -50,7 +50,7 @@ def test_recipes_hold_the_published_numbers_each_cited(name):
 def _pretrain(data, tmp_path, *extra):
     args = [
         "pretrain",
-        "--shards",
+        "--stores",
         str(data / "feats"),
         "--mixture",
         str(data / "mix"),
@@ -105,6 +105,20 @@ def test_every_recipe_value_reaches_the_run(data, tmp_path):
     assert train["verify_shards"] is True and train["seed"] == 5 and train["steps"] == 1
 
 
+def test_a_recipe_key_of_a_renamed_flag_is_read_as_the_flag_with_a_line(data, tmp_path):
+    """A recipe's weight (the former spelling of --loss-weight) still sets the loss weights, said
+    on stderr; with loss_weight beside it the recipe is refused."""
+    mine = tmp_path / "mine.yaml"
+    mine.write_text("model: lxmert-tiny\nweight: {mlm: 0.5}\nsteps: 1\nbatch_size: 4\n")
+    result = _pretrain(data, tmp_path, "--recipe", str(mine))
+    assert result.exit_code == 0, result.output
+    assert f"{mine}: weight is deprecated: use loss_weight" in result.stderr
+    train = flat_settings(json.loads((tmp_path / "run" / "config.json").read_text())["train"])
+    assert train["weights"] == {"mlm": 0.5}
+    mine.write_text("model: lxmert-tiny\nweight: {mlm: 0.5}\nloss_weight: {mlm: 2}\n")
+    _refused_in_one_line(_pretrain(data, tmp_path, "--recipe", str(mine)), "weight and loss_weight are one option")
+
+
 def test_a_recipe_file_is_checked(data, tmp_path):
     bad = tmp_path / "mine.yaml"
     bad.write_text("model: lxmert-tiny\nlearning_rate: 0.1\n")
@@ -147,7 +161,7 @@ def test_a_recipe_with_yaml_aliases_is_refused_at_once(data, tmp_path):
     levels = ["&l0 [" + ", ".join(["lol"] * 10) + "]"]
     levels += [f"&l{i} [" + ", ".join([f"*l{i - 1}"] * 10) + "]" for i in range(1, 7)]
     bad = tmp_path / "laughs.yaml"
-    bad.write_text("model: lxmert-tiny\nweight: [" + ", ".join(levels) + "]\n")
+    bad.write_text("model: lxmert-tiny\nloss_weight: [" + ", ".join(levels) + "]\n")
     _refused_in_one_line(_pretrain(data, tmp_path, "--recipe", str(bad)), "alias")
 
 
@@ -158,8 +172,8 @@ def test_a_recipe_with_yaml_aliases_is_refused_at_once(data, tmp_path):
         ("steps: null\n", ["steps"]),
         ("lr: [1.0e-4, 2.0e-4]\n", ["lr", "list"]),
         ("verify_shards: 1\n", ["verify_shards", "true or false"]),
-        ("weight: [[mlm, 1]]\n", ["weight"]),
-        ("weight: {mlm: [1]}\n", ["weight"]),
+        ("loss_weight: [[mlm, 1]]\n", ["loss_weight"]),
+        ("loss_weight: {mlm: [1]}\n", ["loss_weight"]),
         ("steps: " + "[" * 5000 + "]" * 5000 + "\n", ["nested deeper"]),  # RecursionError in the loader
         # PyYAML's own message spans several lines
         ("steps: [1, 2\nlr: 3\n", ["invalid YAML", "at line 3, column 3", "sequence begun at line 2"]),

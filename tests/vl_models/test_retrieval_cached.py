@@ -10,6 +10,7 @@ from retrieval_helpers import assert_scores_as_full_forwards, spy_on_pair_scores
 from train_helpers import finetune_config
 
 from vl_models import load_predictor
+from vl_models.config import EvaluateConfig
 from vl_models.predict import StoreImage
 from vl_models.predict import predictor as predict_module
 from vl_models.transfer import evaluate as ev
@@ -34,7 +35,7 @@ def assert_as_full_forwards(seen: dict) -> None:
 def test_zero_shot_evaluation_scores_as_full_forwards(world, run, tmp_path, monkeypatch):
     seen = spy_on_pair_scores(monkeypatch, ev)
     result = ev.evaluate_checkpoint(
-        "flickr30k", str(run), world / "flickr30k", "test", out=tmp_path / "z", zero_shot=True, limit=3
+        EvaluateConfig("flickr30k", str(run), world / "flickr30k", "test", out=tmp_path / "z", zero_shot=True, limit=3)
     )
     assert result["examples"] == 15 and seen["scores"].shape == (15, 3)
     assert_as_full_forwards(seen)

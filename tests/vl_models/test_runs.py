@@ -422,7 +422,7 @@ def test_every_train_config_field_has_a_flag_and_every_flag_a_field():
             assert not default and not param.default, name  # repeatable: none by default
         else:
             assert param.default == default, (name, param.default, default)
-    assert params["stores"].opts == ["--shards"] and params["weights"].opts == ["--weight"]
+    assert params["stores"].opts == ["--stores"] and params["weights"].opts == ["--loss-weight"]
     assert params["from_step"].opts == ["--task-from"]
 
 
@@ -522,6 +522,40 @@ def test_cuda_without_a_gpu_is_refused_before_any_work(data, tmp_path):
     with pytest.raises(ConfigError, match="--device cuda.*no CUDA device"):
         run(config(data, tmp_path, "lxmert-tiny", device="cuda"))
     assert not (tmp_path / "run").exists()
+
+
+def test_device_takes_vlpreps_names_and_auto_picks_what_is_there(data, tmp_path, monkeypatch):
+    """--device takes auto, cpu, cuda or cuda:N, checked as `vlprep extract` checks them (one
+    check: `pipeline.config.check_device`): auto is cuda where this process sees a GPU, else cpu;
+    cuda:N is GPU N, refused under torchrun beside other ranks of the node; fp16 needs CUDA."""
+    from vl_models.train.trainer import resolve_device
+
+    for name in ("auto", "cpu", "cuda", "cuda:1"):
+        assert config(data, tmp_path, "lxmert-tiny", device=name).run.device == name
+    with pytest.raises(ConfigError, match="--device must be auto, cpu, cuda or cuda:N, got 'cuda1'"):
+        config(data, tmp_path, "lxmert-tiny", device="cuda1")
+    with pytest.raises(ConfigError, match="--amp fp16 needs --device cuda"):
+        config(data, tmp_path, "lxmert-tiny", device="cpu", amp="fp16")
+    assert config(data, tmp_path, "lxmert-tiny", device="auto", amp="fp16").run.amp == "fp16"  # known when resolved
+    proc = run_vltrain(*pretrain_args(data, tmp_path / "run"), "--device", "cuda:x")
+    assert proc.returncode == 2 and "'cuda:x' is not one of 'auto', 'cpu', 'cuda', 'cuda:N'" in proc.stderr
+    assert resolve_device("cpu", 0) == "cpu"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # a machine without a GPU
+    assert resolve_device("auto", 0) == "cpu"
+    with pytest.raises(ConfigError, match="--amp fp16 needs a CUDA device, and --device auto found none"):
+        resolve_device("auto", 0, "fp16")
+    with pytest.raises(ConfigError, match="--device cuda:1: no CUDA device is visible"):
+        resolve_device("cuda:1", 0)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # one with two
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert [resolve_device(name, 1) for name in ("auto", "cuda")] == ["cuda:1", "cuda:1"]  # the local rank's
+    assert resolve_device("cuda:1", 0, "fp16") == "cuda:1"
+    with pytest.raises(ConfigError, match="--device cuda:2: GPU 2 asked for, but 2 are visible: GPUs 0-1 are there"):
+        resolve_device("cuda:2", 0)
+    with pytest.raises(ConfigError, match="--device cuda: local rank 2 needs GPU 2, but 2 are visible"):
+        resolve_device("cuda", 2)
+    with pytest.raises(ConfigError, match="every rank of this node would use GPU 0"):
+        resolve_device("cuda:0", 1)
 
 
 def test_vocab_as_a_folder_or_a_tokenizer_json(tmp_path):

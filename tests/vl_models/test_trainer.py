@@ -134,8 +134,8 @@ def test_a_task_counts_from_its_start_step(data, tmp_path):
 def test_task_names_and_cli_pairs_are_checked():
     import typer
 
-    from vl_models.cli import _pairs
     from vl_models.config import TaskConfig
+    from vl_models.flags import _pairs
 
     assert TaskConfig(weights={"mlm": 2.0}, from_step={"alignment": 5}).weights_at(4) == {"mlm": 2.0, "alignment": 0.0}
     assert (

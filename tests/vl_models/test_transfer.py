@@ -18,7 +18,7 @@ from train_helpers import VOCAB, finetune_config, no_dropout_config
 from pipeline.errors import ConfigError
 from pipeline.task_data import TaskData
 from vl_models import transfer
-from vl_models.config import FinetuneConfig
+from vl_models.config import EvaluateConfig, FinetuneConfig
 from vl_models.data.sampler import TaskBatchSampler
 from vl_models.eval.metrics import vqa_report
 from vl_models.transfer.build import build_task
@@ -230,7 +230,7 @@ def test_torchrun_two_processes_finetune_like_one(world, tmp_path):
         "vqa",
         "--data",
         str(world / "vqa"),
-        "--shards",
+        "--stores",
         str(world / "feats"),
         "--model",
         no_dropout_config(tmp_path),
@@ -285,13 +285,15 @@ def test_torchrun_two_processes_finetune_like_one(world, tmp_path):
     assert max((a[k].float() - b[k].float()).abs().max().item() for k in a) < 1e-5
     shared = [json.loads(line) for line in (tmp_path / "ddp" / "metrics.jsonl").read_text().splitlines()][-1]
     alone = evaluate_checkpoint(
-        "vqa",
-        str(tmp_path / "ddp"),
-        world / "vqa",
-        transfer.get("vqa").val_split,
-        out=tmp_path / "eval",
-        batch_size=2,
-        limit=4,
+        EvaluateConfig(
+            "vqa",
+            str(tmp_path / "ddp"),
+            world / "vqa",
+            transfer.get("vqa").val_split,
+            out=tmp_path / "eval",
+            batch_size=2,
+            limit=4,
+        )
     )["metrics"]
     assert shared == {"step": 3, **{f"eval_vqa_{k}": v for k, v in alone.items()}}
 
@@ -312,7 +314,7 @@ def finetuned(world, tmp_path_factory):
 
 
 def test_vqa_evaluation_writes_the_official_results_json(world, finetuned, tmp_path):
-    result = evaluate_checkpoint("vqa", str(finetuned["vqa"]), world / "vqa", "val", out=tmp_path / "e")
+    result = evaluate_checkpoint(EvaluateConfig("vqa", str(finetuned["vqa"]), world / "vqa", "val", out=tmp_path / "e"))
     results = json.loads((tmp_path / "e" / "vqa_results.json").read_text())
     data = TaskData.open(world / "vqa")
     rows = data.rows("val")
@@ -333,16 +335,20 @@ def test_vqa_evaluation_writes_the_official_results_json(world, finetuned, tmp_p
 
 
 def test_gqa_nlvr2_vcr_submissions_are_in_the_official_formats(world, finetuned, tmp_path):
-    gqa = evaluate_checkpoint("gqa", str(finetuned["gqa"]), world / "gqa", "submission", out=tmp_path / "g")
+    gqa = evaluate_checkpoint(
+        EvaluateConfig("gqa", str(finetuned["gqa"]), world / "gqa", "submission", out=tmp_path / "g")
+    )
     assert gqa["metrics"] == {}  # the submission file has no answers: predictions only
     rows = json.loads((tmp_path / "g" / "gqa_predictions.json").read_text())
     assert {r["questionId"] for r in rows} == {f"s{i}" for i in range(30, IMAGES)}
     assert all(r["prediction"] in COLORS for r in rows)
-    nlvr2 = evaluate_checkpoint("nlvr2", str(finetuned["nlvr2"]), world / "nlvr2", "dev", out=tmp_path / "n")
+    nlvr2 = evaluate_checkpoint(
+        EvaluateConfig("nlvr2", str(finetuned["nlvr2"]), world / "nlvr2", "dev", out=tmp_path / "n")
+    )
     lines = (tmp_path / "n" / "nlvr2_predictions.csv").read_text().splitlines()
     assert len(lines) == 12 and all(line.split(",")[1] in ("True", "False") for line in lines)
     assert set(nlvr2["metrics"]) == {"accuracy", "consistency"}
-    vcr = evaluate_checkpoint("vcr", str(finetuned["vcr"]), world / "vcr", "val", out=tmp_path / "v")
+    vcr = evaluate_checkpoint(EvaluateConfig("vcr", str(finetuned["vcr"]), world / "vcr", "val", out=tmp_path / "v"))
     with open(tmp_path / "v" / "vcr_submission.csv") as f:
         table = list(csv.reader(f))
     assert len(table[0]) == 21 and table[0][:2] == ["annot_id", "answer_0"] and len(table) == 13
@@ -354,11 +360,7 @@ def test_gqa_nlvr2_vcr_submissions_are_in_the_official_formats(world, finetuned,
 def test_retrieval_scores_every_pair_and_zero_shot_uses_the_pair_head(world, finetuned, tmp_path):
     seen = []
     result = evaluate_checkpoint(
-        "flickr30k",
-        str(finetuned["flickr30k"]),
-        world / "flickr30k",
-        "test",
-        out=tmp_path / "r",
+        EvaluateConfig("flickr30k", str(finetuned["flickr30k"]), world / "flickr30k", "test", out=tmp_path / "r"),
         progress=lambda done, total: seen.append((done, total)),
     )
     assert seen[-1] == (60 * 12, 60 * 12)  # 60 captions x 12 images
@@ -366,18 +368,20 @@ def test_retrieval_scores_every_pair_and_zero_shot_uses_the_pair_head(world, fin
     ranked = json.loads((tmp_path / "r" / "flickr30k_rankings.json").read_text())
     assert len(ranked) == 60 and all(len(r["images"]) == 10 for r in ranked)
     zero = evaluate_checkpoint(
-        "flickr30k", str(finetuned["vqa"]), world / "flickr30k", "test", out=tmp_path / "z", zero_shot=True, limit=4
+        EvaluateConfig(
+            "flickr30k", str(finetuned["vqa"]), world / "flickr30k", "test", out=tmp_path / "z", zero_shot=True, limit=4
+        )
     )
     assert zero["examples"] == 20  # the captions of the first 4 images
     with pytest.raises(ConfigError, match="needs a fine-tuned head"):
-        evaluate_checkpoint("vqa", str(finetuned["vqa"]), world / "vqa", "val", zero_shot=True)
+        evaluate_checkpoint(EvaluateConfig("vqa", str(finetuned["vqa"]), world / "vqa", "val", zero_shot=True))
     with pytest.raises(ConfigError, match="no fine-tuning run of nlvr2"):
-        evaluate_checkpoint("nlvr2", str(finetuned["vqa"]), world / "nlvr2", "dev")
+        evaluate_checkpoint(EvaluateConfig("nlvr2", str(finetuned["vqa"]), world / "nlvr2", "dev"))
 
 
 def test_grounding_is_scored_on_the_chosen_region_box(world, finetuned, tmp_path):
     result = evaluate_checkpoint(
-        "refcoco+", str(finetuned["refcoco+"]), world / "refcoco+", "testA", out=tmp_path / "g"
+        EvaluateConfig("refcoco+", str(finetuned["refcoco+"]), world / "refcoco+", "testA", out=tmp_path / "g")
     )
     chosen = json.loads((tmp_path / "g" / "refcoco+_predictions.json").read_text())
     data = TaskData.open(world / "refcoco+")
@@ -412,7 +416,7 @@ def test_command_lines_build_finetune_and_evaluate(world, tmp_path):
         "nlvr2",
         "--data",
         tmp_path / "t",
-        "--shards",
+        "--stores",
         world / "feats",
         "--model",
         "vilbert-tiny",
@@ -454,7 +458,7 @@ def test_command_lines_build_finetune_and_evaluate(world, tmp_path):
         "gqa",
         "--data",
         world / "vqa",
-        "--shards",
+        "--stores",
         world / "feats",
         "--out",
         tmp_path / "x",
@@ -538,7 +542,9 @@ def test_zero_shot_retrieval_reuses_single_stream_states_with_the_same_scores(wo
 
     seen = spy_on_pair_scores(monkeypatch, ev)
     result = ev.evaluate_checkpoint(
-        "flickr30k", str(finetuned["vqa"]), world / "flickr30k", "test", out=tmp_path / "z", zero_shot=True, limit=3
+        EvaluateConfig(
+            "flickr30k", str(finetuned["vqa"]), world / "flickr30k", "test", out=tmp_path / "z", zero_shot=True, limit=3
+        )
     )
     assert result["examples"] == 15 and seen["scores"].shape == (15, 3)
     assert_scores_as_full_forwards(seen)  # `predict` gave the model back in the mode it was built in

@@ -14,7 +14,7 @@ from train_helpers import VOCAB, config, finetune_config
 
 from pipeline.errors import EXIT_CONFIG, EXIT_DATA, CheckpointError, ConfigError
 from pipeline.io import OUTPUT_MARKER
-from vl_models.config import FinetuneConfig
+from vl_models.config import EvaluateConfig, FinetuneConfig
 from vl_models.models.weights import load_exported, read_state_dict
 from vl_models.train import checkpoint
 from vl_models.train.trainer import run
@@ -56,31 +56,31 @@ def test_evaluate_out_is_never_a_users_folder_a_link_or_a_file(world, finetuned,
     mine.mkdir()
     (mine / "metrics.json").write_text('{"my": "numbers"}')
     with pytest.raises(ConfigError, match="holds files not written by vltrain evaluate"):
-        evaluate_checkpoint("vqa", str(finetuned), world / "vqa", "val", out=mine)
+        evaluate_checkpoint(EvaluateConfig("vqa", str(finetuned), world / "vqa", "val", out=mine))
     assert (mine / "metrics.json").read_text() == '{"my": "numbers"}' and len(list(mine.iterdir())) == 1
     (tmp_path / "empty").mkdir()
     (tmp_path / "link").symlink_to(tmp_path / "empty")
     with pytest.raises(ConfigError, match="symbolic link"):
-        evaluate_checkpoint("vqa", str(finetuned), world / "vqa", "val", out=tmp_path / "link")
+        evaluate_checkpoint(EvaluateConfig("vqa", str(finetuned), world / "vqa", "val", out=tmp_path / "link"))
     assert not list((tmp_path / "empty").iterdir())
     (tmp_path / "file").write_text("x")
     proc = evaluate("--checkpoint", finetuned, "--data", world / "vqa", "--out", tmp_path / "file")
     one_error_line(proc, EXIT_CONFIG, "exists and is not a folder")
     with pytest.raises(ConfigError, match="overlaps the input"):
-        evaluate_checkpoint("vqa", str(finetuned), world / "vqa", "val", out=world / "vqa" / "eval")
+        evaluate_checkpoint(EvaluateConfig("vqa", str(finetuned), world / "vqa", "val", out=world / "vqa" / "eval"))
 
 
 def test_evaluate_replaces_its_own_output_and_one_of_an_earlier_version(world, finetuned, tmp_path):
     out = tmp_path / "e"
-    first = evaluate_checkpoint("vqa", str(finetuned), world / "vqa", "val", out=out)
+    first = evaluate_checkpoint(EvaluateConfig("vqa", str(finetuned), world / "vqa", "val", out=out))
     assert sorted(p.name for p in out.iterdir()) == [OUTPUT_MARKER, "metrics.json", "vqa_results.json"]
     assert first["files"] == [str(out / "vqa_results.json"), str(out / "metrics.json")]
-    evaluate_checkpoint("vqa", str(finetuned), world / "vqa", "val", out=out, limit=3)
+    evaluate_checkpoint(EvaluateConfig("vqa", str(finetuned), world / "vqa", "val", out=out, limit=3))
     assert json.loads((out / "metrics.json").read_text())["rows"] == 3
     (out / OUTPUT_MARKER).unlink()  # as a vltrain before the marker left it
-    evaluate_checkpoint("vqa", str(finetuned), world / "vqa", "val", out=out, limit=2)
+    evaluate_checkpoint(EvaluateConfig("vqa", str(finetuned), world / "vqa", "val", out=out, limit=2))
     assert json.loads((out / "metrics.json").read_text())["rows"] == 2
-    default = evaluate_checkpoint("vqa", str(finetuned), world / "vqa", "val", limit=1)
+    default = evaluate_checkpoint(EvaluateConfig("vqa", str(finetuned), world / "vqa", "val", limit=1))
     assert default["files"][-1] == str(finetuned / "eval" / "vqa-val" / "metrics.json")
 
 
@@ -132,7 +132,7 @@ def test_corrupt_task_data_leaves_no_run_behind(world, tmp_path):
     items[len(items) // 2] ^= 0xFF
     (data / "items.arrow").write_bytes(bytes(items))
     proc = run_vltrain(
-        "finetune", "--task", "vqa", "--data", data, "--shards", world / "feats", "--model", "lxmert-tiny",
+        "finetune", "--task", "vqa", "--data", data, "--stores", world / "feats", "--model", "lxmert-tiny",
         "--vocab", VOCAB, "--steps", "1", "--batch-size", "4", "--out", tmp_path / "ft",
     )  # fmt: skip
     one_error_line(proc, EXIT_DATA, "items.arrow")
@@ -197,15 +197,15 @@ def test_a_run_records_absolute_input_paths_and_evaluates_from_anywhere(world, t
     assert saved["vocab"] == str(VOCAB)
     proc = evaluate("--checkpoint", out, "--data", world / "vqa", "--limit", "2", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    # a run of an earlier version recorded the paths as given: named, and --shards overrides them
+    # a run of an earlier version recorded the paths as given: named, and --stores overrides them
     state = checkpoint.load(checkpoint.pointed(out))
     state["run"]["train"]["stores"] = ["feats"]
     old = tmp_path / "old"
     checkpoint.save(old, state["step"], {k: v for k, v in state.items() if k not in ("step", "rng")})
     proc = evaluate("--checkpoint", old, "--data", world / "vqa", "--out", tmp_path / "e", "--limit", "1", cwd=tmp_path)
-    one_error_line(proc, EXIT_CONFIG, "feats is not there", "--shards")
+    one_error_line(proc, EXIT_CONFIG, "feats is not there", "--stores")
     proc = evaluate(
-        "--checkpoint", old, "--data", world / "vqa", "--out", tmp_path / "e", "--limit", "1", "--shards",
+        "--checkpoint", old, "--data", world / "vqa", "--out", tmp_path / "e", "--limit", "1", "--stores",
         world / "feats", cwd=tmp_path,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -281,8 +281,8 @@ def test_a_text_length_beyond_the_position_table_is_refused_before_any_write(wor
 def test_a_recipe_names_the_tasks_before_the_options_are_checked(world, tmp_path):
     """`finetune --recipe lxmert-vqa` without --task: the recipe's task is read first (it
     stopped with click's "Missing option '--task'"); without a recipe --task is still asked for."""
-    proc = run_vltrain("finetune", "--recipe", "lxmert-vqa", "--data", world / "missing", "--shards", world / "feats",
+    proc = run_vltrain("finetune", "--recipe", "lxmert-vqa", "--data", world / "missing", "--stores", world / "feats",
                        "--out", tmp_path / "r")  # fmt: skip
     assert "Missing option" not in proc.stderr and "missing is not a task dataset" in " ".join(proc.stderr.split())
-    proc = run_vltrain("finetune", "--data", world / "vqa", "--shards", world / "feats", "--out", tmp_path / "s")
+    proc = run_vltrain("finetune", "--data", world / "vqa", "--stores", world / "feats", "--out", tmp_path / "s")
     one_error_line(proc, 2, "--task: name at least one task")

@@ -22,7 +22,7 @@ from pipeline.errors import ConfigError
 from pipeline.store import FeatureStore
 from pipeline.task_data import TaskData
 from vl_models import families, transfer
-from vl_models.config import DataSettings, TransferSettings
+from vl_models.config import DataSettings, EvaluateConfig, TransferSettings
 from vl_models.export import export_run
 from vl_models.models.weights import load_exported
 from vl_models.train import checkpoint
@@ -84,7 +84,9 @@ def test_task_tokens_a_new_table_kept_by_resume_evaluate_and_export(world, tmp_p
     last = _model(tmp_path / "b")[f"backbone.{TABLE}"]
     assert not torch.equal(first[12], last[12])  # NLVR2's token (vilbert_tasks.yml TASK12) is trained
 
-    result = evaluate_checkpoint("nlvr2", str(tmp_path / "b"), world / "nlvr2", "dev", out=tmp_path / "e", limit=4)
+    result = evaluate_checkpoint(
+        EvaluateConfig("nlvr2", str(tmp_path / "b"), world / "nlvr2", "dev", out=tmp_path / "e", limit=4)
+    )
     assert "accuracy" in result["metrics"]
     export_run(tmp_path / "b", tmp_path / "hf")
     assert torch.equal(load_exported(tmp_path / "hf").state_dict()[TABLE], last)
@@ -117,7 +119,7 @@ def test_retrieval_fine_tunes_a_new_vil_logit_at_the_head_rate_and_evaluate_scor
     assert {g["lr_scale"] for g in fast} == {10.0} and sum(len(g["params"]) for g in fast) == 2  # weight, bias
 
     result = evaluate_checkpoint(
-        "flickr30k", str(tmp_path / "r"), world / "flickr30k", "test", out=tmp_path / "e", limit=4
+        EvaluateConfig("flickr30k", str(tmp_path / "r"), world / "flickr30k", "test", out=tmp_path / "e", limit=4)
     )
     assert "text_to_image_R@1" in result["metrics"]
     ranked = json.loads((tmp_path / "e" / "flickr30k_rankings.json").read_text())[0]["images"]
@@ -186,7 +188,9 @@ def test_a_run_of_refcoco_and_refcoco_plus_resumes_and_evaluates_refcoco_alone(w
     for key in ("logit.weight", "logit.bias"):
         assert torch.equal(state[f"heads.refcoco.{key}"], state[f"heads.refcoco+.{key}"])
     assert not torch.equal(state["heads.refcoco.logit.weight"], first["heads.refcoco.logit.weight"])  # trained by both
-    result = evaluate_checkpoint("refcoco", str(tmp_path / "ft"), world / "refcoco", "testA", out=tmp_path / "e")
+    result = evaluate_checkpoint(
+        EvaluateConfig("refcoco", str(tmp_path / "ft"), world / "refcoco", "testA", out=tmp_path / "e")
+    )
     assert "accuracy" in result["metrics"]
 
 
@@ -290,7 +294,7 @@ def test_vilbert_recipes_ask_for_task_tokens_and_12_in_1s_retrieval_scorer():
 
 
 def test_the_command_line_takes_the_recipes_task_tokens_and_scorer_and_the_flags_over_them(world, tmp_path):
-    common = ["--data", world / "flickr30k", "--shards", world / "feats", "--model", "vilbert-tiny", "--vocab", VOCAB]
+    common = ["--data", world / "flickr30k", "--stores", world / "feats", "--model", "vilbert-tiny", "--vocab", VOCAB]
     small = [
         "--epochs",
         "0",
@@ -321,6 +325,6 @@ def test_evaluate_builds_the_retrieval_head_the_run_trained(world, tmp_path):
     run saved before the setting) is scored with that head, not a new `vil_logit`."""
     run_finetune(_settings(world, tmp_path / "r", ["flickr30k"], retrieval_head="pretraining"))
     result = evaluate_checkpoint(
-        "flickr30k", str(tmp_path / "r"), world / "flickr30k", "test", out=tmp_path / "e", limit=3
+        EvaluateConfig("flickr30k", str(tmp_path / "r"), world / "flickr30k", "test", out=tmp_path / "e", limit=3)
     )
     assert "text_to_image_R@1" in result["metrics"]

@@ -16,7 +16,7 @@ from pipeline.sources.vcr import MT, R2C, name_people, read_names_table, render_
 from pipeline.store import write_records
 from pipeline.task_data import TaskData
 from vl_models import families, transfer
-from vl_models.config import DataSettings, FinetuneConfig
+from vl_models.config import DataSettings, EvaluateConfig, FinetuneConfig
 from vl_models.data.tokenize import WordPiece
 from vl_models.eval.metrics import box_iou_pairs
 from vl_models.transfer.build import build_task
@@ -316,7 +316,9 @@ def test_q2a_and_qa2r_finetune_and_evaluate(vcr_world, tmp_path, task):
     )
     last = run_finetune(cfg)
     assert 0 <= last[f"eval_{task}_accuracy"] <= 100
-    result = evaluate_checkpoint(task, str(tmp_path / "ft"), vcr_world / task, "test", out=tmp_path / "e")
+    result = evaluate_checkpoint(
+        EvaluateConfig(task, str(tmp_path / "ft"), vcr_world / task, "test", out=tmp_path / "e")
+    )
     rows = json.loads((tmp_path / "e" / f"{task}_probabilities.json").read_text())
     assert result["metrics"] == {} and len(rows) == (4 if task == "vcr-q2a" else 16)
     assert all(sum(r["probabilities"]) == pytest.approx(1.0) for r in rows)
@@ -442,8 +444,8 @@ def test_every_task_example_has_token_types(ref_world, vcr_world):
 
 
 def test_given_shards_reach_training_and_evaluation(ref_world, tmp_path):
-    """`vltrain finetune --given-shards` trains RefCOCO+ on detections + ground truth; the run
-    keeps them, and `vltrain evaluate` reads them from the run (or its own --given-shards)."""
+    """`vltrain finetune --given-stores` trains RefCOCO+ on detections + ground truth; the run
+    keeps them, and `vltrain evaluate` reads them from the run (or its own --given-stores)."""
     from helpers import run_vltrain
 
     root, _, _ = ref_world
@@ -451,23 +453,25 @@ def test_given_shards_reach_training_and_evaluation(ref_world, tmp_path):
     narrow = [RegionFeatures(image, SIZE, SIZE, GROUND_TRUTH, np.zeros((2, DIM - 1), np.float32))]
     write_records(tmp_path / "narrow", narrow, feature_dim=DIM - 1, dtype="float32")
     common = [
-        "--task", "refcoco+", "--data", str(root / "task"), "--shards", str(root / "dets"),
+        "--task", "refcoco+", "--data", str(root / "task"), "--stores", str(root / "dets"),
         "--model", "lxmert-tiny", "--vocab", str(VOCAB), "--max-regions", "10", "--batch-size", "1",
     ]  # fmt: skip
-    bad = run_vltrain("finetune", *common, "--given-shards", str(tmp_path / "narrow"), "--out", str(tmp_path / "b"))
+    bad = run_vltrain("finetune", *common, "--given-stores", str(tmp_path / "narrow"), "--out", str(tmp_path / "b"))
     assert bad.returncode == 2 and "different widths" in bad.stderr
     run = tmp_path / "ft"
-    ok = run_vltrain("finetune", *common, "--given-shards", str(root / "gt"), "--steps", "1", "--out", str(run))
+    ok = run_vltrain("finetune", *common, "--given-stores", str(root / "gt"), "--steps", "1", "--out", str(run))
     assert ok.returncode == 0, ok.stderr
     assert json.loads((run / "config.json").read_text())["train"]["given_stores"] == [str(root / "gt")]
-    result = evaluate_checkpoint("refcoco+", str(run), root / "task", "val", out=tmp_path / "e")
+    result = evaluate_checkpoint(EvaluateConfig("refcoco+", str(run), root / "task", "val", out=tmp_path / "e"))
     assert result["examples"] == 1
     with pytest.raises(ConfigError, match="refcoco\\+ read no ground-truth boxes when evaluated"):
-        evaluate_checkpoint("refcoco+", str(run), root / "task", "val", given_stores=[str(tmp_path / "narrow")])
+        evaluate_checkpoint(
+            EvaluateConfig("refcoco+", str(run), root / "task", "val", given_stores=[str(tmp_path / "narrow")])
+        )
 
 
 def test_given_shards_must_be_ground_truth_and_read_by_a_task(ref_world, tmp_path):
-    """--given-shards names a store of ground-truth boxes (`vlprep extract --given-boxes`) for a
+    """--given-stores names a store of ground-truth boxes (`vlprep extract --given-boxes`) for a
     task that reads them: the detections store itself is refused by its provenance, and a task
     that reads no ground truth (VQA) refuses the flag."""
     from helpers import run_vltrain
@@ -476,11 +480,11 @@ def test_given_shards_must_be_ground_truth_and_read_by_a_task(ref_world, tmp_pat
     provenance = {"detector": "vg-r101", "box_policy": "butd boxes=10-100, conf>=0.2, nms=0.3 +1px"}
     write_records(tmp_path / "detections", dets, feature_dim=DIM, dtype="float32", provenance=provenance)
     common = [
-        "--task", "refcoco+", "--data", str(root / "task"), "--shards", str(root / "dets"),
+        "--task", "refcoco+", "--data", str(root / "task"), "--stores", str(root / "dets"),
         "--model", "lxmert-tiny", "--vocab", str(VOCAB), "--max-regions", "10", "--batch-size", "1", "--steps", "1",
     ]  # fmt: skip
     proc = run_vltrain(
-        "finetune", *common, "--given-shards", str(tmp_path / "detections"), "--out", str(tmp_path / "a")
+        "finetune", *common, "--given-stores", str(tmp_path / "detections"), "--out", str(tmp_path / "a")
     )
     assert proc.returncode == 2 and "its features are a detector's regions (butd boxes=10-100" in proc.stderr
     assert not (tmp_path / "a").exists()

@@ -52,7 +52,7 @@ class ModelFamily:
 
     name: ClassVar[str]
     config_class: ClassVar[type]
-    tasks: ClassVar[tuple[str, ...]]  # pretraining losses, named as in --weight / --task-from
+    tasks: ClassVar[tuple[str, ...]]  # pretraining losses, named as in --loss-weight / --task-from
     eval_metrics: ClassVar[dict[str, str]]  # validation score -> "max" | "min" (better)
     max_text: ClassVar[int]  # default text tokens per item
     position: ClassVar[str]  # box encoding: "4d" (x1y1x2y2) or "5d" (+ area)
@@ -83,7 +83,7 @@ class ModelFamily:
             raise ConfigError(
                 f"{store} holds grid features, which carry no detector labels, and {self.name}'s "
                 f"{' and '.join(on)} loss{'es' if len(on) > 1 else ''} learn{'' if len(on) > 1 else 's'} them: "
-                f"turn {'them' if len(on) > 1 else 'it'} off ({' '.join(f'--weight {t}=0' for t in on)}) or "
+                f"turn {'them' if len(on) > 1 else 'it'} off ({' '.join(f'--loss-weight {t}=0' for t in on)}) or "
                 "train on a detector's store"
             )
 

@@ -17,7 +17,7 @@ from rich.console import Console
 from pipeline.cli_flags import Flag, Flags, config_command
 from pipeline.errors import ConfigError
 from pipeline.log import named_errors
-from vl_models.config import DEVICES
+from vl_models.flags import parse_device
 from vl_models.predict.config import PredictConfig
 from vl_models.progress import bar as progress_bar
 
@@ -32,8 +32,13 @@ PREDICT_FLAGS = (
             "checkpoint.",
             "step": "In a run folder: the checkpoint of this step, or best.",
             "vocab": "Vocab (default: the run's).",
-            "task_data": "TASK=FOLDER: a task dataset with the head's answer table, where the run's is not here.",
-            "device": Flag("cpu or cuda.", choices=DEVICES),
+            "task_data": Flag(
+                "TASK=FOLDER: a task dataset with the head's answer table, where the run's is not here.", name="--data"
+            ),
+            "device": Flag(
+                "auto (cuda when this process sees a CUDA device, else cpu), cpu, cuda or cuda:N (GPU N).",
+                parse=parse_device,
+            ),
             "batch_size": "Examples per forward (queries of one task share them).",
         },
     ),

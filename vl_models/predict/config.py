@@ -15,9 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from pipeline.config import Config, one_of
+from pipeline.config import Config, check_device
 from pipeline.errors import ConfigError
-from vl_models.config import DEVICES
 
 
 @dataclass(frozen=True)
@@ -79,7 +78,7 @@ class PredictConfig(Config):
         if self.show is not None and self.show.suffix.lower() != ".png":
             raise ConfigError(f"--show {self.show}: the picture is a PNG; give a .png path")
         self.task_folders  # raises for an entry that is no TASK=FOLDER
-        one_of("device", self.device, DEVICES)
+        check_device("device", self.device)
         if self.out is not None and self.show is not None and self.out.resolve() == self.show.resolve():
             raise ConfigError(f"--out and --show are the same file ({self.out}); give each its own")
 
@@ -90,6 +89,6 @@ class PredictConfig(Config):
         for entry in self.task_data:
             name, sep, folder = entry.partition("=")
             if not sep or not name or not folder:
-                raise ConfigError(f"--task-data {entry!r}: TASK=FOLDER")
+                raise ConfigError(f"--data {entry!r}: TASK=FOLDER")
             folders[name] = folder
         return folders

@@ -80,7 +80,7 @@ def load_predictor(
     unknown = sorted(set(task_data or {}) - set(run.get("tasks") or ()))
     if unknown:
         raise ConfigError(
-            f"--task-data {', '.join(unknown)}: {source} has no such head "
+            f"--data {', '.join(unknown)}: {source} has no such head "
             f"(its heads: {', '.join(run.get('tasks') or ()) or 'none: a pretraining run'})"
         )
     if is_finetuned(run):
@@ -153,7 +153,7 @@ def _answer_table(task, folder: Optional[str], run: dict) -> list:
     if not folder or not Path(folder).is_dir():
         raise ConfigError(
             f"the {task.name} head's answer table is in its task dataset {folder}, which is not there: "
-            f"name it with --task-data {task.name}=FOLDER"
+            f"name it with --data {task.name}=FOLDER"
         )
     data = TaskData.open(folder, task=task.name)
     if answers_digest(data) != run["answers"][task.name]:

@@ -3,7 +3,7 @@
 Model dims that come from the data are taken from it: region feature width and class /
 attribute counts from the first feature store, the QA head from the mixture's answer
 table. What can be wrong with the invocation or the inputs is checked before any work
-and any write: device, reporters, mixture, the model family's tasks (--weight,
+and any write: device, reporters, mixture, the model family's tasks (--loss-weight,
 --task-from), --best-metric and --region-overlap, vocab, a batch the data can fill on every
 rank, images missing from the stores; the model is built only once those pass, then the
 run folder is checked (`run_folder.plan`: an earlier run there is continued only with
@@ -80,22 +80,34 @@ class BestMetric:
         return than is None or (value > than if self.mode == "max" else value < than)
 
 
-def resolve_device(name: str, local_rank: int) -> str:
-    """The torch device of this rank; ConfigError when CUDA is asked for and not there."""
+def resolve_device(name: str, local_rank: int, amp: str = "none") -> str:
+    """The torch device of this rank for ``--device`` `name` (`pipeline.config.check_device`'s
+    names): cpu; cuda, the local rank's GPU (one GPU per rank under torchrun); cuda:N, GPU N;
+    auto, cuda when a CUDA device is visible, else cpu. ConfigError when CUDA is asked for and
+    not there, or when `amp` is fp16 and the device is a CPU."""
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
     if name == "cpu":
+        if amp == "fp16":
+            raise ConfigError("--amp fp16 needs a CUDA device, and --device auto found none (use bf16 on CPU)")
         return "cpu"
     if not torch.cuda.is_available():
         raise ConfigError(
-            "--device cuda: no CUDA device is visible to this process (torch.cuda.is_available() is "
+            f"--device {name}: no CUDA device is visible to this process (torch.cuda.is_available() is "
             "False); use --device cpu, or check the driver and CUDA_VISIBLE_DEVICES"
         )
     count = torch.cuda.device_count()
-    if local_rank >= count:
+    index = int(name.partition(":")[2] or local_rank)
+    if name != "cuda" and local_rank > 0:
         raise ConfigError(
-            f"--device cuda: local rank {local_rank} needs GPU {local_rank}, but {count} are visible: "
-            f"start at most {count} processes per node"
+            f"--device {name}: every rank of this node would use GPU {index}; under torchrun give cuda "
+            "(each rank its local rank's GPU)"
         )
-    return f"cuda:{local_rank}"
+    if index >= count:
+        need = f"local rank {local_rank} needs GPU {index}" if name == "cuda" else f"GPU {index} asked for"
+        advice = f"start at most {count} processes per node" if name == "cuda" else f"GPUs 0-{count - 1} are there"
+        raise ConfigError(f"--device {name}: {need}, but {count} are visible: {advice}")
+    return f"cuda:{index}"
 
 
 def model_config(cfg: TrainConfig, answers: int) -> tuple[ModelFamily, object]:
@@ -176,7 +188,7 @@ def run(cfg: TrainConfig, on_step: Optional[Callable[[int, dict, int], None]] = 
     `on_step(step, metrics, steps)` is called on rank 0 at every logged step; `steps` is the
     schedule's last step (from --epochs when given, so a progress bar knows its total)."""
     rank, world, local = distributed.world()
-    device = resolve_device(cfg.run.device, local)
+    device = resolve_device(cfg.run.device, local, cfg.run.amp)
     runlog.check_reporters(cfg.run.report_to)
     check_out(Path(cfg.out))
     check_init(cfg.init)

@@ -36,14 +36,13 @@ from pipeline.records import RegionFeatures
 from pipeline.store import FeatureStore
 from pipeline.store.buffer import pad_regions
 from pipeline.task_data import TaskData
-from vl_models.config import DataSettings
+from vl_models.config import NLVR2_PACKINGS, DataSettings
 from vl_models.data.dataset import check_region_slots
 from vl_models.data.loader import drawn
 from vl_models.data.tokenize import WordPiece
 
 CANDIDATE_KEYS = ("input_ids", "attention_mask", "token_type_ids", "visual_feats", "visual_pos", "visual_mask")
 IMG_FEATURES = ("kept", "all")  # the IMG token's feature: the mean of the regions in the slots, or of all the image's
-PACKINGS = ("per-image", "mt")  # a two-image example's rows (see the module's docstring)
 
 
 def _mean(features: np.ndarray) -> np.ndarray:
@@ -58,7 +57,7 @@ def _opened(store, verify: Optional[bool]):
 
 
 def check_given_stores(tasks: Sequence, stores: Sequence[Path], training: bool) -> None:
-    """ConfigError when ground-truth boxes' stores (``--given-shards``) are given where no task
+    """ConfigError when ground-truth boxes' stores (``--given-stores``) are given where no task
     reads them (RefCOCO in training, VCR always), or one of them holds a detector's regions (its
     provenance names a box policy that is no ``--given-boxes`` file); a store imported from
     elsewhere, which records no extraction, is taken at its word."""
@@ -67,7 +66,7 @@ def check_given_stores(tasks: Sequence, stores: Sequence[Path], training: bool) 
     readers = [t.name for t in tasks if t.ground_truth == "always" or (training and t.ground_truth == "train")]
     if not readers:
         raise ConfigError(
-            f"--given-shards: {', '.join(t.name for t in tasks)} read no ground-truth boxes "
+            f"--given-stores: {', '.join(t.name for t in tasks)} read no ground-truth boxes "
             f"{'in training' if training else 'when evaluated'} (RefCOCO's training and VCR do); leave it out"
         )
     for path in stores:
@@ -75,7 +74,7 @@ def check_given_stores(tasks: Sequence, stores: Sequence[Path], training: bool) 
         policy = str(provenance.get("box_policy") or "")
         if provenance.get("detector") and not policy.startswith("given boxes"):
             raise ConfigError(
-                f"--given-shards {path}: its features are a detector's regions ({policy or 'no box policy'}), not "
+                f"--given-stores {path}: its features are a detector's regions ({policy or 'no box policy'}), not "
                 "ground-truth boxes (vlprep extract --given-boxes FILE, with the file build-task writes, makes those)"
             )
 
@@ -105,8 +104,8 @@ class TaskDataset(torch.utils.data.Dataset):
     ):
         if img_feature not in IMG_FEATURES:
             raise ValueError(f"img_feature: one of {', '.join(IMG_FEATURES)}, not {img_feature!r}")
-        if packing not in PACKINGS:
-            raise ValueError(f"packing: one of {', '.join(PACKINGS)}, not {packing!r}")
+        if packing not in NLVR2_PACKINGS:  # a two-image example's rows (see the module's docstring)
+            raise ValueError(f"packing: one of {', '.join(NLVR2_PACKINGS)}, not {packing!r}")
         if packing == "mt" and not family.img_token:
             raise ConfigError(
                 f"--nlvr2-packing mt packs ViLBERT's IMG tokens and regions (vilbert-multi-task's); a {family.name} "

@@ -26,7 +26,7 @@ import json
 import logging
 from dataclasses import replace
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import Any, Callable, NamedTuple, Optional, Sequence
 
 import numpy as np
 import torch
@@ -36,13 +36,14 @@ from pipeline.io import atomic_write_json, check_output, replacing_output
 from pipeline.store import FeatureStore
 from pipeline.task_data import TaskData
 from vl_models import distributed, families, transfer
-from vl_models.config import DataSettings
+from vl_models.config import DataSettings, EvaluateConfig
 from vl_models.data.padding import padded
 from vl_models.models.configuration import check_text_length
 from vl_models.models.weights import init_pretraining
+from vl_models.train.checkpoint import resolve
 from vl_models.train.run_folder import answers_digest
 from vl_models.train.trainer import resolve_device
-from vl_models.transfer.dataset import PACKINGS, TaskDataset, check_given_stores
+from vl_models.transfer.dataset import TaskDataset, check_given_stores
 from vl_models.transfer.heads import RetrievalHead, TransferModel, build_transfer_model, run_heads
 from vl_models.transfer.published import read_published
 from vl_models.transfer.runs import backbone_state, data_settings, is_finetuned, model_of, our_run
@@ -198,98 +199,116 @@ def pair_scores(
     return np.stack(columns, axis=1) if columns else np.zeros((len(captions), 0), np.float32)
 
 
-def evaluate_checkpoint(
-    task_name: str,
-    source: str,
-    data_dir: Path,
-    split: str,
-    stores: Sequence[str] = (),
-    given_stores: Optional[Sequence[str]] = None,
-    vocab: Optional[str] = None,
-    out: Optional[Path] = None,
-    zero_shot: bool = False,
-    model: Optional[str] = None,
-    device: str = "cpu",
-    batch_size: int = 64,
-    limit: int = 0,
-    progress: Progress = None,
-    max_regions: Optional[int] = None,
-    max_text: Optional[int] = None,
-    nlvr2_packing: Optional[str] = None,
-) -> dict:
-    """`vltrain evaluate`: score a fine-tuned run's `task` head on a split of a task dataset
-    (a run of ours, or a published fine-tuned checkpoint: `vl_models.transfer.published`; or,
-    with `zero_shot`, a pretrained model's pair head on a retrieval task), write
-    ``metrics.json`` and the task's submission file into `out` (default: the run folder's
-    ``eval/<task>-<split>/``); returns {"metrics", "files", "examples"}. `out` follows every
-    command's output rules (`pipeline.io.check_output`, checked before any work: no symbolic
-    link, no file, no folder of someone else's; an evaluation folder of ours is replaced as a
-    whole). The run's recorded stores, given stores and vocab are used unless given here
-    (`stores`, `given_stores`, `vocab`); one that is not there is named. `given_stores`: the
-    ground-truth boxes' feature stores (default: the run's), which VCR merges with the
-    detections (RefCOCO scores on detections alone). Under torchrun the
-    ranks share the scoring and rank 0 writes (the other ranks return no files).
+def evaluate_checkpoint(cfg: EvaluateConfig, progress: Progress = None) -> dict:
+    """`vltrain evaluate`: score a fine-tuned run's ``cfg.task`` head on a split of a task
+    dataset (a run of ours, or a published fine-tuned checkpoint: `vl_models.transfer.published`;
+    or, with ``zero_shot``, a pretrained model's pair head on a retrieval task), write
+    ``metrics.json`` and the task's submission file into ``cfg.out`` (default: the run folder's
+    ``eval/<task>-<split>/``); returns {"metrics", "files", "examples"}. `progress(done, total)`
+    is told the examples (retrieval: pairs) scored. The output follows every command's output
+    rules (`pipeline.io.check_output`, checked before any work: no symbolic link, no file, no
+    folder of someone else's; an evaluation folder of ours is replaced as a whole). The run's
+    recorded stores, given stores and vocab are used unless given (``stores``, ``given_stores``,
+    ``vocab``); one that is not there is named. ``given_stores``: the ground-truth boxes'
+    feature stores (default: the run's), which VCR merges with the detections (RefCOCO scores
+    on detections alone). Under torchrun the ranks share the scoring and rank 0 writes (the
+    other ranks return no files).
 
     The examples are made with the settings the model was trained with: a run's own
     (`data_settings`), a published checkpoint's code's (`Published.data_settings`: text length,
-    region slots, its IMG token's feature); `max_regions` (region slots per image, the IMG token
-    not counted) and `max_text` (text tokens) replace them where given. `nlvr2_packing`
-    ("per-image", the default; "mt": vilbert-multi-task's, `nlvr2.mt_packed`): how NLVR2's two
-    images fill their rows. The settings used are logged and recorded in ``metrics.json``
-    (``settings``)."""
-    device = resolve_device(device, distributed.world()[2])
-    if batch_size < 1:
-        raise ConfigError(f"--batch-size {batch_size}: give 1 or more")
-    if limit < 0:
-        raise ConfigError(f"--limit {limit}: the rows (retrieval: images) to score, 1 or more (0: all)")
-    if max_regions is not None and max_regions < 1:
-        raise ConfigError(f"--max-regions {max_regions}: region slots per image, 1 or more")
-    if max_text is not None and max_text < 3:
-        raise ConfigError(f"--max-text {max_text}: text tokens, 3 or more ([CLS], a word, [SEP])")
-    task = transfer.get(task_name)
-    if nlvr2_packing is not None and task.name != "nlvr2":
+    region slots, its IMG token's feature); ``max_regions`` (region slots per image, the IMG
+    token not counted) and ``max_text`` (text tokens) replace them where given.
+    ``nlvr2_packing`` ("per-image", the default; "mt": vilbert-multi-task's, `nlvr2.mt_packed`):
+    how NLVR2's two images fill their rows. The settings used are logged and recorded in
+    ``metrics.json`` (``settings``)."""
+    device = resolve_device(cfg.device, distributed.world()[2])
+    task = transfer.get(cfg.task)
+    if cfg.nlvr2_packing is not None and task.name != "nlvr2":
         raise ConfigError(f"--nlvr2-packing: NLVR2's two images' rows; {task.name} has one image per example")
-    if nlvr2_packing not in (None, *PACKINGS):
-        raise ConfigError(f"--nlvr2-packing {nlvr2_packing}: one of {', '.join(PACKINGS)}")
+    source = str(resolve(cfg.checkpoint, cfg.step, role="--checkpoint")) if cfg.step else cfg.checkpoint
     if not (Path(source).exists() or Path(source).is_symlink()):
         raise ConfigError(f"--checkpoint {source} does not exist")
-    data = TaskData.open(data_dir, task=task.name)
+    data = TaskData.open(cfg.data, task=task.name)
     ckpt, run = our_run(source, role="--checkpoint")
+    out, inputs = _output(cfg, task, source, ckpt)
+    model = _load_model(cfg, task, data, source, ckpt, run)
+    view, used = _view(cfg, task, data, run, model)
+    model.transfer.to(device)
+    distributed.init(device)
+    predictions = predict(model.transfer, view, device, cfg.batch_size, cfg.limit, progress)
+    metrics = task.score(data, predictions)
+    if not distributed.is_main():
+        return {"metrics": metrics, "files": [], "examples": int(len(predictions.rows))}
+    report = {
+        "task": task.name,
+        "split": cfg.split,
+        "checkpoint": str(ckpt or source),
+        "zero_shot": cfg.zero_shot,
+        "rows": int(len(predictions.rows)),
+        "metrics": metrics,
+        "settings": used,
+    }
+    files = _write(out, inputs, task, data, predictions, report)
+    return {"metrics": metrics, "files": [str(f) for f in files], "examples": int(len(predictions.rows))}
+
+
+def _output(cfg: EvaluateConfig, task, source: str, ckpt: Optional[Path]) -> tuple[Path, list[Path]]:
+    """(the evaluation folder: ``cfg.out``, default the run folder's ``eval/<task>-<split>/``,
+    the inputs it must not overlap), checked before any work (`pipeline.io.check_output`)."""
+    out = cfg.out
     if out is None and ckpt is None:
         raise ConfigError("--out: where to write the metrics and predictions (the checkpoint is no run folder's)")
     if out is None:
-        out = ckpt.parent.parent / "eval" / f"{task.name}-{split}{'-zero-shot' if zero_shot else ''}"
-    out = Path(out)
-    inputs = [Path(data_dir), *map(Path, stores), *map(Path, given_stores or ()), ckpt or Path(source)]
+        out = ckpt.parent.parent / "eval" / f"{task.name}-{cfg.split}{'-zero-shot' if cfg.zero_shot else ''}"
+    inputs = [cfg.data, *cfg.stores, *(cfg.given_stores or ()), ckpt or Path(source)]
     check_output(
         out,
         EVALUATION,
-        inputs=inputs + ([Path(vocab)] if vocab else []),
+        inputs=inputs + ([cfg.vocab] if cfg.vocab else []),
         what="vltrain evaluate",
         also_ours=_earlier_evaluation,
     )
-    published = None
-    if zero_shot:
+    return out, inputs
+
+
+class _Loaded(NamedTuple):
+    """A checkpoint loaded for scoring: its family and model config, the transfer model, the
+    published checkpoint it is (None: a run of ours) and the vocab (None: the run's)."""
+
+    family: Any
+    mcfg: Any
+    transfer: TransferModel
+    published: Optional[Any]
+    vocab: Optional[Path]
+
+
+def _load_model(cfg: EvaluateConfig, task, data: TaskData, source: str, ckpt: Optional[Path], run) -> _Loaded:
+    """The model to score: the pretraining pair head (``zero_shot``), a published fine-tuned
+    checkpoint, or a fine-tuning run of ours whose `task` head was trained on `data`'s answer
+    table; ConfigError for a checkpoint that is none of them."""
+    stores, published = cfg.stores, None
+    if cfg.zero_shot:
         if not getattr(task, "pairwise", False):
             raise ConfigError(
                 f"--zero-shot: {task.name} needs a fine-tuned head; only retrieval tasks "
                 f"({', '.join(n for n in transfer.names() if getattr(transfer.get(n), 'pairwise', False))}) "
                 "score with the pretraining pair head"
             )
-        family, mcfg = model_of(model, None if model else run, (stores or _run_paths(run, "stores", "--shards"))[0], 1)
+        store = (stores or _run_paths(run, "stores", "--stores"))[0]
+        family, mcfg = model_of(cfg.model, None if cfg.model else run, store, 1)
         tmodel = TransferModel(family, family.build(mcfg), {task.name: RetrievalHead(task.candidates)})
         if is_finetuned(run):
             tmodel.backbone.load_state_dict(backbone_state(ckpt))
         else:
             init_pretraining(tmodel.backbone, ckpt or Path(source), family.load_checkpoint)
-    elif run is None and (published := read_published(source, model)) is not None:
+    elif run is None and (published := read_published(source, cfg.model)) is not None:
         if not stores:
-            raise ConfigError(f"--shards: the feature store(s) with the images ({source} names none)")
+            raise ConfigError(f"--stores: the feature store(s) with the images ({source} names none)")
         published.check_store(FeatureStore.open(stores[0]).layout)
         family, mcfg = published.family, published.mcfg
         tmodel = published.transfer_model(task, len(data.answers))
-        vocab = vocab or str(published.vocab)
         log.info("%s", published.note(task))
+        return _Loaded(family, mcfg, tmodel, published, cfg.vocab or Path(published.vocab))
     else:
         if not is_finetuned(run) or task.name not in run["tasks"]:
             raise ConfigError(
@@ -307,6 +326,14 @@ def evaluate_checkpoint(
         mcfg = family.config_class.from_json(run["model"])
         tmodel = build_transfer_model(family, mcfg, [task], [data], **run_heads(run))
         tmodel.load_state_dict(backbone_state(ckpt, heads=(task.name,)))
+    return _Loaded(family, mcfg, tmodel, published, cfg.vocab)
+
+
+def _data_settings(cfg: EvaluateConfig, task, run, published) -> tuple[DataSettings, str, str]:
+    """(the examples' settings, the IMG token's feature, where they come from): the published
+    checkpoint's code's or the run's (the defaults for a checkpoint of neither), with
+    ``max_regions`` and ``max_text`` where given."""
+    max_regions, max_text = cfg.max_regions, cfg.max_text
     if published is not None:
         settings = published.data_settings(task, max_regions, max_text)
         img_feature, origin = published.img_feature, f"{published.layout}: {published.reference}"
@@ -321,35 +348,45 @@ def evaluate_checkpoint(
             for k, v in (("max_regions", max_regions), ("max_text", max_text))
             if v is not None
         )
+    return settings, img_feature, origin
+
+
+def _view(cfg: EvaluateConfig, task, data: TaskData, run, model: _Loaded) -> tuple[TaskDataset, dict]:
+    """(the split's examples as the model reads them, the settings used: `_settings_used`),
+    logged; ConfigError for an image of the split that no store holds."""
+    settings, img_feature, origin = _data_settings(cfg, task, run, model.published)
+    given_stores = cfg.given_stores
     if given_stores is None:
-        given_stores = (run and _run_paths(run, "given_stores", "--given-shards", required=False)) or ()
+        given_stores = (run and _run_paths(run, "given_stores", "--given-stores", required=False)) or ()
         given_stores = given_stores if task.ground_truth == "always" else ()  # the run's, where evaluation reads them
     else:
-        check_given_stores([task], [Path(s) for s in given_stores], training=False)
+        check_given_stores([task], list(given_stores), training=False)
+    vocab = model.vocab or (run and _run_paths(run, "vocab", "--vocab", required=False)) or ""
     view = TaskDataset(
         data,
         task,
-        [Path(s) for s in (stores or _run_paths(run, "stores", "--shards"))],
-        Path(vocab or (run and _run_paths(run, "vocab", "--vocab", required=False)) or ""),
-        family,
+        [Path(s) for s in (cfg.stores or _run_paths(run, "stores", "--stores"))],
+        Path(vocab),
+        model.family,
         settings,
-        split,
+        cfg.split,
         train=False,
         given_stores=[Path(s) for s in given_stores],
         img_feature=img_feature,
-        packing=nlvr2_packing or "per-image",
+        packing=cfg.nlvr2_packing or "per-image",
     )
-    check_text_length(mcfg, view.max_text, f"--max-text {max_text}" if max_text else f"{task.name}'s text length")
-    used = _settings_used(view, family, origin)
+    max_text = cfg.max_text
+    check_text_length(model.mcfg, view.max_text, f"--max-text {max_text}" if max_text else f"{task.name}'s text length")
+    used = _settings_used(view, model.family, origin)
     log.info(
         "scoring %s %s with %s text tokens and %s region slots per image%s (%s)",
         task.name,
-        split,
+        cfg.split,
         used["max_text"],
         used["max_regions"],
         " and the IMG token (the mean of every region of the image)"
         if used.get("img_token") == "all"
-        else (" and the IMG token" if family.img_token else ""),
+        else (" and the IMG token" if model.family.img_token else ""),
         origin,
     )
     if task.name == "nlvr2":
@@ -357,28 +394,19 @@ def evaluate_checkpoint(
     missing = view.missing_images()
     if missing:
         raise ConfigError(
-            f"{len(missing)} images of {data.path} ({split}) are in no feature store, e.g. {', '.join(missing[:5])}"
+            f"{len(missing)} images of {data.path} ({cfg.split}) are in no feature store, e.g. {', '.join(missing[:5])}"
         )
-    tmodel.to(device)
-    distributed.init(device)
-    predictions = predict(tmodel, view, device, batch_size, limit, progress)
-    metrics = task.score(data, predictions)
-    if not distributed.is_main():
-        return {"metrics": metrics, "files": [], "examples": int(len(predictions.rows))}
-    report = {
-        "task": task.name,
-        "split": split,
-        "checkpoint": str(ckpt or source),
-        "zero_shot": zero_shot,
-        "rows": int(len(predictions.rows)),
-        "metrics": metrics,
-        "settings": used,
-    }
+    return view, used
+
+
+def _write(out: Path, inputs: list[Path], task, data: TaskData, predictions: Predictions, report: dict) -> list[Path]:
+    """Write `report` (metrics.json) and the task's submission file into `out`, replacing an
+    earlier evaluation there as a whole; the files written."""
     with replacing_output(out, EVALUATION, inputs, what="vltrain evaluate", also_ours=_earlier_evaluation) as tmp:
         tmp.mkdir()
         files = [out / task.write_submission(data, predictions, tmp).name, out / METRICS]
         atomic_write_json(tmp / METRICS, report)
-    return {"metrics": metrics, "files": [str(f) for f in files], "examples": int(len(predictions.rows))}
+    return files
 
 
 PACKING_NOTES = {

@@ -90,7 +90,7 @@ def run_finetune(cfg: FinetuneConfig, on_step: Optional[Callable[[int, dict, int
     """Fine-tune; returns the last logged metrics. Everything that can be wrong with the
     invocation is checked before the model is built and before the run folder is touched."""
     rank, world, local = distributed.world()
-    device = resolve_device(cfg.run.device, local)
+    device = resolve_device(cfg.run.device, local, cfg.run.amp)
     runlog.check_reporters(cfg.run.report_to)
     check_out(Path(cfg.out))
     check_init(cfg.init)

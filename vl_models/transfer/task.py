@@ -77,7 +77,7 @@ class Task:
     min_count: ClassVar[int] = 1  # classifier tasks: answers kept in the table (occurrences in train+val)
     table_splits: ClassVar[tuple[str, ...]] = ("train", "val")  # splits the answer table is counted over
     max_text: ClassVar[Optional[int]] = None  # text tokens per candidate (None: the model family's)
-    # when its examples read the ground-truth boxes' store (--given-shards): "" never, "train" in
+    # when its examples read the ground-truth boxes' store (--given-stores): "" never, "train" in
     # training only (RefCOCO: candidates), "always" (VCR: the question's boxes)
     ground_truth: ClassVar[str] = ""
 
