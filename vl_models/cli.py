@@ -197,7 +197,7 @@ def preview_batch(cfg: PreviewConfig) -> None:
         "features",
         "positions",
         "mask",
-        "num_regions",
+        "regions",
         "objects_id",
         "objects_conf",
         "attrs_id",
@@ -209,7 +209,7 @@ def preview_batch(cfg: PreviewConfig) -> None:
         if value is not None:
             table.add_row(name, str(tuple(value.shape)), str(value.dtype))
     out.print(table)
-    out.print(f"real slots per image: {batch.num_regions.tolist()}")
+    out.print(f"real slots per image: {batch.slots_used.tolist()}")
 
 
 def main() -> None:

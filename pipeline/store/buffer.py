@@ -21,26 +21,35 @@ class RegionBatch:
     Slot layout per image: optional IMG token at slot 0 (`img_token_feature` of the regions in the
     batch, box covering the whole image), then the first `max_regions` regions, then padding. `mask` is True on
     real slots (IMG token included). Padding and the IMG token carry label id -1 and
-    zero confidences / probabilities.
+    zero confidences / probabilities. `regions` counts an image's regions in its slots (the IMG
+    token not counted); `slots_used` counts its occupied slots (the IMG token counted).
     """
 
     image_ids: list[str]
     features: np.ndarray  # (B, K, D) float32
     positions: np.ndarray  # (B, K, 4|5) float32
     mask: np.ndarray  # (B, K) bool
-    num_regions: np.ndarray  # (B,) int64, slots in use per image (the IMG token included)
+    regions: np.ndarray  # (B,) int64, regions in the slots per image (the IMG token not counted)
     objects_id: Optional[np.ndarray] = None  # (B, K) int64
     objects_conf: Optional[np.ndarray] = None  # (B, K) float32
     attrs_id: Optional[np.ndarray] = None
     attrs_conf: Optional[np.ndarray] = None
     cls_prob: Optional[np.ndarray] = None  # (B, K, C) float32
     attr_prob: Optional[np.ndarray] = None
+    img_token: bool = False  # slot 0 holds the IMG token
+
+    @property
+    def slots_used(self) -> np.ndarray:
+        """(B,) int64: occupied slots per image, the IMG token included."""
+        return self.regions + int(self.img_token)
 
     def image(self, b: int) -> "RegionBatch":
         """Image `b` as a one-image batch of views."""
         one = slice(b, b + 1)
+        arrays = (f.name for f in fields(self) if f.name != "img_token")
         return RegionBatch(
-            **{f.name: None if getattr(self, f.name) is None else getattr(self, f.name)[one] for f in fields(self)}
+            **{name: None if getattr(self, name) is None else getattr(self, name)[one] for name in arrays},
+            img_token=self.img_token,
         )
 
 
@@ -232,7 +241,8 @@ class RegionBuffer:
             features=features,
             positions=positions,
             mask=mask,
-            num_regions=counts + first,
+            regions=counts,
+            img_token=bool(first),
             **optional,
         )
 

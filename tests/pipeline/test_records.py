@@ -105,7 +105,7 @@ def test_pad_regions_vilbert_style_with_img_token(rng):
     batch = pad_regions(recs, max_regions=5, position="5d", img_token=True)
     assert batch.features.shape == (2, 6, 8) and batch.positions.shape == (2, 6, 5)
     assert batch.mask.tolist() == [[True] * 4 + [False] * 2, [True] * 6]
-    assert batch.num_regions.tolist() == [4, 6]
+    assert batch.slots_used.tolist() == [4, 6]
     np.testing.assert_allclose(batch.features[0, 0], recs[0].features.mean(0), rtol=1e-6)
     np.testing.assert_allclose(batch.features[1, 0], recs[1].features[:5].mean(0), rtol=1e-6)  # the 5 it gets of 7
     assert batch.positions[0, 0].tolist() == [0, 0, 1, 1, 1]

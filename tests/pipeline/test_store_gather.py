@@ -16,7 +16,7 @@ from pipeline.store import FeatureStore, write_records
 from pipeline.store.buffer import pad_regions
 
 BACKENDS = ["arrow", "lmdb"]
-FIELDS = ("image_ids", "features", "positions", "mask", "num_regions", *OPTIONAL_ARRAYS)
+FIELDS = ("image_ids", "features", "positions", "mask", "regions", "slots_used", *OPTIONAL_ARRAYS)
 
 
 def varied_records(count: int, seed: int = 3) -> list:

@@ -79,7 +79,7 @@ def test_stored_dtype_gather_of_some_fields_equals_pad_regions(data, tmp_path, f
     want = pad_regions([store.get(i) for i in ids], 4, img_token=True)
     assert got.features.dtype == store.layout.np_dtype
     np.testing.assert_array_equal(got.features[:, 1:].astype(np.float32), want.features[:, 1:])
-    for name in ("positions", "mask", "num_regions"):
+    for name in ("positions", "mask", "regions", "slots_used"):
         np.testing.assert_array_equal(getattr(got, name), getattr(want, name))
     for name in ("objects_id", "objects_conf", "attrs_id", "attrs_conf", "cls_prob", "attr_prob"):
         if name in fields:

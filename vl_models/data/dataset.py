@@ -269,7 +269,7 @@ class PretrainDataset(torch.utils.data.Dataset):
         family = self.family
         first = int(family.img_token)  # the IMG token is never masked
         slots = batch.mask.shape[1]
-        m = mask_regions(slots - first, int(batch.num_regions[0]) - first, rng, family.region_masking, cfg.region_prob)
+        m = mask_regions(slots - first, int(batch.regions[0]), rng, family.region_masking, cfg.region_prob)
         selected = np.concatenate([np.zeros(first, bool), m.selected])
         zeroed = np.concatenate([np.zeros(first, bool), m.zeroed])
         replaced = np.concatenate([np.zeros(first, bool), m.replaced])

@@ -53,12 +53,13 @@ class RegionMask:
 
 
 def mask_regions(
-    num_regions: int, num_real: int, rng: np.random.Generator, masking: RegionMasking, prob: float = 0.15
+    slots: int, regions: int, rng: np.random.Generator, masking: RegionMasking, prob: float = 0.15
 ) -> RegionMask:
-    """Select among the first `num_real` regions; zero / replace them as `masking` says."""
-    real = np.arange(num_regions) < num_real
-    selected = (rng.random(num_regions) < prob) & real
-    roll = rng.random(num_regions)
+    """Over `slots` region slots (the IMG token's not among them), select among the first
+    `regions` (the occupied ones); zero / replace them as `masking` says."""
+    real = np.arange(slots) < regions
+    selected = (rng.random(slots) < prob) & real
+    roll = rng.random(slots)
     zeroed = selected & (roll < masking.zero)
     replaced = selected & (roll >= masking.zero) & (roll < masking.zero + masking.replace)
     return RegionMask(selected, zeroed, replaced)

@@ -221,7 +221,7 @@ class TaskDataset(torch.utils.data.Dataset):
                 features=np.concatenate([record.features[:dets], gt.features[:gts]]),
             )
         batch = pad_regions([record], slots, position=family.position, img_token=family.img_token)
-        first, n = int(family.img_token), int(batch.num_regions[0]) - int(family.img_token)
+        first, n = int(family.img_token), int(batch.regions[0])
         boxes = np.zeros((batch.mask.shape[1], 4), np.float32)
         boxes[first : first + n] = record.boxes[:n]
         if first:
