@@ -20,7 +20,7 @@ from pathlib import Path
 
 def main() -> None:
     from vl_models.data.tokenize import bundled_bert_vocab
-    from vl_models.demo import MODELS, TRANSFER_STEPS, DemoConfig, _finetune
+    from vl_models.demo import MODELS, TRANSFER_STEPS, DemoConfig, finetune
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, required=True, help="a finished `vlprep demo` folder")
@@ -47,7 +47,7 @@ def main() -> None:
             print(row.format(kind, task, TRANSFER_STEPS, scratch, pretrained, pretrained - scratch))
             started = time.perf_counter()
             scores = {
-                init: _finetune(cfg, kind, task, init, a.seed, a.out, vocab, a.steps)
+                init: finetune(cfg, kind, task, init, a.seed, a.out, vocab, a.steps)
                 for init in ("scratch", "pretrained")
             }
             seconds = time.perf_counter() - started

@@ -124,23 +124,20 @@ def variants(steps: int) -> dict:
 
 def prepare(out: Path, n_images: int, seed: int) -> None:
     """World, features and both mixtures into `out`, as `vlprep demo` makes them (kept when there)."""
-    from pipeline.synthetic import write_cc_tsvs, write_world
-    from vl_models.demo import MIXTURE_KINDS, DemoConfig, _extract, _mixture, serve
+    from pipeline.synthetic import served, write_world
+    from vl_models.demo import MIXTURE_KINDS, DemoConfig, extract_features, make_mixture
 
     out.mkdir(parents=True, exist_ok=True)
     world = out / "world"
     if not (world / "vg" / "region_descriptions.json").exists():  # absent, or older than the VG files
         write_world(world, n_images, seed)
     if not (out / "features").exists():
-        server, url = serve(world)
-        try:
-            write_cc_tsvs(world, url)
-            print("extract:", _extract(DemoConfig(out=out, n_images=n_images, seed=seed), world, out / "features"))
-        finally:
-            server.shutdown()
+        with served(world):
+            cfg = DemoConfig(out=out, n_images=n_images, seed=seed)
+            print("extract:", extract_features(cfg, world, out / "features"))
     for name, kinds in {**MIXTURE_KINDS, "mixture_captions_qa": ("coco_captions", "vqa")}.items():
         if not (out / name).exists():
-            print(name, _mixture(world, out / "features", out / name, kinds))
+            print(name, make_mixture(world, out / "features", out / name, kinds))
 
 
 def model_json(overrides: dict, folder: Path) -> str:

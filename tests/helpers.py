@@ -212,15 +212,12 @@ def extract_shapes_world(root: Path, scenes: int) -> Path:
     from pipeline.detect.run import run_extract
     from pipeline.distribute import DistributeConfig
     from pipeline.download.fetch import FetchConfig
-    from pipeline.synthetic import write_cc_tsvs, write_world
-    from vl_models.demo import serve
+    from pipeline.synthetic import served, write_world
 
     world = root / "world"
     write_world(world, scenes, 0, val_fraction=0.25)
     shared_ray()
-    server, url = serve(world)
-    try:
-        write_cc_tsvs(world, url)
+    with served(world):
         run_extract(
             ExtractConfig(
                 out=root / "features",
@@ -235,8 +232,6 @@ def extract_shapes_world(root: Path, scenes: int) -> Path:
                 fetch=FetchConfig(allow_private_network=True),
             )
         )
-    finally:
-        server.shutdown()
     return world
 
 

@@ -55,7 +55,7 @@ def build_shapes_site(root: Path) -> Path:
     from train_helpers import finetune_config
 
     from vl_models import transfer
-    from vl_models.demo import TRANSFER_FILES, VQA_MIN_COUNT, _mixture
+    from vl_models.demo import TRANSFER_FILES, VQA_MIN_COUNT, make_mixture
     from vl_models.transfer.build import build_task
     from vl_models.transfer.finetune import run_finetune
 
@@ -68,7 +68,7 @@ def build_shapes_site(root: Path) -> Path:
             image_map=world / "image_map.tsv",
             min_count=VQA_MIN_COUNT if name == "vqa" else None,
         )
-    _mixture(world, root / "features", root / "mixture", ("coco_captions", "vqa"))
+    make_mixture(world, root / "features", root / "mixture", ("coco_captions", "vqa"))
     run_finetune(
         finetune_config(
             root / "tasks",

@@ -20,12 +20,14 @@ One module per concern, each importing only those above it:
                  descriptions
     tasks        the transfer tasks' files (Flickr30k, RefCOCO+, VCR) from what the splits drew
     world        the files on disk (`write_world`, `write_cc_tsvs`, `load_scenes`; layout there)
+    served       a world served on 127.0.0.1 for the real download path (`served`)
 
 The names below are the package's front door; the rest is imported from its module.
 """
 
 from pipeline.synthetic.render import render
 from pipeline.synthetic.scenes import Background, Scene, SceneObject, attribute_names, generate_scene, object_names
+from pipeline.synthetic.served import served
 from pipeline.synthetic.world import load_scenes, write_cc_tsvs, write_world
 
 __all__ = [
@@ -37,6 +39,7 @@ __all__ = [
     "load_scenes",
     "object_names",
     "render",
+    "served",
     "write_cc_tsvs",
     "write_world",
 ]

@@ -25,7 +25,7 @@ from pipeline.store import FeatureStore
 from pipeline.task_data import TaskData
 from vl_models import load_predictor, transfer
 from vl_models.config import EvaluateConfig
-from vl_models.demo import _mixture, _task_datasets
+from vl_models.demo import build_task_datasets, make_mixture
 from vl_models.predict import PredictError, StoreImage
 from vl_models.train.trainer import run as run_pretraining
 from vl_models.transfer.evaluate import evaluate_checkpoint
@@ -47,7 +47,7 @@ def shapes(tmp_path_factory):
     path), its task datasets, a fine-tuning run of every task and a pretraining run."""
     root = tmp_path_factory.mktemp("predict")
     world = extract_shapes_world(root, 16)
-    _task_datasets(root)
+    build_task_datasets(root)
     run_finetune(
         finetune_config(
             root / "tasks",
@@ -60,8 +60,8 @@ def shapes(tmp_path_factory):
             checkpoint_every=3,
         )
     )
-    _mixture(world, root / "features", root / "mixture", ("coco_captions", "vqa"))
-    _mixture(world, root / "features", root / "captions", ("coco_captions",))
+    make_mixture(world, root / "features", root / "mixture", ("coco_captions", "vqa"))
+    make_mixture(world, root / "features", root / "captions", ("coco_captions",))
     for model, mixture, out in (("lxmert-tiny", "mixture", "pretrained"), ("vilbert-tiny", "captions", "vilbert")):
         run_pretraining(
             config(
