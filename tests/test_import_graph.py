@@ -10,7 +10,9 @@ Within a layer, a few packages stay below others (`BELOW`): the model data and m
 import the tasks, the trainer or evaluation; the model families, the trainer and evaluation
 never import transfer (it builds on them); evaluation never imports the trainer; the library's
 detector knows no data set; the shard distributor knows neither download nor extract; the
-item-folder format (`pipeline.items`) knows neither of the formats built on it."""
+item-folder format (`pipeline.items`) knows neither of the formats built on it; asking a model
+(`vl_models.predict`) builds on training, evaluation and transfer, none of which imports it;
+nothing imports the command line (`vl_models.cli`). And docs/layout.md lists every module."""
 
 import ast
 import subprocess
@@ -44,6 +46,12 @@ BELOW += [("pipeline.items", p) for p in ("pipeline.mixture", "pipeline.task_dat
 BELOW += [("pipeline.sources", p) for p in ("pipeline.mixture", "pipeline.items", "pipeline.datasets")]
 # Evaluation and the trainer: the trainer evaluates, evaluation never imports the trainer.
 BELOW += [("vl_models.eval", "vl_models.train")]
+# Asking a model builds on the trainer, evaluation and transfer, and none of them asks; the
+# command line is the top of vltrain: nothing below it imports it (the commands' flags and
+# configs, progress bars and the predict command are modules of their own).
+LOWER = ("data", "models", "tasks", "families", "train", "eval", "transfer")
+BELOW += [(f"vl_models.{low}", "vl_models.predict") for low in LOWER]
+BELOW += [(f"vl_models.{low}", "vl_models.cli") for low in (*LOWER, "predict", "flags", "progress", "config")]
 
 
 def within(module: str, prefix: str) -> bool:
@@ -135,6 +143,10 @@ def test_moved_modules_stay_moved():
     """The demo lives above both packages; the shapes world is `pipeline.synthetic`, split
     by concern (no second copy, no compatibility module); its detector recipe is workflow code."""
     assert not is_module("pipeline.demo") and is_module("vl_models.demo")
+    for package in ("vl_models.demo", "vl_models.predict"):  # packages of one concern per module
+        assert (ROOT.joinpath(*package.split(".")) / "__init__.py").is_file()
+        assert not ROOT.joinpath(*package.split(".")).with_suffix(".py").exists()
+    assert not hasattr(__import__("pipeline.records").records, "pad_regions")  # the batch: pipeline.store.buffer
     assert not is_module("pipeline.datasets.shapes") and is_module("pipeline.synthetic.world")
     assert not is_module("pipeline.mixture.answers") and is_module("pipeline.items.answers")
     assert not is_module("pipeline.download.failures") and is_module("pipeline.failures")
@@ -161,3 +173,22 @@ def test_the_demo_plugin_attaches_without_torch():
         "print(names.count('demo'), 'torch' in sys.modules)"
     )
     assert _run_python(code) == "1 False"
+
+
+def test_the_layout_doc_lists_every_module():
+    """docs/layout.md's "Every module" names each module of both packages, folder by folder,
+    and no module that is not there."""
+    doc = (ROOT / "docs" / "layout.md").read_text().split("## Every module", 1)[1]
+    listed, folder = set(), None
+    for line in doc.splitlines():
+        if line.startswith("**`") and line.endswith("/`**"):
+            folder = line[3:-4]
+        elif line.startswith("| `") and folder:
+            listed.add(f"{folder}/{line.split('`')[1]}")
+    present = {
+        str(p.relative_to(ROOT))
+        for package in PACKAGES
+        for p in (ROOT / package).rglob("*.py")
+        if "__pycache__" not in p.parts
+    }
+    assert sorted(present - listed) == [] and sorted(listed - present) == []
