@@ -41,7 +41,7 @@ from rich.table import Table
 from pipeline import __version__
 from pipeline.cli_flags import Flag, Flags, comma_list, config_command, or_none
 from pipeline.datasets import READERS, ReaderOptions
-from pipeline.detect.backends import BACKENDS as BACKENDS_REGISTRY
+from pipeline.detect.backends import config_names_by_backend
 from pipeline.detect.config import POLICIES, PREPROCESS_MODES, BoxCount, ExtractConfig, GridPool, SelectionConfig
 from pipeline.distribute import DistributeConfig
 from pipeline.download.fetch import FetchConfig
@@ -53,9 +53,7 @@ from pipeline.log import cli_app, named_errors
 from pipeline.log import console as err_console
 from pipeline.store.layout import BACKENDS, FLOAT_DTYPES
 
-DETECTOR_NAMES = "; ".join(
-    f"{b.name}: {', '.join(b.config_names())}" for b in BACKENDS_REGISTRY
-)  # every named config, by backend
+DETECTOR_NAMES = config_names_by_backend()  # every named config, by backend
 
 app = cli_app(
     "vlprep",

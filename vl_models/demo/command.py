@@ -36,7 +36,11 @@ def demo(
             "on the shapes world)."
         ),
     ),
-    detector: str = typer.Option("shapes-tiny", help="Detector config of --weights (a name or a JSON path)."),
+    detector: str = typer.Option(
+        "shapes-tiny",
+        help="Detector config of --weights, by name (shapes-tiny: the committed detector's; or any name "
+        "`vlprep extract --detector` lists) or a JSON path.",
+    ),
     transfer: bool = typer.Option(
         True,
         "--transfer/--no-transfer",

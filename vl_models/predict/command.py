@@ -15,6 +15,7 @@ import typer
 from rich.console import Console
 
 from pipeline.cli_flags import Flag, Flags, config_command
+from pipeline.detect.backends import config_names_by_backend
 from pipeline.errors import ConfigError
 from pipeline.log import named_errors
 from vl_models.flags import parse_device
@@ -76,7 +77,8 @@ PREDICT_FLAGS = (
         {
             "store": "The feature store whose detector runs on new images (default: the run's).",
             "weights": "The detector weights file, where the store's recorded one is not here (checked by its sha256).",
-            "detector": "The detector config (a name or JSON), where the recorded one is not here.",
+            "detector": "The detector config, by name or a JSON path, where the recorded one is not here: "
+            f"{config_names_by_backend()}.",
             "detector_threads": "CPU threads for the detector (default: the store's extract actors', for features "
             "bitwise equal to the store's; more is faster, equal to the last bits).",
             "allow_private_network": Flag(

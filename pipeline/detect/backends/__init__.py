@@ -67,6 +67,12 @@ def config_names() -> dict[str, Backend]:
     return out
 
 
+def config_names_by_backend() -> str:
+    """Every named config, by backend, as a --detector help text lists them
+    (``butd-c4: shapes-tiny, tiny, vg-r101; vinvl-x152c4: ...``)."""
+    return "; ".join(f"{b.name}: {', '.join(b.config_names())}" for b in BACKENDS)
+
+
 def resolve(detector: Union[str, Path, Detector]) -> Detector:
     """The backend and config ``--detector`` names: a named config of any backend, or a JSON
     file (its ``"backend"`` key, ``butd-c4`` when absent). ConfigError listing the names when
