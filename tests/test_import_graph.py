@@ -12,7 +12,8 @@ never import transfer (it builds on them); evaluation never imports the trainer;
 detector knows no data set; the shard distributor knows neither download nor extract; the
 item-folder format (`pipeline.items`) knows neither of the formats built on it; asking a model
 (`vl_models.predict`) builds on training, evaluation and transfer, none of which imports it;
-nothing imports the command line (`vl_models.cli`). And docs/layout.md lists every module."""
+nothing imports the command line (`vl_models.cli`). And docs/layout.md lists every module, and
+the test files the code and the docs cite exist."""
 
 import ast
 import subprocess
@@ -192,3 +193,16 @@ def test_the_layout_doc_lists_every_module():
         if "__pycache__" not in p.parts
     }
     assert sorted(present - listed) == [] and sorted(listed - present) == []
+
+
+def test_cited_test_files_exist():
+    """Every test file the code, the benches and the docs cite (``tests/...py``) is there."""
+    import re
+
+    sources = [p for d in (*PACKAGES, "bench", "docs") for p in (ROOT / d).rglob("*") if p.suffix in (".py", ".md")]
+    cited = {
+        (str(path.relative_to(ROOT)), name)
+        for path in [*sources, ROOT / "README.md"]
+        for name in re.findall(r"tests/[\w/]+\.py", path.read_text())
+    }
+    assert sorted((where, name) for where, name in cited if not (ROOT / name).is_file()) == []
