@@ -133,26 +133,10 @@ def predict(cfg: PredictConfig) -> None:
     from pipeline.download.fetch import FetchConfig
     from pipeline.io import atomic_write_bytes, check_output, output_lock
     from vl_models.predict.draw import picture
-    from vl_models.predict.images import StoreImage
     from vl_models.predict.load import load_predictor, recorded_inputs
-    from vl_models.predict.queries import PredictError, local_images, query_of, read_queries
+    from vl_models.predict.queries import PredictError, local_images, read_queries
 
-    if cfg.queries is None:
-        asked = [
-            query_of(
-                images=[*cfg.image, *(StoreImage(i) for i in cfg.image_id)],
-                rank_images=cfg.images,
-                question=cfg.question,
-                statement=cfg.statement,
-                expression=cfg.expression,
-                captions=cfg.caption,
-                text=cfg.text,
-                choices=cfg.choice,
-                rationales=cfg.rationale,
-                answer=cfg.answer,
-                task=cfg.task,
-            )
-        ]
+    asked = [_flags_query(cfg)] if cfg.queries is None else []
     outputs = [(path, flag) for path, flag in ((cfg.out, "--out"), (cfg.show, "--show")) if path is not None]
     # every input of the command is an input of its outputs: none is written over
     inputs = [Path(cfg.checkpoint), *[Path(f) for f in cfg.task_folders.values()]]
@@ -185,20 +169,8 @@ def predict(cfg: PredictConfig) -> None:
             detector_threads=cfg.detector_threads,
         )
         check(predictor.inputs)  # the run's own inputs, now known: its store, vocab, task datasets
-        results = []
         stream = read_queries(cfg.queries) if cfg.queries is not None else iter(asked)
-        with progress_bar("predict", disable=cfg.queries is None) as bar:
-            job = bar.add_task("queries", total=None)
-            while True:  # the images of a chunk are kept, not all of them
-                chunk = list(itertools.islice(stream, PREDICT_CHUNK))
-                if not chunk:
-                    break
-                answered = iter(predictor.ask([q for q in chunk if "_bad" not in q], cfg.top_k))
-                results += [
-                    {"id": q["id"], "error": "bad query", "detail": q["_bad"]} if "_bad" in q else next(answered)
-                    for q in chunk
-                ]
-                bar.update(job, completed=len(results))
+        results = _answers(predictor, stream, cfg.top_k, shown=cfg.queries is not None)
         if cfg.queries is None and "error" in results[0]:
             raise PredictError(results[0]["error"], results[0]["detail"])
         text_out = "".join(json.dumps(r) + "\n" for r in results)
@@ -217,3 +189,43 @@ def predict(cfg: PredictConfig) -> None:
 def register(app: typer.Typer) -> None:
     """Attach `vltrain predict` to the vltrain app."""
     app.command()(predict)
+
+
+def _flags_query(cfg: PredictConfig) -> dict:
+    """The one query the flags ask (no --queries file)."""
+    from vl_models.predict.images import StoreImage
+    from vl_models.predict.queries import query_of
+
+    return query_of(
+        images=[*cfg.image, *(StoreImage(i) for i in cfg.image_id)],
+        rank_images=cfg.images,
+        question=cfg.question,
+        statement=cfg.statement,
+        expression=cfg.expression,
+        captions=cfg.caption,
+        text=cfg.text,
+        choices=cfg.choice,
+        rationales=cfg.rationale,
+        answer=cfg.answer,
+        task=cfg.task,
+    )
+
+
+def _answers(predictor, stream, top_k, shown: bool) -> list[dict]:
+    """Every query of `stream` answered, `PREDICT_CHUNK` at a time (the images of a chunk are
+    kept, not all of them); a query the file reader refused (``_bad``) gets its error line. A
+    progress bar where `shown` (a --queries file)."""
+    results = []
+    with progress_bar("predict", disable=not shown) as bar:
+        job = bar.add_task("queries", total=None)
+        while True:
+            chunk = list(itertools.islice(stream, PREDICT_CHUNK))
+            if not chunk:
+                break
+            answered = iter(predictor.ask([q for q in chunk if "_bad" not in q], top_k))
+            results += [
+                {"id": q["id"], "error": "bad query", "detail": q["_bad"]} if "_bad" in q else next(answered)
+                for q in chunk
+            ]
+            bar.update(job, completed=len(results))
+    return results
