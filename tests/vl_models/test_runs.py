@@ -75,6 +75,34 @@ def test_a_batch_larger_than_the_train_split_fails_at_once(data, tmp_path):
     assert "Traceback" not in proc.stderr and not (tmp_path / "run").exists()
 
 
+def test_label_ids_beyond_the_models_label_counts_are_refused_up_front(data, tmp_path):
+    """A store with attribute ids but no attr_prob table (as one imported from LXMERT's TSVs)
+    leaves the label count to the model config: ids beyond it failed the attr loss mid-step
+    with an IndexError, whatever its weight; now the run is refused before it starts, naming
+    the store, the image, the field and the count."""
+    store = FeatureStore.open(data / "feats")
+    records = [store.record_at(i) for i in range(len(store))]
+    for rec in records:
+        rec.cls_prob = rec.attr_prob = None
+        rec.objects_id = np.minimum(rec.objects_id, 9)  # within lxmert-tiny's 12 object labels
+    records[2].attrs_id = records[2].attrs_id.copy()
+    records[2].attrs_id[0] = 399  # Visual Genome's last attribute; lxmert-tiny has 6
+    write_records(tmp_path / "ids_only", records, feature_dim=16, dtype="float32")
+    args = pretrain_args(data, tmp_path / "run", "--loss-weight", "attr=0")
+    at = args.index("--stores")
+    args[at + 1] = tmp_path / "ids_only"
+    proc = run_vltrain(*args)
+    assert proc.returncode == EXIT_CONFIG, proc.stderr[-2000:]
+    assert f"image {records[2].image_id} has attrs_id 399" in proc.stderr and "num_attr_labels" in proc.stderr
+    assert "attr_prob" in proc.stderr and "Traceback" not in proc.stderr and not (tmp_path / "run").exists()
+    for rec in records:  # ids within the counts: the run trains
+        rec.attrs_id = np.minimum(rec.attrs_id, 5)
+    write_records(tmp_path / "ids_fit", records, feature_dim=16, dtype="float32")
+    args[at + 1] = tmp_path / "ids_fit"
+    proc = run_vltrain(*args[:-2], "--steps", "2")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
 def test_items_per_rank_are_checked_under_torchrun(data, tmp_path, monkeypatch):
     """2 ranks share 12 items: 6 each, fewer than a batch of 8 (one process would run)."""
     for name, value in (("WORLD_SIZE", "2"), ("RANK", "0"), ("LOCAL_RANK", "0")):

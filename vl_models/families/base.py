@@ -24,7 +24,7 @@ new file that defines a family and calls `register`.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar, Optional
+from typing import Any, ClassVar, Optional, Sequence
 
 import numpy as np
 import torch
@@ -86,6 +86,10 @@ class ModelFamily:
                 f"turn {'them' if len(on) > 1 else 'it'} off ({' '.join(f'--loss-weight {t}=0' for t in on)}) or "
                 "train on a detector's store"
             )
+
+    def check_label_ids(self, mcfg: Any, stores: Sequence[str]) -> None:
+        """ConfigError up front when a store's detector label ids do not fit the label counts
+        of `mcfg` (the fitted config); a family whose losses read no label ids checks nothing."""
 
     def build(self, mcfg: Any) -> torch.nn.Module:
         """The pretraining model (all heads)."""

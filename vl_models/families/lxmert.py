@@ -8,6 +8,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from pipeline.errors import ConfigError
 from vl_models.data.masking import RegionMasking
 from vl_models.data.padding import REGION_SLOTS
 from vl_models.families.base import RETRIEVAL_METRICS, ModelFamily
@@ -15,6 +16,8 @@ from vl_models.models.configuration import LxmertConfig
 from vl_models.models.modeling_lxmert import LxmertForPreTraining
 from vl_models.models.weights import load_lxmert_pretraining
 from vl_models.tasks import losses as L
+
+LABEL_SAMPLE = 256  # records per store whose label ids `check_label_ids` reads
 
 
 class Lxmert(ModelFamily):
@@ -47,6 +50,29 @@ class Lxmert(ModelFamily):
             num_object_labels=(layout.cls_dim or mcfg.num_object_labels + 1) - 1,
             num_attr_labels=(layout.attr_dim or mcfg.num_attr_labels + 1) - 1,
         )
+
+    def check_label_ids(self, mcfg, stores):
+        """The object and attribute ids of each store's first `LABEL_SAMPLE` records against
+        `mcfg`'s label counts, where the store has no probability table to set the count (a
+        store imported from LXMERT's TSVs keeps the ids alone): an id beyond the count would
+        fail the obj / attr loss mid-step, whatever its weight."""
+        from pipeline.store import FeatureStore
+
+        counts = {"objects_id": ("cls_prob", "num_object_labels"), "attrs_id": ("attr_prob", "num_attr_labels")}
+        for path in stores:
+            store = FeatureStore.open(path)
+            unset = {f: c for f, c in counts.items() if store.layout.prob_dim(c[0]) is None}
+            for i in range(min(LABEL_SAMPLE, len(store)) if unset and store.layout.regions != "grid" else 0):
+                record = store.record_at(i)
+                for field, (table, name) in unset.items():
+                    ids = getattr(record, field)
+                    if ids is not None and ids.size and int(ids.max()) >= getattr(mcfg, name):
+                        raise ConfigError(
+                            f"{path}: image {record.image_id} has {field} {int(ids.max())}, beyond the "
+                            f"{getattr(mcfg, name)} labels of the model config {mcfg.name} ({name}; the store has "
+                            f"no {table} to set it): train a model config with as many labels as the store's "
+                            "detector (lxmert-base: Visual Genome's 1600 objects and 400 attributes)"
+                        )
 
     def build(self, mcfg):
         return LxmertForPreTraining(mcfg)

@@ -112,12 +112,15 @@ def resolve_device(name: str, local_rank: int, amp: str = "none") -> str:
 
 def model_config(cfg: TrainConfig, answers: int) -> tuple[ModelFamily, object]:
     """(family, model config fitted to the data) for `cfg.model`: the feature width and label
-    counts from the first store, the answer-table size from `answers`. Nothing is built."""
+    counts from the first store, the answer-table size from `answers`; every store's label ids
+    checked against those counts (`check_label_ids`). Nothing is built."""
     mcfg = families.load_config(cfg.model)
     family = families.of_config(mcfg)
     layout = FeatureStore.open(cfg.stores[0]).layout
     family.check_labels(layout, cfg.task.weights, cfg.stores[0])
-    return family, family.fit(mcfg, layout, answers, cfg.stores[0])
+    fitted = family.fit(mcfg, layout, answers, cfg.stores[0])
+    family.check_label_ids(fitted, cfg.stores)
+    return family, fitted
 
 
 def build_model(cfg: TrainConfig, answers: int) -> tuple[ModelFamily, object, torch.nn.Module]:
