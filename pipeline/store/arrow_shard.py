@@ -115,7 +115,7 @@ def _batch_rows(batch: pa.RecordBatch, cols: Sequence[Column], base: int) -> np.
             raise _Damaged(col.name, 0)
         starts = where // col.dtype.itemsize + values.offset + offsets[:-1]
         table.append(starts if valid is None else np.where(valid, starts, -1))
-    return np.stack(table + [id_offsets[:-1], id_offsets[1:]], axis=1).astype(np.int64)
+    return np.stack(table + [id_offsets[:-1], id_offsets[1:]], axis=1).astype(np.int64)  # C-contiguous
 
 
 class _Damaged(Exception):
@@ -155,12 +155,19 @@ class ArrowShardReader:
             raise
 
         self._bytes = memoryview(whole).cast("B")  # format "B": slices compare with bytes by memcmp
+        self._address = whole.address
         self._table = np.concatenate(batches) if batches else np.zeros((0, FIRST_START + len(cols) + 2), np.int64)
         self._ids = slice(FIRST_START + len(cols), FIRST_START + len(cols) + 2)  # the id's byte range
         self.rows = len(self._table)
         # per column: a view of the whole map in its dtype, and its values per region
         self._values = [np.frombuffer(whole, c.dtype, whole.size // c.dtype.itemsize) for c in cols]
         self._widths = [c.width or 0 for c in cols]
+
+    def addresses(self) -> tuple[int, int, int]:
+        """(address of the row table, entries per table row, address of the map): what
+        `native.gather_rows` reads, valid while this reader is open. A table row is a
+        `Part` row followed by the id's begin and end byte in the map."""
+        return self._table.ctypes.data, self._table.shape[1], self._address
 
     def id_bytes(self, row: int) -> memoryview:
         begin, end = self._table[row, self._ids].tolist()

@@ -9,6 +9,11 @@ per-record arrays or `RegionFeatures` in between. The parts of all shards are jo
 of each field with one slice copy into its preallocated rows, in the buffer's dtype (the
 stored float16 copies straight); top-k probability tables are expanded on the way.
 `Gather` is that plan, made once per store layout and set of fields.
+
+On Arrow stores the same work runs compiled (`pipeline.store.native.gather_rows`, one call
+per batch: look-up, id checks and every copy); `Gather.native_fields` gives it the fields'
+table, and this Python gather stays the reference and takes what the kernel cannot (top-k
+tables, LMDB shards, absent or colliding ids).
 """
 
 from __future__ import annotations
@@ -22,6 +27,23 @@ from pipeline.records import OPTIONAL_ARRAYS, PROB_FIELDS
 from pipeline.store.buffer import RegionBuffer
 from pipeline.store.columns import columns
 from pipeline.store.layout import StoreLayout
+
+# How `native.gather_rows` brings a stored column into a buffer field (stored dtype -> buffer
+# dtype), and what it pads an absent field or cleared slots with (zero bytes; int64 -1 for label ids).
+COPY, WIDEN_INT32, HALF_TO_SINGLE, SINGLE_TO_HALF = range(4)
+PAD_ZERO, PAD_MINUS_ONE = range(2)
+_CONVERSIONS = {
+    ("int32", "int64"): WIDEN_INT32,
+    ("float16", "float32"): HALF_TO_SINGLE,
+    ("float32", "float16"): SINGLE_TO_HALF,
+}
+
+
+def conversion(stored: np.dtype, buffered: np.dtype) -> Optional[int]:
+    """The `native.gather_rows` conversion copying `stored` values into a `buffered` array;
+    None when it has none (the Python gather does it)."""
+    return COPY if stored == buffered else _CONVERSIONS.get((stored.name, buffered.name))
+
 
 # A `Part` row: the record's height, width and number of regions, then per stored column
 # (`columns(layout)`) the element where its values start.
@@ -65,6 +87,40 @@ class Gather:
             elif f"{field}_topk_ids" in names:
                 self.topk.append((field, layout.prob(field), layout.prob_dim(field), names.index(f"{field}_topk_ids")))
         self.columns = sorted({c for _, c in self.plain} | {c + i for _, _, _, c in self.topk for i in (0, 1)})
+        self._stored = {c: np.dtype(col.dtype) for c, col in enumerate(columns(layout))}
+        self._plans: dict[tuple, tuple] = {}  # per buffer signature: see `native_fields`
+
+    def native_fields(self, out: RegionBuffer) -> Optional[tuple[list[str], np.ndarray]]:
+        """The fields `out` holds and their table for `native.gather_rows` (per field: its
+        `Part` row entry, stored value size, buffer address, values per region, buffer value
+        size, conversion, padding); None when one needs this Python gather (a top-k table,
+        a conversion the kernel lacks). Worked out once per buffer signature."""
+        plan = self._plans.get(out.signature)
+        if plan is None:
+            plan = self._plans[out.signature] = self._plan(out.signature)
+        if not plan:
+            return None
+        names, positions, table = plan
+        table = table.copy()
+        table[:, 2] = out.addresses[positions]
+        return names, table
+
+    def _plan(self, signature: tuple) -> tuple:
+        """`native_fields` less the addresses, for buffers of `signature`; () if it has none."""
+        if self.topk:
+            return ()
+        targets = {name: (k, width, dtype, pad) for k, (name, width, dtype, pad) in enumerate(signature)}
+        names, positions, table = [], [], []
+        for field, c in self.plain:
+            k, width, dtype, pad = targets[field]
+            kind = conversion(self._stored[c], dtype)
+            if kind is None:
+                return ()
+            names.append(field)
+            positions.append(k)
+            padding = PAD_MINUS_ONE if pad < 0 else PAD_ZERO
+            table.append((FIRST_START + c, self._stored[c].itemsize, 0, width, dtype.itemsize, kind, padding))
+        return names, np.array(positions, np.int64), np.array(table, np.int64)
 
     def put(self, out: RegionBuffer, slots: Sequence[int], image_ids: Sequence[str], part: Part) -> None:
         """Fill image slots `slots` of `out` with the records of `part`, whose ids are

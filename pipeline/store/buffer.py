@@ -146,6 +146,10 @@ class RegionBuffer:
             view = out.view()
             view.shape = (-1,)  # raises rather than copy: the arrays are contiguous
             self._flat[name] = (view, int(np.prod(out.shape[2:], dtype=np.int64)), -1 if name.endswith("_id") else 0)
+        # what a compiled gather fills (`native.gather_rows`): per field (values per region, dtype,
+        # padding) in `signature`, which buffers of the same shape share, and its address in `addresses`
+        self.signature = tuple((name, width, v.dtype, pad) for name, (v, width, pad) in self._flat.items())
+        self.addresses = np.array([v.ctypes.data for v, _, _ in self._flat.values()], np.int64)
 
     def __len__(self) -> int:
         return len(self.image_ids)
@@ -198,11 +202,31 @@ class RegionBuffer:
                     out[base * width : (base + n) * width] = values[start : start + n * width]
             for begin, end in stale:
                 out[begin * width : end * width] = pad
-            missing = self.missing.get(name)
-            if missing is not None:
-                missing.difference_update(slots)
-                if min(starts, default=0) < 0:
-                    missing.update(b for b, start in zip(slots, starts) if start < 0)
+            self._note_missing(name, slots, [b for b, start in zip(slots, starts) if start < 0])
+
+    def _note_missing(self, name: str, slots: Sequence[int], lacking: Sequence[int]) -> None:
+        """Image slots `slots` were just filled; those in `lacking` lack field `name`."""
+        missing = self.missing.get(name)
+        if missing is not None:
+            missing.difference_update(slots)
+            missing.update(lacking)
+
+    def note_filled(self, slots: Sequence[int], image_ids: Sequence[str], sizes: np.ndarray, lacking: dict) -> None:
+        """Image slots `slots` were filled by a compiled gather (`native.gather_rows`) with
+        `image_ids`: `sizes[k]` is (height, width, regions kept) of image k, `lacking[name]`
+        whether each lacks field `name` (a bool array)."""
+        heights, widths, counts = sizes.T.tolist()
+        if slots == list(range(len(slots))):
+            k = len(slots)
+            self.image_ids[:k], self.heights[:k], self.widths[:k], self.counts[:k] = image_ids, heights, widths, counts
+        else:
+            for b, image_id, image_h, image_w, n in zip(slots, image_ids, heights, widths, counts):
+                self.image_ids[b], self.heights[b], self.widths[b], self.counts[b] = image_id, image_h, image_w, n
+        for name, flags in lacking.items():
+            if flags.any():
+                self._note_missing(name, slots, [b for b, lack in zip(slots, flags.tolist()) if lack])
+            elif self.missing.get(name):
+                self._note_missing(name, slots, ())
 
     def put_record(self, b: int, rec: RegionFeatures) -> None:
         """`put` of a record."""

@@ -5,7 +5,7 @@
 64-bit hash (`id_hash`) picks its home slot ``hash & (M - 1)``; collisions probe linearly.
 A lookup touches ~1-2 slots of the memory-mapped file: O(1) without loading the store
 (or the index) into RAM, shared by every process through the page cache. `candidates`
-probes for one id in Python; `find` for a batch of ids at once, with numpy. Callers
+probes for one id in Python; `find` for a batch of ids at once, compiled. Callers
 confirm the id stored at (shard, row), so hash collisions cannot return a wrong record.
 The file's metadata holds the digest of the manifest's shard list it was built from
 (`Manifest.shards_digest`: names, row counts and checksums) and names the hash function;
@@ -28,8 +28,6 @@ INDEX_FILE = "index.arrow"
 _BINDING_KEY = b"vlprep.index.shards_digest"
 _HASH_KEY = b"vlprep.index.hash"
 HASH_NAME = "crc32|adler32<<32"
-_WINDOW = 8  # slots `IdIndex.find` reads per id and round
-_STEPS = np.arange(_WINDOW)
 
 
 def id_hash(key) -> int:
@@ -50,6 +48,7 @@ class IdIndex:
         # memoryviews index to Python ints without numpy scalar overhead
         self._h, self._s, self._r = (memoryview(a).cast("B").cast(a.dtype.char) for a in (hashes, shards, rows))
         self._mask = len(hashes) - 1
+        self.columns = (hashes, shards, rows)  # what `native.gather_rows` probes
         self.binding = binding  # Manifest.shards_digest() of the shards indexed
         self._source = source  # keeps a memory map alive
 
@@ -106,31 +105,24 @@ class IdIndex:
             slot = (slot + 1) & mask
 
     def find(self, hashes: np.ndarray, start: Optional[np.ndarray] = None) -> np.ndarray:
-        """For many ids at once (`id_hashes`), probing the table with numpy: the first slot
-        at or after `start` (default: each id's home slot) whose entry has the id's hash,
-        -1 where an empty slot comes first (the id is absent). A caller that finds another
-        id at that entry's (shard, row) (a hash collision) probes on from the slot after.
-        Each round reads `_WINDOW` slots per id (a probe is ~1-2 slots at our load factor)."""
-        mask = self._mask
-        slots = (hashes & np.uint64(mask) if start is None else start & mask).astype(np.int64)
-        found = np.full(len(hashes), -1, np.int64)
-        pending = np.arange(len(hashes))
-        while pending.size:
-            window = (slots[pending, None] + _STEPS) & mask
-            stored = self._hashes[window]
-            stop = (stored == hashes[pending, None]) | (stored == 0)
-            ends = stop.any(axis=1)
-            at = stop.argmax(axis=1)
-            rows = np.flatnonzero(ends)
-            hit = window[rows, at[rows]]
-            found[pending[rows]] = np.where(self._hashes[hit] == 0, -1, hit)
-            pending = pending[~ends]
-            slots[pending] += _WINDOW
-        return found
+        """For many ids at once (`id_hashes`), in one compiled call (`native.probe`): the
+        first slot at or after `start` (default: each id's home slot) whose entry has the
+        id's hash, -1 where an empty slot comes first (the id is absent). A caller that
+        finds another id at that entry's (shard, row) (a hash collision) probes on from the
+        slot after."""
+        from pipeline.store.native import probe
+
+        hashes = np.ascontiguousarray(hashes, np.uint64)
+        start = (hashes & np.uint64(self._mask) if start is None else np.asarray(start)).astype(np.int64)
+        return probe(self._hashes, hashes, start)
 
     def entries(self, slots: np.ndarray) -> tuple[list[int], list[int]]:
         """(shards, rows) of the entries at `slots` (from `find`, none of them -1)."""
         return self._shards[slots].tolist(), self._rows[slots].tolist()
+
+    def entry_arrays(self, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """`entries` as int64 arrays."""
+        return self._shards[slots].astype(np.int64), self._rows[slots].astype(np.int64)
 
     def __len__(self) -> int:
         return int(np.count_nonzero(self._hashes))

@@ -173,8 +173,22 @@ class _ProcessState:
     """Open handles of one process (never shared across fork)."""
 
     pid: int
+    shards: int = 0
     index: Optional[IdIndex] = None
     readers: dict = field(default_factory=dict)
+    # per shard, where an open Arrow reader keeps its row table and map (0: none yet), and the
+    # table's entries per row: what `native.gather_rows` reads
+    tables: np.ndarray = field(init=False)
+    maps: np.ndarray = field(init=False)
+    row_width: int = 0
+
+    def __post_init__(self) -> None:
+        self.tables, self.maps = np.zeros(self.shards, np.int64), np.zeros(self.shards, np.int64)
+
+    def opened(self, shard: int, reader) -> None:
+        where = getattr(reader, "addresses", None)
+        if where is not None:
+            self.tables[shard], self.row_width, self.maps[shard] = where()
 
 
 class FeatureStore:
@@ -222,7 +236,7 @@ class FeatureStore:
         if state is not None:
             # Inherited through fork: keep the parent's handles untouched, open our own.
             self._orphans.append(state)
-        state = self._state = _ProcessState(os.getpid())
+        state = self._state = _ProcessState(os.getpid(), len(self.manifest.shards))
         try:
             index = fresh_index(self.path, self.manifest)
             if index is None:
@@ -242,6 +256,7 @@ class FeatureStore:
             reader = state.readers[shard] = open_shard_reader(
                 self.path, self.manifest, shard, self._out_dtype, checksum=self.verify
             )
+            state.opened(shard, reader)
         return reader
 
     def __getstate__(self) -> dict:
@@ -320,17 +335,57 @@ class FeatureStore:
         """Gather the regions of `image_ids` into `out`'s image slots `slots` (default
         0, 1, ...): the ids are looked up together, then each shard holding some of them
         gives where their values of the columns `out` holds lie in its map (`_parts`), and
-        each is copied once into its rows, all in one `put_many` (in `out`'s dtype);
-        `out.batch()` then equals `pad_regions` over `get_many` (in float32). KeyError
-        naming the id and the store if one is absent."""
+        each is copied once into its rows, all in one `put_many` (in `out`'s dtype) — on
+        Arrow stores all of it in one compiled call (`_gather_native`); `out.batch()` then
+        equals `pad_regions` over `get_many` (in float32). KeyError naming the id and the
+        store if one is absent."""
         fields = tuple(out.optional)
         gather = self._gathers.get(fields)
         if gather is None:
             gather = self._gathers[fields] = Gather(self.layout, fields)
         slots = range(len(image_ids)) if slots is None else slots
-        order, part = self._parts(image_ids, gather.columns)
-        gather.put(out, [slots[k] for k in order], [image_ids[k] for k in order], part)
+        fields = gather.native_fields(out) if self.layout.backend == "arrow" else None
+        if fields is None or not self._gather_native(image_ids, out, slots, *fields):
+            order, part = self._parts(image_ids, gather.columns)
+            gather.put(out, [slots[k] for k in order], [image_ids[k] for k in order], part)
         return out
+
+    def _gather_native(
+        self, image_ids: Sequence[str], out: RegionBuffer, slots: Sequence[int], names: list, fields: np.ndarray
+    ) -> bool:
+        """`get_many_into` of an Arrow store in one compiled call (`native.gather_rows`:
+        hashing, index probing, id checks and every field's copies). False, with nothing
+        written, where the Python gather must do it: an id that is absent or not a string,
+        or a row holding another id (a hash collision, or damage, which that gather names)."""
+        from pipeline.store.native import GATHERED, SHARDS_CLOSED, gather_rows
+
+        try:
+            keys = [image_id.encode("utf-8") for image_id in image_ids]
+        except (AttributeError, UnicodeEncodeError):
+            return False
+        state = self._process()
+        key_at = np.zeros(len(keys) + 1, np.int64)
+        np.cumsum([len(key) for key in keys], out=key_at[1:])
+        sizes, lacking = np.empty((len(keys), 3), np.int64), np.empty((len(keys), len(names)), np.bool_)
+        held = np.array(out.counts, np.int64)
+        geometry = np.array([out.boxes.shape[1], out.first, out.max_regions], np.int64)
+        slots = np.asarray(slots, np.int64)[: len(keys)]
+        if len(slots) < len(keys) or slots.min(initial=0) < 0 or slots.max(initial=0) >= len(out):
+            return False  # the Python gather raises the IndexError
+        keys = np.frombuffer(b"".join(keys), np.uint8)
+        for _ in range(2):  # a second time after opening the shards the first found closed
+            where = (state.tables, state.maps, state.row_width)
+            result = gather_rows(
+                keys, key_at, state.index.columns, *where, slots, geometry, held, fields, sizes, lacking
+            )
+            if result != SHARDS_CLOSED:
+                break
+            for shard in set(sizes[sizes[:, 0] < 0, 1].tolist()):
+                self._reader(shard)
+        if result != GATHERED:
+            return False
+        out.note_filled(slots.tolist(), image_ids, sizes, {name: lacking[:, f] for f, name in enumerate(names)})
+        return True
 
     def _parts(self, image_ids: Sequence[str], which: Sequence[int]) -> tuple[list[int], Part]:
         """The records of `image_ids` as one `Part` (columns `which`), and the position in
