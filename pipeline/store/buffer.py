@@ -202,7 +202,8 @@ class RegionBuffer:
                     out[base * width : (base + n) * width] = values[start : start + n * width]
             for begin, end in stale:
                 out[begin * width : end * width] = pad
-            self._note_missing(name, slots, [b for b, start in zip(slots, starts) if start < 0])
+            lacking = [b for b, start in zip(slots, starts) if start < 0] if min(starts, default=0) < 0 else ()
+            self._note_missing(name, slots, lacking)
 
     def _note_missing(self, name: str, slots: Sequence[int], lacking: Sequence[int]) -> None:
         """Image slots `slots` were just filled; those in `lacking` lack field `name`."""

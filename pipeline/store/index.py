@@ -120,10 +120,6 @@ class IdIndex:
         """(shards, rows) of the entries at `slots` (from `find`, none of them -1)."""
         return self._shards[slots].tolist(), self._rows[slots].tolist()
 
-    def entry_arrays(self, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """`entries` as int64 arrays."""
-        return self._shards[slots].astype(np.int64), self._rows[slots].astype(np.int64)
-
     def __len__(self) -> int:
         return int(np.count_nonzero(self._hashes))
 

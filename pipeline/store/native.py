@@ -2,16 +2,18 @@
 
 A batch read from Arrow shards is a few hundred small copies (every field of every record)
 and a few dozen id look-ups. Done from Python, each costs a fraction of a microsecond of
-interpreter work beside its copy; here they run as two native calls per batch:
+interpreter work beside its copy; here a batch is one native call:
 
-- `probe`: the index's linear probing for a batch of id hashes (`IdIndex.find`).
-- `gather_rows`: confirms that each looked-up row holds its id (byte comparison in the
-  shard's map), then copies every field of every record from the map into the batch
-  buffer's rows in one pass (a memcpy where the dtypes agree; int32 -> int64 ids and
-  float16 <-> float32 values converted on the way), fills the rows of an absent field with
-  its padding, clears what a previous, larger image left behind, and reports each image's
-  size and region count. It works on addresses: the shard tables and maps stay where the
-  readers keep them, and the caller keeps those objects alive for the call.
+- `gather_rows`: hashes each id (`pipeline.store.index.id_hash`, recomputed here), probes
+  the index, confirms that each row found holds its id (byte comparison in the shard's
+  map), then copies every field of every record from the map into the batch buffer's rows
+  (a memcpy where the dtypes agree; int32 -> int64 ids and float16 <-> float32 values
+  converted on the way), fills the rows of an absent field with its padding, clears what a
+  previous, larger image left behind, and reports each image's size and region count. It
+  works on addresses: the shard tables and maps stay where the readers keep them, open
+  for the store's life in the process.
+- `probe`: the index's linear probing alone, for a batch of hashes (`IdIndex.find`, which
+  the Python gather uses).
 
 `pipeline.store.store.FeatureStore.get_many_into` uses `gather_rows` for Arrow stores and
 falls back to the Python gather (`pipeline.store.batch.Gather`) for the rest; both fill a
@@ -102,6 +104,16 @@ _half_to_single = _float_cast(ir.HalfType(), ir.FloatType(), True)
 _single_to_half = _float_cast(ir.FloatType(), ir.HalfType(), False)
 
 
+@numba.njit(nogil=True)
+def _probe(table, h, slot, mask):
+    """The first slot from `slot` on whose entry is hash `h`; -1 where an empty slot (0) comes first."""
+    while table[slot] != h:
+        if table[slot] == 0:
+            return -1
+        slot = (slot + np.uint64(1)) & mask
+    return np.int64(slot)
+
+
 @numba.njit(nogil=True, cache=True)
 def probe(table, hashes, start):
     """For each of `hashes` (uint64), the first slot at or after `start[k]` (masked to the
@@ -109,16 +121,7 @@ def probe(table, hashes, start):
     mask = np.uint64(table.shape[0] - 1)
     found = np.empty(hashes.shape[0], np.int64)
     for k in range(hashes.shape[0]):
-        h, slot = hashes[k], np.uint64(start[k]) & mask
-        while True:
-            stored = table[slot]
-            if stored == h:
-                found[k] = slot
-                break
-            if stored == 0:
-                found[k] = -1
-                break
-            slot = (slot + np.uint64(1)) & mask
+        found[k] = _probe(table, hashes[k], np.uint64(start[k]) & mask, mask)
     return found
 
 
@@ -210,11 +213,9 @@ def gather_rows(keys, key_at, index, tables, maps, row_width, slots, geometry, h
     shard, row = np.empty(count, np.int64), np.empty(count, np.int64)
     closed = False
     for k in range(count):
-        slot = wanted[k] & mask
-        while hashes[slot] != wanted[k]:
-            if hashes[slot] == 0:
-                return ABSENT
-            slot = (slot + np.uint64(1)) & mask
+        slot = _probe(hashes, wanted[k], wanted[k] & mask, mask)
+        if slot < 0:
+            return ABSENT
         shard[k], row[k] = index_shards[slot], index_rows[slot]
         out[k, 0], out[k, 1] = (0 if tables[shard[k]] else -1), shard[k]
         closed = closed or tables[shard[k]] == 0

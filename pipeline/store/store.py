@@ -344,8 +344,8 @@ class FeatureStore:
         if gather is None:
             gather = self._gathers[fields] = Gather(self.layout, fields)
         slots = range(len(image_ids)) if slots is None else slots
-        fields = gather.native_fields(out) if self.layout.backend == "arrow" else None
-        if fields is None or not self._gather_native(image_ids, out, slots, *fields):
+        native = gather.native_fields(out) if self.layout.backend == "arrow" else None
+        if native is None or not self._gather_native(image_ids, out, slots, *native):
             order, part = self._parts(image_ids, gather.columns)
             gather.put(out, [slots[k] for k in order], [image_ids[k] for k in order], part)
         return out
